@@ -1,0 +1,1 @@
+//! unbounded-agent

@@ -1,0 +1,31 @@
+//! Writes the CRDs into `deploy/crds/` (or the directory given as the first argument).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let dir = std::env::args_os()
+        .nth(1)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds"));
+    let files = match unbounded_api::crds::render_all() {
+        Ok(files) => files,
+        Err(e) => {
+            eprintln!("crdgen: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        eprintln!("crdgen: creating {}: {e}", dir.display());
+        return ExitCode::FAILURE;
+    }
+    for (name, yaml) in files {
+        let path = dir.join(&name);
+        if let Err(e) = std::fs::write(&path, yaml) {
+            eprintln!("crdgen: writing {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+        println!("wrote {}", path.display());
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,36 @@
+//! Unbounded's API: the custom resources of group `unbounded-cloud.io/v1alpha1`, the
+//! well-known names every component agrees on, condition helpers, and the CRD generator.
+//!
+//! | kind | short name | what it is |
+//! |---|---|---|
+//! | [`Machine`] | `ma` | one server or VM that becomes one Node |
+//! | [`MachineConfiguration`] | `mc` | what a class of machines runs |
+//! | [`MachineConfigurationVersion`] | `mcv` | one numbered, lockable snapshot of a configuration |
+//! | [`MachineOperation`] | `mo` | a Job-like operation on one machine or many |
+//!
+//! Validation lives in the CRD schema as CEL rules (see each field's `x_kube` attribute), so
+//! `kubectl apply` rejects a bad object with a message that says what is wrong.
+
+pub mod condition;
+pub mod configuration;
+pub mod crds;
+pub mod machine;
+pub mod operation;
+pub mod well_known;
+
+pub use configuration::{
+    BindMount, BootSpec, FileSpec, ImageSpec, KubernetesSpec, MachineConfiguration,
+    MachineConfigurationSpec, MachineConfigurationStatus, MachineConfigurationVersion,
+    MachineConfigurationVersionSpec, MachineConfigurationVersionStatus, MachineTemplate,
+    NspawnNetwork, NspawnSpec, RollingUpdate, UpdateStrategy, UpdateStrategyType,
+    VersionSummary, version_name,
+};
+pub use machine::{
+    AgentStatus, Architecture, AzureImage, AzureSpec, BmcSpec, ConfigurationRef, Firmware,
+    Machine, MachineAddress, MachinePhase, MachineProvider, MachineSpec, MachineStatus, NodeRef,
+    PowerState, PxeSpec, ResolvedConfiguration, SecretReference,
+};
+pub use operation::{
+    ChildCounts, MachineOperation, MachineOperationSpec, MachineOperationStatus, MachineRef,
+    OperationState,
+};

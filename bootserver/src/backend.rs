@@ -1,0 +1,138 @@
+//! What the bootserver knows about machines, behind one trait with two implementations: the
+//! Kubernetes backend (Machines, their resolved configuration versions and Secrets through
+//! reflector caches; no API call per packet) and the YAML file backend (standalone mode).
+//!
+//! DHCP, TFTP and HTTP ask only [`MachineBackend`]; lookups are synchronous and in memory so
+//! that the packet path never waits on the network.
+
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use unbounded_api::{Architecture, Firmware};
+
+/// A 48-bit Ethernet MAC address.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MacAddr(pub [u8; 6]);
+
+impl MacAddr {
+    /// The MAC from the first six bytes of a DHCP `chaddr`, if there are six.
+    pub fn from_slice(bytes: &[u8]) -> Option<Self> {
+        let six: [u8; 6] = bytes.get(..6)?.try_into().ok()?;
+        Some(Self(six))
+    }
+}
+
+impl fmt::Display for MacAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let [a, b, c, d, e, g] = self.0;
+        write!(f, "{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x}")
+    }
+}
+
+impl fmt::Debug for MacAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// Why a string is not a MAC address.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a MAC address (expected six hex pairs such as 52:54:00:12:34:56)")]
+pub struct ParseMacError(String);
+
+impl FromStr for MacAddr {
+    type Err = ParseMacError;
+
+    /// Accepts `aa:bb:cc:dd:ee:ff` and `aa-bb-cc-dd-ee-ff`, any case.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || ParseMacError(s.chars().take(64).collect());
+        let mut out = [0u8; 6];
+        let mut parts = s.split([':', '-']);
+        for byte in &mut out {
+            let part = parts.next().ok_or_else(err)?;
+            if part.len() != 2 {
+                return Err(err());
+            }
+            *byte = u8::from_str_radix(part, 16).map_err(|_| err())?;
+        }
+        if parts.next().is_some() {
+            return Err(err());
+        }
+        Ok(Self(out))
+    }
+}
+
+/// What the host OS of a machine boots: the kernel, initrd and arguments of its resolved
+/// configuration version.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BootTarget {
+    /// Kernel URL, or a path relative to the bootserver's image directory.
+    pub kernel_url: String,
+    /// Initrd URL, or a path relative to the bootserver's image directory.
+    pub initrd_url: String,
+    /// Extra kernel arguments from the configuration.
+    pub kernel_args: Vec<String>,
+    /// The configuration name and version this came from, when there is one.
+    pub configuration: Option<(String, i64)>,
+}
+
+/// One machine as the bootserver sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MachineRecord {
+    /// Machine name (the Machine object's name, or the file entry's name).
+    pub name: String,
+    /// The NICs that may network-boot.
+    pub macs: Vec<MacAddr>,
+    /// Static IPv4 reservation, when the bootserver is the DHCP server.
+    pub ipv4: Option<Ipv4Addr>,
+    /// Host name handed out by DHCP (the Node name).
+    pub hostname: Option<String>,
+    /// CPU architecture.
+    pub architecture: Architecture,
+    /// Firmware type.
+    pub firmware: Firmware,
+    /// What to boot; `None` when the machine is known but should not boot now (for instance
+    /// no configuration is resolved yet): DHCP still gives its address, HTTP serves a script
+    /// that says why and exits.
+    pub boot: Option<BootTarget>,
+}
+
+/// What the bootserver knows about machines. Implementations answer from memory.
+pub trait MachineBackend: Send + Sync + 'static {
+    /// The machine that owns this MAC, if any.
+    fn machine_by_mac(&self, mac: &MacAddr) -> Option<Arc<MachineRecord>>;
+
+    /// Every static IPv4 reservation, so that pools never hand these addresses to others.
+    fn reservations(&self) -> Vec<(MacAddr, Ipv4Addr)>;
+
+    /// Whether the backend has its data (the Kubernetes caches have synced).
+    fn is_ready(&self) -> bool;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mac_parses_both_separators_and_prints_lower_case() {
+        for text in ["52:54:00:AB:cd:01", "52-54-00-ab-CD-01"] {
+            let mac: MacAddr = text.parse().unwrap();
+            assert_eq!(mac.to_string(), "52:54:00:ab:cd:01");
+        }
+    }
+
+    #[test]
+    fn mac_rejects_malformed_text() {
+        for bad in ["", "52:54:00:ab:cd", "52:54:00:ab:cd:01:02", "5:54:00:ab:cd:01", "zz:54:00:ab:cd:01", "525400abcd01"] {
+            assert!(bad.parse::<MacAddr>().is_err(), "{bad} should not parse");
+        }
+    }
+
+    #[test]
+    fn mac_from_slice_needs_six_bytes() {
+        assert_eq!(MacAddr::from_slice(&[1, 2, 3, 4, 5, 6, 7]), Some(MacAddr([1, 2, 3, 4, 5, 6])));
+        assert_eq!(MacAddr::from_slice(&[1, 2, 3]), None);
+    }
+}

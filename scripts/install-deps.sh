@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Unbounded's testbed and tests use, when they
+# are missing. Safe to run again: it installs only what is absent.
+set -euo pipefail
+
+packages=(
+  # control plane for tests
+  etcd-server openssl
+  # network tests: namespaces, real DHCP and TFTP clients, reference servers
+  iproute2 isc-dhcp-client busybox-static atftp dnsmasq-base tcpdump curl
+  # PXE under QEMU
+  qemu-system-x86 qemu-utils ipxe ipxe-qemu ovmf cpio zstd
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+if [ "$(id -u)" != 0 ]; then
+  echo "install-deps: missing packages: ${missing[*]}; run as root (or install them) first" >&2
+  exit 1
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+# An old package list finds nothing: refresh it once.
+apt-get update -q
+apt-get install -y -q --no-install-recommends "${missing[@]}"
+echo "install-deps: done"

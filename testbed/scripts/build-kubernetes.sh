@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Builds kube-apiserver, kube-controller-manager, kubectl and kubelet from
+# Kubernetes' own Go modules at one pinned release, through the Go module
+# proxy, into OUT_DIR. Idempotent: exits at once when every binary is there.
+#
+# usage: build-kubernetes.sh VERSION OUT_DIR   (VERSION like v1.35.4)
+set -euo pipefail
+
+version="${1:?usage: build-kubernetes.sh VERSION OUT_DIR}"
+out="${2:?usage: build-kubernetes.sh VERSION OUT_DIR}"
+binaries=(kube-apiserver kube-controller-manager kubectl kubelet)
+
+all_present=1
+for b in "${binaries[@]}"; do [ -x "$out/$b" ] || all_present=0; done
+if [ "$all_present" = 1 ]; then
+  echo "kubernetes $version: cached in $out"
+  exit 0
+fi
+
+command -v go >/dev/null || { echo "error: the Go toolchain is required (go not on PATH)" >&2; exit 1; }
+
+major_minor="${version#v}"            # 1.35.4
+major="${major_minor%%.*}"             # 1
+minor="${major_minor#*.}"; minor="${minor%%.*}"   # 35
+staging_version="v0.${minor}.${major_minor##*.}"  # v0.35.4
+
+# The modules that kubernetes' go.mod points at ./staging/... (v1.35).
+staging=(api apiextensions-apiserver apimachinery apiserver cli-runtime client-go
+  cloud-provider cluster-bootstrap code-generator component-base component-helpers
+  controller-manager cri-api cri-client csi-translation-lib dynamic-resource-allocation
+  endpointslice externaljwt kms kube-aggregator kube-controller-manager kube-proxy
+  kube-scheduler kubectl kubelet metrics mount-utils pod-security-admission
+  sample-apiserver sample-cli-plugin sample-controller)
+
+work="$out.build"
+mkdir -p "$work" "$out"
+cd "$work"
+
+{
+  echo "module unbounded.local/kubernetes-build"
+  echo
+  echo "go 1.25.0"
+  echo
+  echo "require k8s.io/kubernetes $version"
+  echo
+  for m in "${staging[@]}"; do echo "replace k8s.io/$m => k8s.io/$m $staging_version"; done
+} > go.mod
+
+cat > tools.go <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubectl/pkg/cmd"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)
+GO
+
+echo "kubernetes $version: resolving modules (go mod tidy; a few minutes on a cold cache)"
+GOFLAGS=-mod=mod go mod tidy -e >tidy.log 2>&1 || { tail -20 tidy.log >&2; exit 1; }
+
+ldflags=""
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  ldflags="$ldflags -X $pkg.gitVersion=$version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+  ldflags="$ldflags -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+done
+
+for b in "${binaries[@]}"; do
+  if [ -x "$out/$b" ]; then continue; fi
+  echo "kubernetes $version: building $b"
+  CGO_ENABLED=0 go build -tags tools -trimpath -ldflags "$ldflags" -o "$out/$b.tmp" "k8s.io/kubernetes/cmd/$b"
+  mv "$out/$b.tmp" "$out/$b"
+done
+echo "kubernetes $version: built into $out"

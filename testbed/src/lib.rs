@@ -1,0 +1,1 @@
+//! Unbounded testbed.
