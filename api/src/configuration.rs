@@ -129,8 +129,9 @@ pub struct MachineTemplate {
     pub nspawn: Option<NspawnSpec>,
     /// Extra files written into the node container before it starts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 256))]
-    #[x_kube(validation = Rule::new("self.all(f, self.exists_one(g, g.path == f.path))").message("files lists the same path twice"))]
+    /// Paths are unique: the API server rejects a list that names one path twice.
+    #[schemars(length(max = 64))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["path"]))]
     pub files: Vec<FileSpec>,
 }
 
@@ -244,7 +245,7 @@ pub struct FileSpec {
     #[x_kube(validation = Rule::new("self.startsWith('/') && !self.contains('..')").message("file path must be an absolute path without '..'"))]
     pub path: String,
     /// File content (UTF-8 text).
-    #[schemars(length(max = 262144))]
+    #[schemars(length(max = 65536))]
     pub content: String,
     /// Permission bits in octal, such as `0644` (default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -304,8 +305,7 @@ pub struct VersionSummary {
     printcolumn(name = "Deployed", type_ = "boolean", json_path = ".status.deployed"),
     printcolumn(name = "Machines", type_ = "integer", json_path = ".status.machineCount"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
-    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.deployed) || !oldSelf.status.deployed || self.spec == oldSelf.spec").message("the spec of a deployed MachineConfigurationVersion is immutable: change the MachineConfiguration instead, which creates a new version"),
-    validation = Rule::new("self.metadata.name == self.spec.configurationName + '-v' + string(self.spec.version)").message("a MachineConfigurationVersion must be named <spec.configurationName>-v<spec.version>")
+    validation = Rule::new("!has(oldSelf.status) || !has(oldSelf.status.deployed) || !oldSelf.status.deployed || self.spec == oldSelf.spec").message("the spec of a deployed MachineConfigurationVersion is immutable: change the MachineConfiguration instead, which creates a new version")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct MachineConfigurationVersionSpec {

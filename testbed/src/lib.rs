@@ -1,1 +1,8 @@
-//! Unbounded testbed.
+//! Unbounded's testbed: a real local Kubernetes control plane ([`cluster`]), network
+//! namespaces for network tests, QEMU VMs that network-boot, and emulated BMCs.
+//!
+//! Everything here is used by the project's own tests and by `unbounded-testbed up`, the
+//! main job a person runs.
+
+pub mod cluster;
+pub mod setup;
