@@ -1,0 +1,20 @@
+//! The CRDs checked in under deploy/crds/ are exactly what the types generate.
+
+use std::path::Path;
+
+#[test]
+fn checked_in_crds_match_the_types() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
+    let rendered = unbounded_api::crds::render_all().expect("render CRDs");
+    assert_eq!(rendered.len(), 4);
+    for (name, yaml) in rendered {
+        let path = dir.join(&name);
+        let on_disk = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(
+            on_disk == yaml,
+            "{} is out of date: run `cargo run -p unbounded-api --bin crdgen`",
+            path.display()
+        );
+    }
+}
