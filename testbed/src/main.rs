@@ -21,6 +21,8 @@ enum Commands {
     Up,
     /// Stop what `up` started.
     Down,
+    /// Build (once, cached) or locate the Kubernetes binaries and print their paths.
+    KubernetesBinaries,
     /// The local Kubernetes control plane alone.
     Cluster {
         #[command(subcommand)]
@@ -41,8 +43,14 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Commands::Up => up(true),
-        Commands::Cluster { command: ClusterCommand::Up } => up(false),
-        Commands::Down | Commands::Cluster { command: ClusterCommand::Down } => down(),
+        Commands::Cluster {
+            command: ClusterCommand::Up,
+        } => up(false),
+        Commands::Down
+        | Commands::Cluster {
+            command: ClusterCommand::Down,
+        } => down(),
+        Commands::KubernetesBinaries => kubernetes_binaries(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -64,22 +72,65 @@ enum CliError {
 fn up(apply_everything: bool) -> Result<(), CliError> {
     eprintln!("testbed: checking packages");
     setup::install_dependencies()?;
-    eprintln!("testbed: starting etcd, kube-apiserver and kube-controller-manager {KUBERNETES_VERSION}");
+    eprintln!(
+        "testbed: starting etcd, kube-apiserver and kube-controller-manager {KUBERNETES_VERSION}"
+    );
     let state = cluster::start_detached()?;
     let kubeconfig = state.kubeconfig.display().to_string();
     let binaries = cluster::Binaries::ensure()?;
     if apply_everything {
         let deploy = cluster::deploy_dir();
-        eprintln!("testbed: applying {} (CRDs, policies, RBAC, Deployments)", deploy.display());
-        kubectl(&binaries, &kubeconfig, &["apply", "--server-side", "-k", &deploy.display().to_string()])?;
+        eprintln!(
+            "testbed: applying {} (CRDs, policies, RBAC, Deployments)",
+            deploy.display()
+        );
+        kubectl(
+            &binaries,
+            &kubeconfig,
+            &[
+                "apply",
+                "--server-side",
+                "-k",
+                &deploy.display().to_string(),
+            ],
+        )?;
         let examples = deploy.join("examples");
         eprintln!("testbed: applying {}", examples.display());
-        kubectl(&binaries, &kubeconfig, &["apply", "--server-side", "-f", &examples.display().to_string()])?;
+        kubectl(
+            &binaries,
+            &kubeconfig,
+            &[
+                "apply",
+                "--server-side",
+                "-f",
+                &examples.display().to_string(),
+            ],
+        )?;
     }
-    eprintln!("testbed: control plane running; logs and data in {}", state.dir.display());
-    eprintln!("testbed: kubectl {KUBERNETES_VERSION} is {}", binaries.kubectl.display());
+    eprintln!(
+        "testbed: control plane running; logs and data in {}",
+        state.dir.display()
+    );
+    eprintln!(
+        "testbed: kubectl {KUBERNETES_VERSION} is {}",
+        binaries.kubectl.display()
+    );
     eprintln!("testbed: stop it with `cargo run -p unbounded-testbed -- down`");
     println!("KUBECONFIG={kubeconfig}");
+    Ok(())
+}
+
+fn kubernetes_binaries() -> Result<(), CliError> {
+    let binaries = cluster::Binaries::ensure()?;
+    for path in [
+        &binaries.kube_apiserver,
+        &binaries.kube_controller_manager,
+        &binaries.kubectl,
+        &binaries.kubelet,
+        &binaries.etcd,
+    ] {
+        println!("{}", path.display());
+    }
     Ok(())
 }
 
@@ -91,7 +142,11 @@ fn down() -> Result<(), CliError> {
     Ok(())
 }
 
-fn kubectl(binaries: &cluster::Binaries, kubeconfig: &str, args: &[&str]) -> Result<(), ClusterError> {
+fn kubectl(
+    binaries: &cluster::Binaries,
+    kubeconfig: &str,
+    args: &[&str],
+) -> Result<(), ClusterError> {
     let output = std::process::Command::new(&binaries.kubectl)
         .arg("--kubeconfig")
         .arg(kubeconfig)
