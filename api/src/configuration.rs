@@ -24,10 +24,29 @@ pub const DEFAULT_REVISION_HISTORY_LIMIT: i32 = 10;
     status = "MachineConfigurationStatus",
     derive = "PartialEq",
     doc = "A MachineConfiguration says what a class of machines runs (host OS, node image, Kubernetes settings). Every change of spec.template is captured in a MachineConfigurationVersion.",
-    printcolumn(name = "Priority", type_ = "integer", json_path = ".spec.priority", description = "Higher wins when several configurations match a Machine"),
-    printcolumn(name = "Latest", type_ = "integer", json_path = ".status.latestVersion", description = "Highest version number created"),
-    printcolumn(name = "Strategy", type_ = "string", json_path = ".spec.updateStrategy.type", priority = 1),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Priority",
+        type_ = "integer",
+        json_path = ".spec.priority",
+        description = "Higher wins when several configurations match a Machine"
+    ),
+    printcolumn(
+        name = "Latest",
+        type_ = "integer",
+        json_path = ".status.latestVersion",
+        description = "Highest version number created"
+    ),
+    printcolumn(
+        name = "Strategy",
+        type_ = "string",
+        json_path = ".spec.updateStrategy.type",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.updateStrategy) || !has(self.updateStrategy.rollingUpdate) || self.updateStrategy.type == 'RollingUpdate'").message("updateStrategy.rollingUpdate may only be set when updateStrategy.type is RollingUpdate"))]

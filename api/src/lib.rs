@@ -22,13 +22,13 @@ pub use configuration::{
     BindMount, BootSpec, FileSpec, ImageSpec, KubernetesSpec, MachineConfiguration,
     MachineConfigurationSpec, MachineConfigurationStatus, MachineConfigurationVersion,
     MachineConfigurationVersionSpec, MachineConfigurationVersionStatus, MachineTemplate,
-    NspawnNetwork, NspawnSpec, RollingUpdate, UpdateStrategy, UpdateStrategyType,
-    VersionSummary, version_name,
+    NspawnNetwork, NspawnSpec, RollingUpdate, UpdateStrategy, UpdateStrategyType, VersionSummary,
+    version_name,
 };
 pub use machine::{
-    AgentStatus, Architecture, AzureImage, AzureSpec, BmcSpec, ConfigurationRef, Firmware,
-    Machine, MachineAddress, MachinePhase, MachineProvider, MachineSpec, MachineStatus, NodeRef,
-    PowerState, PxeSpec, ResolvedConfiguration, SecretReference,
+    AgentStatus, Architecture, AzureImage, AzureSpec, BmcSpec, ConfigurationRef, Firmware, Machine,
+    MachineAddress, MachinePhase, MachineProvider, MachineSpec, MachineStatus, NodeRef, PowerState,
+    PxeSpec, ResolvedConfiguration, SecretReference,
 };
 pub use operation::{
     ChildCounts, MachineOperation, MachineOperationSpec, MachineOperationStatus, MachineRef,

@@ -16,13 +16,47 @@ use serde::{Deserialize, Serialize};
     status = "MachineStatus",
     derive = "PartialEq",
     doc = "A Machine is one bare-metal server or cloud VM that Unbounded turns into exactly one Kubernetes Node.",
-    printcolumn(name = "Provider", type_ = "string", json_path = ".spec.provider", description = "The provider that owns the machine's infrastructure"),
-    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase", description = "Lifecycle phase"),
-    printcolumn(name = "Configuration", type_ = "string", json_path = ".status.configuration.name", description = "The MachineConfiguration the machine runs"),
-    printcolumn(name = "Version", type_ = "integer", json_path = ".status.configuration.version", description = "The configuration version the machine runs"),
-    printcolumn(name = "Node", type_ = "string", json_path = ".status.nodeRef.name", description = "The Node this machine became"),
-    printcolumn(name = "Power", type_ = "string", json_path = ".status.power", description = "Power state reported by the provider"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Provider",
+        type_ = "string",
+        json_path = ".spec.provider",
+        description = "The provider that owns the machine's infrastructure"
+    ),
+    printcolumn(
+        name = "Phase",
+        type_ = "string",
+        json_path = ".status.phase",
+        description = "Lifecycle phase"
+    ),
+    printcolumn(
+        name = "Configuration",
+        type_ = "string",
+        json_path = ".status.configuration.name",
+        description = "The MachineConfiguration the machine runs"
+    ),
+    printcolumn(
+        name = "Version",
+        type_ = "integer",
+        json_path = ".status.configuration.version",
+        description = "The configuration version the machine runs"
+    ),
+    printcolumn(
+        name = "Node",
+        type_ = "string",
+        json_path = ".status.nodeRef.name",
+        description = "The Node this machine became"
+    ),
+    printcolumn(
+        name = "Power",
+        type_ = "string",
+        json_path = ".status.power",
+        description = "Power state reported by the provider"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.provider != 'pxe' || has(self.pxe)").message("spec.pxe is required when spec.provider is 'pxe'"))]
@@ -53,7 +87,11 @@ pub struct MachineSpec {
     /// Cluster API compatible provider ID, such as `pxe://aa:bb:cc:dd:ee:ff` or
     /// `azure:///subscriptions/.../virtualMachines/name`. Matched against a Node's
     /// `spec.providerID`. Immutable once set.
-    #[serde(default, rename = "providerID", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "providerID",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[x_kube(validation = Rule::new("self == oldSelf").message("spec.providerID is immutable once set"))]
     #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]+://')").message("spec.providerID must look like '<provider>://<id>'"))]
     pub provider_id: Option<String>,
@@ -295,7 +333,9 @@ pub struct MachineStatus {
 }
 
 /// Cluster API's Machine phases.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema,
+)]
 pub enum MachinePhase {
     /// No configuration resolved yet, or waiting to be provisioned.
     Pending,

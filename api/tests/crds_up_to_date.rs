@@ -9,8 +9,8 @@ fn checked_in_crds_match_the_types() {
     assert_eq!(rendered.len(), 4);
     for (name, yaml) in rendered {
         let path = dir.join(&name);
-        let on_disk = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let on_disk =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert!(
             on_disk == yaml,
             "{} is out of date: run `cargo run -p unbounded-api --bin crdgen`",

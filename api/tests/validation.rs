@@ -11,14 +11,21 @@ use unbounded_api::{Machine, MachineConfiguration, MachineConfigurationVersion, 
 use unbounded_testbed::cluster::LocalControlPlane;
 
 async fn client() -> kube::Client {
-    LocalControlPlane::shared().expect("control plane").client().await.expect("client")
+    LocalControlPlane::shared()
+        .expect("control plane")
+        .client()
+        .await
+        .expect("client")
 }
 
 fn api_for(client: &kube::Client, kind: &str) -> Api<DynamicObject> {
     let (plural, kind) = match kind {
         "Machine" => ("machines", "Machine"),
         "MachineConfiguration" => ("machineconfigurations", "MachineConfiguration"),
-        "MachineConfigurationVersion" => ("machineconfigurationversions", "MachineConfigurationVersion"),
+        "MachineConfigurationVersion" => (
+            "machineconfigurationversions",
+            "MachineConfigurationVersion",
+        ),
         _ => ("machineoperations", "MachineOperation"),
     };
     let resource = ApiResource {
@@ -35,7 +42,10 @@ fn api_for(client: &kube::Client, kind: &str) -> Api<DynamicObject> {
 async fn dry_run_create(client: &kube::Client, object: Value) -> Result<(), String> {
     let kind = object["kind"].as_str().unwrap_or_default().to_owned();
     let object: DynamicObject = serde_json::from_value(object).expect("object");
-    let params = PostParams { dry_run: true, field_manager: None };
+    let params = PostParams {
+        dry_run: true,
+        field_manager: None,
+    };
     api_for(client, &kind)
         .create(&params, &object)
         .await
@@ -59,25 +69,150 @@ fn bmc(address: &str) -> Value {
 fn machine_cases() -> Vec<(&'static str, Value, Option<&'static str>)> {
     let mac = json!(["52:54:00:12:34:56"]);
     vec![
-        ("good pxe machine", machine("v-good", pxe_spec(json!({"macAddresses": mac, "bmc": bmc("redfish+https://10.0.0.5/redfish/v1/Systems/1")}))), None),
-        ("good ipmi bmc", machine("v-ipmi", pxe_spec(json!({"macAddresses": mac, "bmc": bmc("ipmi://10.0.0.6:623")}))), None),
-        ("good manual machine", machine("v-manual", json!({"provider": "manual"})), None),
-        ("pxe without pxe block", machine("v-nopxe", json!({"provider": "pxe"})), Some("spec.pxe is required when spec.provider is 'pxe'")),
-        ("azure without azure block", machine("v-noaz", json!({"provider": "azure"})), Some("spec.azure is required when spec.provider is 'azure'")),
-        ("pxe block on manual machine", machine("v-mixed", json!({"provider": "manual", "pxe": {"macAddresses": mac}})), Some("spec.pxe may only be set when spec.provider is 'pxe'")),
-        ("no MAC address", machine("v-nomac", pxe_spec(json!({"macAddresses": []}))), Some("needs at least one MAC address")),
-        ("malformed MAC", machine("v-badmac", pxe_spec(json!({"macAddresses": ["52:54:00:12:34"]}))), Some("six colon-separated hex pairs")),
-        ("duplicate MAC", machine("v-dupmac", pxe_spec(json!({"macAddresses": ["52:54:00:12:34:56", "52:54:00:12:34:56"]}))), Some("lists the same MAC address twice")),
-        ("bad BMC scheme", machine("v-badbmc", pxe_spec(json!({"macAddresses": mac, "bmc": bmc("http://10.0.0.5/")}))), Some("must start with redfish://, redfish+https://, redfish+http:// or ipmi://")),
-        ("insecureSkipVerify on ipmi", machine("v-ipmitls", pxe_spec(json!({"macAddresses": mac, "bmc": {"address": "ipmi://10.0.0.6", "credentialsSecretRef": {"namespace": "ns", "name": "s"}, "insecureSkipVerify": true}}))), Some("insecureSkipVerify applies only to Redfish BMCs")),
-        ("bad ipv4", machine("v-badip", pxe_spec(json!({"macAddresses": mac, "ipv4": "10.0.0.300"}))), Some("spec.pxe.ipv4 must be an IPv4 address")),
-        ("ipv6 as ipv4", machine("v-ip6", pxe_spec(json!({"macAddresses": mac, "ipv4": "fd00::1"}))), Some("spec.pxe.ipv4 must be an IPv4 address")),
-        ("version zero", machine("v-ver0", json!({"provider": "manual", "configurationRef": {"name": "c", "version": 0}})), Some("configurationRef.version must be 1 or more")),
-        ("empty configuration name", machine("v-noname", json!({"provider": "manual", "configurationRef": {"name": ""}})), Some("configurationRef.name must be 1 to 240 characters")),
-        ("bad providerID", machine("v-pid", json!({"provider": "manual", "providerID": "just-text"})), Some("spec.providerID must look like")),
-        ("bad nodeName", machine("v-node", json!({"provider": "manual", "nodeName": "Not_A_Node"})), Some("spec.nodeName must be a lower-case DNS subdomain")),
-        ("bad subscription", machine("v-az", json!({"provider": "azure", "azure": {"subscriptionID": "nope", "resourceGroup": "rg", "location": "westeurope", "vmSize": "Standard_D2s_v5", "image": {"id": "/subscriptions/x"}, "subnetID": "/subscriptions/x"}})), Some("spec.azure.subscriptionID must be a UUID")),
-        ("azure image half set", machine("v-azimg", json!({"provider": "azure", "azure": {"subscriptionID": "00000000-0000-0000-0000-000000000000", "resourceGroup": "rg", "location": "westeurope", "vmSize": "Standard_D2s_v5", "image": {"publisher": "Canonical"}, "subnetID": "/subscriptions/x"}})), Some("set either image.id, or all of image.publisher")),
+        (
+            "good pxe machine",
+            machine(
+                "v-good",
+                pxe_spec(
+                    json!({"macAddresses": mac, "bmc": bmc("redfish+https://10.0.0.5/redfish/v1/Systems/1")}),
+                ),
+            ),
+            None,
+        ),
+        (
+            "good ipmi bmc",
+            machine(
+                "v-ipmi",
+                pxe_spec(json!({"macAddresses": mac, "bmc": bmc("ipmi://10.0.0.6:623")})),
+            ),
+            None,
+        ),
+        (
+            "good manual machine",
+            machine("v-manual", json!({"provider": "manual"})),
+            None,
+        ),
+        (
+            "pxe without pxe block",
+            machine("v-nopxe", json!({"provider": "pxe"})),
+            Some("spec.pxe is required when spec.provider is 'pxe'"),
+        ),
+        (
+            "azure without azure block",
+            machine("v-noaz", json!({"provider": "azure"})),
+            Some("spec.azure is required when spec.provider is 'azure'"),
+        ),
+        (
+            "pxe block on manual machine",
+            machine(
+                "v-mixed",
+                json!({"provider": "manual", "pxe": {"macAddresses": mac}}),
+            ),
+            Some("spec.pxe may only be set when spec.provider is 'pxe'"),
+        ),
+        (
+            "no MAC address",
+            machine("v-nomac", pxe_spec(json!({"macAddresses": []}))),
+            Some("needs at least one MAC address"),
+        ),
+        (
+            "malformed MAC",
+            machine(
+                "v-badmac",
+                pxe_spec(json!({"macAddresses": ["52:54:00:12:34"]})),
+            ),
+            Some("six colon-separated hex pairs"),
+        ),
+        (
+            "duplicate MAC",
+            machine(
+                "v-dupmac",
+                pxe_spec(json!({"macAddresses": ["52:54:00:12:34:56", "52:54:00:12:34:56"]})),
+            ),
+            Some("lists the same MAC address twice"),
+        ),
+        (
+            "bad BMC scheme",
+            machine(
+                "v-badbmc",
+                pxe_spec(json!({"macAddresses": mac, "bmc": bmc("http://10.0.0.5/")})),
+            ),
+            Some("must start with redfish://, redfish+https://, redfish+http:// or ipmi://"),
+        ),
+        (
+            "insecureSkipVerify on ipmi",
+            machine(
+                "v-ipmitls",
+                pxe_spec(
+                    json!({"macAddresses": mac, "bmc": {"address": "ipmi://10.0.0.6", "credentialsSecretRef": {"namespace": "ns", "name": "s"}, "insecureSkipVerify": true}}),
+                ),
+            ),
+            Some("insecureSkipVerify applies only to Redfish BMCs"),
+        ),
+        (
+            "bad ipv4",
+            machine(
+                "v-badip",
+                pxe_spec(json!({"macAddresses": mac, "ipv4": "10.0.0.300"})),
+            ),
+            Some("spec.pxe.ipv4 must be an IPv4 address"),
+        ),
+        (
+            "ipv6 as ipv4",
+            machine(
+                "v-ip6",
+                pxe_spec(json!({"macAddresses": mac, "ipv4": "fd00::1"})),
+            ),
+            Some("spec.pxe.ipv4 must be an IPv4 address"),
+        ),
+        (
+            "version zero",
+            machine(
+                "v-ver0",
+                json!({"provider": "manual", "configurationRef": {"name": "c", "version": 0}}),
+            ),
+            Some("configurationRef.version must be 1 or more"),
+        ),
+        (
+            "empty configuration name",
+            machine(
+                "v-noname",
+                json!({"provider": "manual", "configurationRef": {"name": ""}}),
+            ),
+            Some("configurationRef.name must be 1 to 240 characters"),
+        ),
+        (
+            "bad providerID",
+            machine(
+                "v-pid",
+                json!({"provider": "manual", "providerID": "just-text"}),
+            ),
+            Some("spec.providerID must look like"),
+        ),
+        (
+            "bad nodeName",
+            machine(
+                "v-node",
+                json!({"provider": "manual", "nodeName": "Not_A_Node"}),
+            ),
+            Some("spec.nodeName must be a lower-case DNS subdomain"),
+        ),
+        (
+            "bad subscription",
+            machine(
+                "v-az",
+                json!({"provider": "azure", "azure": {"subscriptionID": "nope", "resourceGroup": "rg", "location": "westeurope", "vmSize": "Standard_D2s_v5", "image": {"id": "/subscriptions/x"}, "subnetID": "/subscriptions/x"}}),
+            ),
+            Some("spec.azure.subscriptionID must be a UUID"),
+        ),
+        (
+            "azure image half set",
+            machine(
+                "v-azimg",
+                json!({"provider": "azure", "azure": {"subscriptionID": "00000000-0000-0000-0000-000000000000", "resourceGroup": "rg", "location": "westeurope", "vmSize": "Standard_D2s_v5", "image": {"publisher": "Canonical"}, "subnetID": "/subscriptions/x"}}),
+            ),
+            Some("set either image.id, or all of image.publisher"),
+        ),
     ]
 }
 
@@ -88,17 +223,90 @@ fn configuration(name: &str, spec: Value) -> Value {
 fn configuration_cases() -> Vec<(&'static str, Value, Option<&'static str>)> {
     let boot = json!({"kernelURL": "http://example.invalid/vmlinuz", "initrdURL": "images/initrd"});
     vec![
-        ("good configuration", configuration("c-good", json!({"priority": 10, "machineSelector": {"matchLabels": {"pool": "a"}}, "template": {"boot": boot, "kubernetes": {"version": "v1.35.4"}}})), None),
-        ("priority too high", configuration("c-prio", json!({"priority": 5000, "template": {}})), Some("priority must be between -1000 and 1000")),
-        ("history limit zero", configuration("c-hist", json!({"revisionHistoryLimit": 0, "template": {}})), Some("revisionHistoryLimit must be between 1 and 100")),
-        ("rollingUpdate with OnDelete", configuration("c-ru", json!({"updateStrategy": {"type": "OnDelete", "rollingUpdate": {"maxUnavailable": 1}}, "template": {}})), Some("updateStrategy.rollingUpdate may only be set when updateStrategy.type is RollingUpdate")),
-        ("ftp kernel URL", configuration("c-ftp", json!({"template": {"boot": {"kernelURL": "ftp://x/vmlinuz", "initrdURL": "i"}}})), Some("kernelURL must be an http:// or https:// URL")),
-        ("bad sha256", configuration("c-sha", json!({"template": {"image": {"url": "images/node.tar", "sha256": "ABC"}}})), Some("image.sha256 must be 64 lower-case hex digits")),
-        ("bad kubernetes version", configuration("c-kver", json!({"template": {"kubernetes": {"version": "1.35"}}})), Some("kubernetes.version must look like v1.35.4")),
-        ("relative file path", configuration("c-file", json!({"template": {"files": [{"path": "etc/x", "content": ""}]}})), Some("file path must be an absolute path")),
-        ("bad file mode", configuration("c-mode", json!({"template": {"files": [{"path": "/etc/x", "content": "", "mode": "rwx"}]}})), Some("file mode must be octal permission bits")),
-        ("duplicate file path", configuration("c-dupfile", json!({"template": {"files": [{"path": "/etc/x", "content": "a"}, {"path": "/etc/x", "content": "b"}]}})), Some("Duplicate value")),
-        ("bind mount escaping", configuration("c-bind", json!({"template": {"nspawn": {"bindMounts": [{"source": "/data/../etc"}]}}})), Some("bind mount source must be an absolute path without '..'")),
+        (
+            "good configuration",
+            configuration(
+                "c-good",
+                json!({"priority": 10, "machineSelector": {"matchLabels": {"pool": "a"}}, "template": {"boot": boot, "kubernetes": {"version": "v1.35.4"}}}),
+            ),
+            None,
+        ),
+        (
+            "priority too high",
+            configuration("c-prio", json!({"priority": 5000, "template": {}})),
+            Some("priority must be between -1000 and 1000"),
+        ),
+        (
+            "history limit zero",
+            configuration("c-hist", json!({"revisionHistoryLimit": 0, "template": {}})),
+            Some("revisionHistoryLimit must be between 1 and 100"),
+        ),
+        (
+            "rollingUpdate with OnDelete",
+            configuration(
+                "c-ru",
+                json!({"updateStrategy": {"type": "OnDelete", "rollingUpdate": {"maxUnavailable": 1}}, "template": {}}),
+            ),
+            Some(
+                "updateStrategy.rollingUpdate may only be set when updateStrategy.type is RollingUpdate",
+            ),
+        ),
+        (
+            "ftp kernel URL",
+            configuration(
+                "c-ftp",
+                json!({"template": {"boot": {"kernelURL": "ftp://x/vmlinuz", "initrdURL": "i"}}}),
+            ),
+            Some("kernelURL must be an http:// or https:// URL"),
+        ),
+        (
+            "bad sha256",
+            configuration(
+                "c-sha",
+                json!({"template": {"image": {"url": "images/node.tar", "sha256": "ABC"}}}),
+            ),
+            Some("image.sha256 must be 64 lower-case hex digits"),
+        ),
+        (
+            "bad kubernetes version",
+            configuration(
+                "c-kver",
+                json!({"template": {"kubernetes": {"version": "1.35"}}}),
+            ),
+            Some("kubernetes.version must look like v1.35.4"),
+        ),
+        (
+            "relative file path",
+            configuration(
+                "c-file",
+                json!({"template": {"files": [{"path": "etc/x", "content": ""}]}}),
+            ),
+            Some("file path must be an absolute path"),
+        ),
+        (
+            "bad file mode",
+            configuration(
+                "c-mode",
+                json!({"template": {"files": [{"path": "/etc/x", "content": "", "mode": "rwx"}]}}),
+            ),
+            Some("file mode must be octal permission bits"),
+        ),
+        (
+            "duplicate file path",
+            configuration(
+                "c-dupfile",
+                json!({"template": {"files": [{"path": "/etc/x", "content": "a"}, {"path": "/etc/x", "content": "b"}]}}),
+            ),
+            Some("Duplicate value"),
+        ),
+        (
+            "bind mount escaping",
+            configuration(
+                "c-bind",
+                json!({"template": {"nspawn": {"bindMounts": [{"source": "/data/../etc"}]}}}),
+            ),
+            Some("bind mount source must be an absolute path without '..'"),
+        ),
     ]
 }
 
@@ -108,16 +316,83 @@ fn operation(name: &str, spec: Value) -> Value {
 
 fn operation_cases() -> Vec<(&'static str, Value, Option<&'static str>)> {
     vec![
-        ("good by name", operation("o-good", json!({"machineRef": {"name": "m"}, "operationName": "reboot"})), None),
-        ("good by selector", operation("o-sel", json!({"machineSelector": {"matchLabels": {"pool": "a"}}, "operationName": "powerCycle", "ttlSecondsAfterFinished": 0})), None),
-        ("both targets", operation("o-both", json!({"machineRef": {"name": "m"}, "machineSelector": {}, "operationName": "reboot"})), Some("set exactly one of spec.machineRef and spec.machineSelector")),
-        ("no target", operation("o-none", json!({"operationName": "reboot"})), Some("set exactly one of spec.machineRef and spec.machineSelector")),
-        ("empty operation name", operation("o-empty", json!({"machineRef": {"name": "m"}, "operationName": ""})), Some("spec.operationName must not be empty")),
-        ("operation name with spaces", operation("o-space", json!({"machineRef": {"name": "m"}, "operationName": "power off"})), Some("must start with a letter")),
-        ("negative ttl", operation("o-ttl", json!({"machineRef": {"name": "m"}, "operationName": "reboot", "ttlSecondsAfterFinished": -1})), Some("spec.ttlSecondsAfterFinished must be 0 or more")),
-        ("zero deadline", operation("o-deadline", json!({"machineRef": {"name": "m"}, "operationName": "reboot", "activeDeadlineSeconds": 0})), Some("spec.activeDeadlineSeconds must be between 1 and 604800")),
-        ("restartService without service", operation("o-svc", json!({"machineRef": {"name": "m"}, "operationName": "restartService"})), Some("restartService needs the parameter 'service'")),
-        ("restartService with service", operation("o-svc2", json!({"machineRef": {"name": "m"}, "operationName": "restartService", "parameters": {"service": "kubelet.service"}})), None),
+        (
+            "good by name",
+            operation(
+                "o-good",
+                json!({"machineRef": {"name": "m"}, "operationName": "reboot"}),
+            ),
+            None,
+        ),
+        (
+            "good by selector",
+            operation(
+                "o-sel",
+                json!({"machineSelector": {"matchLabels": {"pool": "a"}}, "operationName": "powerCycle", "ttlSecondsAfterFinished": 0}),
+            ),
+            None,
+        ),
+        (
+            "both targets",
+            operation(
+                "o-both",
+                json!({"machineRef": {"name": "m"}, "machineSelector": {}, "operationName": "reboot"}),
+            ),
+            Some("set exactly one of spec.machineRef and spec.machineSelector"),
+        ),
+        (
+            "no target",
+            operation("o-none", json!({"operationName": "reboot"})),
+            Some("set exactly one of spec.machineRef and spec.machineSelector"),
+        ),
+        (
+            "empty operation name",
+            operation(
+                "o-empty",
+                json!({"machineRef": {"name": "m"}, "operationName": ""}),
+            ),
+            Some("spec.operationName must not be empty"),
+        ),
+        (
+            "operation name with spaces",
+            operation(
+                "o-space",
+                json!({"machineRef": {"name": "m"}, "operationName": "power off"}),
+            ),
+            Some("must start with a letter"),
+        ),
+        (
+            "negative ttl",
+            operation(
+                "o-ttl",
+                json!({"machineRef": {"name": "m"}, "operationName": "reboot", "ttlSecondsAfterFinished": -1}),
+            ),
+            Some("spec.ttlSecondsAfterFinished must be 0 or more"),
+        ),
+        (
+            "zero deadline",
+            operation(
+                "o-deadline",
+                json!({"machineRef": {"name": "m"}, "operationName": "reboot", "activeDeadlineSeconds": 0}),
+            ),
+            Some("spec.activeDeadlineSeconds must be between 1 and 604800"),
+        ),
+        (
+            "restartService without service",
+            operation(
+                "o-svc",
+                json!({"machineRef": {"name": "m"}, "operationName": "restartService"}),
+            ),
+            Some("restartService needs the parameter 'service'"),
+        ),
+        (
+            "restartService with service",
+            operation(
+                "o-svc2",
+                json!({"machineRef": {"name": "m"}, "operationName": "restartService", "parameters": {"service": "kubelet.service"}}),
+            ),
+            None,
+        ),
     ]
 }
 
@@ -159,12 +434,20 @@ async fn typed_objects_round_trip_through_the_api_server() {
     let machines: Api<Machine> = Api::all(client.clone());
     let machine: Machine = serde_json::from_value(machine(
         "typed-roundtrip",
-        pxe_spec(json!({"macAddresses": ["52:54:00:aa:bb:cc"], "firmware": "bios", "ipv4": "192.0.2.9"})),
+        pxe_spec(
+            json!({"macAddresses": ["52:54:00:aa:bb:cc"], "firmware": "bios", "ipv4": "192.0.2.9"}),
+        ),
     ))
     .expect("typed machine");
-    let created = machines.create(&PostParams::default(), &machine).await.expect("create");
+    let created = machines
+        .create(&PostParams::default(), &machine)
+        .await
+        .expect("create");
     assert_eq!(created.spec, machine.spec);
-    machines.delete("typed-roundtrip", &DeleteParams::default()).await.expect("delete");
+    machines
+        .delete("typed-roundtrip", &DeleteParams::default())
+        .await
+        .expect("delete");
     let _: Api<MachineConfiguration> = Api::all(client.clone());
     let _: Api<MachineOperation> = Api::all(client);
 }
@@ -173,15 +456,29 @@ async fn typed_objects_round_trip_through_the_api_server() {
 async fn provider_is_immutable() {
     let client = client().await;
     let api = api_for(&client, "Machine");
-    let object: DynamicObject = serde_json::from_value(machine("immutable-provider", json!({"provider": "manual"}))).expect("object");
-    api.create(&PostParams::default(), &object).await.expect("create");
-    let patch = json!({"spec": {"provider": "pxe", "pxe": {"macAddresses": ["52:54:00:12:34:57"]}}});
+    let object: DynamicObject =
+        serde_json::from_value(machine("immutable-provider", json!({"provider": "manual"})))
+            .expect("object");
+    api.create(&PostParams::default(), &object)
+        .await
+        .expect("create");
+    let patch =
+        json!({"spec": {"provider": "pxe", "pxe": {"macAddresses": ["52:54:00:12:34:57"]}}});
     let err = api
-        .patch("immutable-provider", &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(
+            "immutable-provider",
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
         .await
         .expect_err("changing the provider must be rejected");
-    assert!(err.to_string().contains("spec.provider is immutable"), "{err}");
-    api.delete("immutable-provider", &DeleteParams::default()).await.expect("delete");
+    assert!(
+        err.to_string().contains("spec.provider is immutable"),
+        "{err}"
+    );
+    api.delete("immutable-provider", &DeleteParams::default())
+        .await
+        .expect("delete");
 }
 
 fn version_object(name: &str, configuration: &str, version: i64, kernel: &str) -> Value {
@@ -194,7 +491,12 @@ fn version_object(name: &str, configuration: &str, version: i64, kernel: &str) -
     })
 }
 
-async fn set_version_status(api: &Api<MachineConfigurationVersion>, name: &str, deployed: bool, count: i64) {
+async fn set_version_status(
+    api: &Api<MachineConfigurationVersion>,
+    name: &str,
+    deployed: bool,
+    count: i64,
+) {
     let status = json!({"status": {"deployed": deployed, "machineCount": count}});
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
         .await
@@ -206,46 +508,89 @@ async fn deployed_version_spec_is_immutable() {
     let client = client().await;
     let dynamic = api_for(&client, "MachineConfigurationVersion");
     let typed: Api<MachineConfigurationVersion> = Api::all(client.clone());
-    let object: DynamicObject = serde_json::from_value(version_object("immut-v1", "immut", 1, "k1")).expect("object");
-    dynamic.create(&PostParams::default(), &object).await.expect("create");
+    let object: DynamicObject =
+        serde_json::from_value(version_object("immut-v1", "immut", 1, "k1")).expect("object");
+    dynamic
+        .create(&PostParams::default(), &object)
+        .await
+        .expect("create");
 
     // Not deployed yet: the controller may still change it.
     let change = |kernel: &str| json!({"spec": {"template": {"boot": {"kernelURL": kernel, "initrdURL": "initrd"}}}});
     typed
-        .patch("immut-v1", &PatchParams::default(), &Patch::Merge(&change("k2")))
+        .patch(
+            "immut-v1",
+            &PatchParams::default(),
+            &Patch::Merge(&change("k2")),
+        )
         .await
         .expect("an undeployed version is editable");
 
     set_version_status(&typed, "immut-v1", true, 0).await;
     let err = typed
-        .patch("immut-v1", &PatchParams::default(), &Patch::Merge(&change("k3")))
+        .patch(
+            "immut-v1",
+            &PatchParams::default(),
+            &Patch::Merge(&change("k3")),
+        )
         .await
         .expect_err("a deployed version must be immutable");
-    assert!(err.to_string().contains("the spec of a deployed MachineConfigurationVersion is immutable"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("the spec of a deployed MachineConfigurationVersion is immutable"),
+        "{err}"
+    );
 
     // And it stays deployed.
     let undeploy = json!({"status": {"deployed": false}});
     let err = typed
-        .patch_status("immut-v1", &PatchParams::default(), &Patch::Merge(&undeploy))
+        .patch_status(
+            "immut-v1",
+            &PatchParams::default(),
+            &Patch::Merge(&undeploy),
+        )
         .await
         .expect_err("deployed must not go back to false");
-    assert!(err.to_string().contains("a deployed version stays deployed"), "{err}");
-    typed.delete("immut-v1", &DeleteParams::default()).await.expect("delete");
+    assert!(
+        err.to_string()
+            .contains("a deployed version stays deployed"),
+        "{err}"
+    );
+    typed
+        .delete("immut-v1", &DeleteParams::default())
+        .await
+        .expect("delete");
 }
 
 #[tokio::test]
 async fn operation_spec_is_immutable() {
     let client = client().await;
     let api = api_for(&client, "MachineOperation");
-    let object: DynamicObject = serde_json::from_value(operation("immutable-op", json!({"machineRef": {"name": "m"}, "operationName": "reboot"}))).expect("object");
-    api.create(&PostParams::default(), &object).await.expect("create");
+    let object: DynamicObject = serde_json::from_value(operation(
+        "immutable-op",
+        json!({"machineRef": {"name": "m"}, "operationName": "reboot"}),
+    ))
+    .expect("object");
+    api.create(&PostParams::default(), &object)
+        .await
+        .expect("create");
     let patch = json!({"spec": {"operationName": "shutdown"}});
     let err = api
-        .patch("immutable-op", &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(
+            "immutable-op",
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
         .await
         .expect_err("changing an operation must be rejected");
-    assert!(err.to_string().contains("the spec of a MachineOperation is immutable"), "{err}");
-    api.delete("immutable-op", &DeleteParams::default()).await.expect("delete");
+    assert!(
+        err.to_string()
+            .contains("the spec of a MachineOperation is immutable"),
+        "{err}"
+    );
+    api.delete("immutable-op", &DeleteParams::default())
+        .await
+        .expect("delete");
 }
 
 #[tokio::test]
@@ -253,8 +598,12 @@ async fn policy_denies_deleting_a_referenced_version_and_allows_it_at_zero() {
     let client = client().await;
     let dynamic = api_for(&client, "MachineConfigurationVersion");
     let typed: Api<MachineConfigurationVersion> = Api::all(client.clone());
-    let object: DynamicObject = serde_json::from_value(version_object("vap-v1", "vap", 1, "k")).expect("object");
-    dynamic.create(&PostParams::default(), &object).await.expect("create");
+    let object: DynamicObject =
+        serde_json::from_value(version_object("vap-v1", "vap", 1, "k")).expect("object");
+    dynamic
+        .create(&PostParams::default(), &object)
+        .await
+        .expect("create");
     set_version_status(&typed, "vap-v1", true, 3).await;
 
     // The policy is installed with the control plane; admission picks it up within seconds.
@@ -263,8 +612,13 @@ async fn policy_denies_deleting_a_referenced_version_and_allows_it_at_zero() {
         match typed.delete("vap-v1", &DeleteParams::default()).await {
             Err(e) => break e.to_string(),
             Ok(_) => {
-                assert!(Instant::now() < deadline, "the policy never denied the delete");
-                let object: DynamicObject = serde_json::from_value(version_object("vap-v1", "vap", 1, "k")).expect("object");
+                assert!(
+                    Instant::now() < deadline,
+                    "the policy never denied the delete"
+                );
+                let object: DynamicObject =
+                    serde_json::from_value(version_object("vap-v1", "vap", 1, "k"))
+                        .expect("object");
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 let _ = dynamic.create(&PostParams::default(), &object).await;
                 set_version_status(&typed, "vap-v1", true, 3).await;
@@ -272,7 +626,10 @@ async fn policy_denies_deleting_a_referenced_version_and_allows_it_at_zero() {
         }
     };
     assert!(message.contains("is used by 3 Machine(s)"), "{message}");
-    assert!(typed.get("vap-v1").await.is_ok(), "the version must still exist");
+    assert!(
+        typed.get("vap-v1").await.is_ok(),
+        "the version must still exist"
+    );
 
     set_version_status(&typed, "vap-v1", true, 0).await;
     typed

@@ -68,7 +68,9 @@ pub enum ClusterError {
         output: String,
     },
     /// A component did not become ready in time.
-    #[error("{component} did not become ready within {seconds} s; last lines of its log ({log}):\n{tail}")]
+    #[error(
+        "{component} did not become ready within {seconds} s; last lines of its log ({log}):\n{tail}"
+    )]
     NotReady {
         /// The component.
         component: String,
@@ -178,7 +180,10 @@ impl Binaries {
             kube_controller_manager: in_dir("kube-controller-manager")?,
             kubectl: in_dir("kubectl")?,
             kubelet: in_dir("kubelet")?,
-            etcd: find_program("etcd", "run scripts/install-deps.sh (Debian package etcd-server)")?,
+            etcd: find_program(
+                "etcd",
+                "run scripts/install-deps.sh (Debian package etcd-server)",
+            )?,
         })
     }
 }
@@ -186,11 +191,19 @@ impl Binaries {
 /// Builds the Kubernetes binaries into `out` unless they are there. Holds a lock file so that
 /// test binaries started together build once.
 fn build_kubernetes(out: &Path) -> Result<(), ClusterError> {
-    let wanted = ["kube-apiserver", "kube-controller-manager", "kubectl", "kubelet"];
+    let wanted = [
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kubectl",
+        "kubelet",
+    ];
     if wanted.iter().all(|b| out.join(b).is_file()) {
         return Ok(());
     }
-    find_program("go", "install the Go toolchain (it builds Kubernetes from its Go modules)")?;
+    find_program(
+        "go",
+        "install the Go toolchain (it builds Kubernetes from its Go modules)",
+    )?;
     find_program("flock", "install util-linux")?;
     let parent = out.parent().unwrap_or(Path::new("/tmp"));
     fs::create_dir_all(parent).map_err(io_err(format!("creating {}", parent.display())))?;
@@ -213,7 +226,9 @@ fn build_kubernetes(out: &Path) -> Result<(), ClusterError> {
             .write_all(BUILD_SCRIPT.as_bytes())
             .map_err(io_err("passing the build script"))?;
     }
-    let status = child.wait().map_err(io_err("waiting for the Kubernetes build"))?;
+    let status = child
+        .wait()
+        .map_err(io_err("waiting for the Kubernetes build"))?;
     if !status.success() {
         return Err(ClusterError::Build {
             version: KUBERNETES_VERSION.to_owned(),
@@ -281,8 +296,8 @@ impl LocalControlPlane {
             let spawned = thread::Builder::new()
                 .name("local-control-plane".into())
                 .spawn(move || {
-                    let started = LocalControlPlane::start(Lifetime::TiedToThread)
-                        .map_err(|e| e.to_string());
+                    let started =
+                        LocalControlPlane::start(Lifetime::TiedToThread).map_err(|e| e.to_string());
                     let _ = tx.send(started);
                     loop {
                         thread::park();
@@ -304,7 +319,10 @@ impl LocalControlPlane {
     /// Starts a new control plane in a fresh directory and installs the CRDs and policies.
     pub fn start(lifetime: Lifetime) -> Result<Self, ClusterError> {
         let binaries = Binaries::ensure()?;
-        find_program("openssl", "run scripts/install-deps.sh (Debian package openssl)")?;
+        find_program(
+            "openssl",
+            "run scripts/install-deps.sh (Debian package openssl)",
+        )?;
         let dir = new_data_dir(lifetime)?;
         let mut plane = Self {
             kubeconfig: dir.join("admin.kubeconfig"),
@@ -329,9 +347,21 @@ impl LocalControlPlane {
         self.server = format!("https://127.0.0.1:{api_port}");
         let p = |name: &str| pki.join(name).display().to_string();
 
-        write_kubeconfig(&self.kubeconfig, &self.server, &p("ca.crt"), &p("admin.crt"), &p("admin.key"))?;
+        write_kubeconfig(
+            &self.kubeconfig,
+            &self.server,
+            &p("ca.crt"),
+            &p("admin.crt"),
+            &p("admin.key"),
+        )?;
         let kcm_kubeconfig = self.dir.join("controller-manager.kubeconfig");
-        write_kubeconfig(&kcm_kubeconfig, &self.server, &p("ca.crt"), &p("kcm.crt"), &p("kcm.key"))?;
+        write_kubeconfig(
+            &kcm_kubeconfig,
+            &self.server,
+            &p("ca.crt"),
+            &p("kcm.crt"),
+            &p("kcm.key"),
+        )?;
 
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let peer_url = format!("http://127.0.0.1:{etcd_peer_port}");
@@ -364,7 +394,10 @@ impl LocalControlPlane {
             format!("--tls-cert-file={}", p("apiserver.crt")),
             format!("--tls-private-key-file={}", p("apiserver.key")),
             format!("--client-ca-file={}", p("ca.crt")),
-            format!("--kubelet-client-certificate={}", p("apiserver-kubelet-client.crt")),
+            format!(
+                "--kubelet-client-certificate={}",
+                p("apiserver-kubelet-client.crt")
+            ),
             format!("--kubelet-client-key={}", p("apiserver-kubelet-client.key")),
             "--kubelet-preferred-address-types=InternalIP".into(),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
@@ -382,7 +415,8 @@ impl LocalControlPlane {
         let apiserver = self.binaries.kube_apiserver.clone();
         self.spawn("kube-apiserver", &apiserver, &apiserver_args)?;
         self.wait_ready("kube-apiserver", || {
-            self.kubectl_output(&["get", "--raw", "/readyz"]).is_ok_and(|out| out.trim() == "ok")
+            self.kubectl_output(&["get", "--raw", "/readyz"])
+                .is_ok_and(|out| out.trim() == "ok")
         })?;
 
         let kcm_args: Vec<String> = vec![
@@ -407,8 +441,16 @@ impl LocalControlPlane {
         // The service-account controller creating `default` shows the controller manager's
         // controllers (garbage collection among them) are running.
         self.wait_ready("kube-controller-manager", || {
-            self.kubectl_output(&["get", "serviceaccount", "default", "-n", "default", "-o", "name"])
-                .is_ok()
+            self.kubectl_output(&[
+                "get",
+                "serviceaccount",
+                "default",
+                "-n",
+                "default",
+                "-o",
+                "name",
+            ])
+            .is_ok()
         })?;
         Ok(())
     }
@@ -435,10 +477,18 @@ impl LocalControlPlane {
         Ok(())
     }
 
-    fn spawn(&mut self, component: &str, program: &Path, args: &[String]) -> Result<(), ClusterError> {
+    fn spawn(
+        &mut self,
+        component: &str,
+        program: &Path,
+        args: &[String],
+    ) -> Result<(), ClusterError> {
         let log_path = self.dir.join(format!("{component}.log"));
-        let log = fs::File::create(&log_path).map_err(io_err(format!("creating {}", log_path.display())))?;
-        let log_err = log.try_clone().map_err(io_err("duplicating a log handle"))?;
+        let log = fs::File::create(&log_path)
+            .map_err(io_err(format!("creating {}", log_path.display())))?;
+        let log_err = log
+            .try_clone()
+            .map_err(io_err("duplicating a log handle"))?;
         let mut command = match self.lifetime {
             Lifetime::TiedToThread => {
                 // setpriv sets PR_SET_PDEATHSIG, which survives the exec into the component.
@@ -458,7 +508,9 @@ impl LocalControlPlane {
             .stdout(log)
             .stderr(log_err)
             .current_dir(&self.dir);
-        let child = command.spawn().map_err(io_err(format!("starting {component}")))?;
+        let child = command
+            .spawn()
+            .map_err(io_err(format!("starting {component}")))?;
         self.children.push((component.to_owned(), child));
         Ok(())
     }
@@ -494,7 +546,9 @@ impl LocalControlPlane {
         // Only `Child::try_wait` needs &mut; a kill(0) probe through /proc is enough here.
         self.children
             .iter()
-            .find(|(_, child)| !Path::new(&format!("/proc/{}", child.id())).exists() || is_zombie(child.id()))
+            .find(|(_, child)| {
+                !Path::new(&format!("/proc/{}", child.id())).exists() || is_zombie(child.id())
+            })
             .map(|(name, _)| name.clone())
     }
 
@@ -593,9 +647,12 @@ pub async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client, Cluster
         message,
     };
     let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| err(e.to_string()))?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
-        .await
-        .map_err(|e| err(e.to_string()))?;
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .map_err(|e| err(e.to_string()))?;
     kube::Client::try_from(config).map_err(|e| err(e.to_string()))
 }
 
@@ -647,7 +704,10 @@ pub fn stop_detached() -> Result<DetachedState, ClusterError> {
         }
         let _ = Command::new("kill").arg(pid.to_string()).status();
         let deadline = Instant::now() + Duration::from_secs(10);
-        while Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(*pid) && Instant::now() < deadline {
+        while Path::new(&format!("/proc/{pid}")).exists()
+            && !is_zombie(*pid)
+            && Instant::now() < deadline
+        {
             thread::sleep(Duration::from_millis(100));
         }
         if Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(*pid) {
@@ -709,7 +769,8 @@ fn new_data_dir(lifetime: Lifetime) -> Result<PathBuf, ClusterError> {
 }
 
 fn free_port() -> Result<u16, ClusterError> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(io_err("finding a free port"))?;
+    let listener =
+        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(io_err("finding a free port"))?;
     listener
         .local_addr()
         .map(|a| a.port())
@@ -750,10 +811,25 @@ struct CertRequest<'a> {
 /// Generates the CA, the API server's serving certificate, client certificates and the
 /// service-account key pair (ECDSA P-256: quick to generate).
 fn generate_pki(dir: &Path) -> Result<(), ClusterError> {
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
     let mut ca = vec!["req", "-x509"];
     ca.extend(ec);
-    ca.extend(["-keyout", "ca.key", "-out", "ca.crt", "-days", "3650", "-subj", "/CN=unbounded-local-ca"]);
+    ca.extend([
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "3650",
+        "-subj",
+        "/CN=unbounded-local-ca",
+    ]);
     run_openssl(&ca, dir)?;
 
     let certs = [
@@ -796,25 +872,56 @@ fn generate_pki(dir: &Path) -> Result<(), ClusterError> {
         if let Some(alt) = cert.alt_names {
             ext_text.push_str(&format!("subjectAltName={alt}\n"));
         }
-        fs::write(dir.join(&ext), ext_text).map_err(io_err("writing a certificate extension file"))?;
+        fs::write(dir.join(&ext), ext_text)
+            .map_err(io_err("writing a certificate extension file"))?;
         let mut req = vec!["req"];
         req.extend(ec);
         req.extend(["-keyout", &key, "-out", &csr, "-subj", cert.subject]);
         run_openssl(&req, dir)?;
         run_openssl(
             &[
-                "x509", "-req", "-in", &csr, "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days",
-                "3650", "-out", &crt, "-extfile", &ext,
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "3650",
+                "-out",
+                &crt,
+                "-extfile",
+                &ext,
             ],
             dir,
         )?;
     }
-    run_openssl(&["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "sa.key"], dir)?;
+    run_openssl(
+        &[
+            "ecparam",
+            "-name",
+            "prime256v1",
+            "-genkey",
+            "-noout",
+            "-out",
+            "sa.key",
+        ],
+        dir,
+    )?;
     run_openssl(&["ec", "-in", "sa.key", "-pubout", "-out", "sa.pub"], dir)?;
     Ok(())
 }
 
-fn write_kubeconfig(path: &Path, server: &str, ca: &str, cert: &str, key: &str) -> Result<(), ClusterError> {
+fn write_kubeconfig(
+    path: &Path,
+    server: &str,
+    ca: &str,
+    cert: &str,
+    key: &str,
+) -> Result<(), ClusterError> {
     let text = format!(
         "apiVersion: v1
 kind: Config

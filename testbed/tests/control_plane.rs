@@ -8,10 +8,17 @@ use unbounded_testbed::cluster::{LocalControlPlane, deploy_dir};
 #[tokio::test]
 async fn control_plane_serves_the_api_with_crds_installed() {
     let cp = LocalControlPlane::shared().expect("control plane");
-    let version = cp.kubectl_output(&["version", "-o", "json"]).expect("kubectl version");
-    assert!(version.contains("\"gitVersion\": \"v1.35.4\""), "server version: {version}");
+    let version = cp
+        .kubectl_output(&["version", "-o", "json"])
+        .expect("kubectl version");
+    assert!(
+        version.contains("\"gitVersion\": \"v1.35.4\""),
+        "server version: {version}"
+    );
 
-    let crds = cp.kubectl_output(&["get", "crd", "-o", "name"]).expect("list CRDs");
+    let crds = cp
+        .kubectl_output(&["get", "crd", "-o", "name"])
+        .expect("list CRDs");
     for name in [
         "machines.unbounded-cloud.io",
         "machineconfigurations.unbounded-cloud.io",
@@ -32,7 +39,15 @@ fn controller_manager_runs_its_controllers() {
     // The service-account controller and the token controller both belong to
     // kube-controller-manager: `default` exists only when it runs.
     let sa = cp
-        .kubectl_output(&["get", "serviceaccount", "default", "-n", "kube-system", "-o", "name"])
+        .kubectl_output(&[
+            "get",
+            "serviceaccount",
+            "default",
+            "-n",
+            "kube-system",
+            "-o",
+            "name",
+        ])
         .expect("default service account in kube-system");
     assert_eq!(sa.trim(), "serviceaccount/default");
 }
@@ -41,13 +56,32 @@ fn controller_manager_runs_its_controllers() {
 fn deploy_kustomization_applies_and_examples_pass_dry_run() {
     let cp = LocalControlPlane::shared().expect("control plane");
     let deploy = deploy_dir();
-    cp.kubectl_output(&["apply", "--server-side", "-k", &deploy.display().to_string()])
-        .expect("kubectl apply -k deploy/");
+    cp.kubectl_output(&[
+        "apply",
+        "--server-side",
+        "-k",
+        &deploy.display().to_string(),
+    ])
+    .expect("kubectl apply -k deploy/");
     let examples = deploy.join("examples");
     let out = cp
-        .kubectl_output(&["apply", "--dry-run=server", "-f", &examples.display().to_string()])
+        .kubectl_output(&[
+            "apply",
+            "--dry-run=server",
+            "-f",
+            &examples.display().to_string(),
+        ])
         .expect("server-side dry run of the examples");
-    assert!(out.contains("machine.unbounded-cloud.io/rack1-node1"), "{out}");
-    assert!(out.contains("machineconfiguration.unbounded-cloud.io/general"), "{out}");
-    assert!(out.contains("machineoperation.unbounded-cloud.io/power-cycle-general"), "{out}");
+    assert!(
+        out.contains("machine.unbounded-cloud.io/rack1-node1"),
+        "{out}"
+    );
+    assert!(
+        out.contains("machineconfiguration.unbounded-cloud.io/general"),
+        "{out}"
+    );
+    assert!(
+        out.contains("machineoperation.unbounded-cloud.io/power-cycle-general"),
+        "{out}"
+    );
 }
