@@ -11,6 +11,9 @@
 //! Validation lives in the CRD schema as CEL rules (see each field's `x_kube` attribute), so
 //! `kubectl apply` rejects a bad object with a message that says what is wrong.
 
+// kube's derive takes one `printcolumn(type_ = ..)` per column, which this lint misreads.
+#![allow(clippy::duplicated_attributes)]
+
 pub mod condition;
 pub mod configuration;
 pub mod crds;

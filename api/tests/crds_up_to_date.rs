@@ -1,5 +1,7 @@
 //! The CRDs checked in under deploy/crds/ are exactly what the types generate.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
+
 use std::path::Path;
 
 #[test]

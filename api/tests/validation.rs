@@ -1,6 +1,8 @@
 //! Every CEL rule of the CRDs, and the ValidatingAdmissionPolicy, against a real
 //! kube-apiserver: a bad object is rejected with the rule's message, a good one accepted.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
+
 use std::time::{Duration, Instant};
 
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};

@@ -1,6 +1,8 @@
 //! The local control plane really runs etcd, kube-apiserver and kube-controller-manager, and
 //! Unbounded's manifests apply to it.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
+
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 use unbounded_testbed::cluster::{LocalControlPlane, deploy_dir};
