@@ -758,7 +758,14 @@ fn new_data_dir(lifetime: Lifetime) -> Result<PathBuf, ClusterError> {
             std::process::id(),
             DIR_COUNTER.fetch_add(1, Ordering::Relaxed)
         ),
-        Lifetime::Detached => "unbounded-cluster".to_owned(),
+        // One per cache directory, so that a test's `cluster up` (with its own cache
+        // directory) never touches the cluster a person runs.
+        Lifetime::Detached => {
+            use std::hash::{Hash, Hasher};
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            cache_dir().hash(&mut hasher);
+            format!("unbounded-cluster-{:016x}", hasher.finish())
+        }
     };
     let dir = base.join(name);
     if dir.exists() {
