@@ -1,0 +1,76 @@
+//! The controller's errors.
+
+/// Errors of reconciliation.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A call to the API server failed.
+    #[error("{action}: {source}")]
+    Kube {
+        /// What was being done.
+        action: String,
+        /// Why it failed.
+        #[source]
+        source: kube::Error,
+    },
+    /// The finalizer helper failed.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    /// Not an error: a step waits for something outside the controller (a provider's
+    /// finalizer, a draining Node); reconcile again soon.
+    #[error("waiting: {0}")]
+    Waiting(String),
+    /// A reflector store stopped.
+    #[error("reflector store for {0} stopped before it was ready")]
+    StoreNotReady(&'static str),
+    /// Serialization of an object failed.
+    #[error("serializing {what}: {source}")]
+    Serialize {
+        /// What.
+        what: String,
+        /// Why.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl Error {
+    /// A short name for the metric label.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Kube { .. } => "kube",
+            Self::Finalizer(inner) => match inner.as_ref() {
+                kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => {
+                    e.metric_label()
+                }
+                _ => "finalizer",
+            },
+            Self::Waiting(_) => "waiting",
+            Self::StoreNotReady(_) => "store",
+            Self::Serialize { .. } => "serialize",
+        }
+    }
+
+    /// Whether this is only a wait, not a failure.
+    pub fn is_waiting(&self) -> bool {
+        match self {
+            Self::Waiting(_) => true,
+            Self::Finalizer(inner) => matches!(
+                inner.as_ref(),
+                kube::runtime::finalizer::Error::CleanupFailed(Error::Waiting(_))
+                    | kube::runtime::finalizer::Error::ApplyFailed(Error::Waiting(_))
+            ),
+            _ => false,
+        }
+    }
+}
+
+/// Wraps a kube error with what was being done.
+pub fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    let action = action.into();
+    move |source| Error::Kube { action, source }
+}
+
+/// Whether a kube error is the API server's 404.
+pub fn is_not_found(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == 404)
+}

@@ -1,0 +1,363 @@
+//! The Machine reconciler: records the resolved configuration version (locking it), the
+//! Node, the conditions and the phase; annotates the Node; drains and deletes the Node when
+//! the Machine is deleted.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use unbounded_api::condition;
+use unbounded_api::well_known::{annotations, conditions, field_managers, finalizers, reasons};
+use unbounded_api::{Machine, MachineConfigurationVersion, MachinePhase, ResolvedConfiguration};
+
+use crate::context::{Context, borrow_candidates};
+use crate::drain;
+use crate::error::{Error, kube_err};
+use crate::lifecycle::{ConditionPlan, MachineFacts, ObservedNode, plan_machine};
+use crate::selection::{self, Resolution};
+
+/// Reconciles one Machine.
+pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let labels = Context::controller_labels("machine");
+    ctx.metrics.reconciles.get_or_create(&labels).inc();
+    let started = std::time::Instant::now();
+    let api: Api<Machine> = Api::all(ctx.client.clone());
+    let result = finalizer(&api, finalizers::MACHINE, machine, |event| async {
+        match event {
+            FinalizerEvent::Apply(machine) => apply(&machine, &ctx).await,
+            FinalizerEvent::Cleanup(machine) => cleanup(&machine, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)));
+    ctx.metrics
+        .duration
+        .get_or_create(&labels)
+        .observe(started.elapsed().as_secs_f64());
+    result
+}
+
+impl Context {
+    fn controller_labels(name: &str) -> crate::metrics::ControllerLabels {
+        crate::metrics::Metrics::controller(name)
+    }
+}
+
+/// The Node of a Machine: by name (`spec.nodeName`, default the Machine's name), else by
+/// `spec.providerID`.
+pub fn find_node(machine: &Machine, ctx: &Context) -> Option<Arc<Node>> {
+    let name = machine.node_name();
+    let by_name = ctx.nodes.state().into_iter().find(|n| n.name_any() == name);
+    by_name.or_else(|| {
+        let provider_id = machine.spec.provider_id.as_deref()?;
+        ctx.nodes
+            .state()
+            .into_iter()
+            .find(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(provider_id))
+    })
+}
+
+fn node_is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+async fn apply(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
+    let name = machine.name_any();
+    let status = machine.status.clone().unwrap_or_default();
+    let owned = ctx.candidates();
+    let candidates = borrow_candidates(&owned);
+    let resolution = selection::resolve(machine.labels(), machine.spec.configuration_ref.as_ref(), &candidates);
+    let node = find_node(machine, ctx);
+    let node_name = machine.node_name();
+
+    let plan = plan_machine(&MachineFacts {
+        deleting: false,
+        failed: status.failure_reason.is_some(),
+        recorded: status.configuration.as_ref(),
+        recorded_node: status.node_ref.as_ref(),
+        resolution: &resolution,
+        node: node.as_ref().map(|n| ObservedNode {
+            name: n.name_any(),
+            uid: n.metadata.uid.clone(),
+            ready: node_is_ready(n),
+        }),
+        infrastructure_ready: condition::is_true(&status.conditions, conditions::INFRASTRUCTURE_READY),
+        node_name: &node_name,
+    });
+
+    // Lock first, then record: a Machine must never run a version that can still change.
+    if let Some(configuration) = &plan.configuration {
+        lock_version(configuration, machine, ctx).await?;
+    }
+    if let (Some(node), Some(configuration)) = (&node, &plan.configuration) {
+        annotate_node(node, configuration, machine, ctx).await?;
+    }
+
+    write_status(machine, &status, &plan.configuration, &plan.node_ref, plan.phase, [
+        &plan.configuration_condition,
+        &plan.node_condition,
+    ], ctx)
+    .await?;
+
+    if plan.repave {
+        let note = match &plan.configuration {
+            Some(c) => format!("Node {node_name} was deleted; repaving with {} version {}", c.name, c.version),
+            None => format!("Node {node_name} was deleted; waiting for a configuration to repave with"),
+        };
+        ctx.event(machine, EventType::Normal, reasons::REPAVE, note).await;
+    }
+    if plan.configuration.is_some() && plan.configuration != status.configuration && !plan.repave {
+        if let Some(c) = &plan.configuration {
+            ctx.event(
+                machine,
+                EventType::Normal,
+                reasons::CONFIGURATION_RESOLVED,
+                format!("resolved {} version {}", c.name, c.version),
+            )
+            .await;
+        }
+    }
+    if plan.configuration.is_none() && !condition_matches(&status.conditions, &plan.configuration_condition) {
+        let type_ = if plan.configuration_condition.reason == reasons::CONFIGURATION_PENDING {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        };
+        ctx.event(machine, type_, plan.configuration_condition.reason, plan.configuration_condition.message.clone())
+            .await;
+    }
+    tracing::debug!(machine = %name, phase = plan.phase.as_str(), "reconciled");
+
+    Ok(match resolution {
+        Resolution::AwaitingFirstVersion { .. } => Action::requeue(Duration::from_secs(2)),
+        _ => Action::requeue(ctx.settings.resync),
+    })
+}
+
+fn condition_matches(current: &[Condition], plan: &ConditionPlan) -> bool {
+    condition::find(current, plan.type_).is_some_and(|c| {
+        c.status == if plan.status { "True" } else { "False" } && c.reason == plan.reason && c.message == plan.message
+    })
+}
+
+/// Marks the version deployed (immutable) unless it already is.
+async fn lock_version(configuration: &ResolvedConfiguration, machine: &Machine, ctx: &Context) -> Result<(), Error> {
+    let name = configuration.version_name();
+    let deployed = ctx
+        .versions
+        .state()
+        .into_iter()
+        .find(|v| v.name_any() == name)
+        .and_then(|v| v.status.as_ref().map(|s| s.deployed))
+        .unwrap_or(false);
+    if deployed {
+        return Ok(());
+    }
+    let api: Api<MachineConfigurationVersion> = Api::all(ctx.client.clone());
+    api.patch_status(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"deployed": true}})),
+    )
+    .await
+    .map_err(kube_err(format!("locking MachineConfigurationVersion {name}")))?;
+    let note = format!(
+        "{} version {} is deployed (now immutable): Machine {} is provisioned with it",
+        configuration.name,
+        configuration.version,
+        machine.name_any()
+    );
+    ctx.event(machine, EventType::Normal, reasons::VERSION_LOCKED, note.clone()).await;
+    if let Some(mc) = ctx
+        .configurations
+        .state()
+        .into_iter()
+        .find(|c| c.name_any() == configuration.name)
+    {
+        ctx.event(mc.as_ref(), EventType::Normal, reasons::VERSION_LOCKED, note).await;
+    }
+    Ok(())
+}
+
+/// Annotates the Node with its configuration and version unless it already is.
+async fn annotate_node(
+    node: &Node,
+    configuration: &ResolvedConfiguration,
+    machine: &Machine,
+    ctx: &Context,
+) -> Result<(), Error> {
+    let wanted: BTreeMap<&str, String> = BTreeMap::from([
+        (annotations::MACHINE_CONFIGURATION, configuration.name.clone()),
+        (annotations::MACHINE_CONFIGURATION_VERSION, configuration.version.to_string()),
+        (annotations::MACHINE, machine.name_any()),
+    ]);
+    let current = node.annotations();
+    if wanted.iter().all(|(k, v)| current.get(*k) == Some(v)) {
+        return Ok(());
+    }
+    let api: Api<Node> = Api::all(ctx.client.clone());
+    let node_name = node.name_any();
+    api.patch(
+        &node_name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": wanted}})),
+    )
+    .await
+    .map_err(kube_err(format!("annotating Node {node_name}")))?;
+    ctx.event(
+        machine,
+        EventType::Normal,
+        reasons::NODE_ANNOTATED,
+        format!(
+            "annotated Node {node_name} with {} version {}",
+            configuration.name, configuration.version
+        ),
+    )
+    .await;
+    Ok(())
+}
+
+/// Applies the controller's status fields (server-side apply, field manager
+/// `unbounded-controller`) when they differ from what is recorded.
+async fn write_status<const N: usize>(
+    machine: &Machine,
+    current: &unbounded_api::MachineStatus,
+    configuration: &Option<ResolvedConfiguration>,
+    node_ref: &Option<unbounded_api::NodeRef>,
+    phase: MachinePhase,
+    plans: [&ConditionPlan; N],
+    ctx: &Context,
+) -> Result<(), Error> {
+    let generation = machine.metadata.generation;
+    let mut merged = current.conditions.clone();
+    let mut ours = Vec::with_capacity(N);
+    for plan in plans {
+        let new = condition::new_condition(plan.type_, plan.status, plan.reason, plan.message.clone(), generation);
+        condition::set(&mut merged, new);
+        if let Some(c) = condition::find(&merged, plan.type_) {
+            ours.push(c.clone());
+        }
+    }
+    let unchanged = current.phase == Some(phase)
+        && &current.configuration == configuration
+        && &current.node_ref == node_ref
+        && current.observed_generation == generation
+        && ours.iter().all(|c| {
+            condition::find(&current.conditions, &c.type_).is_some_and(|old| condition::same_meaning(old, c))
+        });
+    if unchanged {
+        return Ok(());
+    }
+    let mut status = serde_json::Map::new();
+    status.insert("phase".into(), json!(phase.as_str()));
+    status.insert("conditions".into(), json!(ours));
+    if let Some(c) = configuration {
+        status.insert("configuration".into(), json!(c));
+    }
+    if let Some(n) = node_ref {
+        status.insert("nodeRef".into(), json!(n));
+    }
+    if let Some(g) = generation {
+        status.insert("observedGeneration".into(), json!(g));
+    }
+    let body = json!({
+        "apiVersion": Machine::api_version(&()),
+        "kind": Machine::kind(&()),
+        "status": status,
+    });
+    let api: Api<Machine> = Api::all(ctx.client.clone());
+    api.patch_status(
+        &machine.name_any(),
+        &PatchParams::apply(field_managers::CONTROLLER).force(),
+        &Patch::Apply(body),
+    )
+    .await
+    .map_err(kube_err(format!("writing the status of Machine {}", machine.name_any())))?;
+    Ok(())
+}
+
+/// Deletion: drain and delete the Node, then wait until every provider has released the
+/// infrastructure (removed its own finalizer). Every step is idempotent.
+async fn cleanup(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
+    let status = machine.status.clone().unwrap_or_default();
+    let node_name = machine.node_name();
+    write_status(
+        machine,
+        &status,
+        &status.configuration,
+        &status.node_ref,
+        MachinePhase::Deleting,
+        [],
+        ctx,
+    )
+    .await?;
+
+    if let Some(node) = find_node(machine, ctx) {
+        let deadline_passed = machine
+            .meta()
+            .deletion_timestamp
+            .as_ref()
+            .is_some_and(|t| {
+                let elapsed = condition::now().duration_since(t.0);
+                elapsed.as_secs_f64() > ctx.settings.drain_timeout.as_secs_f64()
+            });
+        let outcome = drain::drain(&ctx.client, &node.name_any()).await?;
+        if outcome.remaining > 0 && !deadline_passed {
+            ctx.event(
+                machine,
+                EventType::Normal,
+                reasons::DRAINING,
+                format!("draining Node {}: {} pod(s) left", node.name_any(), outcome.remaining),
+            )
+            .await;
+            return Err(Error::Waiting(format!(
+                "Node {} still has {} pod(s) to evict",
+                node.name_any(),
+                outcome.remaining
+            )));
+        }
+        if outcome.remaining > 0 {
+            ctx.event(
+                machine,
+                EventType::Warning,
+                reasons::DRAINING,
+                format!(
+                    "drain timeout ({} s) passed with {} pod(s) left on Node {}; deleting it anyway",
+                    ctx.settings.drain_timeout.as_secs(),
+                    outcome.remaining,
+                    node.name_any()
+                ),
+            )
+            .await;
+        }
+        drain::delete_node(&ctx.client, &node.name_any()).await?;
+        ctx.event(machine, EventType::Normal, "NodeDeleted", format!("deleted Node {}", node.name_any()))
+            .await;
+    } else {
+        tracing::debug!(node = %node_name, "no Node to drain");
+    }
+
+    let waiting_for: Vec<&str> = machine
+        .finalizers()
+        .iter()
+        .filter_map(|f| finalizers::PROVIDERS.iter().find(|p| **p == f.as_str()).copied())
+        .collect();
+    if !waiting_for.is_empty() {
+        return Err(Error::Waiting(format!(
+            "waiting for the provider to release the infrastructure ({})",
+            waiting_for.join(", ")
+        )));
+    }
+    Ok(Action::await_change())
+}
