@@ -17,6 +17,7 @@
 pub mod condition;
 pub mod configuration;
 pub mod crds;
+pub mod handler;
 pub mod machine;
 pub mod operation;
 pub mod well_known;
@@ -34,6 +35,6 @@ pub use machine::{
     PxeSpec, ResolvedConfiguration, SecretReference,
 };
 pub use operation::{
-    ChildCounts, MachineOperation, MachineOperationSpec, MachineOperationStatus, MachineRef,
-    OperationState,
+    ChildCounts, HandlerKind, MachineOperation, MachineOperationSpec, MachineOperationStatus,
+    MachineRef, OperationState,
 };

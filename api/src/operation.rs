@@ -110,6 +110,29 @@ pub struct MachineOperationStatus {
     /// Counts of the child operations of a selector operation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub children: Option<ChildCounts>,
+    /// Who may claim the operation now: set by the controller when the operation's turn has
+    /// come on its Machine (operations on one Machine run one at a time, in creation order).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routed_to: Option<HandlerKind>,
+}
+
+/// Who executes an operation.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum HandlerKind {
+    /// The agent in the Machine's booted OS: `reboot`, `shutdown`, `restartService`.
+    Agent,
+    /// The Machine's provider: `powerOn`, `powerOff`, `powerCycle` and its own names.
+    Provider,
+}
+
+impl HandlerKind {
+    /// The name as written in `status.routedTo`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Agent => "Agent",
+            Self::Provider => "Provider",
+        }
+    }
 }
 
 /// State of an operation.

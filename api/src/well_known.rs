@@ -42,6 +42,110 @@ pub mod finalizers {
     pub const PROVIDERS: [&str; 2] = [PXE_PROVIDER, AZURE_PROVIDER];
 }
 
+/// Operation names and who runs them.
+pub mod operations {
+    use crate::{HandlerKind, MachineProvider};
+
+    /// Reboot the machine (agent); Complete once the machine is back with a new boot ID.
+    pub const REBOOT: &str = "reboot";
+    /// Shut the machine's OS down (agent).
+    pub const SHUTDOWN: &str = "shutdown";
+    /// Restart the systemd unit named by the parameter `service` (agent).
+    pub const RESTART_SERVICE: &str = "restartService";
+    /// Power the machine on (provider).
+    pub const POWER_ON: &str = "powerOn";
+    /// Power the machine off (provider).
+    pub const POWER_OFF: &str = "powerOff";
+    /// Power the machine off and on (provider).
+    pub const POWER_CYCLE: &str = "powerCycle";
+    /// Set a one-time network boot and power-cycle (the PXE provider's own operation).
+    pub const PXE_BOOT: &str = "pxeBoot";
+
+    /// The parameter of `restartService`.
+    pub const SERVICE_PARAMETER: &str = "service";
+
+    /// What the agent runs, on every provider.
+    pub const AGENT: [&str; 3] = [REBOOT, SHUTDOWN, RESTART_SERVICE];
+    /// What every provider that manages infrastructure runs.
+    pub const POWER: [&str; 3] = [POWER_ON, POWER_OFF, POWER_CYCLE];
+
+    /// A provider's own operation names, beside [`POWER`].
+    pub fn provider_specific(provider: MachineProvider) -> &'static [&'static str] {
+        match provider {
+            MachineProvider::Pxe => &[PXE_BOOT],
+            MachineProvider::Azure | MachineProvider::Manual => &[],
+        }
+    }
+
+    /// Who runs `name` on a Machine of `provider`, or `None` when nobody does. A `manual`
+    /// Machine has no provider to power it.
+    pub fn route(provider: MachineProvider, name: &str) -> Option<HandlerKind> {
+        if AGENT.contains(&name) {
+            return Some(HandlerKind::Agent);
+        }
+        let has_provider = provider != MachineProvider::Manual;
+        (has_provider && (POWER.contains(&name) || provider_specific(provider).contains(&name)))
+            .then_some(HandlerKind::Provider)
+    }
+
+    /// The names that some handler runs on a Machine of `provider`, for messages.
+    pub fn known(provider: MachineProvider) -> Vec<&'static str> {
+        let mut names = AGENT.to_vec();
+        if provider != MachineProvider::Manual {
+            names.extend(POWER);
+            names.extend(provider_specific(provider));
+        }
+        names
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn routing_table() {
+            let cases = [
+                (MachineProvider::Pxe, "reboot", Some(HandlerKind::Agent)),
+                (
+                    MachineProvider::Manual,
+                    "restartService",
+                    Some(HandlerKind::Agent),
+                ),
+                (
+                    MachineProvider::Pxe,
+                    "powerCycle",
+                    Some(HandlerKind::Provider),
+                ),
+                (
+                    MachineProvider::Azure,
+                    "powerOff",
+                    Some(HandlerKind::Provider),
+                ),
+                (MachineProvider::Pxe, "pxeBoot", Some(HandlerKind::Provider)),
+                (MachineProvider::Azure, "pxeBoot", None),
+                (MachineProvider::Manual, "powerOn", None),
+                (MachineProvider::Pxe, "selfDestruct", None),
+            ];
+            for (provider, name, expected) in cases {
+                assert_eq!(route(provider, name), expected, "{provider:?} {name}");
+            }
+        }
+
+        #[test]
+        fn known_names_are_exactly_the_routed_ones() {
+            for provider in [
+                MachineProvider::Pxe,
+                MachineProvider::Azure,
+                MachineProvider::Manual,
+            ] {
+                for name in known(provider) {
+                    assert!(route(provider, name).is_some(), "{provider:?} {name}");
+                }
+            }
+        }
+    }
+}
+
 /// Server-side apply field managers, one per component.
 pub mod field_managers {
     /// The controller.

@@ -125,14 +125,24 @@ mod tests {
 
     #[test]
     fn mac_rejects_malformed_text() {
-        for bad in ["", "52:54:00:ab:cd", "52:54:00:ab:cd:01:02", "5:54:00:ab:cd:01", "zz:54:00:ab:cd:01", "525400abcd01"] {
+        for bad in [
+            "",
+            "52:54:00:ab:cd",
+            "52:54:00:ab:cd:01:02",
+            "5:54:00:ab:cd:01",
+            "zz:54:00:ab:cd:01",
+            "525400abcd01",
+        ] {
             assert!(bad.parse::<MacAddr>().is_err(), "{bad} should not parse");
         }
     }
 
     #[test]
     fn mac_from_slice_needs_six_bytes() {
-        assert_eq!(MacAddr::from_slice(&[1, 2, 3, 4, 5, 6, 7]), Some(MacAddr([1, 2, 3, 4, 5, 6])));
+        assert_eq!(
+            MacAddr::from_slice(&[1, 2, 3, 4, 5, 6, 7]),
+            Some(MacAddr([1, 2, 3, 4, 5, 6]))
+        );
         assert_eq!(MacAddr::from_slice(&[1, 2, 3]), None);
     }
 }

@@ -14,7 +14,8 @@ use serde_json::json;
 use unbounded_api::condition;
 use unbounded_api::well_known::{conditions, field_managers, finalizers, labels, reasons};
 use unbounded_api::{
-    Machine, MachineConfiguration, MachineConfigurationVersion, UpdateStrategyType, VersionSummary, version_name,
+    Machine, MachineConfiguration, MachineConfigurationVersion, UpdateStrategyType, VersionSummary,
+    version_name,
 };
 
 use crate::context::Context;
@@ -23,7 +24,10 @@ use crate::metrics::Metrics;
 use crate::versioning::{self, ExistingVersion, VersionAction};
 
 /// Reconciles one MachineConfiguration.
-pub async fn reconcile(configuration: Arc<MachineConfiguration>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile(
+    configuration: Arc<MachineConfiguration>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
     let labels = Metrics::controller("configuration");
     ctx.metrics.reconciles.get_or_create(&labels).inc();
     let started = std::time::Instant::now();
@@ -48,7 +52,10 @@ pub fn machine_counts(configuration: &str, machines: &[Arc<Machine>]) -> BTreeMa
     let mut counts = BTreeMap::new();
     for machine in machines {
         let mut versions = BTreeSet::new();
-        if let Some(c) = machine.status.as_ref().and_then(|s| s.configuration.as_ref())
+        if let Some(c) = machine
+            .status
+            .as_ref()
+            .and_then(|s| s.configuration.as_ref())
             && c.name == configuration
         {
             versions.insert(c.version);
@@ -69,7 +76,10 @@ pub fn machine_counts(configuration: &str, machines: &[Arc<Machine>]) -> BTreeMa
 async fn apply(configuration: &MachineConfiguration, ctx: &Context) -> Result<Action, Error> {
     let name = configuration.name_any();
     let versions = ctx.versions_of(&name);
-    let recorded_latest = configuration.status.as_ref().map_or(0, |s| s.latest_version);
+    let recorded_latest = configuration
+        .status
+        .as_ref()
+        .map_or(0, |s| s.latest_version);
     let existing: Vec<ExistingVersion<'_>> = versions
         .iter()
         .map(|v| ExistingVersion {
@@ -78,7 +88,8 @@ async fn apply(configuration: &MachineConfiguration, ctx: &Context) -> Result<Ac
             template: &v.spec.template,
         })
         .collect();
-    let action = versioning::next_version_action(&configuration.spec.template, recorded_latest, &existing);
+    let action =
+        versioning::next_version_action(&configuration.spec.template, recorded_latest, &existing);
     let mut latest = versioning::latest_version(recorded_latest, &existing);
 
     match action {
@@ -92,7 +103,10 @@ async fn apply(configuration: &MachineConfiguration, ctx: &Context) -> Result<Ac
                 configuration,
                 EventType::Normal,
                 reasons::VERSION_CREATED,
-                format!("created {} (version {version})", version_name(&name, version)),
+                format!(
+                    "created {} (version {version})",
+                    version_name(&name, version)
+                ),
             )
             .await;
         }
@@ -113,7 +127,12 @@ async fn apply(configuration: &MachineConfiguration, ctx: &Context) -> Result<Ac
 
     let counts = machine_counts(&name, &ctx.machines.state());
     for version in &versions {
-        sync_version_usage(version, counts.get(&version.spec.version).copied().unwrap_or(0), ctx).await?;
+        sync_version_usage(
+            version,
+            counts.get(&version.spec.version).copied().unwrap_or(0),
+            ctx,
+        )
+        .await?;
     }
 
     let mut summaries: Vec<VersionSummary> = versions
@@ -137,9 +156,17 @@ async fn apply(configuration: &MachineConfiguration, ctx: &Context) -> Result<Ac
     }
 
     // Prune only after latestVersion is recorded, so that a deleted number is never reused.
-    let referenced: BTreeSet<i64> = counts.iter().filter(|(_, n)| **n > 0).map(|(v, _)| *v).collect();
+    let referenced: BTreeSet<i64> = counts
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(v, _)| *v)
+        .collect();
     let numbers: Vec<i64> = summaries.iter().map(|s| s.version).collect();
-    let prune = versioning::versions_to_prune(&numbers, &referenced, configuration.spec.revision_history_limit());
+    let prune = versioning::versions_to_prune(
+        &numbers,
+        &referenced,
+        configuration.spec.revision_history_limit(),
+    );
     write_status(configuration, latest, &summaries, &prune, ctx).await?;
     for version in prune {
         let version_object = version_name(&name, version);
@@ -167,10 +194,17 @@ async fn apply(configuration: &MachineConfiguration, ctx: &Context) -> Result<Ac
 /// Creates or updates version `version` with the configuration's template (server-side
 /// apply under the controller's field manager). Applying a deployed version's spec is
 /// refused by the CRD's transition rule, which makes the next reconcile create a new one.
-async fn write_version(configuration: &MachineConfiguration, version: i64, ctx: &Context) -> Result<(), Error> {
+async fn write_version(
+    configuration: &MachineConfiguration,
+    version: i64,
+    ctx: &Context,
+) -> Result<(), Error> {
     let name = configuration.name_any();
     let object_name = version_name(&name, version);
-    let owner = configuration.controller_owner_ref(&()).map(|o| json!([o])).unwrap_or(json!([]));
+    let owner = configuration
+        .controller_owner_ref(&())
+        .map(|o| json!([o]))
+        .unwrap_or(json!([]));
     let body = json!({
         "apiVersion": MachineConfigurationVersion::api_version(&()),
         "kind": MachineConfigurationVersion::kind(&()),
@@ -196,7 +230,11 @@ async fn write_version(configuration: &MachineConfiguration, version: i64, ctx: 
     Ok(())
 }
 
-async fn write_latest(configuration: &MachineConfiguration, latest: i64, ctx: &Context) -> Result<(), Error> {
+async fn write_latest(
+    configuration: &MachineConfiguration,
+    latest: i64,
+    ctx: &Context,
+) -> Result<(), Error> {
     let api: Api<MachineConfiguration> = Api::all(ctx.client.clone());
     api.patch_status(
         &configuration.name_any(),
@@ -204,15 +242,25 @@ async fn write_latest(configuration: &MachineConfiguration, latest: i64, ctx: &C
         &Patch::Merge(json!({"status": {"latestVersion": latest}})),
     )
     .await
-    .map_err(kube_err(format!("recording latestVersion of {}", configuration.name_any())))?;
+    .map_err(kube_err(format!(
+        "recording latestVersion of {}",
+        configuration.name_any()
+    )))?;
     Ok(())
 }
 
 /// Keeps a version's `status.machineCount` and its in-use finalizer in step with the count.
-async fn sync_version_usage(version: &MachineConfigurationVersion, count: i64, ctx: &Context) -> Result<(), Error> {
+async fn sync_version_usage(
+    version: &MachineConfigurationVersion,
+    count: i64,
+    ctx: &Context,
+) -> Result<(), Error> {
     let name = version.name_any();
     let api: Api<MachineConfigurationVersion> = Api::all(ctx.client.clone());
-    let has_finalizer = version.finalizers().iter().any(|f| f == finalizers::VERSION_IN_USE);
+    let has_finalizer = version
+        .finalizers()
+        .iter()
+        .any(|f| f == finalizers::VERSION_IN_USE);
     if count > 0 && !has_finalizer {
         let mut list = version.finalizers().to_vec();
         list.push(finalizers::VERSION_IN_USE.to_owned());
@@ -264,7 +312,10 @@ async fn write_status(
     pruned: &[i64],
     ctx: &Context,
 ) -> Result<(), Error> {
-    let mut versions: Vec<&VersionSummary> = summaries.iter().filter(|s| !pruned.contains(&s.version)).collect();
+    let mut versions: Vec<&VersionSummary> = summaries
+        .iter()
+        .filter(|s| !pruned.contains(&s.version))
+        .collect();
     versions.sort_by_key(|s| s.version);
     let generation = configuration.metadata.generation;
     let current = configuration.status.clone().unwrap_or_default();
@@ -311,14 +362,19 @@ async fn write_status(
         &Patch::Apply(body),
     )
     .await
-    .map_err(kube_err(format!("writing the status of {}", configuration.name_any())))?;
+    .map_err(kube_err(format!(
+        "writing the status of {}",
+        configuration.name_any()
+    )))?;
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use unbounded_api::{ConfigurationRef, MachineProvider, MachineSpec, MachineStatus, ResolvedConfiguration};
+    use unbounded_api::{
+        ConfigurationRef, MachineProvider, MachineSpec, MachineStatus, ResolvedConfiguration,
+    };
 
     fn machine(recorded: Option<(&str, i64)>, pinned: Option<(&str, Option<i64>)>) -> Arc<Machine> {
         let mut m = Machine::new(

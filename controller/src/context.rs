@@ -10,7 +10,7 @@ use kube::Client;
 use kube::ResourceExt;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::Store;
-use unbounded_api::{Machine, MachineConfiguration, MachineConfigurationVersion};
+use unbounded_api::{Machine, MachineConfiguration, MachineConfigurationVersion, MachineOperation};
 
 use crate::metrics::Metrics;
 use crate::selection::{Candidate, VersionInfo};
@@ -46,6 +46,8 @@ pub struct Context {
     pub versions: Store<MachineConfigurationVersion>,
     /// Nodes.
     pub nodes: Store<Node>,
+    /// MachineOperations.
+    pub operations: Store<MachineOperation>,
     /// Publishes Kubernetes Events.
     pub recorder: Recorder,
     /// Metrics.
@@ -56,7 +58,9 @@ pub struct Context {
 
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Context").field("settings", &self.settings).finish_non_exhaustive()
+        f.debug_struct("Context")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
     }
 }
 
@@ -66,7 +70,10 @@ impl Context {
         self.versions
             .state()
             .into_iter()
-            .filter(|v| v.spec.configuration_name == configuration && v.metadata.deletion_timestamp.is_none())
+            .filter(|v| {
+                v.spec.configuration_name == configuration
+                    && v.metadata.deletion_timestamp.is_none()
+            })
             .collect()
     }
 
@@ -116,7 +123,9 @@ impl Context {
 }
 
 /// Borrows candidates from their owners.
-pub fn borrow_candidates(owned: &[(Arc<MachineConfiguration>, Vec<VersionInfo>)]) -> Vec<Candidate<'_>> {
+pub fn borrow_candidates(
+    owned: &[(Arc<MachineConfiguration>, Vec<VersionInfo>)],
+) -> Vec<Candidate<'_>> {
     owned
         .iter()
         .map(|(configuration, versions)| Candidate {

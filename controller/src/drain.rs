@@ -22,7 +22,9 @@ pub struct DrainOutcome {
 /// Whether a pod is left alone by a drain: mirror pods (static pods, managed by the
 /// kubelet) and DaemonSet pods (they would come straight back), and pods already finished.
 pub fn skipped_by_drain(pod: &Pod) -> bool {
-    let mirror = pod.annotations().contains_key("kubernetes.io/config.mirror");
+    let mirror = pod
+        .annotations()
+        .contains_key("kubernetes.io/config.mirror");
     let daemon_set = pod
         .owner_references()
         .iter()
@@ -68,7 +70,10 @@ pub async fn drain(client: &Client, node_name: &str) -> Result<DrainOutcome, Err
             // 429: a PodDisruptionBudget does not allow it now; 404: already gone.
             Err(kube::Error::Api(status)) if status.code == 429 || status.code == 404 => {}
             Err(e) => {
-                return Err(kube_err(format!("evicting pod {namespace}/{}", pod.name_any()))(e));
+                return Err(kube_err(format!(
+                    "evicting pod {namespace}/{}",
+                    pod.name_any()
+                ))(e));
             }
         }
     }

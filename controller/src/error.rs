@@ -39,9 +39,8 @@ impl Error {
         match self {
             Self::Kube { .. } => "kube",
             Self::Finalizer(inner) => match inner.as_ref() {
-                kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => {
-                    e.metric_label()
-                }
+                kube::runtime::finalizer::Error::ApplyFailed(e)
+                | kube::runtime::finalizer::Error::CleanupFailed(e) => e.metric_label(),
                 _ => "finalizer",
             },
             Self::Waiting(_) => "waiting",

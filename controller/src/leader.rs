@@ -24,11 +24,19 @@ pub struct LeaseSettings {
 }
 
 /// Whether a lease held by `holder`, renewed at `renewed`, is ours to take at `now`.
-pub fn can_take(holder: Option<&str>, identity: &str, renewed_ms: Option<i64>, duration: Duration, now_ms: i64) -> bool {
+pub fn can_take(
+    holder: Option<&str>,
+    identity: &str,
+    renewed_ms: Option<i64>,
+    duration: Duration,
+    now_ms: i64,
+) -> bool {
     match (holder, renewed_ms) {
         (None, _) | (Some(""), _) | (_, None) => true,
         (Some(h), _) if h == identity => true,
-        (Some(_), Some(renewed)) => now_ms.saturating_sub(renewed) > i64::try_from(duration.as_millis()).unwrap_or(i64::MAX),
+        (Some(_), Some(renewed)) => {
+            now_ms.saturating_sub(renewed) > i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+        }
     }
 }
 
@@ -113,7 +121,13 @@ impl LeaderElector {
         let spec = current.spec.clone().unwrap_or_default();
         let holder = spec.holder_identity.as_deref();
         let renewed = spec.renew_time.as_ref().map(|t| t.0.as_millisecond());
-        if !can_take(holder, &self.settings.identity, renewed, self.settings.duration, now.as_millisecond()) {
+        if !can_take(
+            holder,
+            &self.settings.identity,
+            renewed,
+            self.settings.duration,
+            now.as_millisecond(),
+        ) {
             return Ok(false);
         }
         let ours = holder == Some(self.settings.identity.as_str());
@@ -121,13 +135,21 @@ impl LeaderElector {
         lease.spec = Some(LeaseSpec {
             holder_identity: Some(self.settings.identity.clone()),
             lease_duration_seconds: Some(seconds),
-            acquire_time: if ours { spec.acquire_time } else { Some(MicroTime(now)) },
+            acquire_time: if ours {
+                spec.acquire_time
+            } else {
+                Some(MicroTime(now))
+            },
             renew_time: Some(MicroTime(now)),
             lease_transitions: Some(spec.lease_transitions.unwrap_or(0) + i32::from(!ours)),
             ..spec
         });
         // replace carries the resourceVersion: a concurrent writer makes this a 409.
-        match self.api.replace(&self.settings.name, &PostParams::default(), &lease).await {
+        match self
+            .api
+            .replace(&self.settings.name, &PostParams::default(), &lease)
+            .await
+        {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
             Err(e) => Err(kube_err("renewing the leader Lease")(e)),

@@ -1,22 +1,25 @@
 //! Unbounded's controller: resolves which configuration version each Machine gets, versions
 //! MachineConfigurations, moves Machines through their phases, annotates their Nodes, and
-//! releases them cleanly on deletion.
+//! releases them cleanly on deletion, and runs the MachineOperation lifecycle (routing,
+//! ordering, fan-out, aggregation, deadlines and TTL).
 //!
 //! Decisions are pure functions over plain data ([`selection`], [`versioning`],
-//! [`lifecycle`]); the reconcilers ([`machine`], [`configuration`]) read reflector stores and
-//! act on those decisions.
+//! [`lifecycle`], [`dispatch`]); the reconcilers ([`machine`], [`configuration`],
+//! [`operation`]) read reflector stores and act on those decisions.
 
-pub mod selection;
-pub mod versioning;
-pub mod lifecycle;
 pub mod configuration;
 pub mod context;
+pub mod dispatch;
 pub mod drain;
 pub mod error;
 pub mod leader;
+pub mod lifecycle;
 pub mod machine;
 pub mod metrics;
+pub mod operation;
 pub mod runner;
+pub mod selection;
+pub mod versioning;
 
 pub use context::Settings;
 pub use error::Error;

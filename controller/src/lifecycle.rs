@@ -78,7 +78,10 @@ pub fn plan_machine(facts: &MachineFacts<'_>) -> MachinePlan {
     let repave = facts.recorded_node.is_some() && facts.node.is_none() && !facts.deleting;
     let kept = facts.recorded.filter(|_| !repave).cloned();
     let configuration = kept.clone().or_else(|| match facts.resolution {
-        Resolution::Resolved { configuration, version } => Some(ResolvedConfiguration {
+        Resolution::Resolved {
+            configuration,
+            version,
+        } => Some(ResolvedConfiguration {
             name: configuration.clone(),
             version: *version,
         }),
@@ -96,7 +99,10 @@ pub fn plan_machine(facts: &MachineFacts<'_>) -> MachinePlan {
             type_: conditions::CONFIGURATION_RESOLVED,
             status: true,
             reason: reasons::CONFIGURATION_RESOLVED,
-            message: format!("provisioned with {} version {}", current.name, current.version),
+            message: format!(
+                "provisioned with {} version {}",
+                current.name, current.version
+            ),
         },
         (None, _) => unresolved_condition(facts.resolution),
     };
@@ -145,15 +151,24 @@ pub fn plan_machine(facts: &MachineFacts<'_>) -> MachinePlan {
 }
 
 fn kept_message(current: &ResolvedConfiguration, resolution: &Resolution) -> String {
-    let base = format!("provisioned with {} version {}", current.name, current.version);
+    let base = format!(
+        "provisioned with {} version {}",
+        current.name, current.version
+    );
     match resolution {
-        Resolution::Resolved { configuration, version }
-            if configuration != &current.name || *version != current.version =>
-        {
-            format!("{base}; {configuration} version {version} is applied when the Node is deleted (repave)")
+        Resolution::Resolved {
+            configuration,
+            version,
+        } if configuration != &current.name || *version != current.version => {
+            format!(
+                "{base}; {configuration} version {version} is applied when the Node is deleted (repave)"
+            )
         }
         Resolution::Resolved { .. } => base,
-        other => format!("{base}; at the next repave: {}", unresolved_condition(other).message),
+        other => format!(
+            "{base}; at the next repave: {}",
+            unresolved_condition(other).message
+        ),
     }
 }
 
@@ -270,13 +285,57 @@ mod tests {
             node: None,
         };
         let cases = [
-            ("deleting wins", PhaseFacts { deleting: true, failed: true, ..base }, MachinePhase::Deleting),
-            ("failed", PhaseFacts { failed: true, ..base }, MachinePhase::Failed),
-            ("unresolved is pending", PhaseFacts { resolved: false, node: Some(true), ..base }, MachinePhase::Pending),
+            (
+                "deleting wins",
+                PhaseFacts {
+                    deleting: true,
+                    failed: true,
+                    ..base
+                },
+                MachinePhase::Deleting,
+            ),
+            (
+                "failed",
+                PhaseFacts {
+                    failed: true,
+                    ..base
+                },
+                MachinePhase::Failed,
+            ),
+            (
+                "unresolved is pending",
+                PhaseFacts {
+                    resolved: false,
+                    node: Some(true),
+                    ..base
+                },
+                MachinePhase::Pending,
+            ),
             ("resolved, nothing yet", base, MachinePhase::Provisioning),
-            ("infrastructure ready", PhaseFacts { infrastructure_ready: true, ..base }, MachinePhase::Provisioned),
-            ("node not ready", PhaseFacts { node: Some(false), ..base }, MachinePhase::Provisioned),
-            ("node ready", PhaseFacts { node: Some(true), ..base }, MachinePhase::Running),
+            (
+                "infrastructure ready",
+                PhaseFacts {
+                    infrastructure_ready: true,
+                    ..base
+                },
+                MachinePhase::Provisioned,
+            ),
+            (
+                "node not ready",
+                PhaseFacts {
+                    node: Some(false),
+                    ..base
+                },
+                MachinePhase::Provisioned,
+            ),
+            (
+                "node ready",
+                PhaseFacts {
+                    node: Some(true),
+                    ..base
+                },
+                MachinePhase::Running,
+            ),
         ];
         for (case, facts, expected) in cases {
             assert_eq!(compute_phase(&facts), expected, "{case}");
@@ -296,18 +355,33 @@ mod tests {
     #[test]
     fn recorded_version_sticks_while_the_node_lives() {
         let recorded = cfg("general", 1);
-        let node_ref = NodeRef { name: "n1".into(), uid: Some("u1".into()) };
+        let node_ref = NodeRef {
+            name: "n1".into(),
+            uid: Some("u1".into()),
+        };
         let resolution = resolved("general", 2);
-        let plan = plan_machine(&facts(Some(&recorded), Some(&node_ref), &resolution, node(true)));
+        let plan = plan_machine(&facts(
+            Some(&recorded),
+            Some(&node_ref),
+            &resolution,
+            node(true),
+        ));
         assert_eq!(plan.configuration, Some(cfg("general", 1)));
         assert_eq!(plan.phase, MachinePhase::Running);
-        assert!(plan.configuration_condition.message.contains("version 2 is applied when the Node is deleted"));
+        assert!(
+            plan.configuration_condition
+                .message
+                .contains("version 2 is applied when the Node is deleted")
+        );
     }
 
     #[test]
     fn node_deleted_repaves_with_the_current_resolution() {
         let recorded = cfg("general", 2);
-        let node_ref = NodeRef { name: "n1".into(), uid: Some("u1".into()) };
+        let node_ref = NodeRef {
+            name: "n1".into(),
+            uid: Some("u1".into()),
+        };
         // Rollback: the Machine now pins version 1.
         let resolution = resolved("general", 1);
         let plan = plan_machine(&facts(Some(&recorded), Some(&node_ref), &resolution, None));
@@ -329,19 +403,30 @@ mod tests {
     #[test]
     fn unresolved_conditions_table() {
         let cases = [
-            (Resolution::NoMatch, reasons::CONFIGURATION_PENDING, "no MachineConfiguration matches"),
             (
-                Resolution::ConfigurationNotFound { configuration: "x".into() },
+                Resolution::NoMatch,
+                reasons::CONFIGURATION_PENDING,
+                "no MachineConfiguration matches",
+            ),
+            (
+                Resolution::ConfigurationNotFound {
+                    configuration: "x".into(),
+                },
                 reasons::CONFIGURATION_NOT_FOUND,
                 "MachineConfiguration x, which does not exist",
             ),
             (
-                Resolution::VersionNotFound { configuration: "x".into(), version: 9 },
+                Resolution::VersionNotFound {
+                    configuration: "x".into(),
+                    version: 9,
+                },
                 reasons::VERSION_NOT_FOUND,
                 "pins version 9 of MachineConfiguration x",
             ),
             (
-                Resolution::AwaitingFirstVersion { configuration: "x".into() },
+                Resolution::AwaitingFirstVersion {
+                    configuration: "x".into(),
+                },
                 reasons::CONFIGURATION_PENDING,
                 "waiting for the first version",
             ),
@@ -352,18 +437,36 @@ mod tests {
             assert_eq!(plan.configuration, None);
             assert!(!plan.configuration_condition.status);
             assert_eq!(plan.configuration_condition.reason, reason);
-            assert!(plan.configuration_condition.message.contains(message), "{}", plan.configuration_condition.message);
+            assert!(
+                plan.configuration_condition.message.contains(message),
+                "{}",
+                plan.configuration_condition.message
+            );
         }
     }
 
     #[test]
     fn a_broken_reference_does_not_unset_a_running_machine() {
         let recorded = cfg("general", 1);
-        let node_ref = NodeRef { name: "n1".into(), uid: None };
-        let resolution = Resolution::ConfigurationNotFound { configuration: "gone".into() };
-        let plan = plan_machine(&facts(Some(&recorded), Some(&node_ref), &resolution, node(true)));
+        let node_ref = NodeRef {
+            name: "n1".into(),
+            uid: None,
+        };
+        let resolution = Resolution::ConfigurationNotFound {
+            configuration: "gone".into(),
+        };
+        let plan = plan_machine(&facts(
+            Some(&recorded),
+            Some(&node_ref),
+            &resolution,
+            node(true),
+        ));
         assert_eq!(plan.configuration, Some(cfg("general", 1)));
         assert!(plan.configuration_condition.status);
-        assert!(plan.configuration_condition.message.contains("gone, which does not exist"));
+        assert!(
+            plan.configuration_condition
+                .message
+                .contains("gone, which does not exist")
+        );
     }
 }

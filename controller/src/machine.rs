@@ -77,7 +77,11 @@ async fn apply(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
     let status = machine.status.clone().unwrap_or_default();
     let owned = ctx.candidates();
     let candidates = borrow_candidates(&owned);
-    let resolution = selection::resolve(machine.labels(), machine.spec.configuration_ref.as_ref(), &candidates);
+    let resolution = selection::resolve(
+        machine.labels(),
+        machine.spec.configuration_ref.as_ref(),
+        &candidates,
+    );
     let node = find_node(machine, ctx);
     let node_name = machine.node_name();
 
@@ -92,7 +96,10 @@ async fn apply(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
             uid: n.metadata.uid.clone(),
             ready: node_is_ready(n),
         }),
-        infrastructure_ready: condition::is_true(&status.conditions, conditions::INFRASTRUCTURE_READY),
+        infrastructure_ready: condition::is_true(
+            &status.conditions,
+            conditions::INFRASTRUCTURE_READY,
+        ),
         node_name: &node_name,
     });
 
@@ -104,38 +111,57 @@ async fn apply(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
         annotate_node(node, configuration, machine, ctx).await?;
     }
 
-    write_status(machine, &status, &plan.configuration, &plan.node_ref, plan.phase, [
-        &plan.configuration_condition,
-        &plan.node_condition,
-    ], ctx)
+    write_status(
+        machine,
+        &status,
+        &plan.configuration,
+        &plan.node_ref,
+        plan.phase,
+        [&plan.configuration_condition, &plan.node_condition],
+        ctx,
+    )
     .await?;
 
     if plan.repave {
         let note = match &plan.configuration {
-            Some(c) => format!("Node {node_name} was deleted; repaving with {} version {}", c.name, c.version),
-            None => format!("Node {node_name} was deleted; waiting for a configuration to repave with"),
+            Some(c) => format!(
+                "Node {node_name} was deleted; repaving with {} version {}",
+                c.name, c.version
+            ),
+            None => {
+                format!("Node {node_name} was deleted; waiting for a configuration to repave with")
+            }
         };
-        ctx.event(machine, EventType::Normal, reasons::REPAVE, note).await;
-    }
-    if plan.configuration.is_some() && plan.configuration != status.configuration && !plan.repave {
-        if let Some(c) = &plan.configuration {
-            ctx.event(
-                machine,
-                EventType::Normal,
-                reasons::CONFIGURATION_RESOLVED,
-                format!("resolved {} version {}", c.name, c.version),
-            )
+        ctx.event(machine, EventType::Normal, reasons::REPAVE, note)
             .await;
-        }
     }
-    if plan.configuration.is_none() && !condition_matches(&status.conditions, &plan.configuration_condition) {
+    if let Some(c) = &plan.configuration
+        && plan.configuration != status.configuration
+        && !plan.repave
+    {
+        ctx.event(
+            machine,
+            EventType::Normal,
+            reasons::CONFIGURATION_RESOLVED,
+            format!("resolved {} version {}", c.name, c.version),
+        )
+        .await;
+    }
+    if plan.configuration.is_none()
+        && !condition_matches(&status.conditions, &plan.configuration_condition)
+    {
         let type_ = if plan.configuration_condition.reason == reasons::CONFIGURATION_PENDING {
             EventType::Normal
         } else {
             EventType::Warning
         };
-        ctx.event(machine, type_, plan.configuration_condition.reason, plan.configuration_condition.message.clone())
-            .await;
+        ctx.event(
+            machine,
+            type_,
+            plan.configuration_condition.reason,
+            plan.configuration_condition.message.clone(),
+        )
+        .await;
     }
     tracing::debug!(machine = %name, phase = plan.phase.as_str(), "reconciled");
 
@@ -147,12 +173,18 @@ async fn apply(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
 
 fn condition_matches(current: &[Condition], plan: &ConditionPlan) -> bool {
     condition::find(current, plan.type_).is_some_and(|c| {
-        c.status == if plan.status { "True" } else { "False" } && c.reason == plan.reason && c.message == plan.message
+        c.status == if plan.status { "True" } else { "False" }
+            && c.reason == plan.reason
+            && c.message == plan.message
     })
 }
 
 /// Marks the version deployed (immutable) unless it already is.
-async fn lock_version(configuration: &ResolvedConfiguration, machine: &Machine, ctx: &Context) -> Result<(), Error> {
+async fn lock_version(
+    configuration: &ResolvedConfiguration,
+    machine: &Machine,
+    ctx: &Context,
+) -> Result<(), Error> {
     let name = configuration.version_name();
     let deployed = ctx
         .versions
@@ -171,21 +203,35 @@ async fn lock_version(configuration: &ResolvedConfiguration, machine: &Machine, 
         &Patch::Merge(json!({"status": {"deployed": true}})),
     )
     .await
-    .map_err(kube_err(format!("locking MachineConfigurationVersion {name}")))?;
+    .map_err(kube_err(format!(
+        "locking MachineConfigurationVersion {name}"
+    )))?;
     let note = format!(
         "{} version {} is deployed (now immutable): Machine {} is provisioned with it",
         configuration.name,
         configuration.version,
         machine.name_any()
     );
-    ctx.event(machine, EventType::Normal, reasons::VERSION_LOCKED, note.clone()).await;
+    ctx.event(
+        machine,
+        EventType::Normal,
+        reasons::VERSION_LOCKED,
+        note.clone(),
+    )
+    .await;
     if let Some(mc) = ctx
         .configurations
         .state()
         .into_iter()
         .find(|c| c.name_any() == configuration.name)
     {
-        ctx.event(mc.as_ref(), EventType::Normal, reasons::VERSION_LOCKED, note).await;
+        ctx.event(
+            mc.as_ref(),
+            EventType::Normal,
+            reasons::VERSION_LOCKED,
+            note,
+        )
+        .await;
     }
     Ok(())
 }
@@ -198,8 +244,14 @@ async fn annotate_node(
     ctx: &Context,
 ) -> Result<(), Error> {
     let wanted: BTreeMap<&str, String> = BTreeMap::from([
-        (annotations::MACHINE_CONFIGURATION, configuration.name.clone()),
-        (annotations::MACHINE_CONFIGURATION_VERSION, configuration.version.to_string()),
+        (
+            annotations::MACHINE_CONFIGURATION,
+            configuration.name.clone(),
+        ),
+        (
+            annotations::MACHINE_CONFIGURATION_VERSION,
+            configuration.version.to_string(),
+        ),
         (annotations::MACHINE, machine.name_any()),
     ]);
     let current = node.annotations();
@@ -243,7 +295,13 @@ async fn write_status<const N: usize>(
     let mut merged = current.conditions.clone();
     let mut ours = Vec::with_capacity(N);
     for plan in plans {
-        let new = condition::new_condition(plan.type_, plan.status, plan.reason, plan.message.clone(), generation);
+        let new = condition::new_condition(
+            plan.type_,
+            plan.status,
+            plan.reason,
+            plan.message.clone(),
+            generation,
+        );
         condition::set(&mut merged, new);
         if let Some(c) = condition::find(&merged, plan.type_) {
             ours.push(c.clone());
@@ -254,7 +312,8 @@ async fn write_status<const N: usize>(
         && &current.node_ref == node_ref
         && current.observed_generation == generation
         && ours.iter().all(|c| {
-            condition::find(&current.conditions, &c.type_).is_some_and(|old| condition::same_meaning(old, c))
+            condition::find(&current.conditions, &c.type_)
+                .is_some_and(|old| condition::same_meaning(old, c))
         });
     if unchanged {
         return Ok(());
@@ -283,7 +342,10 @@ async fn write_status<const N: usize>(
         &Patch::Apply(body),
     )
     .await
-    .map_err(kube_err(format!("writing the status of Machine {}", machine.name_any())))?;
+    .map_err(kube_err(format!(
+        "writing the status of Machine {}",
+        machine.name_any()
+    )))?;
     Ok(())
 }
 
@@ -304,21 +366,21 @@ async fn cleanup(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
     .await?;
 
     if let Some(node) = find_node(machine, ctx) {
-        let deadline_passed = machine
-            .meta()
-            .deletion_timestamp
-            .as_ref()
-            .is_some_and(|t| {
-                let elapsed = condition::now().duration_since(t.0);
-                elapsed.as_secs_f64() > ctx.settings.drain_timeout.as_secs_f64()
-            });
+        let deadline_passed = machine.meta().deletion_timestamp.as_ref().is_some_and(|t| {
+            let elapsed = condition::now().duration_since(t.0);
+            elapsed.as_secs_f64() > ctx.settings.drain_timeout.as_secs_f64()
+        });
         let outcome = drain::drain(&ctx.client, &node.name_any()).await?;
         if outcome.remaining > 0 && !deadline_passed {
             ctx.event(
                 machine,
                 EventType::Normal,
                 reasons::DRAINING,
-                format!("draining Node {}: {} pod(s) left", node.name_any(), outcome.remaining),
+                format!(
+                    "draining Node {}: {} pod(s) left",
+                    node.name_any(),
+                    outcome.remaining
+                ),
             )
             .await;
             return Err(Error::Waiting(format!(
@@ -342,8 +404,13 @@ async fn cleanup(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
             .await;
         }
         drain::delete_node(&ctx.client, &node.name_any()).await?;
-        ctx.event(machine, EventType::Normal, "NodeDeleted", format!("deleted Node {}", node.name_any()))
-            .await;
+        ctx.event(
+            machine,
+            EventType::Normal,
+            "NodeDeleted",
+            format!("deleted Node {}", node.name_any()),
+        )
+        .await;
     } else {
         tracing::debug!(node = %node_name, "no Node to drain");
     }
@@ -351,7 +418,12 @@ async fn cleanup(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
     let waiting_for: Vec<&str> = machine
         .finalizers()
         .iter()
-        .filter_map(|f| finalizers::PROVIDERS.iter().find(|p| **p == f.as_str()).copied())
+        .filter_map(|f| {
+            finalizers::PROVIDERS
+                .iter()
+                .find(|p| **p == f.as_str())
+                .copied()
+        })
         .collect();
     if !waiting_for.is_empty() {
         return Err(Error::Waiting(format!(

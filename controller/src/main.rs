@@ -17,13 +17,21 @@ use unbounded_controller::metrics::Metrics;
 use unbounded_controller::{Settings, run};
 
 #[derive(Parser, Debug)]
-#[command(name = "unbounded-controller", version, about = "Unbounded's controller")]
+#[command(
+    name = "unbounded-controller",
+    version,
+    about = "Unbounded's controller"
+)]
 struct Flags {
     /// Address of the metrics and health endpoint (/metrics, /healthz).
     #[arg(long, env = "UNBOUNDED_METRICS_ADDR", default_value = "127.0.0.1:8080")]
     metrics_addr: SocketAddr,
     /// Namespace of the leader-election Lease.
-    #[arg(long, env = "UNBOUNDED_LEADER_ELECTION_NAMESPACE", default_value = "unbounded-system")]
+    #[arg(
+        long,
+        env = "UNBOUNDED_LEADER_ELECTION_NAMESPACE",
+        default_value = "unbounded-system"
+    )]
     leader_election_namespace: String,
     /// Name of the leader-election Lease.
     #[arg(long, default_value = "unbounded-controller")]
@@ -82,7 +90,9 @@ async fn main() -> anyhow::Result<()> {
         tracing::info!("shutting down");
     };
     if flags.no_leader_election {
-        return run(client, settings, metrics, shutdown).await.context("controller");
+        return run(client, settings, metrics, shutdown)
+            .await
+            .context("controller");
     }
     let identity = flags.identity.unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
@@ -113,7 +123,10 @@ fn render_metrics(registry: &Registry) -> impl IntoResponse + use<> {
     match prometheus_client::encoding::text::encode(&mut body, registry) {
         Ok(()) => (
             StatusCode::OK,
-            [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
             body,
         ),
         Err(_) => (

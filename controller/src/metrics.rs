@@ -50,13 +50,23 @@ impl Metrics {
             reconciles: Family::default(),
             errors: Family::default(),
             duration: Family::new_with_constructor(|| {
-                Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
+                Histogram::new([
+                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                ])
             }),
             machines: Family::default(),
         };
         let registry = registry.sub_registry_with_prefix("unbounded_controller");
-        registry.register("reconciles", "Reconciliations started", metrics.reconciles.clone());
-        registry.register("reconcile_errors", "Reconciliations that failed", metrics.errors.clone());
+        registry.register(
+            "reconciles",
+            "Reconciliations started",
+            metrics.reconciles.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "Reconciliations that failed",
+            metrics.errors.clone(),
+        );
         registry.register(
             "reconcile_duration_seconds",
             "Duration of reconciliations",

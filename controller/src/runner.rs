@@ -20,13 +20,14 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use unbounded_api::{Machine, MachineConfiguration, MachineConfigurationVersion, MachinePhase};
+use unbounded_api::{
+    Machine, MachineConfiguration, MachineConfigurationVersion, MachineOperation, MachinePhase,
+};
 
 use crate::context::{Context, Settings};
 use crate::error::Error;
 use crate::metrics::{Metrics, PhaseLabels};
-use crate::{configuration, machine};
-
+use crate::{configuration, machine, operation};
 
 /// Watches one kind into its store and calls `on_touched` for every object that changed
 /// or was deleted.
@@ -36,7 +37,13 @@ fn drive<K>(
     on_touched: impl Fn(&K) + Send + 'static,
 ) -> tokio::task::JoinHandle<()>
 where
-    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
 {
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
@@ -51,8 +58,10 @@ where
     }))
 }
 
-fn send_all<K: kube::Resource>(tx: &UnboundedSender<ObjectRef<K>>, refs: impl IntoIterator<Item = ObjectRef<K>>)
-where
+fn send_all<K: kube::Resource>(
+    tx: &UnboundedSender<ObjectRef<K>>,
+    refs: impl IntoIterator<Item = ObjectRef<K>>,
+) where
     K::DynamicType: Clone,
 {
     for r in refs {
@@ -61,7 +70,8 @@ where
     }
 }
 
-/// Runs the Machine and MachineConfiguration controllers until `shutdown` resolves.
+/// Runs the Machine, MachineConfiguration and MachineOperation controllers until `shutdown`
+/// resolves.
 pub async fn run(
     client: Client,
     settings: Settings,
@@ -72,31 +82,73 @@ pub async fn run(
     let (configurations, configuration_writer) = reflector::store::<MachineConfiguration>();
     let (versions, version_writer) = reflector::store::<MachineConfigurationVersion>();
     let (nodes, node_writer) = reflector::store::<Node>();
+    let (operations, operation_writer) = reflector::store::<MachineOperation>();
+    let (operation_tx, operation_rx) = unbounded::<ObjectRef<MachineOperation>>();
     let (machine_tx, machine_rx) = unbounded::<ObjectRef<Machine>>();
     let (configuration_tx, configuration_rx) = unbounded::<ObjectRef<MachineConfiguration>>();
 
     let watches = [
         drive(Api::<Machine>::all(client.clone()), machine_writer, {
-            let (mtx, ctx_) = (machine_tx.clone(), configuration_tx.clone());
+            let (mtx, ctx_, otx, operations) = (
+                machine_tx.clone(),
+                configuration_tx.clone(),
+                operation_tx.clone(),
+                operations.clone(),
+            );
             move |m: &Machine| {
                 send_all(&mtx, [ObjectRef::from_obj(m)]);
                 send_all(&ctx_, configurations_of_machine(m));
+                send_all(&otx, unfinished_operations_on(&operations, &m.name_any()));
             }
         }),
-        drive(Api::<MachineConfiguration>::all(client.clone()), configuration_writer, {
-            let (mtx, ctx_, machines) = (machine_tx.clone(), configuration_tx.clone(), machines.clone());
-            move |c: &MachineConfiguration| {
-                send_all(&ctx_, [ObjectRef::from_obj(c)]);
-                send_all(&mtx, machines_affected_by(&machines, &c.name_any()));
-            }
-        }),
-        drive(Api::<MachineConfigurationVersion>::all(client.clone()), version_writer, {
-            let (mtx, ctx_, machines) = (machine_tx.clone(), configuration_tx.clone(), machines.clone());
-            move |v: &MachineConfigurationVersion| {
-                send_all(&ctx_, [ObjectRef::new(&v.spec.configuration_name)]);
-                send_all(&mtx, machines_affected_by(&machines, &v.spec.configuration_name));
-            }
-        }),
+        drive(
+            Api::<MachineOperation>::all(client.clone()),
+            operation_writer,
+            {
+                let (otx, operations) = (operation_tx.clone(), operations.clone());
+                move |o: &MachineOperation| {
+                    send_all(&otx, [ObjectRef::from_obj(o)]);
+                    send_all(&otx, parent_of(o));
+                    // The next operation on the Machine may run once this one finishes.
+                    if let Some(r) = &o.spec.machine_ref {
+                        send_all(&otx, unfinished_operations_on(&operations, &r.name));
+                    }
+                }
+            },
+        ),
+        drive(
+            Api::<MachineConfiguration>::all(client.clone()),
+            configuration_writer,
+            {
+                let (mtx, ctx_, machines) = (
+                    machine_tx.clone(),
+                    configuration_tx.clone(),
+                    machines.clone(),
+                );
+                move |c: &MachineConfiguration| {
+                    send_all(&ctx_, [ObjectRef::from_obj(c)]);
+                    send_all(&mtx, machines_affected_by(&machines, &c.name_any()));
+                }
+            },
+        ),
+        drive(
+            Api::<MachineConfigurationVersion>::all(client.clone()),
+            version_writer,
+            {
+                let (mtx, ctx_, machines) = (
+                    machine_tx.clone(),
+                    configuration_tx.clone(),
+                    machines.clone(),
+                );
+                move |v: &MachineConfigurationVersion| {
+                    send_all(&ctx_, [ObjectRef::new(&v.spec.configuration_name)]);
+                    send_all(
+                        &mtx,
+                        machines_affected_by(&machines, &v.spec.configuration_name),
+                    );
+                }
+            },
+        ),
         drive(Api::<Node>::all(client.clone()), node_writer, {
             let (mtx, machines) = (machine_tx.clone(), machines.clone());
             move |n: &Node| send_all(&mtx, machines_of_node(&machines, n))
@@ -105,7 +157,10 @@ pub async fn run(
 
     // Decisions need complete stores: a Node missing from a half-filled store would look
     // deleted and trigger a repave.
-    machines.wait_until_ready().await.map_err(|_| Error::StoreNotReady("Machine"))?;
+    machines
+        .wait_until_ready()
+        .await
+        .map_err(|_| Error::StoreNotReady("Machine"))?;
     configurations
         .wait_until_ready()
         .await
@@ -114,13 +169,37 @@ pub async fn run(
         .wait_until_ready()
         .await
         .map_err(|_| Error::StoreNotReady("MachineConfigurationVersion"))?;
-    nodes.wait_until_ready().await.map_err(|_| Error::StoreNotReady("Node"))?;
+    nodes
+        .wait_until_ready()
+        .await
+        .map_err(|_| Error::StoreNotReady("Node"))?;
+    operations
+        .wait_until_ready()
+        .await
+        .map_err(|_| Error::StoreNotReady("MachineOperation"))?;
     tracing::info!("caches synced; reconciling");
     // Everything once at start (the drivers may have sent before the stores were complete).
-    send_all(&machine_tx, machines.state().iter().map(|m| ObjectRef::from_obj(m.as_ref())));
+    send_all(
+        &machine_tx,
+        machines
+            .state()
+            .iter()
+            .map(|m| ObjectRef::from_obj(m.as_ref())),
+    );
     send_all(
         &configuration_tx,
-        configurations.state().iter().map(|c| ObjectRef::from_obj(c.as_ref())),
+        configurations
+            .state()
+            .iter()
+            .map(|c| ObjectRef::from_obj(c.as_ref())),
+    );
+
+    send_all(
+        &operation_tx,
+        operations
+            .state()
+            .iter()
+            .map(|o| ObjectRef::from_obj(o.as_ref())),
     );
 
     let recorder = Recorder::new(
@@ -136,6 +215,7 @@ pub async fn run(
         configurations: configurations.clone(),
         versions: versions.clone(),
         nodes,
+        operations: operations.clone(),
         recorder,
         metrics: metrics.clone(),
         settings,
@@ -147,16 +227,23 @@ pub async fn run(
         .graceful_shutdown_on(shutdown.clone())
         .run(machine::reconcile, error_policy, ctx.clone())
         .for_each(|_| future::ready(()));
-    let configuration_controller = Controller::for_stream(no_primary::<MachineConfiguration>(), configurations)
-        .reconcile_on(configuration_rx)
+    let configuration_controller =
+        Controller::for_stream(no_primary::<MachineConfiguration>(), configurations)
+            .reconcile_on(configuration_rx)
+            .graceful_shutdown_on(shutdown.clone())
+            .run(configuration::reconcile, error_policy, ctx.clone())
+            .for_each(|_| future::ready(()));
+
+    let operation_controller = Controller::for_stream(no_primary::<MachineOperation>(), operations)
+        .reconcile_on(operation_rx)
         .graceful_shutdown_on(shutdown.clone())
-        .run(configuration::reconcile, error_policy, ctx.clone())
+        .run(operation::reconcile, error_policy, ctx.clone())
         .for_each(|_| future::ready(()));
 
     let phase_gauge = count_phases(machines, metrics);
 
     tokio::select! {
-        _ = future::join(machine_controller, configuration_controller) => {},
+        _ = future::join3(machine_controller, configuration_controller, operation_controller) => {},
         _ = phase_gauge => {},
     }
     for watch in watches {
@@ -166,7 +253,8 @@ pub async fn run(
 }
 
 /// The controllers' triggers all come through `reconcile_on`; their primary stream is empty.
-fn no_primary<K: Send + 'static>() -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static {
+fn no_primary<K: Send + 'static>() -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
+{
     futures::stream::pending()
 }
 
@@ -178,10 +266,10 @@ where
         tracing::debug!(object = %object.meta().name.as_deref().unwrap_or_default(), %error, "waiting");
         return Action::requeue(Duration::from_secs(3));
     }
-    let controller = if K::kind(&()) == "Machine" {
-        "machine"
-    } else {
-        "configuration"
+    let controller = match K::kind(&()).as_ref() {
+        "Machine" => "machine",
+        "MachineOperation" => "operation",
+        _ => "configuration",
     };
     ctx.metrics
         .errors
@@ -201,7 +289,10 @@ fn machines_of_node(machines: &Store<Machine>, node: &Node) -> Vec<ObjectRef<Mac
     machines
         .state()
         .iter()
-        .filter(|m| m.node_name() == name || (provider_id.is_some() && m.spec.provider_id.as_deref() == provider_id))
+        .filter(|m| {
+            m.node_name() == name
+                || (provider_id.is_some() && m.spec.provider_id.as_deref() == provider_id)
+        })
         .map(|m| ObjectRef::from_obj(m.as_ref()))
         .collect()
 }
@@ -215,16 +306,58 @@ fn machines_affected_by(machines: &Store<Machine>, configuration: &str) -> Vec<O
         .filter(|m| {
             let recorded = m.status.as_ref().and_then(|s| s.configuration.as_ref());
             recorded.is_none_or(|c| c.name == configuration)
-                || m.spec.configuration_ref.as_ref().is_some_and(|r| r.name == configuration)
+                || m.spec
+                    .configuration_ref
+                    .as_ref()
+                    .is_some_and(|r| r.name == configuration)
         })
         .map(|m| ObjectRef::from_obj(m.as_ref()))
+        .collect()
+}
+
+/// The unfinished single-machine operations on a Machine.
+fn unfinished_operations_on(
+    operations: &Store<MachineOperation>,
+    machine: &str,
+) -> Vec<ObjectRef<MachineOperation>> {
+    operations
+        .state()
+        .iter()
+        .filter(|o| {
+            o.spec
+                .machine_ref
+                .as_ref()
+                .is_some_and(|r| r.name == machine)
+                && !o
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.state)
+                    .is_some_and(|s| s.is_finished())
+        })
+        .map(|o| ObjectRef::from_obj(o.as_ref()))
+        .collect()
+}
+
+/// The selector operation a child belongs to.
+fn parent_of(operation: &MachineOperation) -> Vec<ObjectRef<MachineOperation>> {
+    operation
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|r| r.kind == "MachineOperation")
+        .map(|r| ObjectRef::new(&r.name))
         .collect()
 }
 
 /// The configurations whose counts a Machine contributes to.
 fn configurations_of_machine(machine: &Machine) -> Vec<ObjectRef<MachineConfiguration>> {
     let mut names = BTreeSet::new();
-    if let Some(c) = machine.status.as_ref().and_then(|s| s.configuration.as_ref()) {
+    if let Some(c) = machine
+        .status
+        .as_ref()
+        .and_then(|s| s.configuration.as_ref())
+    {
         names.insert(c.name.clone());
     }
     if let Some(r) = &machine.spec.configuration_ref {
@@ -238,7 +371,11 @@ async fn count_phases(machines: Store<Machine>, metrics: Arc<Metrics>) {
     loop {
         let mut counts = [0i64; MachinePhase::ALL.len()];
         for m in machines.state() {
-            let phase = m.status.as_ref().and_then(|s| s.phase).unwrap_or(MachinePhase::Pending);
+            let phase = m
+                .status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .unwrap_or(MachinePhase::Pending);
             if let Some(i) = MachinePhase::ALL.iter().position(|p| *p == phase) {
                 counts[i] += 1;
             }

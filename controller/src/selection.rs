@@ -76,7 +76,10 @@ pub enum Resolution {
 /// Whether a configuration's selector matches these labels. An absent selector matches
 /// nothing; an empty one matches everything; one the API server would reject matches
 /// nothing.
-pub fn selector_matches(selector: Option<&LabelSelector>, labels: &BTreeMap<String, String>) -> bool {
+pub fn selector_matches(
+    selector: Option<&LabelSelector>,
+    labels: &BTreeMap<String, String>,
+) -> bool {
     match selector {
         None => false,
         Some(selector) => Selector::try_from(selector.clone()).is_ok_and(|s| s.matches(labels)),
@@ -102,10 +105,12 @@ fn resolve_reference(reference: &ConfigurationRef, candidates: &[Candidate<'_>])
         };
     };
     match reference.version {
-        Some(version) if candidate.versions.iter().any(|v| v.version == version) => Resolution::Resolved {
-            configuration: candidate.name.to_owned(),
-            version,
-        },
+        Some(version) if candidate.versions.iter().any(|v| v.version == version) => {
+            Resolution::Resolved {
+                configuration: candidate.name.to_owned(),
+                version,
+            }
+        }
         Some(version) => Resolution::VersionNotFound {
             configuration: candidate.name.to_owned(),
             version,
@@ -122,7 +127,10 @@ fn resolve_reference(reference: &ConfigurationRef, candidates: &[Candidate<'_>])
     }
 }
 
-fn resolve_by_selector(labels: &BTreeMap<String, String>, candidates: &[Candidate<'_>]) -> Resolution {
+fn resolve_by_selector(
+    labels: &BTreeMap<String, String>,
+    candidates: &[Candidate<'_>],
+) -> Resolution {
     let best = candidates
         .iter()
         .filter(|c| selector_matches(c.selector, labels))
@@ -131,7 +139,12 @@ fn resolve_by_selector(labels: &BTreeMap<String, String>, candidates: &[Candidat
     let Some(best) = best else {
         return Resolution::NoMatch;
     };
-    let newest_deployed = best.versions.iter().filter(|v| v.deployed).map(|v| v.version).max();
+    let newest_deployed = best
+        .versions
+        .iter()
+        .filter(|v| v.deployed)
+        .map(|v| v.version)
+        .max();
     // None deployed yet: version 1, or the oldest that still exists if 1 was deleted.
     let version = newest_deployed.or_else(|| best.versions.iter().map(|v| v.version).min());
     match version {
@@ -150,7 +163,10 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
     }
 
     fn match_labels(pairs: &[(&str, &str)]) -> LabelSelector {
@@ -188,23 +204,44 @@ mod tests {
             versions: vec![v(1, true), v(2, true), v(3, false)],
         }];
         let cases = [
-            ("pinned existing version is used exactly", reference("general", Some(1)), resolved("general", 1)),
-            ("pinned undeployed version is used", reference("general", Some(3)), resolved("general", 3)),
-            ("name only uses the newest version, deployed or not", reference("general", None), resolved("general", 3)),
+            (
+                "pinned existing version is used exactly",
+                reference("general", Some(1)),
+                resolved("general", 1),
+            ),
+            (
+                "pinned undeployed version is used",
+                reference("general", Some(3)),
+                resolved("general", 3),
+            ),
+            (
+                "name only uses the newest version, deployed or not",
+                reference("general", None),
+                resolved("general", 3),
+            ),
             (
                 "pinned missing version",
                 reference("general", Some(7)),
-                Resolution::VersionNotFound { configuration: "general".into(), version: 7 },
+                Resolution::VersionNotFound {
+                    configuration: "general".into(),
+                    version: 7,
+                },
             ),
             (
                 "missing configuration",
                 reference("other", None),
-                Resolution::ConfigurationNotFound { configuration: "other".into() },
+                Resolution::ConfigurationNotFound {
+                    configuration: "other".into(),
+                },
             ),
         ];
         for (case, reference, expected) in cases {
             // The reference wins over labels that match nothing.
-            assert_eq!(resolve(&labels(&[]), Some(&reference), &candidates), expected, "{case}");
+            assert_eq!(
+                resolve(&labels(&[]), Some(&reference), &candidates),
+                expected,
+                "{case}"
+            );
         }
     }
 
@@ -214,18 +251,37 @@ mod tests {
         let everything = LabelSelector::default();
         let gpu = LabelSelector {
             match_labels: None,
-            match_expressions: Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement {
-                key: "gpu".into(),
-                operator: "Exists".into(),
-                values: None,
-            }]),
+            match_expressions: Some(vec![
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement {
+                    key: "gpu".into(),
+                    operator: "Exists".into(),
+                    values: None,
+                },
+            ]),
         };
-        let cases: Vec<(&str, Vec<Candidate<'_>>, Vec<(&str, &str)>, Resolution)> = vec![
+        // (case, candidates, machine labels, expected)
+        type Case<'a> = (
+            &'a str,
+            Vec<Candidate<'a>>,
+            Vec<(&'a str, &'a str)>,
+            Resolution,
+        );
+        let cases: Vec<Case<'_>> = vec![
             (
                 "highest priority wins",
                 vec![
-                    Candidate { name: "low", priority: 1, selector: Some(&a), versions: vec![v(1, true)] },
-                    Candidate { name: "high", priority: 9, selector: Some(&a), versions: vec![v(1, true)] },
+                    Candidate {
+                        name: "low",
+                        priority: 1,
+                        selector: Some(&a),
+                        versions: vec![v(1, true)],
+                    },
+                    Candidate {
+                        name: "high",
+                        priority: 9,
+                        selector: Some(&a),
+                        versions: vec![v(1, true)],
+                    },
                 ],
                 vec![("pool", "a")],
                 resolved("high", 1),
@@ -233,59 +289,116 @@ mod tests {
             (
                 "ties go to the name that sorts first",
                 vec![
-                    Candidate { name: "zeta", priority: 5, selector: Some(&a), versions: vec![v(1, true)] },
-                    Candidate { name: "alpha", priority: 5, selector: Some(&a), versions: vec![v(1, true)] },
+                    Candidate {
+                        name: "zeta",
+                        priority: 5,
+                        selector: Some(&a),
+                        versions: vec![v(1, true)],
+                    },
+                    Candidate {
+                        name: "alpha",
+                        priority: 5,
+                        selector: Some(&a),
+                        versions: vec![v(1, true)],
+                    },
                 ],
                 vec![("pool", "a")],
                 resolved("alpha", 1),
             ),
             (
                 "newest deployed version, not the newest",
-                vec![Candidate { name: "c", priority: 0, selector: Some(&a), versions: vec![v(1, true), v(2, true), v(3, false)] }],
+                vec![Candidate {
+                    name: "c",
+                    priority: 0,
+                    selector: Some(&a),
+                    versions: vec![v(1, true), v(2, true), v(3, false)],
+                }],
                 vec![("pool", "a")],
                 resolved("c", 2),
             ),
             (
                 "version 1 when none is deployed",
-                vec![Candidate { name: "c", priority: 0, selector: Some(&a), versions: vec![v(1, false)] }],
+                vec![Candidate {
+                    name: "c",
+                    priority: 0,
+                    selector: Some(&a),
+                    versions: vec![v(1, false)],
+                }],
                 vec![("pool", "a")],
                 resolved("c", 1),
             ),
             (
                 "oldest existing when version 1 is gone and none is deployed",
-                vec![Candidate { name: "c", priority: 0, selector: Some(&a), versions: vec![v(4, false), v(3, false)] }],
+                vec![Candidate {
+                    name: "c",
+                    priority: 0,
+                    selector: Some(&a),
+                    versions: vec![v(4, false), v(3, false)],
+                }],
                 vec![("pool", "a")],
                 resolved("c", 3),
             ),
             (
                 "no version yet",
-                vec![Candidate { name: "c", priority: 0, selector: Some(&a), versions: vec![] }],
+                vec![Candidate {
+                    name: "c",
+                    priority: 0,
+                    selector: Some(&a),
+                    versions: vec![],
+                }],
                 vec![("pool", "a")],
-                Resolution::AwaitingFirstVersion { configuration: "c".into() },
+                Resolution::AwaitingFirstVersion {
+                    configuration: "c".into(),
+                },
             ),
             (
                 "no selector matches",
-                vec![Candidate { name: "c", priority: 0, selector: Some(&a), versions: vec![v(1, true)] }],
+                vec![Candidate {
+                    name: "c",
+                    priority: 0,
+                    selector: Some(&a),
+                    versions: vec![v(1, true)],
+                }],
                 vec![("pool", "b")],
                 Resolution::NoMatch,
             ),
             (
                 "a configuration without selector is never chosen by labels",
-                vec![Candidate { name: "c", priority: 0, selector: None, versions: vec![v(1, true)] }],
+                vec![Candidate {
+                    name: "c",
+                    priority: 0,
+                    selector: None,
+                    versions: vec![v(1, true)],
+                }],
                 vec![("pool", "a")],
                 Resolution::NoMatch,
             ),
             (
                 "an empty selector matches every machine",
-                vec![Candidate { name: "c", priority: 0, selector: Some(&everything), versions: vec![v(1, true)] }],
+                vec![Candidate {
+                    name: "c",
+                    priority: 0,
+                    selector: Some(&everything),
+                    versions: vec![v(1, true)],
+                }],
                 vec![],
                 resolved("c", 1),
             ),
             (
                 "match expressions count",
                 vec![
-                    Candidate { name: "gpu", priority: 10, selector: Some(&gpu), versions: vec![v(1, true)] },
-                    Candidate { name: "all", priority: 0, selector: Some(&everything), versions: vec![v(1, true)] },
+                    Candidate {
+                        name: "gpu",
+                        priority: 10,
+                        selector: Some(&gpu),
+                        versions: vec![v(1, true)],
+                    },
+                    Candidate {
+                        name: "all",
+                        priority: 0,
+                        selector: Some(&everything),
+                        versions: vec![v(1, true)],
+                    },
                 ],
                 vec![("gpu", "a100")],
                 resolved("gpu", 1),
@@ -293,15 +406,29 @@ mod tests {
             (
                 "a higher priority that does not match loses to a lower one that does",
                 vec![
-                    Candidate { name: "gpu", priority: 10, selector: Some(&gpu), versions: vec![v(1, true)] },
-                    Candidate { name: "all", priority: 0, selector: Some(&everything), versions: vec![v(1, true)] },
+                    Candidate {
+                        name: "gpu",
+                        priority: 10,
+                        selector: Some(&gpu),
+                        versions: vec![v(1, true)],
+                    },
+                    Candidate {
+                        name: "all",
+                        priority: 0,
+                        selector: Some(&everything),
+                        versions: vec![v(1, true)],
+                    },
                 ],
                 vec![("pool", "a")],
                 resolved("all", 1),
             ),
         ];
         for (case, candidates, machine_labels, expected) in cases {
-            assert_eq!(resolve(&labels(&machine_labels), None, &candidates), expected, "{case}");
+            assert_eq!(
+                resolve(&labels(&machine_labels), None, &candidates),
+                expected,
+                "{case}"
+            );
         }
     }
 
@@ -309,11 +436,13 @@ mod tests {
     fn invalid_selector_matches_nothing() {
         let bad = LabelSelector {
             match_labels: None,
-            match_expressions: Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement {
-                key: "k".into(),
-                operator: "Bogus".into(),
-                values: None,
-            }]),
+            match_expressions: Some(vec![
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement {
+                    key: "k".into(),
+                    operator: "Bogus".into(),
+                    values: None,
+                },
+            ]),
         };
         assert!(!selector_matches(Some(&bad), &labels(&[("k", "v")])));
     }

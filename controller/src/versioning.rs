@@ -43,7 +43,10 @@ pub enum VersionAction {
 
 /// The highest version number ever created.
 pub fn latest_version(recorded: i64, existing: &[ExistingVersion<'_>]) -> i64 {
-    existing.iter().map(|v| v.version).fold(recorded.max(0), i64::max)
+    existing
+        .iter()
+        .map(|v| v.version)
+        .fold(recorded.max(0), i64::max)
 }
 
 /// Decides how the versions should change for `template`.
@@ -55,11 +58,15 @@ pub fn next_version_action(
     let latest = latest_version(recorded_latest, existing);
     match existing.iter().max_by_key(|v| v.version) {
         Some(newest) if newest.template == template => VersionAction::UpToDate,
-        Some(newest) if !newest.deployed && newest.version == latest => VersionAction::UpdateNewest {
-            version: newest.version,
-        },
+        Some(newest) if !newest.deployed && newest.version == latest => {
+            VersionAction::UpdateNewest {
+                version: newest.version,
+            }
+        }
         // Newest deployed, or every version deleted (or the newest deleted): a new number.
-        _ => VersionAction::Create { version: latest + 1 },
+        _ => VersionAction::Create {
+            version: latest + 1,
+        },
     }
 }
 
@@ -102,10 +109,34 @@ mod tests {
             deployed,
             template,
         };
-        let cases: Vec<(&str, i64, Vec<ExistingVersion<'_>>, &MachineTemplate, VersionAction)> = vec![
-            ("a new configuration gets v1", 0, vec![], &a, VersionAction::Create { version: 1 }),
-            ("unchanged template", 1, vec![ev(1, false, &a)], &a, VersionAction::UpToDate),
-            ("unchanged template of a deployed version", 1, vec![ev(1, true, &a)], &a, VersionAction::UpToDate),
+        let cases: Vec<(
+            &str,
+            i64,
+            Vec<ExistingVersion<'_>>,
+            &MachineTemplate,
+            VersionAction,
+        )> = vec![
+            (
+                "a new configuration gets v1",
+                0,
+                vec![],
+                &a,
+                VersionAction::Create { version: 1 },
+            ),
+            (
+                "unchanged template",
+                1,
+                vec![ev(1, false, &a)],
+                &a,
+                VersionAction::UpToDate,
+            ),
+            (
+                "unchanged template of a deployed version",
+                1,
+                vec![ev(1, true, &a)],
+                &a,
+                VersionAction::UpToDate,
+            ),
             (
                 "change copied into the undeployed newest",
                 1,
@@ -113,7 +144,13 @@ mod tests {
                 &b,
                 VersionAction::UpdateNewest { version: 1 },
             ),
-            ("change after deploy creates the next", 1, vec![ev(1, true, &a)], &b, VersionAction::Create { version: 2 }),
+            (
+                "change after deploy creates the next",
+                1,
+                vec![ev(1, true, &a)],
+                &b,
+                VersionAction::Create { version: 2 },
+            ),
             (
                 "numbers are not reused after the newest was deleted",
                 3,
@@ -128,7 +165,13 @@ mod tests {
                 &b,
                 VersionAction::Create { version: 4 },
             ),
-            ("all versions deleted", 5, vec![], &a, VersionAction::Create { version: 6 }),
+            (
+                "all versions deleted",
+                5,
+                vec![],
+                &a,
+                VersionAction::Create { version: 6 },
+            ),
             (
                 "crash after create, before status: the existing version counts",
                 1,
@@ -145,7 +188,11 @@ mod tests {
             ),
         ];
         for (case, recorded, existing, wanted, expected) in cases {
-            assert_eq!(next_version_action(wanted, recorded, &existing), expected, "{case}");
+            assert_eq!(
+                next_version_action(wanted, recorded, &existing),
+                expected,
+                "{case}"
+            );
         }
     }
 
@@ -164,17 +211,53 @@ mod tests {
 
     #[test]
     fn prune_table() {
-        let cases: Vec<(&str, Vec<i64>, Vec<i64>, usize, Vec<i64>)> = vec![
+        // (case, existing, referenced, limit, expected pruned)
+        type Case = (&'static str, Vec<i64>, Vec<i64>, usize, Vec<i64>);
+        let cases: Vec<Case> = vec![
             ("within the limit", vec![1, 2, 3], vec![], 5, vec![]),
-            ("oldest beyond the limit", vec![1, 2, 3, 4, 5], vec![], 3, vec![2, 1]),
-            ("a referenced old version is kept", vec![1, 2, 3, 4, 5], vec![1], 3, vec![2]),
-            ("order of input does not matter", vec![5, 1, 4, 2, 3], vec![], 2, vec![3, 2, 1]),
-            ("a limit of zero still keeps the newest", vec![1, 2], vec![], 0, vec![1]),
-            ("referenced newest versions do not let older ones survive", vec![1, 2, 3], vec![3], 1, vec![2, 1]),
+            (
+                "oldest beyond the limit",
+                vec![1, 2, 3, 4, 5],
+                vec![],
+                3,
+                vec![2, 1],
+            ),
+            (
+                "a referenced old version is kept",
+                vec![1, 2, 3, 4, 5],
+                vec![1],
+                3,
+                vec![2],
+            ),
+            (
+                "order of input does not matter",
+                vec![5, 1, 4, 2, 3],
+                vec![],
+                2,
+                vec![3, 2, 1],
+            ),
+            (
+                "a limit of zero still keeps the newest",
+                vec![1, 2],
+                vec![],
+                0,
+                vec![1],
+            ),
+            (
+                "referenced newest versions do not let older ones survive",
+                vec![1, 2, 3],
+                vec![3],
+                1,
+                vec![2, 1],
+            ),
         ];
         for (case, existing, referenced, limit, expected) in cases {
             let referenced: BTreeSet<i64> = referenced.into_iter().collect();
-            assert_eq!(versions_to_prune(&existing, &referenced, limit), expected, "{case}");
+            assert_eq!(
+                versions_to_prune(&existing, &referenced, limit),
+                expected,
+                "{case}"
+            );
         }
     }
 }

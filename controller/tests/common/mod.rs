@@ -1,0 +1,235 @@
+//! Shared by the controller's integration tests: the local control plane, the controller
+//! binary running against it, and small helpers to create objects and wait for outcomes.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, dead_code)] // a panic is the test failure report
+
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use unbounded_api::{Machine, MachineConfiguration, MachineConfigurationVersion};
+use unbounded_testbed::cluster::LocalControlPlane;
+
+pub const TIMEOUT: Duration = Duration::from_secs(60);
+
+pub fn control_plane() -> &'static LocalControlPlane {
+    LocalControlPlane::shared().expect("local control plane")
+}
+
+static CONTROLLER: OnceLock<Mutex<Option<Child>>> = OnceLock::new();
+
+/// Starts the controller binary once for this test binary (killed when it exits).
+pub fn start_controller() {
+    CONTROLLER.get_or_init(|| Mutex::new(Some(spawn_controller())));
+}
+
+/// Starts a controller process tied to a thread that lives as long as the test binary.
+pub fn spawn_controller() -> Child {
+    let cp = control_plane();
+    let kubeconfig = cp.kubeconfig_path().to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let child = Command::new("setpriv")
+            .args(["--pdeathsig", "KILL", "--"])
+            .arg(env!("CARGO_BIN_EXE_unbounded-controller"))
+            .args([
+                "--no-leader-election",
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "--drain-timeout-seconds",
+                "120",
+            ])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("RUST_LOG", "info,unbounded_controller=debug")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start unbounded-controller");
+        tx.send(child).unwrap();
+        loop {
+            std::thread::park();
+        }
+    });
+    rx.recv().unwrap()
+}
+
+/// Kills the shared controller (SIGKILL) and starts a new one.
+pub fn restart_controller() {
+    let lock = CONTROLLER.get_or_init(|| Mutex::new(None));
+    let mut guard = lock.lock().unwrap();
+    if let Some(mut child) = guard.take() {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    *guard = Some(spawn_controller());
+}
+
+pub async fn client() -> Client {
+    control_plane().client().await.expect("client")
+}
+
+/// Polls `check` until it returns Some, or panics after [`TIMEOUT`] with `what`.
+pub async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+pub fn template(kernel: &str) -> Value {
+    json!({"boot": {"kernelURL": kernel, "initrdURL": "initrd"}, "kubernetes": {"version": "v1.35.4"}})
+}
+
+pub async fn create_configuration(
+    client: &Client,
+    name: &str,
+    spec: Value,
+) -> MachineConfiguration {
+    let api: Api<MachineConfiguration> = Api::all(client.clone());
+    let object: MachineConfiguration = serde_json::from_value(json!({
+        "apiVersion": "unbounded-cloud.io/v1alpha1", "kind": "MachineConfiguration",
+        "metadata": {"name": name}, "spec": spec,
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &object)
+        .await
+        .expect("create configuration")
+}
+
+pub async fn set_template(client: &Client, name: &str, template: Value) {
+    let api: Api<MachineConfiguration> = Api::all(client.clone());
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"template": template}})),
+    )
+    .await
+    .expect("change template");
+}
+
+pub async fn create_machine(
+    client: &Client,
+    name: &str,
+    labels: Value,
+    spec_extra: Value,
+) -> Machine {
+    let mut spec = json!({"provider": "manual"});
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), spec_extra.as_object()) {
+        for (k, v) in extra {
+            spec.insert(k.clone(), v.clone());
+        }
+    }
+    let api: Api<Machine> = Api::all(client.clone());
+    let object: Machine = serde_json::from_value(json!({
+        "apiVersion": "unbounded-cloud.io/v1alpha1", "kind": "Machine",
+        "metadata": {"name": name, "labels": labels}, "spec": spec,
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &object)
+        .await
+        .expect("create machine")
+}
+
+pub async fn machine(client: &Client, name: &str) -> Machine {
+    Api::<Machine>::all(client.clone())
+        .get(name)
+        .await
+        .expect("get machine")
+}
+
+pub async fn version(client: &Client, name: &str) -> Option<MachineConfigurationVersion> {
+    Api::<MachineConfigurationVersion>::all(client.clone())
+        .get_opt(name)
+        .await
+        .expect("get version")
+}
+
+/// Waits until the Machine records this configuration version.
+pub async fn wait_resolved(
+    client: &Client,
+    machine_name: &str,
+    configuration: &str,
+    version: i64,
+) -> Machine {
+    wait_for(
+        &format!("{machine_name} to record {configuration} v{version}"),
+        || async {
+            let m = machine(client, machine_name).await;
+            let c = m.status.as_ref()?.configuration.as_ref()?;
+            (c.name == configuration && c.version == version).then_some(m)
+        },
+    )
+    .await
+}
+
+/// Plays the kubelet: registers a Node, Ready or not.
+pub async fn create_node(client: &Client, name: &str, ready: bool) -> Node {
+    let api: Api<Node> = Api::all(client.clone());
+    let node: Node = serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}),
+    )
+    .unwrap();
+    api.create(&PostParams::default(), &node)
+        .await
+        .expect("create node");
+    let status = if ready { "True" } else { "False" };
+    let patch = json!({"status": {"conditions": [{
+        "type": "Ready", "status": status, "reason": "KubeletReady", "message": "simulated",
+        "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .expect("node status")
+}
+
+pub async fn delete_node(client: &Client, name: &str) {
+    let api: Api<Node> = Api::all(client.clone());
+    api.delete(name, &DeleteParams::default())
+        .await
+        .expect("delete node");
+    wait_for(&format!("Node {name} gone"), || async {
+        api.get_opt(name).await.unwrap().is_none().then_some(())
+    })
+    .await;
+}
+
+pub fn condition<'a>(
+    m: &'a Machine,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    m.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+}
+
+/// The reasons of the Events about an object, oldest first.
+pub async fn event_reasons(client: &Client, object_name: &str) -> Vec<String> {
+    let api: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+    let mut events: Vec<_> = api
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(object_name))
+        .collect();
+    events.sort_by_key(|e| e.metadata.creation_timestamp.clone().map(|t| t.0));
+    events.into_iter().filter_map(|e| e.reason).collect()
+}
+
+pub fn name_of<K: ResourceExt>(k: &K) -> String {
+    k.name_any()
+}
