@@ -206,4 +206,8 @@ pub mod reasons {
     pub const NOT_SUPPORTED: &str = "NotSupported";
     /// The update strategy is carried out.
     pub const SUPPORTED: &str = "Supported";
+    /// A MachineOperation failed (Event on the operation).
+    pub const OPERATION_FAILED: &str = "OperationFailed";
+    /// A selector MachineOperation created its children (Event on the operation).
+    pub const FANNED_OUT: &str = "FannedOut";
 }

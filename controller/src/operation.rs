@@ -13,7 +13,7 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use unbounded_api::condition::now;
-use unbounded_api::well_known::{field_managers, labels};
+use unbounded_api::well_known::{field_managers, labels, reasons};
 use unbounded_api::{Machine, MachineOperation, MachineOperationSpec, MachineRef, OperationState};
 
 use crate::context::Context;
@@ -180,8 +180,13 @@ async fn reconcile_single(operation: &MachineOperation, ctx: &Context) -> Result
                 ctx,
             )
             .await?;
-            ctx.event(operation, EventType::Warning, "OperationFailed", message)
-                .await;
+            ctx.event(
+                operation,
+                EventType::Warning,
+                reasons::OPERATION_FAILED,
+                message,
+            )
+            .await;
             // Requeue for the TTL.
             Ok(Action::requeue(Duration::from_secs(1)))
         }
@@ -325,7 +330,7 @@ async fn reconcile_parent(operation: &MachineOperation, ctx: &Context) -> Result
             ctx.event(
                 operation,
                 EventType::Normal,
-                "FannedOut",
+                reasons::FANNED_OUT,
                 format!("created {} child operations", machines.len()),
             )
             .await;

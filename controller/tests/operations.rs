@@ -602,3 +602,99 @@ async fn a_restarted_handler_resumes_its_in_progress_operation() {
     assert_eq!(second.ran(), vec![("op-resume".to_owned(), true)]);
     task.abort();
 }
+
+/// The acceptance as a person sees it: applied and watched with kubectl.
+#[tokio::test]
+async fn kubectl_shows_a_selector_operation_with_children_counts_and_state() {
+    start_controller();
+    let client = client().await;
+    for i in 0..3 {
+        create_pxe_machine(
+            &client,
+            &format!("op-kubectl-{i}"),
+            json!({"op-test": "kubectl"}),
+            800 + i,
+        )
+        .await;
+    }
+    let task = spawn_handler(
+        &client,
+        HandlerKind::Provider,
+        "test-provider-kubectl",
+        Recorder::new("op-kubectl-", Outcome::Complete("power cycled".into())),
+    );
+    let manifest = std::env::temp_dir().join(format!("op-kubectl-{}.yaml", std::process::id()));
+    std::fs::write(
+        &manifest,
+        "apiVersion: unbounded-cloud.io/v1alpha1\nkind: MachineOperation\nmetadata:\n  name: op-kubectl\nspec:\n  machineSelector:\n    matchLabels:\n      op-test: kubectl\n  operationName: powerCycle\n",
+    )
+    .unwrap();
+    let cp = control_plane();
+    cp.kubectl_output(&["apply", "-f", manifest.to_str().unwrap()])
+        .unwrap();
+    wait_state(&client, "op-kubectl", OperationState::Complete).await;
+    let table = cp
+        .kubectl_output(&[
+            "get",
+            "mo",
+            "-o",
+            "wide",
+            "-l",
+            "unbounded-cloud.io/parent-operation=op-kubectl",
+        ])
+        .unwrap();
+    assert_eq!(
+        table.lines().count(),
+        4,
+        "header and three children:\n{table}"
+    );
+    assert!(
+        table
+            .lines()
+            .skip(1)
+            .all(|l| l.contains("powerCycle") && l.contains("Complete")),
+        "{table}"
+    );
+    let parent = cp
+        .kubectl_output(&["get", "mo", "op-kubectl", "-o", "wide"])
+        .unwrap();
+    let header: Vec<&str> = parent.lines().next().unwrap().split_whitespace().collect();
+    let row: Vec<&str> = parent.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(
+        &header[..7],
+        [
+            "NAME",
+            "MACHINE",
+            "OPERATION",
+            "STATE",
+            "CHILDREN",
+            "COMPLETE",
+            "FAILED"
+        ],
+        "{parent}"
+    );
+    // A selector operation has no Machine: that column is blank.
+    assert_eq!(
+        &row[..6],
+        ["op-kubectl", "powerCycle", "Complete", "3", "3", "0"],
+        "{parent}"
+    );
+
+    // A bad operation is refused with a message a person understands.
+    std::fs::write(
+        &manifest,
+        "apiVersion: unbounded-cloud.io/v1alpha1\nkind: MachineOperation\nmetadata:\n  name: op-kubectl-bad\nspec:\n  machineRef:\n    name: op-kubectl-0\n  machineSelector:\n    matchLabels:\n      op-test: kubectl\n  operationName: powerCycle\n",
+    )
+    .unwrap();
+    let refused = cp
+        .kubectl_output(&["apply", "-f", manifest.to_str().unwrap()])
+        .unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("set exactly one of spec.machineRef and spec.machineSelector"),
+        "{refused}"
+    );
+    std::fs::remove_file(&manifest).unwrap();
+    task.abort();
+}
