@@ -5,6 +5,7 @@
 //! DHCP, TFTP and HTTP ask only [`MachineBackend`]; lookups are synchronous and in memory so
 //! that the packet path never waits on the network.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::net::Ipv4Addr;
 use std::str::FromStr;
@@ -104,11 +105,53 @@ pub trait MachineBackend: Send + Sync + 'static {
     /// The machine that owns this MAC, if any.
     fn machine_by_mac(&self, mac: &MacAddr) -> Option<Arc<MachineRecord>>;
 
+    /// The machine with this name, if any.
+    fn machine_by_name(&self, name: &str) -> Option<Arc<MachineRecord>>;
+
     /// Every static IPv4 reservation, so that pools never hand these addresses to others.
     fn reservations(&self) -> Vec<(MacAddr, Ipv4Addr)>;
 
     /// Whether the backend has its data (the Kubernetes caches have synced).
     fn is_ready(&self) -> bool;
+}
+
+/// The machines of the configuration file (standalone mode, no cluster).
+#[derive(Debug, Default)]
+pub struct StaticBackend {
+    by_mac: HashMap<MacAddr, Arc<MachineRecord>>,
+    machines: Vec<Arc<MachineRecord>>,
+}
+
+impl StaticBackend {
+    /// A backend over these machines (validated: no MAC twice).
+    pub fn new(machines: Vec<Arc<MachineRecord>>) -> Self {
+        let by_mac = machines
+            .iter()
+            .flat_map(|m| m.macs.iter().map(move |mac| (*mac, m.clone())))
+            .collect();
+        Self { by_mac, machines }
+    }
+}
+
+impl MachineBackend for StaticBackend {
+    fn machine_by_mac(&self, mac: &MacAddr) -> Option<Arc<MachineRecord>> {
+        self.by_mac.get(mac).cloned()
+    }
+
+    fn machine_by_name(&self, name: &str) -> Option<Arc<MachineRecord>> {
+        self.machines.iter().find(|m| m.name == name).cloned()
+    }
+
+    fn reservations(&self) -> Vec<(MacAddr, Ipv4Addr)> {
+        self.machines
+            .iter()
+            .filter_map(|m| Some((*m.macs.first()?, m.ipv4?)))
+            .collect()
+    }
+
+    fn is_ready(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,490 @@
+//! The bootserver's configuration file, validated once into runtime [`Settings`].
+//!
+//! ```yaml
+//! interface: pxe0                 # DHCP binds to this interface only
+//! serverAddress: 10.99.0.1        # our IPv4 on it: next-server, TFTP and HTTP address
+//! dhcp:
+//!   mode: full                    # full | proxy | off
+//!   leaseFile: /var/lib/unbounded/leases.log
+//!   unknownMachines: ignore       # ignore | discover
+//!   uefiBootFile: snponly.efi     # or ipxe.efi
+//!   subnets:
+//!     - subnet: 10.99.0.0/24
+//!       pool: [10.99.0.100, 10.99.0.199]
+//!       gateway: 10.99.0.1
+//!       dns: [10.99.0.1]
+//!       domain: lab.example
+//!       leaseSeconds: 3600
+//! tftp: {root: /usr/lib/ipxe, port: 69}
+//! http: {port: 8080, imagesDir: /var/lib/unbounded/images}
+//! machines:                       # standalone mode (no cluster): the machines we boot
+//!   - name: node-1
+//!     macs: ["52:54:00:00:00:01"]
+//!     ipv4: 10.99.0.21
+//!     firmware: bios
+//!     boot: {kernel: vmlinuz, initrd: initrd.img, args: [console=ttyS0]}
+//! ```
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+use unbounded_api::{Architecture, Firmware};
+
+use crate::backend::{BootTarget, MacAddr, MachineRecord};
+
+/// Why a configuration is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The YAML does not match the schema.
+    #[error("parsing {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What the parser said.
+        message: String,
+    },
+    /// A value is wrong.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// DHCP mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DhcpMode {
+    /// Assign addresses and boot files.
+    #[default]
+    Full,
+    /// Beside another DHCP server: answer PXE clients with boot information only.
+    Proxy,
+    /// No DHCP (firmware configured otherwise).
+    Off,
+}
+
+/// What to do with a PXE client whose MAC no machine has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum UnknownMachines {
+    /// Do not answer it (the safe default: never boot what nobody declared).
+    #[default]
+    Ignore,
+    /// Boot it into the discovery script (`/discover.ipxe`).
+    Discover,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct File {
+    interface: Option<String>,
+    server_address: Ipv4Addr,
+    #[serde(default)]
+    dhcp: DhcpFile,
+    #[serde(default)]
+    tftp: TftpFile,
+    #[serde(default)]
+    http: HttpFile,
+    #[serde(default)]
+    machines: Vec<MachineFile>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct DhcpFile {
+    #[serde(default)]
+    mode: DhcpMode,
+    lease_file: Option<PathBuf>,
+    #[serde(default)]
+    unknown_machines: UnknownMachines,
+    uefi_boot_file: Option<String>,
+    #[serde(default)]
+    subnets: Vec<SubnetFile>,
+    /// Ports, for tests in unprivileged setups; 67 and 4011 by default.
+    port: Option<u16>,
+    proxy_port: Option<u16>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct SubnetFile {
+    subnet: String,
+    pool: [Ipv4Addr; 2],
+    gateway: Option<Ipv4Addr>,
+    #[serde(default)]
+    dns: Vec<Ipv4Addr>,
+    domain: Option<String>,
+    lease_seconds: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct TftpFile {
+    root: Option<PathBuf>,
+    port: Option<u16>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct HttpFile {
+    port: Option<u16>,
+    images_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct MachineFile {
+    name: String,
+    macs: Vec<String>,
+    ipv4: Option<Ipv4Addr>,
+    hostname: Option<String>,
+    #[serde(default)]
+    architecture: Architecture,
+    #[serde(default)]
+    firmware: Firmware,
+    boot: Option<BootFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct BootFile {
+    kernel: String,
+    initrd: String,
+    #[serde(default)]
+    args: Vec<String>,
+}
+
+/// One IPv4 subnet the DHCP server serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subnet {
+    /// Network address.
+    pub network: Ipv4Addr,
+    /// Prefix length.
+    pub prefix: u8,
+    /// First and last address of the dynamic pool (inclusive).
+    pub pool: (Ipv4Addr, Ipv4Addr),
+    /// Default gateway (option 3).
+    pub gateway: Option<Ipv4Addr>,
+    /// DNS servers (option 6).
+    pub dns: Vec<Ipv4Addr>,
+    /// Domain name (option 15).
+    pub domain: Option<String>,
+    /// Lease time in seconds (option 51).
+    pub lease_seconds: u32,
+}
+
+impl Subnet {
+    /// The subnet mask.
+    pub fn mask(&self) -> Ipv4Addr {
+        Ipv4Addr::from(mask_bits(self.prefix))
+    }
+
+    /// Whether `ip` lies in the subnet.
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+        u32::from(ip) & mask_bits(self.prefix) == u32::from(self.network)
+    }
+
+    /// Whether `ip` lies in the dynamic pool.
+    pub fn in_pool(&self, ip: Ipv4Addr) -> bool {
+        (u32::from(self.pool.0)..=u32::from(self.pool.1)).contains(&u32::from(ip))
+    }
+}
+
+fn mask_bits(prefix: u8) -> u32 {
+    if prefix == 0 {
+        0
+    } else {
+        u32::MAX << (32 - u32::from(prefix.min(32)))
+    }
+}
+
+/// Validated settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The interface DHCP binds to (`SO_BINDTODEVICE`); `None` binds to all (tests only).
+    pub interface: Option<String>,
+    /// Our IPv4 address on the provisioning network.
+    pub server_address: Ipv4Addr,
+    /// DHCP mode.
+    pub dhcp_mode: DhcpMode,
+    /// Subnets with pools (full mode).
+    pub subnets: Vec<Subnet>,
+    /// Where leases are kept (full mode).
+    pub lease_file: PathBuf,
+    /// What to do with unknown PXE clients.
+    pub unknown_machines: UnknownMachines,
+    /// The x86-64 UEFI boot file: `ipxe.efi` or `snponly.efi`.
+    pub uefi_boot_file: String,
+    /// DHCP port (67).
+    pub dhcp_port: u16,
+    /// ProxyDHCP port (4011).
+    pub proxy_port: u16,
+    /// TFTP root (the iPXE binaries).
+    pub tftp_root: PathBuf,
+    /// TFTP port (69).
+    pub tftp_port: u16,
+    /// HTTP port.
+    pub http_port: u16,
+    /// Directory of kernels, initrds and images served under `/images/`.
+    pub images_dir: PathBuf,
+    /// The machines of the file (standalone mode).
+    pub machines: Vec<Arc<MachineRecord>>,
+}
+
+impl Settings {
+    /// Reads and validates a configuration file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.to_owned(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses and validates configuration text.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let file: File = serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::new(),
+            message: e.to_string(),
+        })?;
+        let subnets = file
+            .dhcp
+            .subnets
+            .iter()
+            .map(validate_subnet)
+            .collect::<Result<Vec<_>, _>>()?;
+        if file.dhcp.mode == DhcpMode::Full && subnets.is_empty() {
+            return Err(ConfigError::Invalid(
+                "dhcp.mode full needs at least one entry in dhcp.subnets".into(),
+            ));
+        }
+        let uefi_boot_file = file
+            .dhcp
+            .uefi_boot_file
+            .unwrap_or_else(|| "snponly.efi".into());
+        if !["ipxe.efi", "snponly.efi"].contains(&uefi_boot_file.as_str()) {
+            return Err(ConfigError::Invalid(format!(
+                "dhcp.uefiBootFile must be ipxe.efi or snponly.efi, not {uefi_boot_file:?}"
+            )));
+        }
+        let machines = validate_machines(file.machines, &subnets)?;
+        Ok(Self {
+            interface: file.interface,
+            server_address: file.server_address,
+            dhcp_mode: file.dhcp.mode,
+            subnets,
+            lease_file: file
+                .dhcp
+                .lease_file
+                .unwrap_or_else(|| PathBuf::from("/var/lib/unbounded/leases.log")),
+            unknown_machines: file.dhcp.unknown_machines,
+            uefi_boot_file,
+            dhcp_port: file.dhcp.port.unwrap_or(67),
+            proxy_port: file.dhcp.proxy_port.unwrap_or(4011),
+            tftp_root: file
+                .tftp
+                .root
+                .unwrap_or_else(|| PathBuf::from("/usr/lib/ipxe")),
+            tftp_port: file.tftp.port.unwrap_or(69),
+            http_port: file.http.port.unwrap_or(8080),
+            images_dir: file
+                .http
+                .images_dir
+                .unwrap_or_else(|| PathBuf::from("/var/lib/unbounded/images")),
+            machines,
+        })
+    }
+
+    /// The base URL of our HTTP server, as machines reach it.
+    pub fn http_base(&self) -> String {
+        format!("http://{}:{}", self.server_address, self.http_port)
+    }
+
+    /// Where HTTP listens.
+    pub fn http_listen(&self) -> SocketAddr {
+        SocketAddr::from((self.server_address, self.http_port))
+    }
+}
+
+fn validate_subnet(s: &SubnetFile) -> Result<Subnet, ConfigError> {
+    let invalid = |m: String| ConfigError::Invalid(format!("dhcp.subnets {}: {m}", s.subnet));
+    let (network, prefix) = s
+        .subnet
+        .split_once('/')
+        .ok_or_else(|| invalid("expected address/prefix such as 10.99.0.0/24".into()))?;
+    let network: Ipv4Addr = network
+        .parse()
+        .map_err(|_| invalid("not an IPv4 network".into()))?;
+    let prefix: u8 = prefix
+        .parse()
+        .ok()
+        .filter(|p| (8..=30).contains(p))
+        .ok_or_else(|| invalid("prefix length must be between 8 and 30".into()))?;
+    let subnet = Subnet {
+        network,
+        prefix,
+        pool: (s.pool[0], s.pool[1]),
+        gateway: s.gateway,
+        dns: s.dns.clone(),
+        domain: s.domain.clone(),
+        lease_seconds: s.lease_seconds.unwrap_or(3600).max(60),
+    };
+    if u32::from(network) & !mask_bits(prefix) != 0 {
+        return Err(invalid("host bits are set in the network address".into()));
+    }
+    if !subnet.contains(s.pool[0]) || !subnet.contains(s.pool[1]) || s.pool[0] > s.pool[1] {
+        return Err(invalid(format!(
+            "pool {}–{} must lie inside the subnet, first address first",
+            s.pool[0], s.pool[1]
+        )));
+    }
+    Ok(subnet)
+}
+
+fn validate_machines(
+    machines: Vec<MachineFile>,
+    subnets: &[Subnet],
+) -> Result<Vec<Arc<MachineRecord>>, ConfigError> {
+    let mut seen_macs = std::collections::BTreeMap::new();
+    let mut seen_ips = std::collections::BTreeMap::new();
+    let mut out = Vec::with_capacity(machines.len());
+    for m in machines {
+        let invalid = |msg: String| ConfigError::Invalid(format!("machine {}: {msg}", m.name));
+        if m.macs.is_empty() {
+            return Err(invalid("needs at least one MAC address in macs".into()));
+        }
+        let macs = m
+            .macs
+            .iter()
+            .map(|s| s.parse::<MacAddr>().map_err(|e| invalid(e.to_string())))
+            .collect::<Result<Vec<_>, _>>()?;
+        for mac in &macs {
+            if let Some(other) = seen_macs.insert(*mac, m.name.clone()) {
+                return Err(invalid(format!("MAC {mac} is also machine {other}'s")));
+            }
+        }
+        if let Some(ip) = m.ipv4 {
+            if let Some(other) = seen_ips.insert(ip, m.name.clone()) {
+                return Err(invalid(format!(
+                    "address {ip} is also machine {other}'s: never hand one address to two machines"
+                )));
+            }
+            if !subnets.is_empty() && !subnets.iter().any(|s| s.contains(ip)) {
+                return Err(invalid(format!("address {ip} is in no dhcp.subnets entry")));
+            }
+        }
+        out.push(Arc::new(MachineRecord {
+            hostname: m.hostname.or_else(|| Some(m.name.clone())),
+            name: m.name,
+            macs,
+            ipv4: m.ipv4,
+            architecture: m.architecture,
+            firmware: m.firmware,
+            boot: m.boot.map(|b| BootTarget {
+                kernel_url: b.kernel,
+                initrd_url: b.initrd,
+                kernel_args: b.args,
+                configuration: None,
+            }),
+        }));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+interface: pxe0
+serverAddress: 10.99.0.1
+dhcp:
+  subnets:
+    - subnet: 10.99.0.0/24
+      pool: [10.99.0.100, 10.99.0.199]
+      gateway: 10.99.0.1
+machines:
+  - name: node-1
+    macs: ["52:54:00:00:00:01"]
+    ipv4: 10.99.0.21
+    firmware: bios
+    boot: {kernel: vmlinuz, initrd: initrd.img, args: [console=ttyS0]}
+"#;
+
+    #[test]
+    fn a_good_file_gets_its_defaults() {
+        let s = Settings::parse(GOOD).unwrap();
+        assert_eq!(s.dhcp_mode, DhcpMode::Full);
+        assert_eq!(s.uefi_boot_file, "snponly.efi");
+        assert_eq!((s.dhcp_port, s.proxy_port, s.tftp_port), (67, 4011, 69));
+        assert_eq!(s.subnets[0].mask(), Ipv4Addr::new(255, 255, 255, 0));
+        assert_eq!(s.subnets[0].lease_seconds, 3600);
+        assert_eq!(s.machines[0].hostname.as_deref(), Some("node-1"));
+        assert_eq!(s.http_base(), "http://10.99.0.1:8080");
+    }
+
+    #[test]
+    fn bad_files_say_what_is_wrong() {
+        let cases = [
+            (
+                "full mode without subnets",
+                "serverAddress: 10.0.0.1\n",
+                "needs at least one entry",
+            ),
+            (
+                "pool outside the subnet",
+                "serverAddress: 10.0.0.1\ndhcp: {subnets: [{subnet: 10.0.0.0/24, pool: [10.0.1.1, 10.0.1.9]}]}\n",
+                "must lie inside the subnet",
+            ),
+            (
+                "host bits",
+                "serverAddress: 10.0.0.1\ndhcp: {subnets: [{subnet: 10.0.0.1/24, pool: [10.0.0.5, 10.0.0.9]}]}\n",
+                "host bits",
+            ),
+            (
+                "unknown field",
+                "serverAddress: 10.0.0.1\ndhcp: {mode: proxy}\nbogus: 1\n",
+                "bogus",
+            ),
+            (
+                "bad uefi boot file",
+                "serverAddress: 10.0.0.1\ndhcp: {mode: proxy, uefiBootFile: grub.efi}\n",
+                "ipxe.efi or snponly.efi",
+            ),
+            (
+                "duplicate address",
+                "serverAddress: 10.0.0.1\ndhcp: {mode: proxy}\nmachines: [{name: a, macs: ['52:54:00:00:00:01'], ipv4: 10.0.0.5}, {name: b, macs: ['52:54:00:00:00:02'], ipv4: 10.0.0.5}]\n",
+                "never hand one address to two machines",
+            ),
+            (
+                "duplicate MAC",
+                "serverAddress: 10.0.0.1\ndhcp: {mode: proxy}\nmachines: [{name: a, macs: ['52:54:00:00:00:01']}, {name: b, macs: ['52:54:00:00:00:01']}]\n",
+                "also machine a's",
+            ),
+            (
+                "bad MAC",
+                "serverAddress: 10.0.0.1\ndhcp: {mode: proxy}\nmachines: [{name: a, macs: ['52:54:00']}]\n",
+                "not a MAC address",
+            ),
+        ];
+        for (case, text, expected) in cases {
+            let err = Settings::parse(text).expect_err(case).to_string();
+            assert!(err.contains(expected), "{case}: {err}");
+        }
+    }
+}

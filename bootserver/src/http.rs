@@ -1,0 +1,191 @@
+//! HTTP (axum): per-machine iPXE scripts, images with `Range` and `HEAD`, the iPXE builds for
+//! UEFI HTTP boot, the agent's configuration route, health and metrics.
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /boot.ipxe?mac=<mac>` | the machine's iPXE script; without `mac`, a script that asks again with `${net0/mac}` |
+//! | `GET /discover.ipxe` | what unknown machines boot when discovery is on |
+//! | `GET,HEAD /images/<path>` | kernels, initrds, node images from the images directory |
+//! | `GET,HEAD /ipxe/<path>` | the iPXE builds (UEFI HTTP boot) |
+//! | `GET /machines/<name>/config` | the agent's configuration: only to the machine itself |
+//! | `/healthz`, `/readyz`, `/metrics` | liveness, backend synced, Prometheus |
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{ConnectInfo, Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use prometheus_client::registry::Registry;
+use tower_http::services::ServeDir;
+
+use crate::backend::{MacAddr, MachineBackend};
+use crate::boot;
+use crate::config::{Settings, UnknownMachines};
+use crate::leases::LeaseStore;
+use crate::metrics::Metrics;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    /// Settings.
+    pub settings: Arc<Settings>,
+    /// Machines.
+    pub backend: Arc<dyn MachineBackend>,
+    /// Leases, to know which address a machine has.
+    pub leases: Arc<dyn LeaseStore>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// The registry `/metrics` renders.
+    pub registry: Arc<Registry>,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The router.
+pub fn router(state: AppState) -> Router {
+    let images = ServeDir::new(&state.settings.images_dir);
+    let ipxe = ServeDir::new(&state.settings.tftp_root);
+    Router::new()
+        .route("/boot.ipxe", get(boot_script))
+        .route("/discover.ipxe", get(discover_script))
+        .route("/machines/{name}/config", get(machine_config))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
+        .route("/metrics", get(metrics))
+        .nest_service("/images", images)
+        .nest_service("/ipxe", ipxe)
+        .with_state(state)
+}
+
+fn ipxe(state: &AppState, route: &str, script: String) -> Response {
+    state.metrics.http_request(route, 200);
+    (
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        script,
+    )
+        .into_response()
+}
+
+async fn boot_script(
+    State(state): State<AppState>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let base = state.settings.http_base();
+    let Some(mac) = query.get("mac") else {
+        return ipxe(&state, "/boot.ipxe", boot::chain_script(&base));
+    };
+    let Ok(mac) = mac.parse::<MacAddr>() else {
+        return ipxe(
+            &state,
+            "/boot.ipxe",
+            boot::refusal("the mac parameter is not a MAC address"),
+        );
+    };
+    let script = match state.backend.machine_by_mac(&mac) {
+        Some(machine) => boot::machine_script(&machine, &base),
+        None if state.settings.unknown_machines == UnknownMachines::Discover => {
+            format!("#!ipxe\nchain {base}/discover.ipxe?mac={mac}\n")
+        }
+        None => boot::refusal(&format!("{mac} belongs to no Machine; not booting it")),
+    };
+    ipxe(&state, "/boot.ipxe", script)
+}
+
+async fn discover_script(State(state): State<AppState>) -> Response {
+    // The discovery image comes with a later milestone; until then, say so and hand the
+    // machine back to its firmware.
+    ipxe(
+        &state,
+        "/discover.ipxe",
+        boot::refusal("unknown machine: create a Machine with this MAC to boot it"),
+    )
+}
+
+/// The agent's configuration. A machine gets only its own: the request must come from an
+/// address the machine holds (its reservation or its current lease). The agent issue adds
+/// per-machine credentials on top.
+async fn machine_config(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(name): Path<String>,
+) -> Response {
+    let route = "/machines/{name}/config";
+    let IpAddr::V4(peer_ip) = peer.ip() else {
+        state.metrics.http_request(route, 403);
+        return (StatusCode::FORBIDDEN, "IPv4 only\n").into_response();
+    };
+    let machine = state.backend.machine_by_name(&name);
+    let Some(machine) = machine else {
+        state.metrics.http_request(route, 404);
+        return (StatusCode::NOT_FOUND, "no such machine\n").into_response();
+    };
+    let holds = machine.ipv4 == Some(peer_ip)
+        || machine
+            .macs
+            .iter()
+            .any(|mac| state.leases.by_mac(mac.0).is_some_and(|l| l.ip == peer_ip));
+    if !holds {
+        state.metrics.http_request(route, 403);
+        return (
+            StatusCode::FORBIDDEN,
+            "a machine may read only its own configuration\n",
+        )
+            .into_response();
+    }
+    state.metrics.http_request(route, 200);
+    let body = serde_json::json!({
+        "machine": machine.name,
+        "hostname": machine.hostname,
+        "bootserver": state.settings.http_base(),
+        "configuration": machine.boot.as_ref().and_then(|b| b.configuration.clone()),
+    });
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+async fn ready(State(state): State<AppState>) -> Response {
+    if state.backend.is_ready() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "machine cache not synced\n",
+        )
+            .into_response()
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    state
+        .metrics
+        .active_leases
+        .set(i64::try_from(state.leases.active(now)).unwrap_or(i64::MAX));
+    let mut text = String::new();
+    if prometheus_client::encoding::text::encode(&mut text, &state.registry).is_err() {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}

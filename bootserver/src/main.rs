@@ -1,0 +1,64 @@
+//! `unbounded-bootserver --config <file>`: DHCP/ProxyDHCP, TFTP and HTTP/iPXE.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use unbounded_bootserver::backend::StaticBackend;
+use unbounded_bootserver::config::Settings;
+
+/// Network-boots machines: DHCP or ProxyDHCP, TFTP and HTTP (iPXE).
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// The configuration file (YAML; see the crate documentation).
+    #[arg(long, env = "UNBOUNDED_BOOTSERVER_CONFIG")]
+    config: PathBuf,
+    /// Log as JSON lines.
+    #[arg(long)]
+    log_json: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    if args.log_json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+    let settings = match Settings::load(&args.config) {
+        Ok(s) => s,
+        Err(error) => {
+            eprintln!("unbounded-bootserver: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(error) => {
+            eprintln!("unbounded-bootserver: starting the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let backend = Arc::new(StaticBackend::new(settings.machines.clone()));
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    match runtime.block_on(unbounded_bootserver::server::run(
+        settings, backend, shutdown,
+    )) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error, "stopped");
+            eprintln!("unbounded-bootserver: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! Prometheus metrics of the bootserver (`/metrics`).
+
+use dhcproto::v4::MessageType;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// A DHCP message type label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TypeLabel {
+    /// DISCOVER, OFFER, ...
+    pub r#type: String,
+}
+
+/// A reason label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// Why a packet was dropped.
+    pub reason: String,
+}
+
+/// An HTTP route label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabel {
+    /// The route.
+    pub route: String,
+    /// The status code.
+    pub code: u16,
+}
+
+/// The bootserver's metrics.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// DHCP packets received, by message type.
+    pub dhcp_received: Family<TypeLabel, Counter>,
+    /// DHCP packets sent, by message type (offers, acks, naks).
+    pub dhcp_sent: Family<TypeLabel, Counter>,
+    /// DHCP packets dropped, by reason (malformed ones among them).
+    pub dhcp_dropped: Family<ReasonLabel, Counter>,
+    /// Leases that have not expired.
+    pub active_leases: Gauge,
+    /// TFTP transfers started.
+    pub tftp_transfers: Counter,
+    /// TFTP transfers refused (missing file, hostile path).
+    pub tftp_refused: Counter,
+    /// HTTP requests, by route and status.
+    pub http_requests: Family<RouteLabel, Counter>,
+}
+
+fn type_name(kind: Option<MessageType>) -> String {
+    kind.map_or_else(|| "none".to_owned(), |k| format!("{k:?}").to_uppercase())
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        let r = registry.sub_registry_with_prefix("unbounded_bootserver");
+        r.register(
+            "dhcp_received",
+            "DHCP packets received by type",
+            m.dhcp_received.clone(),
+        );
+        r.register(
+            "dhcp_sent",
+            "DHCP replies sent by type",
+            m.dhcp_sent.clone(),
+        );
+        r.register(
+            "dhcp_dropped",
+            "DHCP packets dropped by reason",
+            m.dhcp_dropped.clone(),
+        );
+        r.register(
+            "dhcp_active_leases",
+            "Leases not expired",
+            m.active_leases.clone(),
+        );
+        r.register(
+            "tftp_transfers",
+            "TFTP transfers started",
+            m.tftp_transfers.clone(),
+        );
+        r.register(
+            "tftp_refused",
+            "TFTP requests refused",
+            m.tftp_refused.clone(),
+        );
+        r.register(
+            "http_requests",
+            "HTTP requests by route and status",
+            m.http_requests.clone(),
+        );
+        m
+    }
+
+    /// Counts a received DHCP packet.
+    pub fn dhcp_received(&self, kind: Option<MessageType>) {
+        self.dhcp_received
+            .get_or_create(&TypeLabel {
+                r#type: type_name(kind),
+            })
+            .inc();
+    }
+
+    /// Counts a sent DHCP reply.
+    pub fn dhcp_sent(&self, kind: Option<MessageType>) {
+        self.dhcp_sent
+            .get_or_create(&TypeLabel {
+                r#type: type_name(kind),
+            })
+            .inc();
+    }
+
+    /// Counts a dropped DHCP packet.
+    pub fn dhcp_dropped(&self, reason: &str) {
+        self.dhcp_dropped
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts an HTTP request.
+    pub fn http_request(&self, route: &str, code: u16) {
+        self.http_requests
+            .get_or_create(&RouteLabel {
+                route: route.to_owned(),
+                code,
+            })
+            .inc();
+    }
+}

@@ -1,0 +1,126 @@
+//! Starts every service of the bootserver and runs them until one fails or shutdown.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use prometheus_client::registry::Registry;
+
+use crate::backend::MachineBackend;
+use crate::config::{DhcpMode, Settings};
+use crate::dhcp::{self, DhcpError, Responder};
+use crate::http::{self, AppState};
+use crate::leases::{FileStore, LeaseError, LeaseStore, MemoryStore};
+use crate::metrics::Metrics;
+use crate::tftp::{self, TftpError};
+
+/// Why the bootserver stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// DHCP failed.
+    #[error(transparent)]
+    Dhcp(#[from] DhcpError),
+    /// The lease store failed.
+    #[error(transparent)]
+    Leases(#[from] LeaseError),
+    /// TFTP failed.
+    #[error(transparent)]
+    Tftp(#[from] TftpError),
+    /// A service task panicked or was cancelled.
+    #[error("a bootserver service stopped: {0}")]
+    Task(String),
+    /// HTTP failed.
+    #[error("HTTP on {addr}: {source}")]
+    Http {
+        /// Where.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Runs DHCP (full or proxy), TFTP and HTTP until one of them fails or `shutdown` resolves.
+pub async fn run(
+    settings: Settings,
+    backend: Arc<dyn MachineBackend>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), ServerError> {
+    let settings = Arc::new(settings);
+    let mut registry = Registry::default();
+    let metrics = Arc::new(Metrics::register(&mut registry));
+    let leases: Arc<dyn LeaseStore> = match settings.dhcp_mode {
+        DhcpMode::Full => Arc::new(FileStore::open(&settings.lease_file)?),
+        DhcpMode::Proxy | DhcpMode::Off => Arc::new(MemoryStore::default()),
+    };
+    let responder = Arc::new(Responder::new(
+        settings.clone(),
+        backend.clone(),
+        leases.clone(),
+    ));
+
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut ports = Vec::new();
+    match settings.dhcp_mode {
+        DhcpMode::Full => ports.push(settings.dhcp_port),
+        DhcpMode::Proxy => ports.extend([settings.dhcp_port, settings.proxy_port]),
+        DhcpMode::Off => {}
+    }
+    for port in ports {
+        let socket = dhcp::open_socket(&settings, port)?;
+        tracing::info!(port, interface = ?settings.interface, mode = ?settings.dhcp_mode, "DHCP listening");
+        let (responder, leases, metrics) = (responder.clone(), leases.clone(), metrics.clone());
+        tasks.spawn(async move {
+            dhcp::serve(socket, port, responder, leases, metrics).await;
+            Ok(())
+        });
+    }
+
+    let tftp_addr = SocketAddr::from((settings.server_address, settings.tftp_port));
+    let tftp_root = settings.tftp_root.clone();
+    let tftp_metrics = metrics.clone();
+    tracing::info!(addr = %tftp_addr, root = %tftp_root.display(), "TFTP listening");
+    tasks.spawn(async move {
+        tftp::serve(tftp_addr, &tftp_root, tftp_metrics)
+            .await
+            .map_err(ServerError::from)
+    });
+
+    let http_addr = settings.http_listen();
+    let listener = tokio::net::TcpListener::bind(http_addr)
+        .await
+        .map_err(|source| ServerError::Http {
+            addr: http_addr,
+            source,
+        })?;
+    tracing::info!(addr = %http_addr, images = %settings.images_dir.display(), "HTTP listening");
+    let app = http::router(AppState {
+        settings: settings.clone(),
+        backend,
+        leases,
+        metrics,
+        registry: Arc::new(registry),
+    });
+    tasks.spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .map_err(|source| ServerError::Http {
+            addr: http_addr,
+            source,
+        })
+    });
+
+    tokio::select! {
+        () = shutdown => {
+            tracing::info!("shutting down");
+            Ok(())
+        }
+        Some(result) = tasks.join_next() => match result {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(error),
+            Err(join) => Err(ServerError::Task(join.to_string())),
+        },
+    }
+}
