@@ -92,13 +92,22 @@ struct Offers {
     by_ip: HashMap<Ipv4Addr, MacAddr>,
     /// Per subnet: where the next pool scan starts, so that allocation is O(1) amortised.
     cursor: HashMap<Ipv4Addr, u32>,
+    /// Holds made, to sweep expired ones periodically.
+    holds: u64,
 }
 
 impl Offers {
-    fn hold(&mut self, mac: MacAddr, ip: Ipv4Addr, until: u64) {
+    fn hold(&mut self, mac: MacAddr, ip: Ipv4Addr, until: u64, now: u64) {
         self.forget(mac);
         self.by_mac.insert(mac, (ip, until));
         self.by_ip.insert(ip, mac);
+        self.holds += 1;
+        // Expired holds are swept now and then: amortised O(1) per hold.
+        if self.holds.is_multiple_of(4096) {
+            self.by_mac.retain(|_, (_, until)| *until > now);
+            let by_mac = &self.by_mac;
+            self.by_ip.retain(|_, mac| by_mac.contains_key(mac));
+        }
     }
 
     fn forget(&mut self, mac: MacAddr) {
@@ -381,7 +390,7 @@ impl Responder {
                 else {
                     return Decision::Drop("pool exhausted");
                 };
-                offers.hold(mac, ip, now + OFFER_HOLD.as_secs());
+                offers.hold(mac, ip, now + OFFER_HOLD.as_secs(), now);
                 let mut reply = self.reply(request, MessageType::Offer);
                 reply.set_yiaddr(ip);
                 self.add_config(&mut reply, subnet, machine);
@@ -424,7 +433,9 @@ impl Responder {
                         commit: None,
                     };
                 }
-                offers.forget(mac);
+                // Keep holding the address while the lease is being made durable (the
+                // index learns it only then): no other client may be offered it meanwhile.
+                offers.hold(mac, asked, now + OFFER_HOLD.as_secs(), now);
                 let mut reply = self.reply(request, MessageType::Ack);
                 reply.set_yiaddr(asked);
                 reply.set_ciaddr(request.ciaddr());

@@ -5,4 +5,6 @@
 //! main job a person runs.
 
 pub mod cluster;
+pub mod netns;
+pub mod qemu;
 pub mod setup;

@@ -1,0 +1,203 @@
+//! `dhcp-load`: a DHCP load generator that acts as a relay agent (like Kea's perfdhcp):
+//! it runs DISCOVER → OFFER → REQUEST → ACK for many simulated clients from one UDP socket
+//! on port 67 of `--relay`, and prints DORA/s. With `--leases-out` it writes every
+//! acknowledged lease as `<mac> <ip>` lines, which the crash tests compare across restarts.
+//!
+//! ```sh
+//! ip netns exec <client-ns> dhcp-load --relay 10.99.0.2 --server 10.99.0.1 --clients 5000
+//! ```
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use dhcproto::v4::{DhcpOption, Flags, HType, Message, MessageType, Opcode, OptionCode};
+use dhcproto::{Decodable, Decoder, Encodable};
+use tokio::net::UdpSocket;
+
+/// Runs DORA for many simulated clients through a relay socket.
+#[derive(Debug, Parser)]
+struct Args {
+    /// The relay address (ours, in the client namespace); replies come to it on port 67.
+    #[arg(long)]
+    relay: Ipv4Addr,
+    /// The DHCP server.
+    #[arg(long)]
+    server: Ipv4Addr,
+    /// Number of clients.
+    #[arg(long, default_value_t = 1000)]
+    clients: u32,
+    /// First client index (MACs are 02:00:<index as 4 bytes>), so runs can reuse or extend
+    /// the same clients.
+    #[arg(long, default_value_t = 0)]
+    first: u32,
+    /// Transactions in flight at once.
+    #[arg(long, default_value_t = 64)]
+    window: usize,
+    /// Give up on a client after this many seconds without an answer.
+    #[arg(long, default_value_t = 3)]
+    timeout_seconds: u64,
+    /// Write each acknowledged lease as `<mac> <ip>` to this file.
+    #[arg(long)]
+    leases_out: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    Discovering,
+    Requesting(Ipv4Addr, Ipv4Addr),
+}
+
+fn mac_of(index: u32) -> [u8; 6] {
+    let b = index.to_be_bytes();
+    [0x02, 0x00, b[0], b[1], b[2], b[3]]
+}
+
+fn request(index: u32, relay: Ipv4Addr, phase: Phase) -> Message {
+    let mut m = Message::default();
+    m.set_opcode(Opcode::BootRequest)
+        .set_htype(HType::Eth)
+        .set_xid(index)
+        .set_flags(Flags::default())
+        .set_giaddr(relay)
+        .set_chaddr(&mac_of(index));
+    let opts = m.opts_mut();
+    match phase {
+        Phase::Discovering => {
+            opts.insert(DhcpOption::MessageType(MessageType::Discover));
+        }
+        Phase::Requesting(ip, server) => {
+            opts.insert(DhcpOption::MessageType(MessageType::Request));
+            opts.insert(DhcpOption::RequestedIpAddress(ip));
+            opts.insert(DhcpOption::ServerIdentifier(server));
+        }
+    }
+    m
+}
+
+fn format_mac(mac: &[u8]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args).await {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(error) => {
+            eprintln!("dhcp-load: {error}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(args: Args) -> std::io::Result<bool> {
+    let socket = UdpSocket::bind(SocketAddrV4::new(args.relay, 67)).await?;
+    let server = SocketAddrV4::new(args.server, 67);
+    let mut out = match &args.leases_out {
+        Some(path) => Some(std::io::BufWriter::new(std::fs::File::create(path)?)),
+        None => None,
+    };
+    let last = args.first + args.clients;
+    let mut next = args.first;
+    let mut in_flight: HashMap<u32, (Phase, Instant, u8)> = HashMap::new();
+    let (mut acked, mut naks, mut lost) = (0u32, 0u32, 0u32);
+    let started = Instant::now();
+    let mut buf = vec![0u8; 1500];
+    let retry = Duration::from_millis(1000);
+    let give_up = Duration::from_secs(args.timeout_seconds);
+    loop {
+        while in_flight.len() < args.window && next < last {
+            let bytes = request(next, args.relay, Phase::Discovering)
+                .to_vec()
+                .map_err(std::io::Error::other)?;
+            socket.send_to(&bytes, server).await?;
+            in_flight.insert(next, (Phase::Discovering, Instant::now(), 0));
+            next += 1;
+        }
+        if in_flight.is_empty() {
+            break;
+        }
+        match tokio::time::timeout(Duration::from_millis(200), socket.recv_from(&mut buf)).await {
+            Ok(Ok((len, _))) => {
+                let Some(reply) = buf
+                    .get(..len)
+                    .and_then(|b| Message::decode(&mut Decoder::new(b)).ok())
+                else {
+                    continue;
+                };
+                let xid = reply.xid();
+                let Some((phase, _, _)) = in_flight.get(&xid).copied() else {
+                    continue;
+                };
+                match (phase, reply.opts().msg_type()) {
+                    (Phase::Discovering, Some(MessageType::Offer)) => {
+                        let server_id = match reply.opts().get(OptionCode::ServerIdentifier) {
+                            Some(DhcpOption::ServerIdentifier(s)) => *s,
+                            _ => args.server,
+                        };
+                        let phase = Phase::Requesting(reply.yiaddr(), server_id);
+                        let bytes = request(xid, args.relay, phase)
+                            .to_vec()
+                            .map_err(std::io::Error::other)?;
+                        socket.send_to(&bytes, server).await?;
+                        in_flight.insert(xid, (phase, Instant::now(), 0));
+                    }
+                    (Phase::Requesting(..), Some(MessageType::Ack)) => {
+                        in_flight.remove(&xid);
+                        acked += 1;
+                        if let Some(out) = out.as_mut() {
+                            writeln!(out, "{} {}", format_mac(reply.chaddr()), reply.yiaddr())?;
+                        }
+                    }
+                    (_, Some(MessageType::Nak)) => {
+                        in_flight.remove(&xid);
+                        naks += 1;
+                    }
+                    _ => {}
+                }
+            }
+            Ok(Err(error)) => return Err(error),
+            Err(_) => {}
+        }
+        // Retransmit what waited too long; give up on what waited far too long.
+        let now = Instant::now();
+        let mut resend = Vec::new();
+        in_flight.retain(|xid, (phase, sent, tries)| {
+            let waited = now - *sent;
+            if waited > give_up {
+                lost += 1;
+                return false;
+            }
+            if waited > retry * u32::from(*tries + 1) {
+                *tries += 1;
+                resend.push((*xid, *phase));
+            }
+            true
+        });
+        for (xid, phase) in resend {
+            let bytes = request(xid, args.relay, phase)
+                .to_vec()
+                .map_err(std::io::Error::other)?;
+            socket.send_to(&bytes, server).await?;
+        }
+    }
+    if let Some(out) = out.as_mut() {
+        out.flush()?;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    println!(
+        "clients={} acked={acked} naks={naks} lost={lost} seconds={seconds:.2} dora_per_second={:.0}",
+        args.clients,
+        f64::from(acked) / seconds
+    );
+    Ok(acked == args.clients)
+}

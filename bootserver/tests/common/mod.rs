@@ -1,0 +1,217 @@
+//! Shared by the bootserver's network tests: a provisioning link in network namespaces that
+//! the test creates, and the bootserver binary running in the server's namespace.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, dead_code)] // a panic is the test failure report
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use unbounded_testbed::netns::Netns;
+
+/// The server's address on every test link.
+pub const SERVER: &str = "10.99.0.1";
+
+/// A bootserver process in a namespace, killed on drop.
+pub struct Bootserver {
+    child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    log: PathBuf,
+    ns_name: String,
+}
+
+impl Bootserver {
+    /// Writes `config` (with `{dir}` replaced by the server's state directory) and starts the
+    /// bootserver in `ns`; waits until HTTP answers.
+    pub fn start(ns: &Netns, config: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let config_path = dir.path().join("bootserver.yaml");
+        std::fs::write(
+            &config_path,
+            config.replace("{dir}", &dir.path().display().to_string()),
+        )
+        .unwrap();
+        let mut server = Self {
+            child: None,
+            log: dir.path().join("bootserver.log"),
+            dir,
+            config: config_path,
+            ns_name: ns.name().to_owned(),
+        };
+        server.spawn(ns);
+        server
+    }
+
+    fn spawn(&mut self, ns: &Netns) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = ns
+            .command("setpriv")
+            .args(["--pdeathsig", "KILL", "--"])
+            .arg(env!("CARGO_BIN_EXE_unbounded-bootserver"))
+            .arg("--config")
+            .arg(&self.config)
+            .env("RUST_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ok = ns
+                .exec(&[
+                    "curl",
+                    "-sf",
+                    "-o",
+                    "/dev/null",
+                    &format!("http://{SERVER}:8080/healthz"),
+                ])
+                .is_ok();
+            if ok {
+                return;
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("bootserver exited with {status}:\n{}", self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "bootserver not up:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Kills the server with SIGKILL (a crash) and starts it again on the same state.
+    pub fn crash_and_restart(&mut self, ns: &Netns) {
+        self.kill();
+        self.spawn(ns);
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    /// What the server logged.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The server's Prometheus metrics, fetched from inside its namespace.
+    pub fn metrics(&self, ns: &Netns) -> String {
+        let out = ns
+            .exec(&["curl", "-sf", &format!("http://{SERVER}:8080/metrics")])
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.ns_name
+    }
+}
+
+impl Drop for Bootserver {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The sum of a metric's samples whose line contains `filter`.
+pub fn metric(text: &str, name: &str, filter: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(filter))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A full-DHCP configuration for the test link; `extra_machines` is YAML list items.
+pub fn full_config(images: &Path, extra_machines: &str) -> String {
+    format!(
+        r#"interface: pxe0
+serverAddress: {SERVER}
+dhcp:
+  mode: full
+  leaseFile: "{{dir}}/leases.log"
+  subnets:
+    - subnet: 10.99.0.0/24
+      pool: [10.99.0.100, 10.99.0.250]
+      gateway: {SERVER}
+      dns: [{SERVER}]
+      domain: lab.test
+      leaseSeconds: 600
+tftp: {{root: /usr/lib/ipxe}}
+http: {{port: 8080, imagesDir: "{images}"}}
+machines:
+  - name: node-1
+    macs: ["52:54:00:00:00:01"]
+    ipv4: 10.99.0.21
+    firmware: bios
+    boot: {{kernel: vmlinuz, initrd: initrd.img, args: [console=ttyS0]}}
+  - name: node-2
+    macs: ["52:54:00:00:00:02"]
+    firmware: uefi
+    boot: {{kernel: vmlinuz, initrd: initrd.img, args: [console=ttyS0]}}
+{extra_machines}"#,
+        images = images.display()
+    )
+}
+
+/// A directory with a small "kernel" and "initrd" for HTTP tests (the PXE tests use the
+/// real marker image instead).
+pub fn fake_images() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let kernel: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(dir.path().join("vmlinuz"), kernel).unwrap();
+    std::fs::write(dir.path().join("initrd.img"), b"initrd").unwrap();
+    dir
+}
+
+/// Runs busybox udhcpc once in `ns` with extra arguments; returns the environment its
+/// script saw on "bound" (empty when no lease was obtained) and its output.
+pub fn udhcpc(ns: &Netns, extra: &[&str]) -> (Vec<(String, String)>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let env_file = dir.path().join("env");
+    let script = dir.path().join("script.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n[ \"$1\" = bound ] && env > {}\nexit 0\n",
+            env_file.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut args = vec![
+        "busybox", "udhcpc", "-i", "eth0", "-n", "-q", "-f", "-t", "4", "-T", "1", "-A", "1",
+    ];
+    let script_arg = script.display().to_string();
+    args.extend(["-s", &script_arg]);
+    args.extend_from_slice(extra);
+    let mut command = ns.command(args[0]);
+    command.args(&args[1..]);
+    let output = command.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let env = std::fs::read_to_string(&env_file)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
+        .collect();
+    (env, text)
+}
+
+pub fn get<'a>(env: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    env.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+}

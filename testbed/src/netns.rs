@@ -1,0 +1,143 @@
+//! Network namespaces that a test creates for itself: a provisioning link between a
+//! "server" and a "client" namespace (a veth pair), or a tap device for a QEMU VM. Nothing
+//! touches the host's own interfaces; everything is deleted when the value is dropped.
+
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Errors of namespace plumbing.
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    /// A command failed.
+    #[error("{command}: {message}")]
+    Command {
+        /// The command line.
+        command: String,
+        /// Its stderr, or why it could not run.
+        message: String,
+    },
+}
+
+fn run(args: &[&str]) -> Result<Output, NetnsError> {
+    let output = Command::new(args[0])
+        .args(&args[1..])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| NetnsError::Command {
+            command: args.join(" "),
+            message: e.to_string(),
+        })?;
+    if !output.status.success() {
+        return Err(NetnsError::Command {
+            command: args.join(" "),
+            message: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+        });
+    }
+    Ok(output)
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A unique short name (interface names have at most 15 characters).
+pub fn unique(prefix: &str) -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}{}x{n}", std::process::id() % 100_000)
+}
+
+/// One network namespace, deleted on drop.
+#[derive(Debug)]
+pub struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// Creates a namespace with its loopback up.
+    pub fn new(prefix: &str) -> Result<Self, NetnsError> {
+        let name = unique(prefix);
+        run(&["ip", "netns", "add", &name])?;
+        let ns = Self { name };
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// The namespace's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs `ip <args>` inside the namespace.
+    pub fn ip(&self, args: &[&str]) -> Result<Output, NetnsError> {
+        let mut full = vec!["ip", "-n", &self.name];
+        full.extend_from_slice(args);
+        run(&full)
+    }
+
+    /// A command that runs inside the namespace.
+    pub fn command(&self, program: &str) -> Command {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &self.name, program]);
+        command
+    }
+
+    /// Runs a command inside the namespace and returns its output, failing on a non-zero exit.
+    pub fn exec(&self, args: &[&str]) -> Result<Output, NetnsError> {
+        let mut full = vec!["ip", "netns", "exec", &self.name];
+        full.extend_from_slice(args);
+        run(&full)
+    }
+
+    /// Creates a tap device (for QEMU) with an address, up.
+    pub fn tap(&self, name: &str, address_cidr: &str) -> Result<(), NetnsError> {
+        self.ip(&["tuntap", "add", "dev", name, "mode", "tap"])?;
+        self.ip(&["addr", "add", address_cidr, "dev", name])?;
+        self.ip(&["link", "set", name, "up"])?;
+        Ok(())
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = run(&["ip", "netns", "del", &self.name]);
+    }
+}
+
+/// Two namespaces joined by a veth pair: the server side gets `server_cidr`, the client side
+/// gets `client_mac` and no address (a DHCP client configures it).
+#[derive(Debug)]
+pub struct Link {
+    /// The server's namespace.
+    pub server: Netns,
+    /// The client's namespace.
+    pub client: Netns,
+    /// The server's interface name.
+    pub server_if: String,
+    /// The client's interface name.
+    pub client_if: String,
+}
+
+impl Link {
+    /// Creates both namespaces and the veth pair between them.
+    pub fn new(server_cidr: &str, client_mac: &str) -> Result<Self, NetnsError> {
+        let server = Netns::new("ubs")?;
+        let client = Netns::new("ubc")?;
+        let server_if = "pxe0".to_owned();
+        let client_if = "eth0".to_owned();
+        let a = unique("va");
+        let b = unique("vb");
+        run(&["ip", "link", "add", &a, "type", "veth", "peer", "name", &b])?;
+        run(&["ip", "link", "set", &a, "netns", server.name()])?;
+        run(&["ip", "link", "set", &b, "netns", client.name()])?;
+        server.ip(&["link", "set", &a, "name", &server_if])?;
+        client.ip(&["link", "set", &b, "name", &client_if])?;
+        client.ip(&["link", "set", &client_if, "address", client_mac])?;
+        server.ip(&["addr", "add", server_cidr, "dev", &server_if])?;
+        server.ip(&["link", "set", &server_if, "up"])?;
+        client.ip(&["link", "set", &client_if, "up"])?;
+        Ok(Self {
+            server,
+            client,
+            server_if,
+            client_if,
+        })
+    }
+}

@@ -1,0 +1,179 @@
+//! QEMU VMs that network-boot from a tap device in a test's namespace, with the serial
+//! console in a file so that a test can wait for what the booted system prints.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::netns::Netns;
+
+/// Errors of VM handling.
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    /// QEMU could not start.
+    #[error("starting QEMU: {0}")]
+    Start(String),
+    /// The marker did not appear in time.
+    #[error("no {marker:?} on the serial console after {seconds} s; the console said:\n{console}")]
+    Timeout {
+        /// What was awaited.
+        marker: String,
+        /// How long.
+        seconds: u64,
+        /// The tail of the console.
+        console: String,
+    },
+}
+
+/// The firmware a VM boots with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Firmware {
+    /// SeaBIOS; the NIC's iPXE ROM does the network boot.
+    Bios,
+    /// OVMF with the NIC ROM disabled: OVMF's own PXE fetches iPXE over TFTP.
+    UefiPxe,
+}
+
+/// The accelerator: KVM only when the CPU really offers hardware virtualisation (a nested,
+/// software `/dev/kvm` without vmx/svm aborts guests), else TCG.
+pub fn accelerator() -> &'static str {
+    let cpu_has_vt = std::fs::read_to_string("/proc/cpuinfo")
+        .is_ok_and(|c| c.split_whitespace().any(|w| w == "vmx" || w == "svm"));
+    if cpu_has_vt && Path::new("/dev/kvm").exists() {
+        "kvm"
+    } else {
+        "tcg"
+    }
+}
+
+/// OVMF's code and variables templates (Debian's `ovmf`).
+const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
+const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
+
+/// A running VM, killed on drop.
+#[derive(Debug)]
+pub struct Vm {
+    child: Child,
+    serial: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Vm {
+    /// Starts a VM in `ns` whose one NIC (`mac`) is attached to the tap device `tap`.
+    pub fn start(ns: &Netns, tap: &str, mac: &str, firmware: Firmware) -> Result<Self, VmError> {
+        let dir = tempfile::tempdir().map_err(|e| VmError::Start(e.to_string()))?;
+        let serial = dir.path().join("serial.log");
+        let mut command = ns.command("qemu-system-x86_64");
+        command.args([
+            "-accel",
+            accelerator(),
+            "-m",
+            "512",
+            "-nographic",
+            "-no-reboot",
+            "-monitor",
+            "none",
+            "-display",
+            "none",
+            "-netdev",
+            &format!("tap,id=n0,ifname={tap},script=no,downscript=no"),
+        ]);
+        command
+            .arg("-serial")
+            .arg(format!("file:{}", serial.display()));
+        match firmware {
+            Firmware::Bios => {
+                command.args([
+                    "-device",
+                    &format!("virtio-net-pci,netdev=n0,mac={mac},bootindex=1"),
+                ]);
+            }
+            Firmware::UefiPxe => {
+                let vars = dir.path().join("OVMF_VARS.fd");
+                std::fs::copy(OVMF_VARS, &vars).map_err(|e| VmError::Start(e.to_string()))?;
+                command
+                    .args([
+                        "-drive",
+                        &format!("if=pflash,format=raw,readonly=on,file={OVMF_CODE}"),
+                    ])
+                    .arg("-drive")
+                    .arg(format!("if=pflash,format=raw,file={}", vars.display()))
+                    .args([
+                        "-device",
+                        &format!("virtio-net-pci,netdev=n0,mac={mac},romfile=,bootindex=1"),
+                        // Skip the PXEv6 attempt (a minute of timeouts on an IPv4-only link).
+                        "-fw_cfg",
+                        "name=opt/org.tianocore/IPv6PXESupport,string=no",
+                    ]);
+            }
+        }
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| VmError::Start(e.to_string()))?;
+        Ok(Self {
+            child,
+            serial,
+            _dir: dir,
+        })
+    }
+
+    /// What the serial console printed so far.
+    pub fn console(&self) -> String {
+        std::fs::read(&self.serial)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Waits until a console line contains `marker`, and returns that line.
+    pub fn wait_for(&self, marker: &str, timeout: Duration) -> Result<String, VmError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let console = self.console();
+            if let Some(line) = console.lines().find(|l| l.contains(marker)) {
+                return Ok(line[line.find(marker).unwrap_or(0)..].trim().to_owned());
+            }
+            if Instant::now() > deadline {
+                let tail: String = console
+                    .chars()
+                    .rev()
+                    .take(3000)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect();
+                return Err(VmError::Timeout {
+                    marker: marker.to_owned(),
+                    seconds: timeout.as_secs(),
+                    console: tail,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Builds (once) the marker image: Debian's kernel and a busybox initramfs that prints
+/// `UNBOUNDED-MARKER <kernel command line>` on the serial console and powers off.
+pub fn marker_image() -> Result<PathBuf, VmError> {
+    let dir = crate::cluster::cache_dir().join("marker");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/build-marker-image.sh");
+    let status = std::process::Command::new("bash")
+        .arg(&script)
+        .arg(&dir)
+        .status()
+        .map_err(|e| VmError::Start(format!("running {}: {e}", script.display())))?;
+    if !status.success() {
+        return Err(VmError::Start(format!("{} failed", script.display())));
+    }
+    Ok(dir)
+}
