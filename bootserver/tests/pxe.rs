@@ -82,6 +82,14 @@ fn boot_to_marker(mode: &str, firmware: Firmware, mac: &str, machine: &str) {
         line.contains("unbounded.bootserver=http://10.99.0.1:8080"),
         "{line}"
     );
+    if firmware == Firmware::UefiPxe {
+        // OVMF's own PXE loaded iPXE from our TFTP server.
+        let metrics = server.metrics(&ns);
+        assert!(
+            metric(&metrics, "unbounded_bootserver_tftp_transfers_total", "") >= 1.0,
+            "{metrics}"
+        );
+    }
 }
 
 #[test]
@@ -183,10 +191,15 @@ fn bios_boots_to_the_marker_with_proxy_dhcp_beside_dnsmasq() {
         started.elapsed().as_secs_f64()
     );
     assert!(line.contains("unbounded.machine=bios-node"), "{line}");
-    // The address came from dnsmasq's range, never from us.
+    // We answered with boot information; the address is dnsmasq's (we have no pool here).
     let metrics = server.metrics(&ns);
     assert!(
         metric(&metrics, "unbounded_bootserver_dhcp_sent_total", "") >= 1.0,
         "{metrics}"
+    );
+    let leases = std::fs::read_to_string(dnsmasq.dir.path().join("leases")).unwrap();
+    assert!(
+        leases.contains("52:54:00:00:01:01 10.99.0."),
+        "dnsmasq leased the address: {leases}"
     );
 }
