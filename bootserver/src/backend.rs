@@ -108,8 +108,8 @@ pub trait MachineBackend: Send + Sync + 'static {
     /// The machine with this name, if any.
     fn machine_by_name(&self, name: &str) -> Option<Arc<MachineRecord>>;
 
-    /// Every static IPv4 reservation, so that pools never hand these addresses to others.
-    fn reservations(&self) -> Vec<(MacAddr, Ipv4Addr)>;
+    /// The machine an IPv4 address is reserved for, so that pools never hand it to others.
+    fn reserved_by(&self, ip: Ipv4Addr) -> Option<Arc<MachineRecord>>;
 
     /// Whether the backend has its data (the Kubernetes caches have synced).
     fn is_ready(&self) -> bool;
@@ -119,6 +119,7 @@ pub trait MachineBackend: Send + Sync + 'static {
 #[derive(Debug, Default)]
 pub struct StaticBackend {
     by_mac: HashMap<MacAddr, Arc<MachineRecord>>,
+    by_ip: HashMap<Ipv4Addr, Arc<MachineRecord>>,
     machines: Vec<Arc<MachineRecord>>,
 }
 
@@ -129,7 +130,15 @@ impl StaticBackend {
             .iter()
             .flat_map(|m| m.macs.iter().map(move |mac| (*mac, m.clone())))
             .collect();
-        Self { by_mac, machines }
+        let by_ip = machines
+            .iter()
+            .filter_map(|m| Some((m.ipv4?, m.clone())))
+            .collect();
+        Self {
+            by_mac,
+            by_ip,
+            machines,
+        }
     }
 }
 
@@ -142,11 +151,8 @@ impl MachineBackend for StaticBackend {
         self.machines.iter().find(|m| m.name == name).cloned()
     }
 
-    fn reservations(&self) -> Vec<(MacAddr, Ipv4Addr)> {
-        self.machines
-            .iter()
-            .filter_map(|m| Some((*m.macs.first()?, m.ipv4?)))
-            .collect()
+    fn reserved_by(&self, ip: Ipv4Addr) -> Option<Arc<MachineRecord>> {
+        self.by_ip.get(&ip).cloned()
     }
 
     fn is_ready(&self) -> bool {

@@ -3,6 +3,7 @@
 //! ```yaml
 //! interface: pxe0                 # DHCP binds to this interface only
 //! serverAddress: 10.99.0.1        # our IPv4 on it: next-server, TFTP and HTTP address
+//! backend: file                   # file (the machines below) | kubernetes (Machines)
 //! dhcp:
 //!   mode: full                    # full | proxy | off
 //!   leaseFile: /var/lib/unbounded/leases.log
@@ -72,6 +73,17 @@ pub enum DhcpMode {
     Off,
 }
 
+/// Where the bootserver learns about machines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// The `machines` list of this file (standalone mode, no cluster).
+    #[default]
+    File,
+    /// `provider: pxe` Machines of the cluster (in-cluster config or `KUBECONFIG`).
+    Kubernetes,
+}
+
 /// What to do with a PXE client whose MAC no machine has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -88,6 +100,8 @@ pub enum UnknownMachines {
 struct File {
     interface: Option<String>,
     server_address: Ipv4Addr,
+    #[serde(default)]
+    backend: BackendKind,
     #[serde(default)]
     dhcp: DhcpFile,
     #[serde(default)]
@@ -214,6 +228,8 @@ pub struct Settings {
     pub interface: Option<String>,
     /// Our IPv4 address on the provisioning network.
     pub server_address: Ipv4Addr,
+    /// Where machines come from.
+    pub backend: BackendKind,
     /// DHCP mode.
     pub dhcp_mode: DhcpMode,
     /// Subnets with pools (full mode).
@@ -282,10 +298,17 @@ impl Settings {
                 "dhcp.uefiBootFile must be ipxe.efi or snponly.efi, not {uefi_boot_file:?}"
             )));
         }
+        if file.backend == BackendKind::Kubernetes && !file.machines.is_empty() {
+            return Err(ConfigError::Invalid(
+                "backend kubernetes takes machines from the cluster: remove the machines list"
+                    .into(),
+            ));
+        }
         let machines = validate_machines(file.machines, &subnets)?;
         Ok(Self {
             interface: file.interface,
             server_address: file.server_address,
+            backend: file.backend,
             dhcp_mode: file.dhcp.mode,
             subnets,
             lease_file: file
@@ -475,6 +498,11 @@ machines:
                 "duplicate MAC",
                 "serverAddress: 10.0.0.1\ndhcp: {mode: proxy}\nmachines: [{name: a, macs: ['52:54:00:00:00:01']}, {name: b, macs: ['52:54:00:00:00:01']}]\n",
                 "also machine a's",
+            ),
+            (
+                "machines with the kubernetes backend",
+                "serverAddress: 10.0.0.1\nbackend: kubernetes\ndhcp: {mode: proxy}\nmachines: [{name: a, macs: ['52:54:00:00:00:01']}]\n",
+                "remove the machines list",
             ),
             (
                 "bad MAC",

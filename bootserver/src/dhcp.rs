@@ -273,9 +273,8 @@ impl Responder {
 
     fn is_reserved_for_other(&self, ip: Ipv4Addr, mac: MacAddr) -> bool {
         self.backend
-            .reservations()
-            .iter()
-            .any(|(m, r)| *r == ip && *m != mac)
+            .reserved_by(ip)
+            .is_some_and(|m| !m.macs.contains(&mac))
     }
 
     /// Whether `ip` may be given to `mac` now.

@@ -10,6 +10,7 @@ pub mod boot;
 pub mod config;
 pub mod dhcp;
 pub mod http;
+pub mod kube_backend;
 pub mod leases;
 pub mod metrics;
 pub mod server;

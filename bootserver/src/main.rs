@@ -5,8 +5,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use unbounded_bootserver::backend::StaticBackend;
-use unbounded_bootserver::config::Settings;
+use unbounded_bootserver::backend::{MachineBackend, StaticBackend};
+use unbounded_bootserver::config::{BackendKind, Settings};
+use unbounded_bootserver::kube_backend::KubeBackend;
 
 /// Network-boots machines: DHCP or ProxyDHCP, TFTP and HTTP (iPXE).
 #[derive(Debug, Parser)]
@@ -47,7 +48,19 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let backend = Arc::new(StaticBackend::new(settings.machines.clone()));
+    let backend: Arc<dyn MachineBackend> = match settings.backend {
+        BackendKind::File => Arc::new(StaticBackend::new(settings.machines.clone())),
+        BackendKind::Kubernetes => match runtime.block_on(kube::Client::try_default()) {
+            Ok(client) => {
+                let _guard = runtime.enter();
+                KubeBackend::start(client)
+            }
+            Err(error) => {
+                eprintln!("unbounded-bootserver: connecting to the cluster: {error}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };

@@ -61,8 +61,11 @@ pub async fn run(
     let mut tasks = tokio::task::JoinSet::new();
     let mut ports = Vec::new();
     match settings.dhcp_mode {
-        DhcpMode::Full => ports.push(settings.dhcp_port),
-        DhcpMode::Proxy => ports.extend([settings.dhcp_port, settings.proxy_port]),
+        // Both modes answer the PXE boot-server requests on 4011: UEFI PXE firmware sends
+        // one after an offer that carries "PXEClient" without boot-menu vendor options.
+        DhcpMode::Full | DhcpMode::Proxy => {
+            ports.extend([settings.dhcp_port, settings.proxy_port]);
+        }
         DhcpMode::Off => {}
     }
     for port in ports {

@@ -1,7 +1,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
 //! Real firmware network-boots through the bootserver, in standalone mode: QEMU (TCG on
-//! machines without usable KVM) with SeaBIOS and its NIC's iPXE ROM, and with OVMF's own
-//! PXE fetching iPXE over TFTP; in full-DHCP mode and in ProxyDHCP mode beside dnsmasq. Each
+//! machines without usable KVM) with SeaBIOS and its NIC's iPXE ROM, with OVMF's own PXE
+//! fetching iPXE over TFTP, and with UEFI HTTP boot; in full-DHCP mode and in ProxyDHCP mode
+//! beside dnsmasq. Each
 //! boot ends in the marker image, which prints its kernel command line: the test reads the
 //! machine's identity from it.
 
@@ -82,6 +83,18 @@ fn boot_to_marker(mode: &str, firmware: Firmware, mac: &str, machine: &str) {
         line.contains("unbounded.bootserver=http://10.99.0.1:8080"),
         "{line}"
     );
+    if std::env::var_os("UNBOUNDED_SHOW_CONSOLE").is_some() {
+        eprintln!("{}", vm.console());
+    }
+    if firmware == Firmware::UefiHttp {
+        // With PXE off, OVMF can only have loaded iPXE over HTTP.
+        let metrics = server.metrics(&ns);
+        assert_eq!(
+            metric(&metrics, "unbounded_bootserver_tftp_transfers_total", ""),
+            0.0,
+            "{metrics}"
+        );
+    }
     if firmware == Firmware::UefiPxe {
         // OVMF's own PXE loaded iPXE from our TFTP server.
         let metrics = server.metrics(&ns);
@@ -95,6 +108,11 @@ fn boot_to_marker(mode: &str, firmware: Firmware, mac: &str, machine: &str) {
 #[test]
 fn bios_boots_to_the_marker_with_full_dhcp() {
     boot_to_marker("full", Firmware::Bios, "52:54:00:00:01:01", "bios-node");
+}
+
+#[test]
+fn uefi_http_boot_reaches_the_marker_with_full_dhcp() {
+    boot_to_marker("full", Firmware::UefiHttp, "52:54:00:00:01:02", "uefi-node");
 }
 
 #[test]

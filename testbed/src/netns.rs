@@ -141,3 +141,75 @@ impl Link {
         })
     }
 }
+
+/// A TCP port inside a namespace that reaches a TCP address of the host's loopback (the
+/// local API server), through a Unix socket: one `socat` listens in the namespace, one in
+/// the host connects. Both are killed on drop.
+#[derive(Debug)]
+pub struct LoopbackForward {
+    children: Vec<std::process::Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl LoopbackForward {
+    /// Forwards `127.0.0.1:<port>` inside `ns` to `target` (e.g. `127.0.0.1:6443`) outside.
+    pub fn new(ns: &Netns, port: u16, target: &str) -> Result<Self, NetnsError> {
+        let dir = tempfile::tempdir().map_err(|e| NetnsError::Command {
+            command: "tempdir".into(),
+            message: e.to_string(),
+        })?;
+        let socket = dir.path().join("forward.sock");
+        let spawn = |command: &mut Command| {
+            command
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| NetnsError::Command {
+                    command: format!("{command:?}"),
+                    message: e.to_string(),
+                })
+        };
+        let outside = spawn(
+            Command::new("socat")
+                .arg(format!("UNIX-LISTEN:{},fork", socket.display()))
+                .arg(format!("TCP:{target}")),
+        )?;
+        let mut children = vec![outside];
+        // The listening socket appears asynchronously.
+        for _ in 0..100 {
+            if socket.exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let inside = spawn(
+            ns.command("socat")
+                .arg(format!("TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork"))
+                .arg(format!("UNIX-CONNECT:{}", socket.display())),
+        );
+        match inside {
+            Ok(child) => children.push(child),
+            Err(e) => {
+                for mut c in children {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                return Err(e);
+            }
+        }
+        Ok(Self {
+            children,
+            _dir: dir,
+        })
+    }
+}
+
+impl Drop for LoopbackForward {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

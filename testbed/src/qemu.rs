@@ -32,6 +32,8 @@ pub enum Firmware {
     Bios,
     /// OVMF with the NIC ROM disabled: OVMF's own PXE fetches iPXE over TFTP.
     UefiPxe,
+    /// OVMF with the NIC ROM disabled and PXE turned off: UEFI HTTP boot fetches iPXE.
+    UefiHttp,
 }
 
 /// The accelerator: KVM only when the CPU really offers hardware virtualisation (a nested,
@@ -88,7 +90,7 @@ impl Vm {
                     &format!("virtio-net-pci,netdev=n0,mac={mac},bootindex=1"),
                 ]);
             }
-            Firmware::UefiPxe => {
+            Firmware::UefiPxe | Firmware::UefiHttp => {
                 let vars = dir.path().join("OVMF_VARS.fd");
                 std::fs::copy(OVMF_VARS, &vars).map_err(|e| VmError::Start(e.to_string()))?;
                 command
@@ -105,6 +107,9 @@ impl Vm {
                         "-fw_cfg",
                         "name=opt/org.tianocore/IPv6PXESupport,string=no",
                     ]);
+                if firmware == Firmware::UefiHttp {
+                    command.args(["-fw_cfg", "name=opt/org.tianocore/IPv4PXESupport,string=no"]);
+                }
             }
         }
         let child = command

@@ -19,12 +19,18 @@ pub struct Bootserver {
     pub config: PathBuf,
     log: PathBuf,
     ns_name: String,
+    env: Vec<(String, String)>,
 }
 
 impl Bootserver {
     /// Writes `config` (with `{dir}` replaced by the server's state directory) and starts the
     /// bootserver in `ns`; waits until HTTP answers.
     pub fn start(ns: &Netns, config: &str) -> Self {
+        Self::start_with_env(ns, config, &[])
+    }
+
+    /// [`Bootserver::start`] with extra environment variables (such as `KUBECONFIG`).
+    pub fn start_with_env(ns: &Netns, config: &str, env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config_path = dir.path().join("bootserver.yaml");
         std::fs::write(
@@ -38,6 +44,10 @@ impl Bootserver {
             dir,
             config: config_path,
             ns_name: ns.name().to_owned(),
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
         };
         server.spawn(ns);
         server
@@ -56,6 +66,7 @@ impl Bootserver {
             .arg("--config")
             .arg(&self.config)
             .env("RUST_LOG", "debug")
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
