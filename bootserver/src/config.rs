@@ -2,6 +2,7 @@
 //!
 //! ```yaml
 //! interface: pxe0                 # DHCP binds to this interface only
+//! routerAdvertisements: true      # IPv6 "no router here" adverts on it (iPXE stops waiting)
 //! serverAddress: 10.99.0.1        # our IPv4 on it: next-server, TFTP and HTTP address
 //! backend: file                   # file (the machines below) | kubernetes (Machines)
 //! dhcp:
@@ -99,6 +100,7 @@ pub enum UnknownMachines {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct File {
     interface: Option<String>,
+    router_advertisements: Option<bool>,
     server_address: Ipv4Addr,
     #[serde(default)]
     backend: BackendKind,
@@ -226,6 +228,9 @@ fn mask_bits(prefix: u8) -> u32 {
 pub struct Settings {
     /// The interface DHCP binds to (`SO_BINDTODEVICE`); `None` binds to all (tests only).
     pub interface: Option<String>,
+    /// Whether to send IPv6 router advertisements with lifetime 0 on `interface`
+    /// ([`crate::ra`]); on by default, off on a link with a real IPv6 router.
+    pub router_advertisements: bool,
     /// Our IPv4 address on the provisioning network.
     pub server_address: Ipv4Addr,
     /// Where machines come from.
@@ -307,6 +312,7 @@ impl Settings {
         let machines = validate_machines(file.machines, &subnets)?;
         Ok(Self {
             interface: file.interface,
+            router_advertisements: file.router_advertisements.unwrap_or(true),
             server_address: file.server_address,
             backend: file.backend,
             dhcp_mode: file.dhcp.mode,

@@ -13,5 +13,6 @@ pub mod http;
 pub mod kube_backend;
 pub mod leases;
 pub mod metrics;
+pub mod ra;
 pub mod server;
 pub mod tftp;

@@ -58,6 +58,18 @@ pub async fn run(
         leases.clone(),
     ));
 
+    if let Some(interface) = settings
+        .interface
+        .as_deref()
+        .filter(|_| settings.router_advertisements)
+    {
+        // Not fatal: without advertisements iPXE only boots ~13 s slower.
+        match crate::ra::start(interface) {
+            Ok(()) => tracing::info!(interface, "sending IPv6 router advertisements (lifetime 0)"),
+            Err(error) => tracing::warn!(%error, "router advertisements are off"),
+        }
+    }
+
     let mut tasks = tokio::task::JoinSet::new();
     let mut ports = Vec::new();
     match settings.dhcp_mode {
