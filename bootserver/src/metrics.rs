@@ -45,6 +45,8 @@ pub struct Metrics {
     pub tftp_transfers: Counter,
     /// TFTP transfers refused (missing file, hostile path).
     pub tftp_refused: Counter,
+    /// Bytes read from files for TFTP transfers.
+    pub tftp_bytes: Counter,
     /// HTTP requests, by route and status.
     pub http_requests: Family<RouteLabel, Counter>,
 }
@@ -82,6 +84,11 @@ impl Metrics {
             "tftp_transfers",
             "TFTP transfers started",
             m.tftp_transfers.clone(),
+        );
+        r.register(
+            "tftp_bytes",
+            "Bytes of files sent over TFTP",
+            m.tftp_bytes.clone(),
         );
         r.register(
             "tftp_refused",

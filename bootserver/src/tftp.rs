@@ -88,8 +88,29 @@ impl ConfinedDir {
     }
 }
 
+/// A file being sent, counting its bytes into the TFTP bytes metric as they are read.
+#[derive(Debug)]
+pub struct CountingReader {
+    file: Compat<tokio::fs::File>,
+    bytes: prometheus_client::metrics::counter::Counter,
+}
+
+impl futures::AsyncRead for CountingReader {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut [u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.file).poll_read(cx, buf);
+        if let std::task::Poll::Ready(Ok(n)) = &polled {
+            self.bytes.inc_by(*n as u64);
+        }
+        polled
+    }
+}
+
 impl Handler for ConfinedDir {
-    type Reader = Compat<tokio::fs::File>;
+    type Reader = CountingReader;
     type Writer = futures::io::Sink;
 
     async fn read_req_open(
@@ -114,7 +135,13 @@ impl Handler for ConfinedDir {
         let size = file.metadata().await.ok().map(|m| m.len());
         self.metrics.tftp_transfers.inc();
         tracing::debug!(%client, path = %resolved.display(), ?size, "TFTP transfer");
-        Ok((file.compat(), size))
+        Ok((
+            CountingReader {
+                file: file.compat(),
+                bytes: self.metrics.tftp_bytes.clone(),
+            },
+            size,
+        ))
     }
 
     async fn write_req_open(

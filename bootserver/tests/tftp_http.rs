@@ -55,6 +55,7 @@ fn tftp_serves_with_negotiated_options_and_refuses_hostile_paths() {
         ),
         ("small blocks", &["--option", "blksize 8"]),
     ];
+    let mut bytes_served = 0u64;
     for (file, expected) in [
         ("undionly.kpxe", "/usr/lib/ipxe/undionly.kpxe"),
         ("big.bin", ""),
@@ -89,6 +90,7 @@ fn tftp_serves_with_negotiated_options_and_refuses_hostile_paths() {
                 got.len(),
                 want.len()
             );
+            bytes_served += got.len() as u64;
         }
     }
 
@@ -137,6 +139,10 @@ fn tftp_serves_with_negotiated_options_and_refuses_hostile_paths() {
     assert!(
         metric(&metrics, "unbounded_bootserver_tftp_refused_total", "") >= 6.0,
         "{metrics}"
+    );
+    assert!(
+        metric(&metrics, "unbounded_bootserver_tftp_bytes_total", "") >= bytes_served as f64,
+        "{bytes_served} bytes served:\n{metrics}"
     );
 }
 
