@@ -193,22 +193,24 @@ fn start_dnsmasq(provisioning: &Netns) -> Dnsmasq {
     }
 }
 
-#[test]
-fn bios_boots_to_the_marker_with_proxy_dhcp_beside_dnsmasq() {
+fn boot_through_proxy_dhcp(firmware: Firmware, mac: &str, machine: &str) {
     let images = marker_image().unwrap();
     let (ns, tap) = provisioning_network();
     let dnsmasq = start_dnsmasq(&ns);
     let server = Bootserver::start(&ns, &standalone_config("proxy", &images));
     let started = std::time::Instant::now();
-    let vm = Vm::start(&ns, &tap, "52:54:00:00:01:01", Firmware::Bios).unwrap();
+    let vm = Vm::start(&ns, &tap, mac, firmware).unwrap();
     let line = vm
         .wait_for("UNBOUNDED-MARKER", BOOT_TIMEOUT)
         .unwrap_or_else(|e| panic!("{e}\nbootserver log:\n{}", server.log()));
     eprintln!(
-        "proxy DHCP, BIOS: marker after {:.1} s: {line}",
+        "proxy DHCP, {firmware:?}: marker after {:.1} s: {line}",
         started.elapsed().as_secs_f64()
     );
-    assert!(line.contains("unbounded.machine=bios-node"), "{line}");
+    assert!(
+        line.contains(&format!("unbounded.machine={machine}")),
+        "{line}"
+    );
     // We answered with boot information; the address is dnsmasq's (we have no pool here).
     let metrics = server.metrics(&ns);
     assert!(
@@ -217,7 +219,17 @@ fn bios_boots_to_the_marker_with_proxy_dhcp_beside_dnsmasq() {
     );
     let leases = std::fs::read_to_string(dnsmasq.dir.path().join("leases")).unwrap();
     assert!(
-        leases.contains("52:54:00:00:01:01 10.99.0."),
+        leases.contains(&format!("{mac} 10.99.0.")),
         "dnsmasq leased the address: {leases}"
     );
+}
+
+#[test]
+fn bios_boots_to_the_marker_with_proxy_dhcp_beside_dnsmasq() {
+    boot_through_proxy_dhcp(Firmware::Bios, "52:54:00:00:01:01", "bios-node");
+}
+
+#[test]
+fn uefi_boots_to_the_marker_with_proxy_dhcp_beside_dnsmasq() {
+    boot_through_proxy_dhcp(Firmware::UefiPxe, "52:54:00:00:01:02", "uefi-node");
 }
