@@ -13,6 +13,8 @@ pub mod http;
 pub mod kube_backend;
 pub mod leases;
 pub mod metrics;
+pub mod power;
 pub mod ra;
 pub mod server;
 pub mod tftp;
+pub mod tls;

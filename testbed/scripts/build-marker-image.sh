@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the "marker" boot image used by the PXE tests: Debian's kernel and a tiny busybox
 # initramfs whose init prints "UNBOUNDED-MARKER" with the kernel command line on the serial
-# console, then powers the VM off. Idempotent: does nothing when the output exists.
+# console, then powers the VM off, or with `unbounded.marker=hold` on the command line stays
+# up (power tests: the BMC must find it on, and power it off itself). Idempotent: does nothing when the output exists.
 #
 # usage: build-marker-image.sh <output-dir>   (writes vmlinuz and initrd.img)
 set -euo pipefail
@@ -36,7 +37,11 @@ cat > "$root/init" <<'EOF'
 /bin/busybox mount -t devtmpfs dev /dev
 /bin/busybox mount -t proc proc /proc
 exec >/dev/ttyS0 2>&1
-echo "UNBOUNDED-MARKER $(/bin/busybox cat /proc/cmdline)"
+cmdline="$(/bin/busybox cat /proc/cmdline)"
+echo "UNBOUNDED-MARKER $cmdline"
+case " $cmdline " in
+  *" unbounded.marker=hold "*) while :; do /bin/busybox sleep 3600; done ;;
+esac
 /bin/busybox poweroff -f
 EOF
 chmod +x "$root/init"

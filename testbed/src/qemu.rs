@@ -170,7 +170,8 @@ impl Drop for Vm {
 /// Builds (once) the marker image: Debian's kernel and a busybox initramfs that prints
 /// `UNBOUNDED-MARKER <kernel command line>` on the serial console and powers off.
 pub fn marker_image() -> Result<PathBuf, VmError> {
-    let dir = crate::cluster::cache_dir().join("marker");
+    // Versioned: a changed init gets a new directory instead of a stale image.
+    let dir = crate::cluster::cache_dir().join("marker-2");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/build-marker-image.sh");
     let status = std::process::Command::new("bash")
         .arg(&script)

@@ -1,0 +1,272 @@
+//! IPMI v2.0 over LAN (RMCP+) through `ipmi-rs`, which authenticates with RAKP-HMAC-SHA1
+//! and protects the session with HMAC-SHA1-96 integrity and AES-CBC-128 confidentiality
+//! (cipher suite 3; the only one it speaks, and the one BMCs enable by default). `ipmi-rs`
+//! is blocking, so every call runs on tokio's blocking pool, one session per call. It has
+//! no chassis commands: they are sent as raw messages (IPMI v2.0 §28).
+
+use std::time::Duration;
+
+use ipmi_rs::connection::{IpmiConnection, LogicalUnit, Message, Request, RequestTargetAddress};
+use ipmi_rs::rmcp::{ActivationError, Rmcp};
+
+use super::{Credentials, Power, PowerDriver, PowerError};
+
+/// NetFn Chassis.
+const NETFN_CHASSIS: u8 = 0x00;
+const GET_CHASSIS_STATUS: u8 = 0x01;
+const CHASSIS_CONTROL: u8 = 0x02;
+const SET_SYSTEM_BOOT_OPTIONS: u8 = 0x08;
+/// NetFn App, Set Session Privilege Level (§22.18), to Administrator (4).
+const NETFN_APP: u8 = 0x06;
+const SET_SESSION_PRIVILEGE_LEVEL: u8 = 0x3B;
+const ADMINISTRATOR: u8 = 0x04;
+
+/// Chassis Control actions (§28.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChassisControl {
+    /// Power down (hard).
+    PowerDown = 0x00,
+    /// Power up.
+    PowerUp = 0x01,
+    /// Power cycle.
+    PowerCycle = 0x02,
+    /// ACPI soft shutdown.
+    SoftShutdown = 0x05,
+}
+
+/// The data of Set System Boot Options parameter 5 (boot flags, §28.13): valid, this boot
+/// only (persistent bit clear), the EFI bit for UEFI, boot device PXE (0001b in bits 5:2).
+pub fn pxe_boot_flags(uefi: bool) -> [u8; 6] {
+    let valid_once = 0x80 | if uefi { 0x20 } else { 0x00 };
+    [0x05, valid_once, 0x04, 0x00, 0x00, 0x00]
+}
+
+/// Whether Get Chassis Status's first data byte says power is on.
+pub fn power_is_on(status: &[u8]) -> Option<bool> {
+    status.first().map(|b| b & 0x01 == 0x01)
+}
+
+/// An IPMI BMC.
+#[derive(Debug, Clone)]
+pub struct IpmiBmc {
+    host: String,
+    port: u16,
+    credentials: Credentials,
+    timeout: Duration,
+}
+
+impl IpmiBmc {
+    /// A driver; no I/O until a call.
+    pub fn new(host: &str, port: u16, credentials: Credentials, timeout: Duration) -> Self {
+        Self {
+            host: host.to_owned(),
+            port,
+            credentials,
+            timeout,
+        }
+    }
+
+    fn name(&self) -> String {
+        format!("ipmi://{}:{}", self.host, self.port)
+    }
+
+    /// Opens a session and sends one raw chassis command; returns the response data.
+    async fn chassis(&self, cmd: u8, data: Vec<u8>) -> Result<Vec<u8>, PowerError> {
+        let this = self.clone();
+        let bmc = self.name();
+        let seconds = self.timeout.as_secs().max(1);
+        let call = tokio::task::spawn_blocking(move || this.chassis_blocking(cmd, data));
+        // The socket has its own timeout per packet; this bounds the whole exchange.
+        match tokio::time::timeout(self.timeout * 4, call).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(join)) => Err(PowerError::Failed {
+                bmc,
+                message: format!("the IPMI call stopped: {join}"),
+            }),
+            Err(_) => Err(PowerError::Timeout { bmc, seconds }),
+        }
+    }
+
+    fn chassis_blocking(&self, cmd: u8, data: Vec<u8>) -> Result<Vec<u8>, PowerError> {
+        let bmc = self.name();
+        let mut rmcp = Rmcp::new((self.host.as_str(), self.port), self.timeout).map_err(|e| {
+            PowerError::Unreachable {
+                bmc: bmc.clone(),
+                message: e.to_string(),
+            }
+        })?;
+        rmcp.activate(
+            true,
+            Some(&self.credentials.username),
+            Some(self.credentials.password().as_bytes()),
+        )
+        .map_err(|e| activation_error(&bmc, self.timeout, &e))?;
+        // A session starts at User level; chassis control and boot options need more.
+        let mut raise = Request::new(
+            Message::new_raw(NETFN_APP, SET_SESSION_PRIVILEGE_LEVEL, vec![ADMINISTRATOR]),
+            RequestTargetAddress::Bmc(LogicalUnit::Zero),
+        );
+        match rmcp.send_recv(&mut raise) {
+            Ok(response) if response.cc() == 0 => {}
+            Ok(response) => {
+                return Err(PowerError::Failed {
+                    bmc,
+                    message: format!(
+                        "the user may not act as Administrator (completion code {:#04x})",
+                        response.cc()
+                    ),
+                });
+            }
+            Err(e) => {
+                return Err(PowerError::Unreachable {
+                    bmc,
+                    message: format!("{e:?}"),
+                });
+            }
+        }
+        let mut request = Request::new(
+            Message::new_raw(NETFN_CHASSIS, cmd, data),
+            RequestTargetAddress::Bmc(LogicalUnit::Zero),
+        );
+        let response = rmcp
+            .send_recv(&mut request)
+            .map_err(|e| PowerError::Unreachable {
+                bmc: bmc.clone(),
+                message: format!("{e:?}"),
+            })?;
+        match response.cc() {
+            0x00 => Ok(response.data().to_vec()),
+            // Node busy, or "command not supported in present state" (during POST).
+            cc @ (0xC0 | 0xD5) => Err(PowerError::Busy {
+                bmc,
+                message: format!("completion code {cc:#04x}"),
+            }),
+            cc => Err(PowerError::Failed {
+                bmc,
+                message: format!("completion code {cc:#04x} for command {cmd:#04x}"),
+            }),
+        }
+    }
+
+    async fn control(&self, action: ChassisControl) -> Result<(), PowerError> {
+        self.chassis(CHASSIS_CONTROL, vec![action as u8])
+            .await
+            .map(drop)
+    }
+}
+
+/// Maps a session-activation failure: a timeout or socket error is the network's, anything
+/// in the RAKP exchange is the credentials' (a BMC answers a wrong password there).
+fn activation_error(bmc: &str, timeout: Duration, error: &ActivationError) -> PowerError {
+    let text = format!("{error:?}");
+    match error {
+        ActivationError::BindSocket(e) | ActivationError::PingSend(e) => PowerError::Unreachable {
+            bmc: bmc.to_owned(),
+            message: e.to_string(),
+        },
+        ActivationError::PongReceive(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            PowerError::Timeout {
+                bmc: bmc.to_owned(),
+                seconds: timeout.as_secs().max(1),
+            }
+        }
+        ActivationError::PongReceive(e) => PowerError::Unreachable {
+            bmc: bmc.to_owned(),
+            message: e.to_string(),
+        },
+        ActivationError::V2_0(_) | ActivationError::V1_5(_)
+            if text.contains("Timed") || text.contains("WouldBlock") =>
+        {
+            PowerError::Timeout {
+                bmc: bmc.to_owned(),
+                seconds: timeout.as_secs().max(1),
+            }
+        }
+        ActivationError::V2_0(_) | ActivationError::V1_5(_) => PowerError::Unauthorized {
+            bmc: bmc.to_owned(),
+        },
+        _ => PowerError::Failed {
+            bmc: bmc.to_owned(),
+            message: format!("starting an IPMI session: {text}"),
+        },
+    }
+}
+
+impl PowerDriver for IpmiBmc {
+    async fn power_state(&self) -> Result<Power, PowerError> {
+        let data = self.chassis(GET_CHASSIS_STATUS, Vec::new()).await?;
+        match power_is_on(&data) {
+            Some(true) => Ok(Power::On),
+            Some(false) => Ok(Power::Off),
+            None => Err(PowerError::Failed {
+                bmc: self.name(),
+                message: "empty chassis status".into(),
+            }),
+        }
+    }
+
+    async fn power_on(&self) -> Result<(), PowerError> {
+        if self.power_state().await? == Power::On {
+            return Ok(());
+        }
+        self.control(ChassisControl::PowerUp).await
+    }
+
+    async fn power_off(&self, grace: Duration) -> Result<(), PowerError> {
+        if self.power_state().await? == Power::Off {
+            return Ok(());
+        }
+        // Not every BMC offers a soft shutdown; then go straight to power down.
+        if self.control(ChassisControl::SoftShutdown).await.is_err() {
+            return self.control(ChassisControl::PowerDown).await;
+        }
+        let deadline = tokio::time::Instant::now() + grace;
+        while tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            if self.power_state().await? == Power::Off {
+                return Ok(());
+            }
+        }
+        tracing::info!(bmc = %self.name(), "no shutdown within the grace period; forcing power off");
+        self.control(ChassisControl::PowerDown).await
+    }
+
+    async fn power_cycle(&self) -> Result<(), PowerError> {
+        // Off, then on: a real power cycle (a warm reset keeps device state that a freshly
+        // booted kernel may trip over, and not every BMC offers a cycle of its own).
+        if self.power_state().await? == Power::On {
+            self.control(ChassisControl::PowerDown).await?;
+            super::wait_until_off(self, &self.name()).await?;
+        }
+        self.control(ChassisControl::PowerUp).await
+    }
+
+    async fn set_one_time_pxe_boot(&self, uefi: bool) -> Result<(), PowerError> {
+        self.chassis(SET_SYSTEM_BOOT_OPTIONS, pxe_boot_flags(uefi).to_vec())
+            .await
+            .map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boot_flags_are_valid_one_time_pxe_with_the_efi_bit_for_uefi() {
+        assert_eq!(pxe_boot_flags(false), [0x05, 0x80, 0x04, 0, 0, 0]);
+        assert_eq!(pxe_boot_flags(true), [0x05, 0xA0, 0x04, 0, 0, 0]);
+    }
+
+    #[test]
+    fn chassis_status_power_bit() {
+        assert_eq!(power_is_on(&[0x01, 0x00, 0x40]), Some(true));
+        assert_eq!(power_is_on(&[0x60, 0x00]), Some(false));
+        assert_eq!(power_is_on(&[]), None);
+    }
+}

@@ -1,0 +1,517 @@
+//! Emulated BMCs driving real QEMU VMs through libvirt: [`Libvirtd`] (started by us: PID 1
+//! is not systemd on these machines), [`Domain`] (a VM that network-boots on a bridge of a
+//! test's namespace), [`SushyEmulator`] (Redfish) and [`IpmiSim`] (IPMI over LAN).
+//!
+//! libvirtd is one per machine (its socket is `/run/libvirt/libvirt-sock`), so a test binary
+//! starts one and runs its VM tests one at a time. It runs inside the test's namespace so
+//! that the taps it creates for VMs join that namespace's bridge; the emulators listen on
+//! the host's loopback and reach libvirtd through its Unix socket.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::netns::Netns;
+
+/// Errors of the BMC plumbing.
+#[derive(Debug, thiserror::Error)]
+pub enum BmcError {
+    /// A command failed or a daemon did not come up.
+    #[error("{0}")]
+    Setup(String),
+}
+
+fn setup(message: impl Into<String>) -> BmcError {
+    BmcError::Setup(message.into())
+}
+
+fn run(command: &mut Command) -> Result<String, BmcError> {
+    let output = command
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| setup(format!("{command:?}: {e}")))?;
+    if !output.status.success() {
+        return Err(setup(format!(
+            "{command:?}: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+fn wait_until(
+    what: &str,
+    timeout: Duration,
+    mut ready: impl FnMut() -> bool,
+) -> Result<(), BmcError> {
+    let deadline = Instant::now() + timeout;
+    while !ready() {
+        if Instant::now() > deadline {
+            return Err(setup(format!("{what} did not come up within {timeout:?}")));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(())
+}
+
+/// The virtualenv's `bin` with sushy-emulator, installed once.
+pub fn emulators_bin() -> Result<PathBuf, BmcError> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/install-bmc-emulators.sh");
+    let out = run(Command::new("bash").arg(&script))?;
+    Ok(PathBuf::from(out.trim()))
+}
+
+/// A child killed (and reaped) on drop; it also dies with the test (`PR_SET_PDEATHSIG`).
+#[derive(Debug)]
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(mut command: Command, log: &Path) -> Result<Daemon, BmcError> {
+    let file = std::fs::File::create(log).map_err(|e| setup(e.to_string()))?;
+    let err = file.try_clone().map_err(|e| setup(e.to_string()))?;
+    command
+        .stdin(Stdio::null())
+        .stdout(file)
+        .stderr(err)
+        .spawn()
+        .map(Daemon)
+        .map_err(|e| setup(format!("{command:?}: {e}")))
+}
+
+/// `setpriv --pdeathsig KILL -- <program>` inside `ns` (or the host when `None`).
+fn daemon_command(ns: Option<&Netns>, program: &Path) -> Command {
+    let mut command = match ns {
+        Some(ns) => ns.command("setpriv"),
+        None => Command::new("setpriv"),
+    };
+    command.args(["--pdeathsig", "KILL", "--"]).arg(program);
+    command
+}
+
+/// Every test domain's name starts with this; leftovers are removed when libvirtd starts.
+pub const TEST_DOMAIN_PREFIX: &str = "ub-";
+
+/// The libvirt URI the tests use.
+pub const LIBVIRT_URI: &str = "qemu:///system";
+
+/// virtlogd and libvirtd, in the foreground, inside a namespace.
+#[derive(Debug)]
+pub struct Libvirtd {
+    _daemons: Vec<Daemon>,
+    dir: tempfile::TempDir,
+}
+
+impl Libvirtd {
+    /// Starts both daemons in `ns`; a libvirtd left over from a killed run is stopped first.
+    pub fn start(ns: &Netns) -> Result<Self, BmcError> {
+        for pidfile in ["/run/libvirtd.pid", "/run/virtlogd.pid"] {
+            if let Ok(pid) = std::fs::read_to_string(pidfile) {
+                let _ = Command::new("kill").arg(pid.trim()).status();
+                std::thread::sleep(Duration::from_millis(500));
+                let _ = std::fs::remove_file(pidfile);
+            }
+        }
+        let dir = tempfile::tempdir().map_err(|e| setup(e.to_string()))?;
+        let virtlogd = spawn(
+            daemon_command(Some(ns), Path::new("/usr/sbin/virtlogd")),
+            &dir.path().join("virtlogd.log"),
+        )?;
+        let mut command = daemon_command(Some(ns), Path::new("unshare"));
+        // Where /dev/kvm exists but cannot run guests, libvirtd probes KVM again on every
+        // domain definition (48–100 s each, measured): hide it from libvirtd in a mount
+        // namespace of its own, so that it settles on TCG at once.
+        let hide_kvm = if crate::qemu::accelerator() == "tcg" && Path::new("/dev/kvm").exists() {
+            "mount --bind /dev/null /dev/kvm && "
+        } else {
+            ""
+        };
+        command
+            .args(["-m", "sh", "-c"])
+            .arg(format!("{hide_kvm}exec /usr/sbin/libvirtd"));
+        let libvirtd = spawn(command, &dir.path().join("libvirtd.log"))?;
+        let this = Self {
+            _daemons: vec![virtlogd, libvirtd],
+            dir,
+        };
+        wait_until("libvirtd", Duration::from_secs(30), || {
+            virsh(&["version"]).is_ok()
+        })
+        .map_err(|e| setup(format!("{e}\n{}", this.log())))?;
+        // Test domains a killed run left behind (their definitions outlive libvirtd).
+        for name in virsh(&["list", "--all", "--name"])?.lines() {
+            if name.starts_with(TEST_DOMAIN_PREFIX) {
+                let _ = virsh(&["destroy", name]);
+                let _ = virsh(&["undefine", "--nvram", name]);
+            }
+        }
+        Ok(this)
+    }
+
+    /// libvirtd's log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("libvirtd.log")).unwrap_or_default()
+    }
+}
+
+/// Runs `virsh -c qemu:///system <args>`.
+pub fn virsh(args: &[&str]) -> Result<String, BmcError> {
+    run(Command::new("virsh").args(["-c", LIBVIRT_URI]).args(args))
+}
+
+/// A libvirt domain (TCG unless the CPU can do KVM) with an empty disk, first in the boot
+/// order, and a NIC on `bridge`: it network-boots only when a BMC asks for it.
+#[derive(Debug)]
+pub struct Domain {
+    /// The domain's name.
+    pub name: String,
+    /// Its UUID (Redfish names systems by it).
+    pub uuid: String,
+    dir: tempfile::TempDir,
+}
+
+impl Domain {
+    /// Defines (does not start) the domain; `name` starts with [`TEST_DOMAIN_PREFIX`].
+    pub fn define(name: &str, mac: &str, bridge: &str, uefi: bool) -> Result<Self, BmcError> {
+        let dir = tempfile::tempdir().map_err(|e| setup(e.to_string()))?;
+        let disk = dir.path().join("disk.qcow2");
+        run(Command::new("qemu-img")
+            .args(["create", "-q", "-f", "qcow2"])
+            .arg(&disk)
+            .arg("64M"))?;
+        let console = dir.path().join("console.log");
+        let (loader, machine) = if uefi {
+            let vars = dir.path().join("OVMF_VARS.fd");
+            std::fs::copy("/usr/share/OVMF/OVMF_VARS_4M.fd", &vars)
+                .map_err(|e| setup(e.to_string()))?;
+            (
+                format!(
+                    "<loader readonly='yes' type='pflash'>/usr/share/OVMF/OVMF_CODE_4M.fd</loader><nvram>{}</nvram>",
+                    vars.display()
+                ),
+                "q35",
+            )
+        } else {
+            ("<bios useserial='yes'/>".to_owned(), "pc")
+        };
+        let uuid = run(Command::new("cat").arg("/proc/sys/kernel/random/uuid"))?
+            .trim()
+            .to_owned();
+        let kind = if crate::qemu::accelerator() == "kvm" {
+            "kvm"
+        } else {
+            "qemu"
+        };
+        let xml = format!(
+            "<domain type='{kind}'>
+  <name>{name}</name>
+  <uuid>{uuid}</uuid>
+  <memory unit='MiB'>512</memory>
+  <vcpu>1</vcpu>
+  <os><type arch='x86_64' machine='{machine}'>hvm</type>{loader}<boot dev='hd'/></os>
+  <features><acpi/></features>
+  <on_poweroff>destroy</on_poweroff>
+  <on_reboot>restart</on_reboot>
+  <devices>
+    <emulator>/usr/bin/qemu-system-x86_64</emulator>
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='qcow2'/><source file='{disk}'/><target dev='vda' bus='virtio'/>
+    </disk>
+    <interface type='bridge'>
+      <mac address='{mac}'/><source bridge='{bridge}'/><model type='virtio'/>
+    </interface>
+    <serial type='file'><source path='{console}' append='on'/><target port='0'/></serial>
+    <graphics type='vnc' port='-1' listen='127.0.0.1'/>
+  </devices>
+</domain>",
+            disk = disk.display(),
+            console = console.display(),
+        );
+        let file = dir.path().join("domain.xml");
+        std::fs::write(&file, xml).map_err(|e| setup(e.to_string()))?;
+        virsh(&["define", &file.display().to_string()])?;
+        Ok(Self {
+            name: name.to_owned(),
+            uuid,
+            dir,
+        })
+    }
+
+    /// What the serial console printed so far (across boots: the file is appended).
+    pub fn console(&self) -> String {
+        std::fs::read(self.dir.path().join("console.log"))
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Waits until the console shows `marker` `count` times; returns the last such line.
+    pub fn wait_for(
+        &self,
+        marker: &str,
+        count: usize,
+        timeout: Duration,
+    ) -> Result<String, BmcError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let console = self.console();
+            let lines: Vec<&str> = console.lines().filter(|l| l.contains(marker)).collect();
+            if lines.len() >= count {
+                return Ok(lines[count - 1].trim().to_owned());
+            }
+            if Instant::now() > deadline {
+                let tail: String = console
+                    .chars()
+                    .rev()
+                    .take(2000)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect();
+                return Err(setup(format!(
+                    "{}: {marker:?} seen {} of {count} times in {timeout:?}; console ends:\n{tail}",
+                    self.name,
+                    lines.len()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// libvirt's state of the domain (`running`, `shut off`, …).
+    pub fn state(&self) -> String {
+        virsh(&["domstate", &self.name])
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default()
+    }
+
+    /// The domain's live or inactive XML.
+    pub fn xml(&self) -> String {
+        virsh(&["dumpxml", "--inactive", &self.name]).unwrap_or_default()
+    }
+}
+
+impl Drop for Domain {
+    fn drop(&mut self) {
+        let _ = virsh(&["destroy", &self.name]);
+        let _ = virsh(&["undefine", "--nvram", &self.name]);
+    }
+}
+
+/// A free TCP or UDP port on loopback (bound once and released).
+pub fn free_port(udp: bool) -> Result<u16, BmcError> {
+    let port = if udp {
+        std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr())
+    } else {
+        std::net::TcpListener::bind("127.0.0.1:0").and_then(|s| s.local_addr())
+    };
+    port.map(|a| a.port()).map_err(|e| setup(e.to_string()))
+}
+
+/// sushy-tools' Redfish emulator on `127.0.0.1:<port>` over plain HTTP, with basic
+/// authentication from a bcrypt htpasswd file.
+#[derive(Debug)]
+pub struct SushyEmulator {
+    /// Its port.
+    pub port: u16,
+    _daemon: Daemon,
+    dir: tempfile::TempDir,
+}
+
+impl SushyEmulator {
+    /// Starts the emulator with one user.
+    pub fn start(username: &str, password: &str) -> Result<Self, BmcError> {
+        let bin = emulators_bin()?;
+        let dir = tempfile::tempdir().map_err(|e| setup(e.to_string()))?;
+        let auth = dir.path().join("htpasswd");
+        // The password reaches python through stdin, never a command line.
+        let mut child = Command::new(bin.join("python"))
+            .args([
+                "-c",
+                "import sys, bcrypt; u, p = sys.stdin.read().split('\\n', 1); \
+                 print(u + ':' + bcrypt.hashpw(p.encode(), bcrypt.gensalt()).decode())",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| setup(e.to_string()))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            use std::io::Write as _;
+            write!(stdin, "{username}\n{password}").map_err(|e| setup(e.to_string()))?;
+        }
+        let out = child.wait_with_output().map_err(|e| setup(e.to_string()))?;
+        std::fs::write(&auth, &out.stdout).map_err(|e| setup(e.to_string()))?;
+        let config = dir.path().join("emulator.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "SUSHY_EMULATOR_AUTH_FILE = '{}'\nSUSHY_EMULATOR_LIBVIRT_URI = '{LIBVIRT_URI}'\n",
+                auth.display()
+            ),
+        )
+        .map_err(|e| setup(e.to_string()))?;
+        let port = free_port(false)?;
+        let mut command = daemon_command(None, &bin.join("sushy-emulator"));
+        command
+            .arg("--config")
+            .arg(&config)
+            .args(["--interface", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--libvirt-uri", LIBVIRT_URI]);
+        let daemon = spawn(command, &dir.path().join("sushy.log"))?;
+        let this = Self {
+            port,
+            _daemon: daemon,
+            dir,
+        };
+        wait_until("sushy-emulator", Duration::from_secs(60), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        })
+        .map_err(|e| setup(format!("{e}\n{}", this.log())))?;
+        Ok(this)
+    }
+
+    /// The emulator's log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("sushy.log")).unwrap_or_default()
+    }
+}
+
+/// OpenIPMI's `ipmi_sim`: an IPMI v2.0 LAN (RMCP+) BMC on `127.0.0.1:<port>` whose chassis
+/// is a libvirt domain, through a `chassis_control` script that runs `virsh`. A one-time
+/// PXE boot (boot flags, device PXE) starts the domain once with `<boot dev='network'/>`.
+///
+/// Not virtualbmc: `ipmi-rs` opens every session with an ASF presence ping, which pyghmi
+/// (virtualbmc's IPMI server) does not answer; real BMCs and `ipmi_sim` do.
+#[derive(Debug)]
+pub struct IpmiSim {
+    /// The IPMI UDP port.
+    pub port: u16,
+    _daemon: Daemon,
+    dir: tempfile::TempDir,
+}
+
+impl IpmiSim {
+    /// Starts the simulator for `domain` with one administrator.
+    pub fn start(domain: &str, username: &str, password: &str) -> Result<Self, BmcError> {
+        let dir = tempfile::tempdir().map_err(|e| setup(e.to_string()))?;
+        let port = free_port(true)?;
+        let script = dir.path().join("chassis.sh");
+        std::fs::write(&script, chassis_script(domain, dir.path()))
+            .map_err(|e| setup(e.to_string()))?;
+        run(Command::new("chmod").arg("+x").arg(&script))?;
+        let conf = dir.path().join("lan.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "name \"ubsim\"\nset_working_mc 0x20\n  startlan 1\n    addr 127.0.0.1 {port}\n    priv_limit admin\n    allowed_auths_callback none md5\n    allowed_auths_user none md5\n    allowed_auths_operator none md5\n    allowed_auths_admin none md5\n    guid a123456789abcdefa123456789abcdef\n  endlan\n  chassis_control \"{}\"\nuser 2 true \"{username}\" \"{password}\" admin 10 none md5\n",
+                script.display()
+            ),
+        )
+        .map_err(|e| setup(e.to_string()))?;
+        let emu = dir.path().join("sim.emu");
+        std::fs::write(
+            &emu,
+            "mc_setbmc 0x20\nmc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr\nmc_enable 0x20\n",
+        )
+        .map_err(|e| setup(e.to_string()))?;
+        let state = dir.path().join("state");
+        std::fs::create_dir_all(&state).map_err(|e| setup(e.to_string()))?;
+        let mut command = daemon_command(None, Path::new("ipmi_sim"));
+        command
+            .arg("-c")
+            .arg(&conf)
+            .arg("-f")
+            .arg(&emu)
+            .arg("-n")
+            .arg("-s")
+            .arg(&state);
+        let daemon = spawn(command, &dir.path().join("ipmi_sim.log"))?;
+        let this = Self {
+            port,
+            _daemon: daemon,
+            dir,
+        };
+        // Ready when it answers a session (ipmitool reads the password from the environment).
+        wait_until("ipmi_sim", Duration::from_secs(30), || {
+            Command::new("ipmitool")
+                .args(["-I", "lanplus", "-H", "127.0.0.1", "-p", &port.to_string()])
+                .args(["-U", username, "-E", "chassis", "power", "status"])
+                .env("IPMI_PASSWORD", password)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .map_err(|e| setup(format!("{e}\n{}", this.log())))?;
+        Ok(this)
+    }
+
+    /// The simulator's output and every chassis call it made.
+    pub fn log(&self) -> String {
+        let read = |f: &str| std::fs::read_to_string(self.dir.path().join(f)).unwrap_or_default();
+        format!(
+            "{}\nchassis calls:\n{}",
+            read("ipmi_sim.log"),
+            read("calls.log")
+        )
+    }
+
+    /// The chassis calls so far (`get power`, `set power 1`, `set boot pxe`, …).
+    pub fn chassis_calls(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("calls.log")).unwrap_or_default()
+    }
+}
+
+/// The `chassis_control` script: `get <items>` prints `item:value` lines, `set <item>
+/// <value>…` acts, on one libvirt domain.
+fn chassis_script(domain: &str, dir: &Path) -> String {
+    let dir = dir.display();
+    format!(
+        r#"#!/bin/sh
+# ipmi_sim chassis control for libvirt domain {domain}
+virsh() {{ command virsh -q -c {LIBVIRT_URI} "$@"; }}
+echo "$@" >> {dir}/calls.log
+op=$1; shift
+running() {{ [ "$(virsh domstate {domain})" = running ]; }}
+case "$op" in
+  get)
+    for item in "$@"; do
+      case $item in
+        power) if running; then echo power:1; else echo power:0; fi ;;
+        boot) echo boot:default ;;
+      esac
+    done ;;
+  set)
+    while [ $# -ge 2 ]; do
+      case "$1 $2" in
+        "power 1")
+          if ! running; then
+            if [ -e {dir}/pxe-once ]; then
+              virsh dumpxml --inactive {domain} > {dir}/saved.xml
+              sed "s|<boot dev='hd'/>|<boot dev='network'/>|" {dir}/saved.xml > {dir}/pxe.xml
+              virsh define {dir}/pxe.xml >/dev/null
+              virsh start {domain} >/dev/null
+              virsh define {dir}/saved.xml >/dev/null
+              rm -f {dir}/pxe-once
+            else
+              virsh start {domain} >/dev/null
+            fi
+          fi ;;
+        "power 0") running && virsh destroy {domain} >/dev/null ;;
+        "shutdown 1") running && virsh shutdown {domain} >/dev/null ;;
+        "reset 1") running && virsh reset {domain} >/dev/null ;;
+        "boot pxe") touch {dir}/pxe-once ;;
+        "boot "*) rm -f {dir}/pxe-once ;;
+      esac
+      shift 2
+    done ;;
+esac
+exit 0
+"#
+    )
+}
