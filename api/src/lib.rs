@@ -20,6 +20,7 @@ pub mod crds;
 pub mod handler;
 pub mod machine;
 pub mod operation;
+pub mod provider;
 pub mod well_known;
 
 pub use configuration::{

@@ -18,6 +18,11 @@
 //!       domain: lab.example
 //!       leaseSeconds: 3600
 //! tftp: {root: /usr/lib/ipxe, port: 69}
+//! power:                          # the PXE provider (backend kubernetes only)
+//!   enabled: true
+//!   pollSeconds: 30               # how often power state is read
+//!   timeoutSeconds: 10            # one BMC request
+//!   gracefulShutdownSeconds: 60   # then power is forced off
 //! http: {port: 8080, imagesDir: /var/lib/unbounded/images}
 //! machines:                       # standalone mode (no cluster): the machines we boot
 //!   - name: node-1
@@ -30,6 +35,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Deserialize;
 use unbounded_api::{Architecture, Firmware};
@@ -112,6 +118,17 @@ struct File {
     http: HttpFile,
     #[serde(default)]
     machines: Vec<MachineFile>,
+    #[serde(default)]
+    power: PowerFile,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct PowerFile {
+    enabled: Option<bool>,
+    poll_seconds: Option<u64>,
+    timeout_seconds: Option<u64>,
+    graceful_shutdown_seconds: Option<u64>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -259,6 +276,10 @@ pub struct Settings {
     pub images_dir: PathBuf,
     /// The machines of the file (standalone mode).
     pub machines: Vec<Arc<MachineRecord>>,
+    /// Whether the PXE provider runs (power through BMCs; backend kubernetes only).
+    pub power_enabled: bool,
+    /// The PXE provider's settings.
+    pub power: crate::pxe_provider::PowerSettings,
 }
 
 impl Settings {
@@ -310,6 +331,7 @@ impl Settings {
             ));
         }
         let machines = validate_machines(file.machines, &subnets)?;
+        let power = validate_power(&file.power)?;
         Ok(Self {
             interface: file.interface,
             router_advertisements: file.router_advertisements.unwrap_or(true),
@@ -336,6 +358,9 @@ impl Settings {
                 .images_dir
                 .unwrap_or_else(|| PathBuf::from("/var/lib/unbounded/images")),
             machines,
+            power_enabled: file.backend == BackendKind::Kubernetes
+                && file.power.enabled.unwrap_or(true),
+            power,
         })
     }
 
@@ -433,6 +458,29 @@ fn validate_machines(
         }));
     }
     Ok(out)
+}
+
+fn validate_power(file: &PowerFile) -> Result<crate::pxe_provider::PowerSettings, ConfigError> {
+    let mut settings = crate::pxe_provider::PowerSettings::default();
+    let seconds =
+        |value: Option<u64>, name: &str, min: u64| -> Result<Option<Duration>, ConfigError> {
+            match value {
+                Some(v) if v < min => Err(ConfigError::Invalid(format!(
+                    "power.{name} must be at least {min}"
+                ))),
+                other => Ok(other.map(Duration::from_secs)),
+            }
+        };
+    if let Some(d) = seconds(file.poll_seconds, "pollSeconds", 5)? {
+        settings.loop_settings.poll = d;
+    }
+    if let Some(d) = seconds(file.timeout_seconds, "timeoutSeconds", 1)? {
+        settings.timeout = d;
+    }
+    if let Some(d) = seconds(file.graceful_shutdown_seconds, "gracefulShutdownSeconds", 0)? {
+        settings.graceful_shutdown = d;
+    }
+    Ok(settings)
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ pub mod kube_backend;
 pub mod leases;
 pub mod metrics;
 pub mod power;
+pub mod pxe_provider;
 pub mod ra;
 pub mod server;
 pub mod tftp;

@@ -53,6 +53,12 @@ fn main() -> ExitCode {
         BackendKind::Kubernetes => match runtime.block_on(kube::Client::try_default()) {
             Ok(client) => {
                 let _guard = runtime.enter();
+                if settings.power_enabled {
+                    runtime.spawn(unbounded_bootserver::pxe_provider::run(
+                        client.clone(),
+                        settings.power,
+                    ));
+                }
                 KubeBackend::start(client)
             }
             Err(error) => {

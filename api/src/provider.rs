@@ -1,0 +1,422 @@
+//! The Provider contract (Cluster API's actuator, in Rust) and the reconcile loop that
+//! calls it, written once for every provider (PXE in the bootserver, Azure in `azure`).
+//!
+//! The loop owns the provider's finalizer, its status fields (`status.power`,
+//! `status.addresses`, condition `InfrastructureReady`, written with server-side apply under
+//! the provider's field manager) and the backoff. A provider only answers:
+//! - [`Provider::create`]: make the infrastructure exist and run (PXE: one-time network boot
+//!   and power on). Called until it has succeeded once (`InfrastructureReady=True`).
+//! - [`Provider::observe`]: what the infrastructure looks like now (PXE: power state),
+//!   polled every [`Settings::poll`].
+//! - [`Provider::delete`]: release it (PXE: power off). Called when the Machine is being
+//!   deleted and its Node is gone (the controller drains and deletes the Node first), if
+//!   it was ever provisioned: a Machine whose BMC never answered is released at once.
+//!
+//! Every call must be idempotent. An error has a reason and a message for a person; it
+//! never carries a credential, since both end up in the Machine's status and Events.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+
+use crate::well_known::conditions;
+use crate::{Machine, MachineAddress, MachineProvider, PowerState, condition};
+
+/// What a provider reports about a Machine's infrastructure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    /// The power state.
+    pub power: PowerState,
+    /// Addresses, when the provider knows them.
+    pub addresses: Vec<MachineAddress>,
+}
+
+/// A provider call that failed: a reason for the condition, a message for a person.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}: {message}")]
+pub struct ProviderError {
+    /// CamelCase reason (`BmcUnreachable`, `CredentialsMissing`, …).
+    pub reason: String,
+    /// What happened and what to do; never a credential.
+    pub message: String,
+}
+
+/// A provider of Machines.
+pub trait Provider: Send + Sync + 'static {
+    /// The `spec.provider` this provider owns.
+    const KIND: MachineProvider;
+    /// Its finalizer on Machines.
+    const FINALIZER: &'static str;
+    /// Its field manager for status.
+    const FIELD_MANAGER: &'static str;
+
+    /// Creates (or finds) and starts the infrastructure; idempotent.
+    fn create(
+        &self,
+        machine: &Machine,
+    ) -> impl Future<Output = Result<Observed, ProviderError>> + Send;
+    /// Observes the infrastructure.
+    fn observe(
+        &self,
+        machine: &Machine,
+    ) -> impl Future<Output = Result<Observed, ProviderError>> + Send;
+    /// Releases the infrastructure; idempotent.
+    fn delete(&self, machine: &Machine) -> impl Future<Output = Result<(), ProviderError>> + Send;
+}
+
+/// How the loop paces itself.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// How often a provisioned Machine is observed.
+    pub poll: Duration,
+    /// The first wait after a failure; it doubles up to `max_backoff`.
+    pub first_backoff: Duration,
+    /// The longest wait after failures.
+    pub max_backoff: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            poll: Duration::from_secs(30),
+            first_backoff: Duration::from_secs(5),
+            max_backoff: Duration::from_secs(300),
+        }
+    }
+}
+
+/// What the loop does next for a Machine that is not being deleted (a pure decision).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Not provisioned yet: create.
+    Create,
+    /// Provisioned: observe.
+    Observe,
+}
+
+/// Create until `InfrastructureReady` is True once, then observe.
+pub fn next_step(machine: &Machine) -> Step {
+    let ready = machine
+        .status
+        .as_ref()
+        .is_some_and(|s| condition::is_true(&s.conditions, conditions::INFRASTRUCTURE_READY));
+    if ready { Step::Observe } else { Step::Create }
+}
+
+/// The wait after `failures` consecutive failures: doubling, capped, never zero.
+pub fn backoff(settings: &Settings, failures: u32) -> Duration {
+    settings
+        .first_backoff
+        .saturating_mul(1u32 << failures.saturating_sub(1).min(16))
+        .min(settings.max_backoff)
+}
+
+/// Errors of the loop itself.
+#[derive(Debug, thiserror::Error)]
+pub enum LoopError {
+    /// The provider failed (reported in status and an Event already).
+    #[error(transparent)]
+    Provider(#[from] ProviderError),
+    /// The API server failed.
+    #[error("{0}")]
+    Kube(String),
+    /// The Node still exists: the controller drains and deletes it first.
+    #[error("waiting for Node {0} to be drained and deleted")]
+    WaitingForNode(String),
+}
+
+struct Context<P> {
+    provider: P,
+    client: Client,
+    recorder: Recorder,
+    settings: Settings,
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+/// Runs the loop for every Machine of `P::KIND` until the watch ends.
+pub async fn run<P: Provider>(client: Client, provider: P, settings: Settings) {
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: P::FIELD_MANAGER.into(),
+            instance: None,
+        },
+    );
+    let context = Arc::new(Context {
+        provider,
+        client: client.clone(),
+        recorder,
+        settings,
+        failures: Mutex::new(HashMap::new()),
+    });
+    Controller::new(Api::<Machine>::all(client), watcher::Config::default())
+        .run(reconcile::<P>, error_policy::<P>, context)
+        .for_each(|_| async {})
+        .await;
+}
+
+async fn reconcile<P: Provider>(
+    machine: Arc<Machine>,
+    ctx: Arc<Context<P>>,
+) -> Result<Action, LoopError> {
+    let ours = machine.spec.provider == P::KIND;
+    let has_finalizer = machine.finalizers().iter().any(|f| f == P::FINALIZER);
+    if !ours && !has_finalizer {
+        return Ok(Action::await_change());
+    }
+    let api: Api<Machine> = Api::all(ctx.client.clone());
+    let result = finalizer(&api, P::FINALIZER, machine, |event| async {
+        match event {
+            Finalizer::Apply(m) => apply(&m, &ctx).await,
+            Finalizer::Cleanup(m) => cleanup(&m, &ctx).await,
+        }
+    })
+    .await;
+    match result {
+        Ok(action) => Ok(action),
+        Err(kube::runtime::finalizer::Error::ApplyFailed(e))
+        | Err(kube::runtime::finalizer::Error::CleanupFailed(e)) => Err(e),
+        Err(e) => Err(LoopError::Kube(e.to_string())),
+    }
+}
+
+async fn apply<P: Provider>(machine: &Machine, ctx: &Context<P>) -> Result<Action, LoopError> {
+    let step = next_step(machine);
+    let result = match step {
+        Step::Create => ctx.provider.create(machine).await,
+        Step::Observe => ctx.provider.observe(machine).await,
+    };
+    let name = machine.name_any();
+    match result {
+        Ok(observed) => {
+            if step == Step::Create {
+                event(
+                    ctx,
+                    machine,
+                    EventType::Normal,
+                    "Provisioned",
+                    "infrastructure created and powered on",
+                )
+                .await;
+            }
+            write_status(ctx, machine, Some(&observed), None).await?;
+            if let Ok(mut f) = ctx.failures.lock() {
+                f.remove(&name);
+            }
+            Ok(Action::requeue(ctx.settings.poll))
+        }
+        Err(error) => {
+            event(
+                ctx,
+                machine,
+                EventType::Warning,
+                &error.reason,
+                &error.message,
+            )
+            .await;
+            write_status(ctx, machine, None, Some((&error, step))).await?;
+            Err(error.into())
+        }
+    }
+}
+
+async fn cleanup<P: Provider>(machine: &Machine, ctx: &Context<P>) -> Result<Action, LoopError> {
+    let node = machine
+        .spec
+        .node_name
+        .clone()
+        .unwrap_or_else(|| machine.name_any());
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    if nodes
+        .get_opt(&node)
+        .await
+        .map_err(|e| LoopError::Kube(format!("reading Node {node}: {e}")))?
+        .is_some()
+    {
+        return Err(LoopError::WaitingForNode(node));
+    }
+    // Never provisioned (its BMC refused us, say): nothing was powered on, nothing to
+    // release, and a broken BMC set-up must not keep the Machine from going away.
+    let provisioned = next_step(machine) == Step::Observe;
+    if machine.spec.provider == P::KIND && provisioned {
+        if let Err(error) = ctx.provider.delete(machine).await {
+            event(
+                ctx,
+                machine,
+                EventType::Warning,
+                &error.reason,
+                &error.message,
+            )
+            .await;
+            return Err(error.into());
+        }
+        event(
+            ctx,
+            machine,
+            EventType::Normal,
+            "Released",
+            "infrastructure released (powered off)",
+        )
+        .await;
+    }
+    Ok(Action::await_change())
+}
+
+fn error_policy<P: Provider>(
+    machine: Arc<Machine>,
+    error: &LoopError,
+    ctx: Arc<Context<P>>,
+) -> Action {
+    let failures = ctx.failures.lock().map_or(1, |mut f| {
+        let n = f.entry(machine.name_any()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    });
+    tracing::info!(machine = %machine.name_any(), %error, failures, "provider reconcile failed");
+    Action::requeue(backoff(&ctx.settings, failures))
+}
+
+async fn event<P>(ctx: &Context<P>, machine: &Machine, type_: EventType, reason: &str, note: &str) {
+    let _ = ctx
+        .recorder
+        .publish(
+            &Event {
+                type_,
+                reason: reason.into(),
+                note: Some(note.into()),
+                action: "Provision".into(),
+                secondary: None,
+            },
+            &machine.object_ref(&()),
+        )
+        .await;
+}
+
+/// Writes the provider's status fields: power and addresses when observed, and the
+/// `InfrastructureReady` condition (True once created; False with the error's reason while
+/// creating fails; unchanged when only an observation fails, with power `Unknown`).
+async fn write_status<P: Provider>(
+    ctx: &Context<P>,
+    machine: &Machine,
+    observed: Option<&Observed>,
+    failure: Option<(&ProviderError, Step)>,
+) -> Result<(), LoopError> {
+    let current = machine.status.clone().unwrap_or_default();
+    let generation = machine.metadata.generation;
+    let ready_now = condition::is_true(&current.conditions, conditions::INFRASTRUCTURE_READY);
+    let mut status = serde_json::Map::new();
+    let condition = match (observed, failure) {
+        (Some(_), _) => Some(condition::new_condition(
+            conditions::INFRASTRUCTURE_READY,
+            true,
+            "Provisioned",
+            "the infrastructure is created and powered on",
+            generation,
+        )),
+        (None, Some((error, Step::Create))) => Some(condition::new_condition(
+            conditions::INFRASTRUCTURE_READY,
+            false,
+            &error.reason,
+            error.message.clone(),
+            generation,
+        )),
+        (None, _) if ready_now => {
+            condition::find(&current.conditions, conditions::INFRASTRUCTURE_READY).cloned()
+        }
+        (None, _) => None,
+    };
+    if let Some(mut c) = condition {
+        // Keep the transition time when the meaning did not change.
+        if let Some(old) = condition::find(&current.conditions, &c.type_)
+            && condition::same_meaning(old, &c)
+        {
+            c.last_transition_time = old.last_transition_time.clone();
+        }
+        status.insert("conditions".into(), json!([c]));
+    }
+    match observed {
+        Some(o) => {
+            status.insert("power".into(), json!(o.power));
+            if !o.addresses.is_empty() {
+                status.insert("addresses".into(), json!(o.addresses));
+            }
+        }
+        None => {
+            status.insert("power".into(), json!(PowerState::Unknown));
+        }
+    }
+    let body = json!({
+        "apiVersion": Machine::api_version(&()),
+        "kind": Machine::kind(&()),
+        "status": status,
+    });
+    Api::<Machine>::all(ctx.client.clone())
+        .patch_status(
+            &machine.name_any(),
+            &PatchParams::apply(P::FIELD_MANAGER).force(),
+            &Patch::Apply(body),
+        )
+        .await
+        .map_err(|e| {
+            LoopError::Kube(format!(
+                "writing the status of Machine {}: {e}",
+                machine.name_any()
+            ))
+        })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_its_cap() {
+        let s = Settings {
+            poll: Duration::from_secs(30),
+            first_backoff: Duration::from_secs(5),
+            max_backoff: Duration::from_secs(60),
+        };
+        let waits: Vec<u64> = (1..=6).map(|n| backoff(&s, n).as_secs()).collect();
+        assert_eq!(waits, [5, 10, 20, 40, 60, 60]);
+    }
+
+    #[test]
+    fn create_until_ready_then_observe() {
+        let mut machine = Machine::new(
+            "m",
+            serde_json::from_value(json!({"provider": "pxe"})).unwrap(),
+        );
+        assert_eq!(next_step(&machine), Step::Create);
+        let mut status = crate::MachineStatus::default();
+        status.conditions.push(condition::new_condition(
+            conditions::INFRASTRUCTURE_READY,
+            false,
+            "BmcUnreachable",
+            "",
+            None,
+        ));
+        machine.status = Some(status.clone());
+        assert_eq!(next_step(&machine), Step::Create);
+        status.conditions = vec![condition::new_condition(
+            conditions::INFRASTRUCTURE_READY,
+            true,
+            "Provisioned",
+            "",
+            None,
+        )];
+        machine.status = Some(status);
+        assert_eq!(next_step(&machine), Step::Observe);
+    }
+}

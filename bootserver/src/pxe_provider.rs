@@ -1,0 +1,401 @@
+//! The PXE provider: `provider: pxe` Machines powered through their BMCs, on the shared
+//! provider loop ([`unbounded_api::provider`]) and the MachineOperation handler API.
+//!
+//! - create: one-time PXE boot, then power on (the bootserver's DHCP/TFTP/HTTP take it
+//!   from there); `InfrastructureReady=True` and `status.power`;
+//! - observe: the power state, every `pollSeconds`;
+//! - delete: power off (graceful, forced after `gracefulShutdownSeconds`), once the
+//!   controller has drained and deleted the Node. The DHCP reservation goes with the Machine.
+//! - operations `powerOn`, `powerOff`, `powerCycle` and `pxeBoot` (one-time PXE, then a
+//!   power cycle; or power on when off).
+//!
+//! Credentials are read from the Machine's Secret (keys `username` and `password`) at each
+//! call, so a rotated password takes effect at once; they are never logged or written
+//! anywhere. Calls to one BMC are serialised (BMCs handle concurrent sessions badly);
+//! different BMCs run in parallel.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio::sync::Semaphore;
+use unbounded_api::handler::{Execute, OperationHandler, Outcome};
+use unbounded_api::provider::{Observed, Provider, ProviderError};
+use unbounded_api::well_known::{field_managers, finalizers, operations};
+use unbounded_api::{
+    Firmware, HandlerKind, Machine, MachineOperation, MachineProvider, PowerState,
+};
+
+use crate::power::{
+    Backoff, Bmc, BmcAddress, Credentials, Power, PowerDriver, PowerError, Tls, with_retries,
+};
+
+/// The provider's settings (`power:` in the bootserver configuration).
+#[derive(Debug, Clone, Copy)]
+pub struct PowerSettings {
+    /// Timeout of one BMC request.
+    pub timeout: Duration,
+    /// How long an OS gets to shut down before power is forced off.
+    pub graceful_shutdown: Duration,
+    /// Retries of transient BMC failures within one call.
+    pub backoff: Backoff,
+    /// The provider loop's pacing.
+    pub loop_settings: unbounded_api::provider::Settings,
+}
+
+impl Default for PowerSettings {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(10),
+            graceful_shutdown: Duration::from_secs(60),
+            backoff: Backoff::default(),
+            loop_settings: unbounded_api::provider::Settings::default(),
+        }
+    }
+}
+
+/// The PXE provider.
+#[allow(missing_debug_implementations)] // holds a kube Client
+pub struct PxeProvider {
+    client: Client,
+    settings: PowerSettings,
+    per_bmc: Mutex<HashMap<BmcAddress, Arc<Semaphore>>>,
+}
+
+fn failure(reason: &str, message: impl Into<String>) -> ProviderError {
+    ProviderError {
+        reason: reason.to_owned(),
+        message: message.into(),
+    }
+}
+
+fn power_failure(error: PowerError) -> ProviderError {
+    failure(error.reason(), error.to_string())
+}
+
+impl PxeProvider {
+    /// A provider using `client` for Secrets.
+    pub fn new(client: Client, settings: PowerSettings) -> Self {
+        Self {
+            client,
+            settings,
+            per_bmc: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The Machine's BMC with its credentials, and whether it boots UEFI.
+    async fn bmc_of(&self, machine: &Machine) -> Result<(Bmc, BmcAddress, bool), ProviderError> {
+        let pxe = machine
+            .spec
+            .pxe
+            .as_ref()
+            .ok_or_else(|| failure("SpecInvalid", "a pxe Machine needs spec.pxe"))?;
+        let bmc = pxe.bmc.as_ref().ok_or_else(|| {
+            failure(
+                "NoBmc",
+                "spec.pxe.bmc is not set: power this machine on by hand",
+            )
+        })?;
+        let address = BmcAddress::parse(&bmc.address).map_err(power_failure)?;
+        let reference = &bmc.credentials_secret_ref;
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &reference.namespace);
+        let secret = secrets
+            .get_opt(&reference.name)
+            .await
+            .map_err(|e| {
+                failure(
+                    "CredentialsUnavailable",
+                    format!(
+                        "reading Secret {}/{}: {e}",
+                        reference.namespace, reference.name
+                    ),
+                )
+            })?
+            .ok_or_else(|| {
+                failure(
+                    "CredentialsMissing",
+                    format!(
+                        "Secret {}/{} does not exist",
+                        reference.namespace, reference.name
+                    ),
+                )
+            })?;
+        let key = |name: &str| -> Result<String, ProviderError> {
+            secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get(name))
+                .map(|v| {
+                    String::from_utf8_lossy(&v.0)
+                        .trim_end_matches('\n')
+                        .to_owned()
+                })
+                .or_else(|| {
+                    secret
+                        .string_data
+                        .as_ref()
+                        .and_then(|d| d.get(name).cloned())
+                })
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| {
+                    failure(
+                        "CredentialsMissing",
+                        format!(
+                            "Secret {}/{} has no key {name:?}",
+                            reference.namespace, reference.name
+                        ),
+                    )
+                })
+        };
+        let credentials = Credentials::new(key("username")?, key("password")?);
+        let tls = Tls {
+            insecure_skip_verify: bmc.insecure_skip_verify.unwrap_or(false),
+            ca_bundle: bmc.ca_bundle.clone(),
+        };
+        let driver =
+            Bmc::new(&address, credentials, &tls, self.settings.timeout).map_err(power_failure)?;
+        Ok((driver, address, pxe.firmware == Firmware::Uefi))
+    }
+
+    /// The one-at-a-time gate of a BMC.
+    fn gate(&self, address: &BmcAddress) -> Arc<Semaphore> {
+        let mut map = self
+            .per_bmc
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.entry(address.clone())
+            .or_insert_with(|| Arc::new(Semaphore::new(1)))
+            .clone()
+    }
+
+    /// Runs a power action on the Machine's BMC: one at a time per BMC, with retries.
+    pub async fn act(
+        &self,
+        machine: &Machine,
+        action: PowerAction,
+    ) -> Result<Power, ProviderError> {
+        let (bmc, address, uefi) = self.bmc_of(machine).await?;
+        let gate = self.gate(&address);
+        let _permit = gate
+            .acquire()
+            .await
+            .map_err(|_| failure("ShuttingDown", "the provider is stopping"))?;
+        let grace = self.settings.graceful_shutdown;
+        let backoff = self.settings.backoff;
+        match action {
+            PowerAction::State => {}
+            PowerAction::On => with_retries(backoff, || bmc.power_on())
+                .await
+                .map_err(power_failure)?,
+            PowerAction::Off => with_retries(backoff, || bmc.power_off(grace))
+                .await
+                .map_err(power_failure)?,
+            PowerAction::Cycle => with_retries(backoff, || bmc.power_cycle())
+                .await
+                .map_err(power_failure)?,
+            PowerAction::PxeBootAndOn => {
+                with_retries(backoff, || bmc.set_one_time_pxe_boot(uefi))
+                    .await
+                    .map_err(power_failure)?;
+                with_retries(backoff, || bmc.power_on())
+                    .await
+                    .map_err(power_failure)?;
+            }
+            PowerAction::PxeBootAndCycle => {
+                with_retries(backoff, || bmc.set_one_time_pxe_boot(uefi))
+                    .await
+                    .map_err(power_failure)?;
+                with_retries(backoff, || bmc.power_cycle())
+                    .await
+                    .map_err(power_failure)?;
+            }
+        }
+        with_retries(backoff, || bmc.power_state())
+            .await
+            .map_err(power_failure)
+    }
+}
+
+/// What to do with a machine's power.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PowerAction {
+    /// Only read the state.
+    State,
+    /// Power on.
+    On,
+    /// Power off (graceful, then forced).
+    Off,
+    /// Power cycle.
+    Cycle,
+    /// One-time PXE boot, then power on.
+    PxeBootAndOn,
+    /// One-time PXE boot, then power cycle.
+    PxeBootAndCycle,
+}
+
+/// The action an operation name asks for, or `None` for a name this provider does not run.
+pub fn action_of(operation_name: &str) -> Option<PowerAction> {
+    match operation_name {
+        operations::POWER_ON => Some(PowerAction::On),
+        operations::POWER_OFF => Some(PowerAction::Off),
+        operations::POWER_CYCLE => Some(PowerAction::Cycle),
+        operations::PXE_BOOT => Some(PowerAction::PxeBootAndCycle),
+        _ => None,
+    }
+}
+
+fn observed(power: Power) -> Observed {
+    Observed {
+        power: match power {
+            Power::On => PowerState::On,
+            Power::Off => PowerState::Off,
+        },
+        addresses: Vec::new(),
+    }
+}
+
+impl Provider for PxeProvider {
+    const KIND: MachineProvider = MachineProvider::Pxe;
+    const FINALIZER: &'static str = finalizers::PXE_PROVIDER;
+    const FIELD_MANAGER: &'static str = field_managers::PXE_PROVIDER;
+
+    async fn create(&self, machine: &Machine) -> Result<Observed, ProviderError> {
+        self.act(machine, PowerAction::PxeBootAndOn)
+            .await
+            .map(observed)
+    }
+
+    async fn observe(&self, machine: &Machine) -> Result<Observed, ProviderError> {
+        self.act(machine, PowerAction::State).await.map(observed)
+    }
+
+    async fn delete(&self, machine: &Machine) -> Result<(), ProviderError> {
+        if machine.spec.pxe.as_ref().is_some_and(|p| p.bmc.is_none()) {
+            return Ok(()); // nothing we can power off
+        }
+        self.act(machine, PowerAction::Off).await.map(drop)
+    }
+}
+
+/// Runs `powerOn`, `powerOff`, `powerCycle` and `pxeBoot` on `pxe` Machines.
+#[allow(missing_debug_implementations)] // holds a kube Client and a Store
+pub struct PowerOperations {
+    provider: Arc<PxeProvider>,
+    machines: Store<Machine>,
+    client: Client,
+}
+
+impl Execute for PowerOperations {
+    fn handles(&self, machine: &str, operation_name: &str) -> bool {
+        action_of(operation_name).is_some()
+            && self
+                .machines
+                .get(&reflector::ObjectRef::new(machine))
+                .is_some_and(|m| m.spec.provider == MachineProvider::Pxe)
+    }
+
+    async fn execute(&self, operation: Arc<MachineOperation>, _resumed: bool) -> Outcome {
+        // A resumed power action is simply done again: each is safe to repeat (a repeated
+        // cycle boots the machine once more, which is what was asked).
+        let Some(action) = action_of(&operation.spec.operation_name) else {
+            return Outcome::Failed(format!(
+                "the PXE provider does not run {:?}",
+                operation.spec.operation_name
+            ));
+        };
+        let Some(name) = unbounded_api::handler::target(&operation) else {
+            return Outcome::Failed("no target Machine".into());
+        };
+        let machines: Api<Machine> = Api::all(self.client.clone());
+        let machine = match machines.get_opt(name).await {
+            Ok(Some(m)) => m,
+            Ok(None) => return Outcome::Failed(format!("Machine {name} does not exist")),
+            Err(e) => return Outcome::Failed(format!("reading Machine {name}: {e}")),
+        };
+        match self.provider.act(&machine, action).await {
+            Ok(power) => Outcome::Complete(format!(
+                "{} done; power is {}",
+                operation.spec.operation_name,
+                if power == Power::On { "on" } else { "off" }
+            )),
+            Err(error) => Outcome::Failed(format!("{}: {}", error.reason, error.message)),
+        }
+    }
+}
+
+/// Runs the PXE provider loop and its operation handler until one of them ends.
+pub async fn run(client: Client, settings: PowerSettings) {
+    let provider = Arc::new(PxeProvider::new(client.clone(), settings));
+    let (machines, writer) = reflector::store::<Machine>();
+    let reflect = watcher(
+        Api::<Machine>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(writer)
+    .touched_objects();
+    let reflect = async move {
+        use futures::StreamExt;
+        reflect.for_each(|_| futures::future::ready(())).await;
+    };
+    let operations = OperationHandler::new(
+        client.clone(),
+        HandlerKind::Provider,
+        field_managers::PXE_PROVIDER,
+        None,
+        PowerOperations {
+            provider: provider.clone(),
+            machines,
+            client: client.clone(),
+        },
+    );
+    let operations = async move {
+        if let Err(error) = operations.run().await {
+            tracing::error!(%error, "the power operation handler stopped");
+        }
+    };
+    let provider_loop =
+        unbounded_api::provider::run(client, SharedProvider(provider), settings.loop_settings);
+    tokio::select! {
+        () = reflect => tracing::error!("the Machine watch of the PXE provider ended"),
+        () = operations => {}
+        () = provider_loop => tracing::error!("the PXE provider loop ended"),
+    }
+}
+
+/// The provider behind an `Arc`, shared with the operation handler.
+struct SharedProvider(Arc<PxeProvider>);
+
+impl Provider for SharedProvider {
+    const KIND: MachineProvider = PxeProvider::KIND;
+    const FINALIZER: &'static str = PxeProvider::FINALIZER;
+    const FIELD_MANAGER: &'static str = PxeProvider::FIELD_MANAGER;
+
+    async fn create(&self, machine: &Machine) -> Result<Observed, ProviderError> {
+        self.0.create(machine).await
+    }
+    async fn observe(&self, machine: &Machine) -> Result<Observed, ProviderError> {
+        self.0.observe(machine).await
+    }
+    async fn delete(&self, machine: &Machine) -> Result<(), ProviderError> {
+        self.0.delete(machine).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operation_names_map_to_actions() {
+        assert_eq!(action_of("powerOn"), Some(PowerAction::On));
+        assert_eq!(action_of("powerOff"), Some(PowerAction::Off));
+        assert_eq!(action_of("powerCycle"), Some(PowerAction::Cycle));
+        assert_eq!(action_of("pxeBoot"), Some(PowerAction::PxeBootAndCycle));
+        assert_eq!(action_of("reboot"), None);
+    }
+}
