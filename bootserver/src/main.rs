@@ -25,6 +25,12 @@ fn main() -> ExitCode {
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // ipmi-rs logs its RAKP messages at debug level; they carry HMACs of the BMC password.
+    // Keep that crate at warn whatever RUST_LOG says.
+    let filter = match "ipmi_rs=warn".parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
+    };
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     if args.log_json {
         builder.json().init();
