@@ -170,9 +170,8 @@ async fn reconcile<P: Provider>(
     machine: Arc<Machine>,
     ctx: Arc<Context<P>>,
 ) -> Result<Action, LoopError> {
-    let ours = machine.spec.provider == P::KIND;
-    let has_finalizer = machine.finalizers().iter().any(|f| f == P::FINALIZER);
-    if !ours && !has_finalizer {
+    // `spec.provider` is immutable (CEL), so a Machine is ours for its whole life or never.
+    if machine.spec.provider != P::KIND {
         return Ok(Action::await_change());
     }
     let api: Api<Machine> = Api::all(ctx.client.clone());
@@ -217,14 +216,7 @@ async fn apply<P: Provider>(machine: &Machine, ctx: &Context<P>) -> Result<Actio
             Ok(Action::requeue(ctx.settings.poll))
         }
         Err(error) => {
-            event(
-                ctx,
-                machine,
-                EventType::Warning,
-                &error.reason,
-                &error.message,
-            )
-            .await;
+            warn(ctx, machine, &error).await;
             write_status(ctx, machine, None, Some((&error, step))).await?;
             Err(error.into())
         }
@@ -249,16 +241,9 @@ async fn cleanup<P: Provider>(machine: &Machine, ctx: &Context<P>) -> Result<Act
     // Never provisioned (its BMC refused us, say): nothing was powered on, nothing to
     // release, and a broken BMC set-up must not keep the Machine from going away.
     let provisioned = next_step(machine) == Step::Observe;
-    if machine.spec.provider == P::KIND && provisioned {
+    if provisioned {
         if let Err(error) = ctx.provider.delete(machine).await {
-            event(
-                ctx,
-                machine,
-                EventType::Warning,
-                &error.reason,
-                &error.message,
-            )
-            .await;
+            warn(ctx, machine, &error).await;
             return Err(error.into());
         }
         event(
@@ -266,7 +251,7 @@ async fn cleanup<P: Provider>(machine: &Machine, ctx: &Context<P>) -> Result<Act
             machine,
             EventType::Normal,
             "Released",
-            "infrastructure released (powered off)",
+            "infrastructure released",
         )
         .await;
     }
@@ -285,6 +270,18 @@ fn error_policy<P: Provider>(
     });
     tracing::info!(machine = %machine.name_any(), %error, failures, "provider reconcile failed");
     Action::requeue(backoff(&ctx.settings, failures))
+}
+
+/// A provider failure as a Warning Event (its reason and message, never a credential).
+async fn warn<P>(ctx: &Context<P>, machine: &Machine, error: &ProviderError) {
+    event(
+        ctx,
+        machine,
+        EventType::Warning,
+        &error.reason,
+        &error.message,
+    )
+    .await;
 }
 
 async fn event<P>(ctx: &Context<P>, machine: &Machine, type_: EventType, reason: &str, note: &str) {

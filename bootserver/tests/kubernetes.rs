@@ -49,17 +49,8 @@ async fn machines_from_the_cluster_get_addresses_and_scripts_and_survive_an_api_
         .unwrap();
 
     // The API server as the bootserver's namespace sees it.
-    let api_port = cp.server_url().rsplit(':').next().unwrap().to_owned();
-    let forward =
-        LoopbackForward::new(&link.server, 6443, &format!("127.0.0.1:{api_port}")).unwrap();
-    let kubeconfig_dir = tempfile::tempdir().unwrap();
-    let kubeconfig = kubeconfig_dir.path().join("kubeconfig");
-    let text = std::fs::read_to_string(cp.kubeconfig_path()).unwrap();
-    std::fs::write(
-        &kubeconfig,
-        text.replace(cp.server_url(), "https://127.0.0.1:6443"),
-    )
-    .unwrap();
+    let forward = LoopbackForward::new(&link.server, 6443, &api_server_target(cp)).unwrap();
+    let (_kubeconfig_dir, kubeconfig) = namespace_kubeconfig(cp);
 
     let images = fake_images();
     let config = full_config(images.path(), "").replace(
@@ -146,8 +137,7 @@ async fn machines_from_the_cluster_get_addresses_and_scripts_and_survive_an_api_
     assert_eq!(get(&env, "ip"), Some("10.99.0.31"), "{out}");
 
     // Back, and the Machine deleted: the bootserver forgets it.
-    let _forward =
-        LoopbackForward::new(&link.server, 6443, &format!("127.0.0.1:{api_port}")).unwrap();
+    let _forward = LoopbackForward::new(&link.server, 6443, &api_server_target(cp)).unwrap();
     machines
         .delete("kb-node-1", &DeleteParams::default())
         .await

@@ -35,19 +35,8 @@ struct Lab {
 }
 
 fn config(images: &std::path::Path) -> String {
-    format!(
-        r#"interface: br0
-serverAddress: 10.99.0.1
-dhcp:
-  mode: full
-  leaseFile: "{{dir}}/leases.log"
-  subnets:
-    - subnet: 10.99.0.0/24
-      pool: [10.99.0.100, 10.99.0.199]
-      gateway: 10.99.0.1
-tftp: {{root: /usr/lib/ipxe}}
-http: {{port: 8080, imagesDir: "{images}"}}
-machines:
+    let machines = format!(
+        r#"machines:
   - name: redfish-node
     macs: ["{REDFISH_MAC}"]
     firmware: bios
@@ -56,19 +45,15 @@ machines:
     macs: ["{IPMI_MAC}"]
     firmware: bios
     boot: {{kernel: vmlinuz, initrd: initrd.img, args: [console=ttyS0, unbounded.marker=hold]}}
-"#,
-        images = images.display()
-    )
+"#
+    );
+    bridge_config(images, &machines)
 }
 
 impl Lab {
     fn start() -> Self {
         let images = marker_image().unwrap();
-        let ns = Netns::new("ubw").unwrap();
-        ns.ip(&["link", "add", "br0", "type", "bridge"]).unwrap();
-        ns.ip(&["addr", "add", "10.99.0.1/24", "dev", "br0"])
-            .unwrap();
-        ns.ip(&["link", "set", "br0", "up"]).unwrap();
+        let ns = bridge_namespace("ubw");
         let bootserver = Bootserver::start(&ns, &config(&images));
         let libvirtd = Libvirtd::start(&ns).unwrap();
         let pid = std::process::id();

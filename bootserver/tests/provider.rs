@@ -22,7 +22,7 @@ use unbounded_bootserver::power::Backoff;
 use unbounded_bootserver::pxe_provider::{self, PowerSettings};
 use unbounded_testbed::bmc::{Domain, IpmiSim, Libvirtd, SushyEmulator, free_port};
 use unbounded_testbed::cluster::LocalControlPlane;
-use unbounded_testbed::netns::{LoopbackForward, Netns};
+use unbounded_testbed::netns::LoopbackForward;
 use unbounded_testbed::qemu::marker_image;
 
 const PASSWORD: &str = "pr0vider-bmc-s3cret";
@@ -203,38 +203,10 @@ async fn pxe_machines_are_powered_booted_cycled_and_powered_off_through_their_bm
 
     // The provisioning network, the bootserver (Kubernetes backend) and the BMCs.
     let images = marker_image().unwrap();
-    let ns = Netns::new("ubv").unwrap();
-    ns.ip(&["link", "add", "br0", "type", "bridge"]).unwrap();
-    ns.ip(&["addr", "add", "10.99.0.1/24", "dev", "br0"])
-        .unwrap();
-    ns.ip(&["link", "set", "br0", "up"]).unwrap();
-    let api_port = cp.server_url().rsplit(':').next().unwrap().to_owned();
-    let _forward = LoopbackForward::new(&ns, 6443, &format!("127.0.0.1:{api_port}")).unwrap();
-    let kubeconfig_dir = tempfile::tempdir().unwrap();
-    let kubeconfig = kubeconfig_dir.path().join("kubeconfig");
-    let text = std::fs::read_to_string(cp.kubeconfig_path()).unwrap();
-    std::fs::write(
-        &kubeconfig,
-        text.replace(cp.server_url(), "https://127.0.0.1:6443"),
-    )
-    .unwrap();
-    let config = format!(
-        r#"interface: br0
-serverAddress: 10.99.0.1
-backend: kubernetes
-power: {{enabled: false}}
-dhcp:
-  mode: full
-  leaseFile: "{{dir}}/leases.log"
-  subnets:
-    - subnet: 10.99.0.0/24
-      pool: [10.99.0.100, 10.99.0.199]
-      gateway: 10.99.0.1
-tftp: {{root: /usr/lib/ipxe}}
-http: {{port: 8080, imagesDir: "{}"}}
-"#,
-        images.display()
-    );
+    let ns = bridge_namespace("ubv");
+    let _forward = LoopbackForward::new(&ns, 6443, &api_server_target(cp)).unwrap();
+    let (_kubeconfig_dir, kubeconfig) = namespace_kubeconfig(cp);
+    let config = bridge_config(&images, "backend: kubernetes\npower: {enabled: false}\n");
     let kubeconfig_env = kubeconfig.display().to_string();
     let bootserver =
         Bootserver::start_with_env(&ns, &config, &[("KUBECONFIG", kubeconfig_env.as_str())]);

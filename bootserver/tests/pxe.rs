@@ -49,11 +49,7 @@ machines:
 /// The provisioning network: a bridge `br0` (10.99.0.1) in the server's namespace with the
 /// VM's tap device on it.
 fn provisioning_network() -> (Netns, String) {
-    let ns = Netns::new("ubp").unwrap();
-    ns.ip(&["link", "add", "br0", "type", "bridge"]).unwrap();
-    ns.ip(&["addr", "add", "10.99.0.1/24", "dev", "br0"])
-        .unwrap();
-    ns.ip(&["link", "set", "br0", "up"]).unwrap();
+    let ns = bridge_namespace("ubp");
     let tap = unique("tap");
     ns.ip(&["tuntap", "add", "dev", &tap, "mode", "tap"])
         .unwrap();
@@ -62,9 +58,12 @@ fn provisioning_network() -> (Netns, String) {
     (ns, tap)
 }
 
+/// Boots a VM through the bootserver in `mode` (`full`, or `proxy` beside dnsmasq) to the
+/// marker, and checks that it booted as `machine`.
 fn boot_to_marker(mode: &str, firmware: Firmware, mac: &str, machine: &str) {
     let images = marker_image().unwrap();
     let (ns, tap) = provisioning_network();
+    let dnsmasq = (mode == "proxy").then(|| start_dnsmasq(&ns));
     let server = Bootserver::start(&ns, &standalone_config(mode, &images));
     let started = std::time::Instant::now();
     let vm = Vm::start(&ns, &tap, mac, firmware).unwrap();
@@ -101,6 +100,19 @@ fn boot_to_marker(mode: &str, firmware: Firmware, mac: &str, machine: &str) {
         assert!(
             metric(&metrics, "unbounded_bootserver_tftp_transfers_total", "") >= 1.0,
             "{metrics}"
+        );
+    }
+    if let Some(dnsmasq) = dnsmasq {
+        // We answered with boot information; the address is dnsmasq's (we have no pool here).
+        let metrics = server.metrics(&ns);
+        assert!(
+            metric(&metrics, "unbounded_bootserver_dhcp_sent_total", "") >= 1.0,
+            "{metrics}"
+        );
+        let leases = std::fs::read_to_string(dnsmasq.dir.path().join("leases")).unwrap();
+        assert!(
+            leases.contains(&format!("{mac} 10.99.0.")),
+            "dnsmasq leased the address: {leases}"
         );
     }
 }
@@ -193,43 +205,12 @@ fn start_dnsmasq(provisioning: &Netns) -> Dnsmasq {
     }
 }
 
-fn boot_through_proxy_dhcp(firmware: Firmware, mac: &str, machine: &str) {
-    let images = marker_image().unwrap();
-    let (ns, tap) = provisioning_network();
-    let dnsmasq = start_dnsmasq(&ns);
-    let server = Bootserver::start(&ns, &standalone_config("proxy", &images));
-    let started = std::time::Instant::now();
-    let vm = Vm::start(&ns, &tap, mac, firmware).unwrap();
-    let line = vm
-        .wait_for("UNBOUNDED-MARKER", BOOT_TIMEOUT)
-        .unwrap_or_else(|e| panic!("{e}\nbootserver log:\n{}", server.log()));
-    eprintln!(
-        "proxy DHCP, {firmware:?}: marker after {:.1} s: {line}",
-        started.elapsed().as_secs_f64()
-    );
-    assert!(
-        line.contains(&format!("unbounded.machine={machine}")),
-        "{line}"
-    );
-    // We answered with boot information; the address is dnsmasq's (we have no pool here).
-    let metrics = server.metrics(&ns);
-    assert!(
-        metric(&metrics, "unbounded_bootserver_dhcp_sent_total", "") >= 1.0,
-        "{metrics}"
-    );
-    let leases = std::fs::read_to_string(dnsmasq.dir.path().join("leases")).unwrap();
-    assert!(
-        leases.contains(&format!("{mac} 10.99.0.")),
-        "dnsmasq leased the address: {leases}"
-    );
-}
-
 #[test]
 fn bios_boots_to_the_marker_with_proxy_dhcp_beside_dnsmasq() {
-    boot_through_proxy_dhcp(Firmware::Bios, "52:54:00:00:01:01", "bios-node");
+    boot_to_marker("proxy", Firmware::Bios, "52:54:00:00:01:01", "bios-node");
 }
 
 #[test]
 fn uefi_boots_to_the_marker_with_proxy_dhcp_beside_dnsmasq() {
-    boot_through_proxy_dhcp(Firmware::UefiPxe, "52:54:00:00:01:02", "uefi-node");
+    boot_to_marker("proxy", Firmware::UefiPxe, "52:54:00:00:01:02", "uefi-node");
 }

@@ -259,19 +259,14 @@ impl Domain {
         let deadline = Instant::now() + timeout;
         loop {
             let console = self.console();
-            let lines: Vec<&str> = console.lines().filter(|l| l.contains(marker)).collect();
+            let lines: Vec<&str> = crate::qemu::complete_lines(&console)
+                .filter(|l| l.contains(marker))
+                .collect();
             if lines.len() >= count {
                 return Ok(lines[count - 1].trim().to_owned());
             }
             if Instant::now() > deadline {
-                let tail: String = console
-                    .chars()
-                    .rev()
-                    .take(2000)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect();
+                let tail = crate::qemu::console_tail(&console, 2000);
                 return Err(setup(format!(
                     "{}: {marker:?} seen {} of {count} times in {timeout:?}; console ends:\n{tail}",
                     self.name,
@@ -287,11 +282,6 @@ impl Domain {
         virsh(&["domstate", &self.name])
             .map(|s| s.trim().to_owned())
             .unwrap_or_default()
-    }
-
-    /// The domain's live or inactive XML.
-    pub fn xml(&self) -> String {
-        virsh(&["dumpxml", "--inactive", &self.name]).unwrap_or_default()
     }
 }
 

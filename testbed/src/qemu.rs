@@ -137,22 +137,14 @@ impl Vm {
         let deadline = Instant::now() + timeout;
         loop {
             let console = self.console();
-            if let Some(line) = console.lines().find(|l| l.contains(marker)) {
+            if let Some(line) = complete_lines(&console).find(|l| l.contains(marker)) {
                 return Ok(line[line.find(marker).unwrap_or(0)..].trim().to_owned());
             }
             if Instant::now() > deadline {
-                let tail: String = console
-                    .chars()
-                    .rev()
-                    .take(3000)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect();
                 return Err(VmError::Timeout {
                     marker: marker.to_owned(),
                     seconds: timeout.as_secs(),
-                    console: tail,
+                    console: console_tail(&console, 3000),
                 });
             }
             std::thread::sleep(Duration::from_millis(250));
@@ -165,6 +157,25 @@ impl Drop for Vm {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The lines of a console that are complete (newline-terminated): a line still being
+/// written when the console is read would be cut short.
+pub(crate) fn complete_lines(console: &str) -> impl Iterator<Item = &str> {
+    console
+        .split_inclusive('\n')
+        .filter(|l| l.ends_with('\n'))
+        .map(str::trim_end)
+}
+
+/// The last `chars` characters of a console, for an error message.
+pub(crate) fn console_tail(console: &str, chars: usize) -> String {
+    let start = console
+        .char_indices()
+        .rev()
+        .nth(chars.saturating_sub(1))
+        .map_or(0, |(i, _)| i);
+    console[start..].to_owned()
 }
 
 /// Builds (once) the marker image: Debian's kernel and a busybox initramfs that prints
@@ -182,4 +193,22 @@ pub fn marker_image() -> Result<PathBuf, VmError> {
         return Err(VmError::Start(format!("{} failed", script.display())));
     }
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{complete_lines, console_tail};
+
+    #[test]
+    fn a_line_still_being_written_is_not_complete() {
+        let lines: Vec<&str> = complete_lines("one\r\ntwo\nthr").collect();
+        assert_eq!(lines, ["one", "two"]);
+    }
+
+    #[test]
+    fn console_tail_keeps_the_last_characters() {
+        assert_eq!(console_tail("abcdef", 3), "def");
+        assert_eq!(console_tail("abc", 10), "abc");
+        assert_eq!(console_tail("añb", 2), "ñb");
+    }
 }

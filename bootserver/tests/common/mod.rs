@@ -226,3 +226,57 @@ pub fn udhcpc(ns: &Netns, extra: &[&str]) -> (Vec<(String, String)>, String) {
 pub fn get<'a>(env: &'a [(String, String)], key: &str) -> Option<&'a str> {
     env.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
 }
+
+/// A namespace with a bridge `br0` holding the server's address (10.99.0.1/24): the
+/// provisioning network that VMs' NICs join.
+pub fn bridge_namespace(prefix: &str) -> Netns {
+    let ns = Netns::new(prefix).unwrap();
+    ns.ip(&["link", "add", "br0", "type", "bridge"]).unwrap();
+    ns.ip(&["addr", "add", &format!("{SERVER}/24"), "dev", "br0"])
+        .unwrap();
+    ns.ip(&["link", "set", "br0", "up"]).unwrap();
+    ns
+}
+
+/// Where the local API server listens on the host's loopback (the target of a
+/// [`unbounded_testbed::netns::LoopbackForward`] on the namespace's port 6443).
+pub fn api_server_target(cp: &unbounded_testbed::cluster::LocalControlPlane) -> String {
+    let port = cp.server_url().rsplit(':').next().unwrap_or_default();
+    format!("127.0.0.1:{port}")
+}
+
+/// A kubeconfig for a process in a namespace: the admin kubeconfig pointed at
+/// `https://127.0.0.1:6443`, where a forwarder to [`api_server_target`] listens.
+pub fn namespace_kubeconfig(
+    cp: &unbounded_testbed::cluster::LocalControlPlane,
+) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let text = std::fs::read_to_string(cp.kubeconfig_path()).unwrap();
+    std::fs::write(
+        &kubeconfig,
+        text.replace(cp.server_url(), "https://127.0.0.1:6443"),
+    )
+    .unwrap();
+    (dir, kubeconfig)
+}
+
+/// A full-DHCP configuration on the bridge of [`bridge_namespace`], serving `images`;
+/// `extra` (top-level keys: `backend:`, `power:`, a `machines:` list) is appended.
+pub fn bridge_config(images: &Path, extra: &str) -> String {
+    format!(
+        r#"interface: br0
+serverAddress: {SERVER}
+dhcp:
+  mode: full
+  leaseFile: "{{dir}}/leases.log"
+  subnets:
+    - subnet: 10.99.0.0/24
+      pool: [10.99.0.100, 10.99.0.199]
+      gateway: {SERVER}
+tftp: {{root: /usr/lib/ipxe}}
+http: {{port: 8080, imagesDir: "{images}"}}
+{extra}"#,
+        images = images.display()
+    )
+}
