@@ -8,6 +8,7 @@
 pub mod backend;
 pub mod boot;
 pub mod config;
+pub mod credentials;
 pub mod dhcp;
 pub mod http;
 pub mod kube_backend;

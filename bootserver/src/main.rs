@@ -54,6 +54,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let mut issuer = None;
     let backend: Arc<dyn MachineBackend> = match settings.backend {
         BackendKind::File => Arc::new(StaticBackend::new(settings.machines.clone())),
         BackendKind::Kubernetes => match runtime.block_on(kube::Client::try_default()) {
@@ -65,6 +66,12 @@ fn main() -> ExitCode {
                         settings.power,
                     ));
                 }
+                issuer = settings.credentials.clone().map(|c| {
+                    Arc::new(unbounded_bootserver::credentials::Issuer::new(
+                        c,
+                        client.clone(),
+                    ))
+                });
                 KubeBackend::start(client)
             }
             Err(error) => {
@@ -77,7 +84,7 @@ fn main() -> ExitCode {
         let _ = tokio::signal::ctrl_c().await;
     };
     match runtime.block_on(unbounded_bootserver::server::run(
-        settings, backend, shutdown,
+        settings, backend, issuer, shutdown,
     )) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

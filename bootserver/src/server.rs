@@ -43,6 +43,7 @@ pub enum ServerError {
 pub async fn run(
     settings: Settings,
     backend: Arc<dyn MachineBackend>,
+    issuer: Option<Arc<crate::credentials::Issuer>>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
     let settings = Arc::new(settings);
@@ -114,6 +115,7 @@ pub async fn run(
         leases,
         metrics,
         registry: Arc::new(registry),
+        issuer,
     });
     tasks.spawn(async move {
         axum::serve(
