@@ -260,7 +260,7 @@ pub struct AzureSpec {
     /// Exactly one of this and `sshPublicKey`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ssh_key_secret_ref: Option<SecretReference>,
-    /// Tags set on the VM, its NIC and its OS disk, beside the two the provider sets itself
+    /// Tags set on the VM and its NIC, beside the two the provider sets itself
     /// (`unbounded-machine`: the Machine's name; `unbounded-cluster`: the provider's cluster
     /// name), which may not be given here.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
