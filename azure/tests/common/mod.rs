@@ -105,17 +105,35 @@ fn openssl(dir: &Path, args: &[&str]) {
 
 /// A CA and a serving certificate for 127.0.0.1 (rustls refuses a CA as the server's own).
 fn make_certificates(dir: &Path) {
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
     let mut ca = vec!["req", "-x509"];
     ca.extend(ec);
     ca.extend([
-        "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=fake-azure-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=fake-azure-ca",
     ]);
     openssl(dir, &ca);
     let mut leaf = vec!["req"];
     leaf.extend(ec);
     leaf.extend([
-        "-keyout", "key.pem", "-out", "leaf.csr", "-subj", "/CN=127.0.0.1",
+        "-keyout",
+        "key.pem",
+        "-out",
+        "leaf.csr",
+        "-subj",
+        "/CN=127.0.0.1",
     ]);
     openssl(dir, &leaf);
     std::fs::write(
@@ -126,8 +144,21 @@ fn make_certificates(dir: &Path) {
     openssl(
         dir,
         &[
-            "x509", "-req", "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", "cert.pem", "-days", "2", "-extfile", "leaf.ext",
+            "x509",
+            "-req",
+            "-in",
+            "leaf.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "cert.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "leaf.ext",
         ],
     );
 }

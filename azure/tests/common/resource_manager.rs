@@ -201,15 +201,36 @@ pub(crate) fn handle(
     }
     let segments: Vec<&str> = lower.trim_start_matches('/').split('/').collect();
     let (status, headers, answer) = match segments.as_slice() {
-        ["subscriptions", _, "providers", ns, "locations", _, kind, id]
-            if *kind == "operations" || *kind == "operationresults" =>
-        {
+        [
+            "subscriptions",
+            _,
+            "providers",
+            ns,
+            "locations",
+            _,
+            kind,
+            id,
+        ] if *kind == "operations" || *kind == "operationresults" => {
             let _ = ns;
             poll(state, kind, id)
         }
-        ["subscriptions", sub, "resourcegroups", group, "providers", ns, kind, name, rest @ ..] => {
+        [
+            "subscriptions",
+            sub,
+            "resourcegroups",
+            group,
+            "providers",
+            ns,
+            kind,
+            name,
+            rest @ ..,
+        ] => {
             let Some(version) = api_version_of(ns) else {
-                return arm_error(404, "NoRegisteredProviderFound", "No registered resource provider found.");
+                return arm_error(
+                    404,
+                    "NoRegisteredProviderFound",
+                    "No registered resource provider found.",
+                );
             };
             if query_value(query, "api-version") != Some(version) {
                 return arm_error(
@@ -237,17 +258,26 @@ pub(crate) fn handle(
                     ),
                 );
             }
-            let id = format!("/subscriptions/{sub}/resourcegroups/{group}/providers/{ns}/{kind}/{name}");
+            let id =
+                format!("/subscriptions/{sub}/resourcegroups/{group}/providers/{ns}/{kind}/{name}");
             match (method, *kind, rest) {
-                ("PUT", "networkinterfaces", []) => put_nic(state, path, &id, body, operation_fault),
+                ("PUT", "networkinterfaces", []) => {
+                    put_nic(state, path, &id, body, operation_fault)
+                }
                 ("PUT", "virtualmachines", []) => put_vm(state, path, &id, body, operation_fault),
                 ("GET", _, []) => get(state, &id, query),
-                ("POST", "virtualmachines", [action]) => vm_action(state, &id, action, operation_fault),
+                ("POST", "virtualmachines", [action]) => {
+                    vm_action(state, &id, action, operation_fault)
+                }
                 ("DELETE", _, []) => delete(state, &id, operation_fault),
                 _ => arm_error(405, "MethodNotAllowed", "The method is not allowed here."),
             }
         }
-        _ => arm_error(404, "NotFound", "No such route in the fake Azure Resource Manager."),
+        _ => arm_error(
+            404,
+            "NotFound",
+            "No such route in the fake Azure Resource Manager.",
+        ),
     };
     extra.extend(headers);
     (status, extra, answer)
@@ -258,7 +288,9 @@ fn not_found(id: &str) -> Answer {
     arm_error(
         404,
         "ResourceNotFound",
-        &format!("The Resource '{kind}' was not found. For more details please go to https://aka.ms/ARMResourceNotFoundFix"),
+        &format!(
+            "The Resource '{kind}' was not found. For more details please go to https://aka.ms/ARMResourceNotFoundFix"
+        ),
     )
 }
 
@@ -295,7 +327,10 @@ fn start_operation(
         "Microsoft.Compute"
     };
     let version = api_version_of(&ns.to_ascii_lowercase()).unwrap_or_default();
-    let base = format!("{}/subscriptions/{sub}/providers/{ns}/locations/westeurope", state.origin);
+    let base = format!(
+        "{}/subscriptions/{sub}/providers/{ns}/locations/westeurope",
+        state.origin
+    );
     let mut headers = vec![
         (
             "azure-asyncoperation".into(),
@@ -313,7 +348,12 @@ fn start_operation(
 }
 
 /// Starts an operation followed through `Location` only (Compute's actions).
-fn start_location_operation(state: &mut State, id: &str, effect: Effect, fault: Option<Fault>) -> Vec<(String, String)> {
+fn start_location_operation(
+    state: &mut State,
+    id: &str,
+    effect: Effect,
+    fault: Option<Fault>,
+) -> Vec<(String, String)> {
     start_operation(state, id, effect, fault, true)
         .into_iter()
         .filter(|(name, _)| name != "azure-asyncoperation")
@@ -329,7 +369,11 @@ fn poll(state: &mut State, kind: &str, op: &str) -> Answer {
         operation.polls_left = operation.polls_left.saturating_sub(1);
         let headers = vec![("retry-after".into(), RETRY_AFTER.into())];
         return if kind == "operations" {
-            (200, headers, json!({"name": op, "status": "InProgress", "startTime": "2024-07-01T00:00:00Z"}))
+            (
+                200,
+                headers,
+                json!({"name": op, "status": "InProgress", "startTime": "2024-07-01T00:00:00Z"}),
+            )
         } else {
             (202, headers, Value::Null)
         };
@@ -343,7 +387,11 @@ fn poll(state: &mut State, kind: &str, op: &str) -> Answer {
                 resource["properties"]["provisioningState"] = json!("Failed");
             }
             if kind == "operations" {
-                (200, vec![], json!({"name": op, "status": "Failed", "error": {"code": code, "message": message}}))
+                (
+                    200,
+                    vec![],
+                    json!({"name": op, "status": "Failed", "error": {"code": code, "message": message}}),
+                )
             } else {
                 arm_error(409, code, message)
             }
@@ -351,7 +399,11 @@ fn poll(state: &mut State, kind: &str, op: &str) -> Answer {
         _ => {
             apply(state, &operation.effect);
             if kind == "operations" {
-                (200, vec![], json!({"name": op, "status": "Succeeded", "startTime": "2024-07-01T00:00:00Z", "endTime": "2024-07-01T00:00:05Z"}))
+                (
+                    200,
+                    vec![],
+                    json!({"name": op, "status": "Succeeded", "startTime": "2024-07-01T00:00:00Z", "endTime": "2024-07-01T00:00:05Z"}),
+                )
             } else {
                 (200, vec![], Value::Null)
             }
@@ -417,7 +469,9 @@ fn get(state: &State, id: &str, query: &str) -> Answer {
             .as_str()
             .unwrap_or("Creating")
             .to_ascii_lowercase();
-        let mut statuses = vec![json!({"code": format!("ProvisioningState/{provisioning}"), "level": "Info", "displayStatus": "Provisioning state"})];
+        let mut statuses = vec![
+            json!({"code": format!("ProvisioningState/{provisioning}"), "level": "Info", "displayStatus": "Provisioning state"}),
+        ];
         if let Some(power) = resource["__power"].as_str() {
             statuses.push(json!({"code": format!("PowerState/{power}"), "level": "Info", "displayStatus": format!("VM {power}")}));
         }
@@ -435,19 +489,29 @@ fn put_nic(state: &mut State, path: &str, id: &str, body: &Value, fault: Option<
         .unwrap_or_default()
         .to_ascii_lowercase();
     if body["location"].as_str().is_none() {
-        return arm_error(400, "LocationRequired", "The location property is required for this definition.");
+        return arm_error(
+            400,
+            "LocationRequired",
+            "The location property is required for this definition.",
+        );
     }
     if !state.subnets.contains(&subnet) {
         return arm_error(
             400,
             "InvalidResourceReference",
-            &format!("Resource {subnet} referenced by resource {path} was not found. Please make sure that the referenced resource exists, and that both resources are in the same region."),
+            &format!(
+                "Resource {subnet} referenced by resource {path} was not found. Please make sure that the referenced resource exists, and that both resources are in the same region."
+            ),
         );
     }
     let existing = state.resources.get(id).cloned();
     let address = existing
         .as_ref()
-        .and_then(|n| n["properties"]["ipConfigurations"][0]["properties"]["privateIPAddress"].as_str().map(str::to_owned))
+        .and_then(|n| {
+            n["properties"]["ipConfigurations"][0]["properties"]["privateIPAddress"]
+                .as_str()
+                .map(str::to_owned)
+        })
         .unwrap_or_else(|| format!("10.1.0.{}", 4 + state.next() % 200));
     let name = path.rsplit('/').next().unwrap_or_default();
     // The documented response shape (NetworkInterfaceCreate.json).
@@ -482,7 +546,11 @@ fn put_nic(state: &mut State, path: &str, id: &str, body: &Value, fault: Option<
 }
 
 fn missing(what: &str) -> Answer {
-    arm_error(400, "InvalidParameter", &format!("Required parameter '{what}' is missing (null)."))
+    arm_error(
+        400,
+        "InvalidParameter",
+        &format!("Required parameter '{what}' is missing (null)."),
+    )
 }
 
 fn put_vm(state: &mut State, path: &str, id: &str, body: &Value, fault: Option<Fault>) -> Answer {
@@ -490,13 +558,37 @@ fn put_vm(state: &mut State, path: &str, id: &str, body: &Value, fault: Option<F
     let image = &p["storageProfile"]["imageReference"];
     let required = [
         ("location", body["location"].is_string()),
-        ("hardwareProfile.vmSize", p["hardwareProfile"]["vmSize"].is_string()),
-        ("storageProfile.imageReference", image["id"].is_string() || (image["publisher"].is_string() && image["offer"].is_string() && image["sku"].is_string())),
-        ("storageProfile.osDisk.createOption", p["storageProfile"]["osDisk"]["createOption"].is_string()),
-        ("osProfile.computerName", p["osProfile"]["computerName"].is_string()),
-        ("osProfile.adminUsername", p["osProfile"]["adminUsername"].is_string()),
-        ("osProfile.linuxConfiguration.ssh.publicKeys", p["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"][0]["keyData"].is_string()),
-        ("networkProfile.networkInterfaces", p["networkProfile"]["networkInterfaces"][0]["id"].is_string()),
+        (
+            "hardwareProfile.vmSize",
+            p["hardwareProfile"]["vmSize"].is_string(),
+        ),
+        (
+            "storageProfile.imageReference",
+            image["id"].is_string()
+                || (image["publisher"].is_string()
+                    && image["offer"].is_string()
+                    && image["sku"].is_string()),
+        ),
+        (
+            "storageProfile.osDisk.createOption",
+            p["storageProfile"]["osDisk"]["createOption"].is_string(),
+        ),
+        (
+            "osProfile.computerName",
+            p["osProfile"]["computerName"].is_string(),
+        ),
+        (
+            "osProfile.adminUsername",
+            p["osProfile"]["adminUsername"].is_string(),
+        ),
+        (
+            "osProfile.linuxConfiguration.ssh.publicKeys",
+            p["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"][0]["keyData"].is_string(),
+        ),
+        (
+            "networkProfile.networkInterfaces",
+            p["networkProfile"]["networkInterfaces"][0]["id"].is_string(),
+        ),
     ];
     if let Some((what, _)) = required.iter().find(|(_, ok)| !ok) {
         return missing(what);
@@ -506,20 +598,43 @@ fn put_vm(state: &mut State, path: &str, id: &str, body: &Value, fault: Option<F
         return arm_error(
             409,
             "OperationNotAllowed",
-            &format!("Operation could not be completed as it results in exceeding approved {size} Family Cores quota. Additional details - Deployment Model: Resource Manager, Location: westeurope, Current Limit: 10, Current Usage: 8, Additional Required: 4, (Minimum) New Limit Required: 12."),
+            &format!(
+                "Operation could not be completed as it results in exceeding approved {size} Family Cores quota. Additional details - Deployment Model: Resource Manager, Location: westeurope, Current Limit: 10, Current Usage: 8, Additional Required: 4, (Minimum) New Limit Required: 12."
+            ),
         );
     }
-    if image["sku"].as_str().is_some_and(|s| state.unknown_skus.contains(s)) {
-        return arm_error(400, "InvalidParameter", "The value of parameter imageReference.sku is invalid.");
+    if image["sku"]
+        .as_str()
+        .is_some_and(|s| state.unknown_skus.contains(s))
+    {
+        return arm_error(
+            400,
+            "InvalidParameter",
+            "The value of parameter imageReference.sku is invalid.",
+        );
     }
-    let nic = p["networkProfile"]["networkInterfaces"][0]["id"].as_str().unwrap_or_default().to_ascii_lowercase();
+    let nic = p["networkProfile"]["networkInterfaces"][0]["id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
     if !state.resources.contains_key(&nic) {
-        return arm_error(400, "InvalidResourceReference", &format!("Resource {nic} referenced by resource {path} was not found."));
+        return arm_error(
+            400,
+            "InvalidResourceReference",
+            &format!("Resource {nic} referenced by resource {path} was not found."),
+        );
     }
-    let custom_data = p["osProfile"]["customData"].as_str().unwrap_or_default().to_owned();
+    let custom_data = p["osProfile"]["customData"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     if let Some(existing) = state.resources.get(id).cloned() {
         if state.custom_data.get(id).is_some_and(|c| *c != custom_data) {
-            return arm_error(409, "PropertyChangeNotAllowed", "Changing property 'customData' is not allowed.");
+            return arm_error(
+                409,
+                "PropertyChangeNotAllowed",
+                "Changing property 'customData' is not allowed.",
+            );
         }
         if existing["properties"]["provisioningState"] == "Succeeded" {
             return (200, vec![], public(&existing));
@@ -562,7 +677,11 @@ fn vm_action(state: &mut State, id: &str, action: &str, fault: Option<Fault>) ->
         "deallocate" => "deallocated",
         "restart" if power == "running" => "running",
         "restart" => {
-            return arm_error(409, "OperationNotAllowed", &format!("Operation 'restart' is not allowed on VM since the VM is {power}."));
+            return arm_error(
+                409,
+                "OperationNotAllowed",
+                &format!("Operation 'restart' is not allowed on VM since the VM is {power}."),
+            );
         }
         _ => return arm_error(404, "NotFound", "No such action."),
     };
@@ -577,14 +696,29 @@ fn delete(state: &mut State, id: &str, fault: Option<Fault>) -> Answer {
     let mut ids = vec![id.to_owned()];
     if id.contains("/microsoft.network/networkinterfaces/") {
         let user = state.resources.iter().find(|(_, r)| {
-            r["properties"]["networkProfile"]["networkInterfaces"][0]["id"].as_str().is_some_and(|n| n.eq_ignore_ascii_case(id))
+            r["properties"]["networkProfile"]["networkInterfaces"][0]["id"]
+                .as_str()
+                .is_some_and(|n| n.eq_ignore_ascii_case(id))
         });
         if let Some((vm, _)) = user {
-            return arm_error(400, "NicInUse", &format!("Network Interface {id} is used by existing resource {vm}. In order to delete the network interface, it must be dissociated from the resource."));
+            return arm_error(
+                400,
+                "NicInUse",
+                &format!(
+                    "Network Interface {id} is used by existing resource {vm}. In order to delete the network interface, it must be dissociated from the resource."
+                ),
+            );
         }
     } else if id.contains("/microsoft.compute/disks/") {
-        if let Some(vm) = resource["managedBy"].as_str().filter(|vm| state.resources.contains_key(*vm)) {
-            return arm_error(409, "OperationNotAllowed", &format!("Disk {id} is attached to VM {vm}."));
+        if let Some(vm) = resource["managedBy"]
+            .as_str()
+            .filter(|vm| state.resources.contains_key(*vm))
+        {
+            return arm_error(
+                409,
+                "OperationNotAllowed",
+                &format!("Disk {id} is attached to VM {vm}."),
+            );
         }
     } else {
         // deleteOption: Delete takes the NIC and the OS disk along, as Azure does.
