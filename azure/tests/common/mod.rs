@@ -63,8 +63,8 @@ pub struct State {
     pub faults: Vec<Fault>,
     pub requests: Vec<Recorded>,
     counter: u64,
-    /// Polls an asynchronous operation answers InProgress before it ends.
-    pub polls_per_operation: u32,
+    /// How long an asynchronous operation runs.
+    pub operation_time: Duration,
     pub origin: String,
 }
 
@@ -213,7 +213,7 @@ impl FakeAzure {
         let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let origin = format!("https://127.0.0.1:{}", tcp.local_addr().unwrap().port());
         let state = Arc::new(Mutex::new(State {
-            polls_per_operation: 1,
+            operation_time: Duration::from_millis(1500),
             origin: origin.clone(),
             ..State::default()
         }));

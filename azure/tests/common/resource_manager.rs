@@ -5,6 +5,8 @@
 //! errors are `{"error": {"code", "message"}}`; every answer carries
 //! `x-ms-ratelimit-remaining-subscription-*` headers.
 
+use std::time::Instant;
+
 use serde_json::{Value, json};
 
 use super::{State, arm_error};
@@ -119,7 +121,10 @@ enum Effect {
 
 #[derive(Debug, Clone)]
 pub(crate) struct Operation {
-    polls_left: u32,
+    /// When Azure is done with it (operations progress with time, as Azure's do, whether
+    /// anyone polls or not).
+    due: Instant,
+    finished: bool,
     end: End,
     effect: Effect,
     /// The resource whose provisioning fails with the operation.
@@ -165,6 +170,7 @@ pub(crate) fn handle(
     query: &str,
     body: &Value,
 ) -> Answer {
+    advance(state);
     let lower = path.to_ascii_lowercase();
     let mut extra = ratelimit_headers();
     let mut operation_fault = None;
@@ -314,7 +320,8 @@ fn start_operation(
     state.operations.insert(
         op.clone(),
         Operation {
-            polls_left: state.polls_per_operation,
+            due: Instant::now() + state.operation_time,
+            finished: false,
             end,
             effect,
             fails,
@@ -360,13 +367,37 @@ fn start_location_operation(
         .collect()
 }
 
+/// Finishes the operations whose time has come: their effects show in the resources.
+pub(crate) fn advance(state: &mut State) {
+    let now = Instant::now();
+    let due: Vec<Operation> = state
+        .operations
+        .values_mut()
+        .filter(|o| !o.finished && o.due <= now && !matches!(o.end, End::Never))
+        .map(|o| {
+            o.finished = true;
+            o.clone()
+        })
+        .collect();
+    for operation in due {
+        match &operation.end {
+            End::Fail { .. } => {
+                if let Some(id) = &operation.fails
+                    && let Some(resource) = state.resources.get_mut(id)
+                {
+                    resource["properties"]["provisioningState"] = json!("Failed");
+                }
+            }
+            _ => apply(state, &operation.effect),
+        }
+    }
+}
+
 fn poll(state: &mut State, kind: &str, op: &str) -> Answer {
-    let Some(operation) = state.operations.get_mut(op) else {
+    let Some(operation) = state.operations.get(op) else {
         return arm_error(404, "NotFound", "No such operation.");
     };
-    let running = matches!(operation.end, End::Never) || operation.polls_left > 0;
-    if running {
-        operation.polls_left = operation.polls_left.saturating_sub(1);
+    if !operation.finished {
         let headers = vec![("retry-after".into(), RETRY_AFTER.into())];
         return if kind == "operations" {
             (
@@ -378,14 +409,8 @@ fn poll(state: &mut State, kind: &str, op: &str) -> Answer {
             (202, headers, Value::Null)
         };
     }
-    let operation = operation.clone();
     match &operation.end {
         End::Fail { code, message } => {
-            if let Some(id) = &operation.fails
-                && let Some(resource) = state.resources.get_mut(id)
-            {
-                resource["properties"]["provisioningState"] = json!("Failed");
-            }
             if kind == "operations" {
                 (
                     200,
@@ -397,7 +422,6 @@ fn poll(state: &mut State, kind: &str, op: &str) -> Answer {
             }
         }
         _ => {
-            apply(state, &operation.effect);
             if kind == "operations" {
                 (
                     200,
