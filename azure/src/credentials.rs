@@ -129,10 +129,11 @@ impl IdentityOptions {
 
     /// Client options for a credential.
     pub fn client_options(&self) -> ClientOptions {
-        let mut options = ClientOptions::default();
-        options.transport = Some(self.transport.clone());
-        options.cloud = Some(self.cloud.clone());
-        options
+        ClientOptions {
+            transport: Some(self.transport.clone()),
+            cloud: Some(self.cloud.clone()),
+            ..ClientOptions::default()
+        }
     }
 
     /// A service principal's client-secret credential.

@@ -35,7 +35,7 @@ pub fn follow(
     location: Option<&str>,
     body: &Value,
 ) -> Follow {
-    if !matches!(status, 200 | 201 | 202) {
+    if !(200..=202).contains(&status) {
         return Follow::Done;
     }
     if let Some(url) = async_operation.filter(|u| !u.is_empty()) {

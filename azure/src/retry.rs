@@ -247,7 +247,8 @@ mod tests {
     #[test]
     fn ratelimit_pauses() {
         let p = policy();
-        let cases: [(&str, Vec<(&str, &str)>, Option<Duration>); 6] = [
+        type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, Option<Duration>);
+        let cases: [Case<'_>; 6] = [
             ("no headers", vec![], None),
             (
                 "plenty left",
