@@ -7,6 +7,8 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+mod faults;
+mod operations;
 mod resource_manager;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -22,7 +24,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-pub use resource_manager::Fault;
+pub use faults::Fault;
 
 pub const TENANT: &str = "72f988bf-86f1-41af-91ab-2d7cd011db47";
 pub const CLIENT_ID: &str = "3f1e0b2c-5d7a-4c8e-9b6f-0a1b2c3d4e5f";
@@ -58,7 +60,7 @@ pub struct State {
     pub unknown_skus: BTreeSet<String>,
     /// Resources by lower-case ID.
     pub resources: BTreeMap<String, Value>,
-    operations: HashMap<String, resource_manager::Operation>,
+    operations: HashMap<String, operations::Operation>,
     custom_data: HashMap<String, String>,
     pub faults: Vec<Fault>,
     pub requests: Vec<Recorded>,
