@@ -15,6 +15,8 @@ fn ipmi_sim_answers_inside_a_namespace() {
         .args([
             "-I",
             "lanplus",
+            "-C",
+            "3",
             "-H",
             "127.0.0.1",
             "-p",
