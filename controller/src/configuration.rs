@@ -47,7 +47,9 @@ pub async fn reconcile(
 
 /// For each version number of `configuration`, how many Machines reference it: the version
 /// they were provisioned with (`status.configuration`) or the one they pin
-/// (`spec.configurationRef.version`, which a repave will apply).
+/// (`spec.configurationRef.version`, which a repave will apply). The definition of the
+/// counts; the controller keeps the same counts incrementally in
+/// [`crate::index::machines::MachineIndex`] rather than scanning every Machine.
 pub fn machine_counts(configuration: &str, machines: &[Arc<Machine>]) -> BTreeMap<i64, i64> {
     let mut counts = BTreeMap::new();
     for machine in machines {
@@ -125,7 +127,7 @@ async fn apply(configuration: &MachineConfiguration, ctx: &Context) -> Result<Ac
         }
     }
 
-    let counts = machine_counts(&name, &ctx.machines.state());
+    let counts = ctx.machine_index.read().counts_of(&name);
     for version in &versions {
         sync_version_usage(
             version,
