@@ -11,6 +11,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use unbounded_api::{Machine, MachineConfiguration, MachineConfigurationVersion, MachineOperation};
 
 use crate::events::{EventPublisher, EventSettings};
+use crate::expectations::Expectations;
 use crate::index::Shared;
 use crate::index::catalog::Catalog;
 use crate::index::machines::MachineIndex;
@@ -83,6 +84,8 @@ pub struct Context {
     pub node_index: Shared<NodeIndex>,
     /// Operations by Machine and parent.
     pub operation_index: Shared<OperationIndex>,
+    /// Writes not yet shown by the watches.
+    pub expectations: Shared<Expectations>,
     /// Publishes Kubernetes Events.
     pub recorder: EventPublisher,
     /// Metrics.

@@ -15,6 +15,7 @@ pub mod dispatch;
 pub mod drain;
 pub mod error;
 pub mod events;
+pub mod expectations;
 pub mod index;
 pub mod leader;
 pub mod lifecycle;

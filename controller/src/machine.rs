@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -197,7 +197,13 @@ async fn lock_version(
         .get(&ObjectRef::new(&name))
         .and_then(|v| v.status.as_ref().map(|s| s.deployed))
         .unwrap_or(false);
-    if deployed {
+    // Locked by an earlier reconcile whose write the cache has not shown yet.
+    let locked = ctx
+        .expectations
+        .read()
+        .locked_versions
+        .pending(&name, Instant::now());
+    if deployed || locked {
         return Ok(());
     }
     let api: Api<MachineConfigurationVersion> = Api::all(ctx.client.clone());
@@ -210,6 +216,10 @@ async fn lock_version(
     .map_err(kube_err(format!(
         "locking MachineConfigurationVersion {name}"
     )))?;
+    ctx.expectations
+        .write()
+        .locked_versions
+        .expect(name.clone(), Instant::now());
     let note = format!(
         "{} version {} is deployed (now immutable): Machine {} is provisioned with it",
         configuration.name,
@@ -329,23 +339,30 @@ async fn write_status<const N: usize>(
     if let Some(g) = generation {
         status.insert("observedGeneration".into(), json!(g));
     }
+    // Written only over the Machine as read: a reconcile working from a stale copy must not
+    // overwrite what a newer one recorded (the version is sticky).
     let body = json!({
         "apiVersion": Machine::api_version(&()),
         "kind": Machine::kind(&()),
+        "metadata": {"resourceVersion": machine.resource_version()},
         "status": status,
     });
     let api: Api<Machine> = Api::all(ctx.client.clone());
-    api.patch_status(
-        &machine.name_any(),
-        &PatchParams::apply(field_managers::CONTROLLER).force(),
-        &Patch::Apply(body),
-    )
-    .await
-    .map_err(kube_err(format!(
-        "writing the status of Machine {}",
-        machine.name_any()
-    )))?;
-    Ok(())
+    let name = machine.name_any();
+    match api
+        .patch_status(
+            &name,
+            &PatchParams::apply(field_managers::CONTROLLER).force(),
+            &Patch::Apply(body),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            Err(Error::Waiting(format!("Machine {name} changed meanwhile")))
+        }
+        Err(e) => Err(kube_err(format!("writing the status of Machine {name}"))(e)),
+    }
 }
 
 /// Deletion: drain and delete the Node, then wait until every provider has released the

@@ -53,10 +53,10 @@ struct Flags {
     log_json: bool,
     /// Requests per second to the API server, on average (0: no limit). See the README's
     /// "The controller at scale".
-    #[arg(long, env = "UNBOUNDED_API_QPS", default_value_t = 400.0)]
+    #[arg(long, env = "UNBOUNDED_API_QPS", default_value_t = 500.0)]
     api_qps: f64,
     /// Requests that may go to the API server at once after a quiet spell.
-    #[arg(long, env = "UNBOUNDED_API_BURST", default_value_t = 800)]
+    #[arg(long, env = "UNBOUNDED_API_BURST", default_value_t = 1000)]
     api_burst: u32,
     /// Machines reconciled at once.
     #[arg(long, default_value_t = Settings::default().machine_concurrency)]

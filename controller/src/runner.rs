@@ -13,13 +13,14 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::controller::{self, Action, Controller};
-use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
 use unbounded_api::{Machine, MachineConfiguration, MachineConfigurationVersion, MachineOperation};
 
 use crate::context::{Context, Settings};
 use crate::error::Error;
 use crate::events::EventPublisher;
+use crate::expectations::Expectations;
 use crate::index::Shared;
 use crate::index::catalog::Catalog;
 use crate::index::machines::MachineIndex;
@@ -46,6 +47,7 @@ pub async fn run(
     let catalog = Shared::new(Catalog::default());
     let node_index = Shared::new(NodeIndex::default());
     let operation_index = Shared::new(OperationIndex::default());
+    let expectations = Shared::new(Expectations::default());
     let (operation_tx, operation_rx) = unbounded::<ObjectRef<MachineOperation>>();
     let (machine_tx, machine_rx) = unbounded::<ObjectRef<Machine>>();
     let (configuration_tx, configuration_rx) = unbounded::<ObjectRef<MachineConfiguration>>();
@@ -84,7 +86,7 @@ pub async fn run(
             Api::<MachineConfigurationVersion>::all(client.clone()),
             version_writer,
             watches::trim_version,
-            triggers.on_version(catalog.clone(), machine_index.clone()),
+            triggers.on_version(catalog.clone(), machine_index.clone(), expectations.clone()),
         ),
         drive(
             Api::<Node>::all(client.clone()),
@@ -116,8 +118,8 @@ pub async fn run(
         .wait_until_ready()
         .await
         .map_err(|_| Error::StoreNotReady("MachineOperation"))?;
-    // From now on every change triggers; then everything once, which covers what changed
-    // while the stores filled.
+    // From now on every change triggers; then everything once ([`initial_pass`]), which
+    // covers what changed while the stores filled.
     triggers.live.store(true, Ordering::Release);
     tracing::info!(
         machines = machines.len(),
@@ -127,27 +129,12 @@ pub async fn run(
         operations = operations.len(),
         "caches synced; reconciling"
     );
-    send_all(
-        &machine_tx,
-        machines
-            .state()
-            .iter()
-            .map(|m| ObjectRef::from_obj(m.as_ref())),
-    );
-    send_all(
-        &configuration_tx,
-        configurations
-            .state()
-            .iter()
-            .map(|c| ObjectRef::from_obj(c.as_ref())),
-    );
-    send_all(
-        &operation_tx,
-        operations
-            .state()
-            .iter()
-            .map(|o| ObjectRef::from_obj(o.as_ref())),
-    );
+    let initial = tokio::spawn(initial_pass(
+        catalog.clone(),
+        (configurations.clone(), configuration_tx.clone()),
+        (operations.clone(), operation_tx.clone()),
+        (machines.clone(), machine_tx.clone()),
+    ));
     let recounts = send_recounts(
         triggers.recount.clone(),
         configuration_tx.clone(),
@@ -173,6 +160,7 @@ pub async fn run(
         catalog,
         node_index,
         operation_index,
+        expectations,
         recorder,
         metrics: metrics.clone(),
         settings: settings.clone(),
@@ -212,6 +200,7 @@ pub async fn run(
         watch.abort();
     }
     event_worker.abort();
+    initial.abort();
     Ok(())
 }
 
@@ -255,6 +244,39 @@ fn send_all<K: kube::Resource>(
         // A closed channel means the controller is shutting down.
         let _ = tx.unbounded_send(r);
     }
+}
+
+/// How long the first pass waits for new configurations' first versions before it
+/// reconciles the Machines anyway.
+const FIRST_VERSIONS_WAIT: Duration = Duration::from_secs(10);
+
+type Feed<K> = (Store<K>, UnboundedSender<ObjectRef<K>>);
+
+/// Everything once, configurations first: a Machine reconciled before its configuration's
+/// first version exists records `ConfigurationPending` and later its version, two status
+/// writes and one event more for each such Machine of a cold start.
+async fn initial_pass(
+    catalog: Shared<Catalog>,
+    configurations: Feed<MachineConfiguration>,
+    operations: Feed<MachineOperation>,
+    machines: Feed<Machine>,
+) {
+    fn send_every<K: kube::Resource<DynamicType = ()> + Clone>((store, tx): &Feed<K>) {
+        send_all(
+            tx,
+            store
+                .state()
+                .iter()
+                .map(|o| ObjectRef::from_obj(o.as_ref())),
+        );
+    }
+    send_every(&configurations);
+    send_every(&operations);
+    let deadline = tokio::time::Instant::now() + FIRST_VERSIONS_WAIT;
+    while catalog.read().awaiting_first_version() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    send_every(&machines);
 }
 
 /// Sends the configurations whose Machines changed on for a recount when their batch is

@@ -25,6 +25,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use unbounded_api::{Machine, MachineConfiguration, MachineConfigurationVersion, MachineOperation};
 
+use crate::expectations::Expectations;
 use crate::index::Shared;
 use crate::index::catalog::{Catalog, ConfigurationKeys, VersionKeys};
 use crate::index::machines::{MachineIndex, MachineKeys};
@@ -266,16 +267,27 @@ impl Triggers {
         }
     }
 
-    /// The MachineConfigurationVersion handler: index, then its configuration (at once when
-    /// selection changes, else in the next recount batch) and, when selection changes, the
-    /// Machines the configuration selects or that name it.
+    /// The MachineConfigurationVersion handler: expectations met and index, then its
+    /// configuration (at once when selection changes, else in the next recount batch) and,
+    /// when selection changes, the Machines the configuration selects or that name it.
     pub fn on_version(
         &self,
         catalog: Shared<Catalog>,
         machines: Shared<MachineIndex>,
+        expectations: Shared<Expectations>,
     ) -> impl FnMut(Seen<'_, MachineConfigurationVersion>) + Send + 'static {
         let this = self.clone();
         move |seen| {
+            if let Seen::Applied(v) = &seen {
+                let mut expectations = expectations.write();
+                expectations.expire(Instant::now());
+                expectations
+                    .created_versions
+                    .observed(&(v.spec.configuration_name.clone(), v.spec.version));
+                if v.status.as_ref().is_some_and(|s| s.deployed) {
+                    expectations.locked_versions.observed(&v.name_any());
+                }
+            }
             let changes: Vec<(Option<VersionKeys>, Option<VersionKeys>)> = {
                 let mut catalog = catalog.write();
                 match seen {

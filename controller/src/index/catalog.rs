@@ -230,6 +230,14 @@ impl Catalog {
             .collect()
     }
 
+    /// How many configurations (not being deleted) have no version yet.
+    pub fn awaiting_first_version(&self) -> usize {
+        self.configurations
+            .iter()
+            .filter(|(name, keys)| !keys.deleting && self.version_infos(name).is_empty())
+            .count()
+    }
+
     /// The configurations (not being deleted) that selection must consider for a Machine
     /// with these labels that names `named`: those whose selector may match the labels and
     /// the named one. Selection over these decides exactly as over all of them.
@@ -521,5 +529,22 @@ mod tests {
         c.retain_versions(&versions);
         assert_eq!(c.version_names_of("gpu"), vec!["gpu-v1"]);
         assert!(c.version_names_of("rack-r1-high").is_empty());
+        assert_eq!(c.awaiting_first_version(), 0);
+        c.apply_configuration("new", configuration(None, 0));
+        assert_eq!(c.awaiting_first_version(), 1);
+        c.apply_version(
+            "new-v1",
+            VersionKeys {
+                deleting: true,
+                ..version("new", 1, false)
+            },
+        );
+        assert_eq!(
+            c.awaiting_first_version(),
+            1,
+            "a version being deleted does not count"
+        );
+        c.apply_version("new-v1", version("new", 1, false));
+        assert_eq!(c.awaiting_first_version(), 0);
     }
 }
