@@ -57,6 +57,7 @@ pub async fn run(
         operations: operation_tx.clone(),
         recount: Shared::new(PendingRecounts::default()),
         live: Arc::new(AtomicBool::new(false)),
+        machines_live: Arc::new(AtomicBool::new(false)),
     };
 
     let watches = [
@@ -131,6 +132,7 @@ pub async fn run(
     );
     let initial = tokio::spawn(initial_pass(
         catalog.clone(),
+        triggers.machines_live.clone(),
         (configurations.clone(), configuration_tx.clone()),
         (operations.clone(), operation_tx.clone()),
         (machines.clone(), machine_tx.clone()),
@@ -257,6 +259,7 @@ type Feed<K> = (Store<K>, UnboundedSender<ObjectRef<K>>);
 /// writes and one event more for each such Machine of a cold start.
 async fn initial_pass(
     catalog: Shared<Catalog>,
+    machines_live: Arc<AtomicBool>,
     configurations: Feed<MachineConfiguration>,
     operations: Feed<MachineOperation>,
     machines: Feed<Machine>,
@@ -276,6 +279,9 @@ async fn initial_pass(
     while catalog.read().awaiting_first_version() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Live first, then everything: a Machine that appears in between is sent twice, never
+    // not at all.
+    machines_live.store(true, Ordering::Release);
     send_every(&machines);
 }
 

@@ -155,6 +155,10 @@ pub struct Triggers {
     pub recount: Shared<PendingRecounts>,
     /// Set once every store is complete.
     pub live: Arc<AtomicBool>,
+    /// Set once the first pass sent every Machine ([`crate::runner`]): until then a
+    /// trigger for a Machine would only reconcile it early, before its configuration's
+    /// first version exists.
+    pub machines_live: Arc<AtomicBool>,
 }
 
 fn send<K: kube::Resource<DynamicType = ()>>(
@@ -170,6 +174,12 @@ fn send<K: kube::Resource<DynamicType = ()>>(
 impl Triggers {
     fn live(&self) -> bool {
         self.live.load(Ordering::Acquire)
+    }
+
+    fn send_machines(&self, names: impl IntoIterator<Item = impl AsRef<str>>) {
+        if self.machines_live.load(Ordering::Acquire) {
+            send(&self.machines, names);
+        }
     }
 
     /// The Machine handler: index, then the Machine itself, the configurations whose counts
@@ -205,7 +215,7 @@ impl Triggers {
                 return;
             }
             for (name, old, new) in changes {
-                send(&this.machines, [&name]);
+                this.send_machines([&name]);
                 let recount = triggers::recounted_configurations(old.as_ref(), new.as_ref());
                 if !recount.is_empty() {
                     this.recount.write().mark_all(recount, Instant::now());
@@ -258,10 +268,7 @@ impl Triggers {
                         .flatten()
                         .filter_map(|k| k.selector)
                         .collect::<Vec<_>>();
-                    send(
-                        &this.machines,
-                        affected_machines(&machines, &name, &selectors),
-                    );
+                    this.send_machines(affected_machines(&machines, &name, &selectors));
                 }
             }
         }
@@ -321,10 +328,11 @@ impl Triggers {
                         .read()
                         .configuration(&configuration)
                         .and_then(|c| c.selector.clone());
-                    send(
-                        &this.machines,
-                        affected_machines(&machines, &configuration, selector.as_slice()),
-                    );
+                    this.send_machines(affected_machines(
+                        &machines,
+                        &configuration,
+                        selector.as_slice(),
+                    ));
                 } else {
                     this.recount.write().mark(configuration, Instant::now());
                 }
@@ -360,10 +368,7 @@ impl Triggers {
             }
             let machines = machines.read();
             for (node, provider_id) in touched {
-                send(
-                    &this.machines,
-                    machines.of_node(&node, provider_id.as_deref()),
-                );
+                this.send_machines(machines.of_node(&node, provider_id.as_deref()));
             }
         }
     }
