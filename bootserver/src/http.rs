@@ -25,7 +25,7 @@ use tower_http::services::ServeDir;
 use crate::backend::{MacAddr, MachineBackend};
 use crate::boot;
 use crate::config::{Settings, UnknownMachines};
-use crate::leases::LeaseStore;
+use crate::leases::{Binding, LeaseStore};
 use crate::metrics::Metrics;
 
 /// What the handlers share.
@@ -129,11 +129,18 @@ async fn machine_config(
         state.metrics.http_request(route, 404);
         return (StatusCode::NOT_FOUND, "no such machine\n").into_response();
     };
-    let holds = machine.ipv4 == Some(peer_ip)
-        || machine
-            .macs
-            .iter()
-            .any(|mac| state.leases.by_mac(mac.0).is_some_and(|l| l.ip == peer_ip));
+    // The address's lease must have been made by one of the machine's MACs. A store that
+    // cannot answer refuses (503), never guesses.
+    let leased = match state.leases.by_ip(peer_ip) {
+        Ok(Some(Binding::Leased(lease))) => machine.macs.contains(&lease.mac),
+        Ok(_) => false,
+        Err(error) => {
+            tracing::error!(%error, "the lease store cannot answer");
+            state.metrics.http_request(route, 503);
+            return (StatusCode::SERVICE_UNAVAILABLE, "lease store unavailable\n").into_response();
+        }
+    };
+    let holds = machine.ipv4 == Some(peer_ip) || leased;
     if !holds {
         state.metrics.http_request(route, 403);
         return (
@@ -175,7 +182,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
     state
         .metrics
         .active_leases
-        .set(i64::try_from(state.leases.active(now)).unwrap_or(i64::MAX));
+        .set(i64::try_from(state.leases.active(now).unwrap_or(0)).unwrap_or(i64::MAX));
     let mut text = String::new();
     if prometheus_client::encoding::text::encode(&mut text, &state.registry).is_err() {
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();

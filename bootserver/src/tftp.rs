@@ -121,7 +121,7 @@ impl Handler for ConfinedDir {
         let resolved = match resolve(&self.root, path) {
             Ok(p) => p,
             Err(refusal) => {
-                self.metrics.tftp_refused.inc();
+                self.metrics.tftp_refused("refused");
                 tracing::info!(%client, path = %path.display(), ?refusal, "TFTP request refused");
                 return Err(match refusal {
                     Refusal::OutsideRoot => packet::Error::PermissionDenied,
@@ -150,7 +150,7 @@ impl Handler for ConfinedDir {
         path: &Path,
         _size: Option<u64>,
     ) -> Result<Self::Writer, packet::Error> {
-        self.metrics.tftp_refused.inc();
+        self.metrics.tftp_refused("refused");
         tracing::info!(%client, path = %path.display(), "TFTP write refused: the server is read-only");
         Err(packet::Error::IllegalOperation)
     }
