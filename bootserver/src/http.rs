@@ -20,13 +20,14 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use prometheus_client::registry::Registry;
+use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::services::ServeDir;
 
 use crate::backend::{MacAddr, MachineBackend};
 use crate::boot;
 use crate::config::{Settings, UnknownMachines};
 use crate::leases::{Binding, LeaseStore};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Service};
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -51,10 +52,20 @@ impl std::fmt::Debug for AppState {
     }
 }
 
-/// The router.
+/// The router. A panic in a handler is caught (tower-http's `CatchPanicLayer`): that
+/// request gets a 500, the panic is logged and counted, and the server goes on.
 pub fn router(state: AppState) -> Router {
     let images = ServeDir::new(&state.settings.images_dir);
     let ipxe = ServeDir::new(&state.settings.tftp_root);
+    let panics = state.metrics.clone();
+    let on_panic = move |panic: Box<dyn std::any::Any + Send + 'static>| {
+        tracing::error!(
+            panic = crate::dhcp::serve::panic_message(panic.as_ref()),
+            "HTTP: a panic while handling a request; answered 500"
+        );
+        panics.panic(Service::Http);
+        (StatusCode::INTERNAL_SERVER_ERROR, "internal error\n").into_response()
+    };
     Router::new()
         .route("/boot.ipxe", get(boot_script))
         .route("/discover.ipxe", get(discover_script))
@@ -65,6 +76,7 @@ pub fn router(state: AppState) -> Router {
         .nest_service("/images", images)
         .nest_service("/ipxe", ipxe)
         .with_state(state)
+        .layer(CatchPanicLayer::custom(on_panic))
 }
 
 fn ipxe(state: &AppState, route: &str, script: String) -> Response {

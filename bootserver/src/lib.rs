@@ -9,6 +9,8 @@ pub mod backend;
 pub mod boot;
 pub mod config;
 pub mod dhcp;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 pub mod kube_backend;
 pub mod leases;
