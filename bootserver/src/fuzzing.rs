@@ -131,7 +131,10 @@ pub fn dhcp(data: &[u8]) {
                     if let Some(info) = &request.relay_agent_info
                         && info.raw.len() <= 255
                     {
-                        assert_eq!(options.last(), Some(&(code::RELAY_AGENT_INFO, &info.raw[..])));
+                        assert_eq!(
+                            options.last(),
+                            Some(&(code::RELAY_AGENT_INFO, &info.raw[..]))
+                        );
                     }
                     if let Some(id) = request.client_id.as_deref().filter(|id| id.len() <= 255) {
                         assert!(options.contains(&(code::CLIENT_ID, id)));

@@ -18,7 +18,10 @@ fn replay(target: &str, run: fn(&[u8])) -> usize {
         };
         for entry in entries {
             let path = entry.unwrap().path();
-            if path.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')) {
+            if path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+            {
                 continue;
             }
             let data = std::fs::read(&path).unwrap();

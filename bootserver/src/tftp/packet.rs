@@ -300,7 +300,19 @@ mod tests {
 
     #[test]
     fn requests_parse_with_their_options() {
-        let r = parse_request(&rrq(&["undionly.kpxe", "octet", "tsize", "0", "blksize", "1468", "windowsize", "8", "x-unknown", "1"])).unwrap();
+        let r = parse_request(&rrq(&[
+            "undionly.kpxe",
+            "octet",
+            "tsize",
+            "0",
+            "blksize",
+            "1468",
+            "windowsize",
+            "8",
+            "x-unknown",
+            "1",
+        ]))
+        .unwrap();
         assert_eq!(r.filename, b"undionly.kpxe");
         assert_eq!(
             r.options,
@@ -312,7 +324,17 @@ mod tests {
             }
         );
         // Out-of-range values are ignored, not refused.
-        let r = parse_request(&rrq(&["f", "NETASCII", "blksize", "7", "timeout", "0", "windowsize", "x"])).unwrap();
+        let r = parse_request(&rrq(&[
+            "f",
+            "NETASCII",
+            "blksize",
+            "7",
+            "timeout",
+            "0",
+            "windowsize",
+            "x",
+        ]))
+        .unwrap();
         assert_eq!(r.options, Requested::default());
     }
 
@@ -329,7 +351,11 @@ mod tests {
             ("no mode terminator", unterminated, Malformed::Unterminated),
             ("empty name", rrq(&["", "octet"]), Malformed::EmptyName),
             ("mail mode", rrq(&["f", "mail"]), Malformed::Mode),
-            ("option without value", rrq(&["f", "octet", "blksize"]), Malformed::Options),
+            (
+                "option without value",
+                rrq(&["f", "octet", "blksize"]),
+                Malformed::Options,
+            ),
         ];
         for (case, bytes, expected) in cases {
             assert_eq!(parse_request(&bytes), Err(expected), "{case}");

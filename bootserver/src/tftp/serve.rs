@@ -108,7 +108,8 @@ pub async fn serve(addr: SocketAddr, root: &Path, metrics: Arc<Metrics>) -> Resu
             }
         };
         let datagram = buf.get(..len).unwrap_or_default();
-        let accepted = match std::panic::catch_unwind(AssertUnwindSafe(|| accept(&root, datagram))) {
+        let accepted = match std::panic::catch_unwind(AssertUnwindSafe(|| accept(&root, datagram)))
+        {
             Ok(a) => a,
             Err(panic) => {
                 tracing::error!(%peer, panic = panic_message(panic.as_ref()), "TFTP: a panic while reading a request; dropped it");
@@ -139,7 +140,10 @@ pub async fn serve(addr: SocketAddr, root: &Path, metrics: Arc<Metrics>) -> Resu
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             metrics.tftp_refused("busy");
             let _ = socket
-                .send_to(&packet::encode_error(error_code::UNDEFINED, "server busy"), peer)
+                .send_to(
+                    &packet::encode_error(error_code::UNDEFINED, "server busy"),
+                    peer,
+                )
                 .await;
             continue;
         };
