@@ -36,6 +36,11 @@ pub struct Reply {
 pub struct EncodeError(String);
 
 fn put_option(out: &mut Vec<u8>, code: u8, value: &[u8]) {
+    // An empty value is still an option (an empty option 82 is echoed empty: found by the
+    // DHCP fuzz target, `fuzz/regressions/dhcp/empty-option-82-not-echoed`).
+    if value.is_empty() {
+        out.extend_from_slice(&[code, 0]);
+    }
     // RFC 3396: a value longer than 255 bytes goes in consecutive instances.
     for chunk in value.chunks(255) {
         out.push(code);
@@ -235,6 +240,13 @@ mod tests {
         assert_eq!(&bytes[28..34], &[2, 0, 0, 0, 0, 7]);
         assert_eq!(bytes[2], 6, "hlen");
         assert_eq!(&bytes[24..28], &[10, 99, 0, 1], "giaddr");
+    }
+
+    #[test]
+    fn empty_echoes_are_kept() {
+        let mut out = Vec::new();
+        put_option(&mut out, 82, &[]);
+        assert_eq!(out, [82, 0]);
     }
 
     #[test]
