@@ -265,3 +265,77 @@ async fn send_and_wait(
     }
     Err(TransferError::TimedOut)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+
+    /// A window-16 transfer of a file that needs more than 65,536 blocks of 512 bytes:
+    /// block numbers roll over to 0 and the file arrives whole.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn block_numbers_roll_over_in_a_long_windowed_transfer() {
+        let dir = tempfile::tempdir().unwrap();
+        let content: Vec<u8> = (0..65_600u32 * 512).map(|i| (i % 251) as u8).collect();
+        std::fs::write(dir.path().join("big"), &content).unwrap();
+        let port = 20_000 + (std::process::id() % 20_000) as u16;
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let server = tokio::spawn({
+            let root = dir.path().to_owned();
+            async move { serve(addr, &root, Arc::new(Metrics::default())).await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        client
+            .send_to(
+                b"\x00\x01big\x00octet\x00blksize\x00512\x00windowsize\x0016\x00",
+                addr,
+            )
+            .await
+            .unwrap();
+        let mut buf = [0u8; 1024];
+        let (len, transfer) = client.recv_from(&mut buf).await.unwrap();
+        assert_eq!(
+            &buf[..len],
+            b"\x00\x06blksize\x00512\x00windowsize\x0016\x00"
+        );
+        client.send_to(&[0, 4, 0, 0], transfer).await.unwrap();
+        let mut received = Vec::new();
+        let mut expected: u16 = 1;
+        let mut in_window = 0;
+        loop {
+            let (len, _) =
+                tokio::time::timeout(Duration::from_secs(10), client.recv_from(&mut buf))
+                    .await
+                    .expect("a DATA packet")
+                    .unwrap();
+            assert_eq!(&buf[..2], &[0, 3]);
+            let block = u16::from_be_bytes([buf[2], buf[3]]);
+            if block != expected {
+                continue; // a retransmission
+            }
+            received.extend_from_slice(&buf[4..len]);
+            in_window += 1;
+            let last = len - 4 < 512;
+            if in_window == 16 || last {
+                client
+                    .send_to(&[0, 4, buf[2], buf[3]], transfer)
+                    .await
+                    .unwrap();
+                in_window = 0;
+            }
+            expected = expected.wrapping_add(1);
+            if last {
+                break;
+            }
+        }
+        assert!(expected < 200, "block numbers rolled over ({expected})");
+        assert!(
+            received == content,
+            "{} of {} bytes",
+            received.len(),
+            content.len()
+        );
+        server.abort();
+    }
+}
