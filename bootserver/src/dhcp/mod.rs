@@ -8,7 +8,7 @@
 //! 2. [`decide::Responder::decide`] turns the request, the machine backend and the lease
 //!    state into a [`decide::Decision`] (addresses come from [`allocate`]; replies are built
 //!    and encoded by [`reply`]), in memory only;
-//! 3. [`serve`] is the socket loop: it does the I/O and makes a lease durable before it
+//! 3. [`mod@serve`] is the socket loop: it does the I/O and makes a lease durable before it
 //!    sends the ACK that promises it.
 //!
 //! The fuzz target (`bootserver/fuzz`, `dhcp`) runs 1 and 2 and the encoding exactly as the

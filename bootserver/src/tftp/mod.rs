@@ -3,7 +3,7 @@
 //!
 //! A request goes through [`packet::parse_request`] (validation, options),
 //! [`resolve`] (confinement) and [`packet::negotiate`], all pure and fuzzed
-//! (`bootserver/fuzz`, target `tftp`); [`serve`] is the socket loop, with each transfer in
+//! (`bootserver/fuzz`, target `tftp`); [`mod@serve`] is the socket loop, with each transfer in
 //! its own task from its own port (RFC 1350's TIDs): at most [`serve::MAX_TRANSFERS`] at
 //! once, a panic in one caught, logged and counted without touching the others.
 //!
