@@ -159,3 +159,37 @@ pub async fn run(
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::StaticBackend;
+
+    /// A task the server depends on that ends makes `run` fail with its name (and the binary
+    /// exit non-zero): never half alive.
+    #[tokio::test]
+    async fn a_background_task_that_ends_stops_the_server_with_its_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = Settings::parse(&format!(
+            "serverAddress: 127.0.0.1\nrouterAdvertisements: false\ndhcp: {{mode: off}}\ntftp: {{root: \"{}\", port: 0}}\nhttp: {{port: 0, imagesDir: \"{}\"}}\n",
+            dir.path().display(),
+            dir.path().display()
+        ))
+        .unwrap();
+        let mut background = Background::new();
+        background.spawn(async { "Machine watch" });
+        let result = run(
+            settings,
+            Arc::new(StaticBackend::default()),
+            background,
+            std::future::pending(),
+        )
+        .await;
+        match result {
+            Err(error @ ServerError::Ended("Machine watch")) => {
+                assert_eq!(error.to_string(), "the Machine watch service ended");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
