@@ -228,6 +228,12 @@ fn relay_case(extra: &[&str], expected_prefix: &str, giaddr: [u8; 4]) {
             .spawn()
             .unwrap(),
     );
+    // tcpdump writes the file's header once it captures: only then start the exchange.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::metadata(&pcap).map_or(0, |m| m.len()) < 24 {
+        assert!(Instant::now() < deadline, "tcpdump did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let relay_log = dir.path().join("dhcrelay.log");
     let relay = dhcrelay(&r.relay, extra, &relay_log);
     std::thread::sleep(Duration::from_millis(500));
@@ -242,7 +248,7 @@ fn relay_case(extra: &[&str], expected_prefix: &str, giaddr: [u8; 4]) {
     assert!(ip.starts_with(expected_prefix), "{ip}");
     assert_eq!(get(&env, "router"), Some("10.98.0.1"));
     drop(relay);
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while std::fs::metadata(&pcap).map_or(0, |m| m.len()) < 1000 {
         assert!(Instant::now() < deadline, "no capture");
         std::thread::sleep(Duration::from_millis(100));

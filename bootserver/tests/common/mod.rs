@@ -159,8 +159,11 @@ fn capture(ns: &Netns) -> Option<Child> {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // tcpdump needs a moment before it sees packets.
-    std::thread::sleep(Duration::from_millis(500));
+    // tcpdump writes the file's header once it captures.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::metadata(&file).map_or(0, |m| m.len()) < 24 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     Some(child)
 }
 
