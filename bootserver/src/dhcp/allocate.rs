@@ -107,6 +107,15 @@ impl Pool<'_> {
             .is_some_and(|m| !m.macs.contains(&mac))
     }
 
+    /// The Machine's reservation, when it lies on this subnet: a Machine moved to another
+    /// network gets an address of the network it is on, never one it cannot use.
+    fn reservation(&self, client: &Client<'_>) -> Option<Ipv4Addr> {
+        client
+            .machine
+            .and_then(|m| m.ipv4)
+            .filter(|ip| self.subnet.contains(*ip))
+    }
+
     /// Whether `ip` may be given to the client now.
     fn usable(&self, ip: Ipv4Addr, client: &Client<'_>) -> Result<bool, LeaseError> {
         let taken = self
@@ -121,7 +130,7 @@ impl Pool<'_> {
     /// What we know the client holds on this subnet: its reservation, its lease (even
     /// expired, while nobody else took the address), or the address it was offered.
     pub fn record(&self, client: &Client<'_>) -> Result<Option<Ipv4Addr>, LeaseError> {
-        if let Some(ip) = client.machine.and_then(|m| m.ipv4) {
+        if let Some(ip) = self.reservation(client) {
             return Ok(Some(ip));
         }
         if let Some(lease) = self.leases.by_client(client.key)?
@@ -142,7 +151,7 @@ impl Pool<'_> {
         client: &Client<'_>,
         requested: Option<Ipv4Addr>,
     ) -> Result<Option<Ipv4Addr>, LeaseError> {
-        if let Some(ip) = client.machine.and_then(|m| m.ipv4) {
+        if let Some(ip) = self.reservation(client) {
             return Ok(Some(ip));
         }
         if let Some(lease) = self.leases.by_client(client.key)?
