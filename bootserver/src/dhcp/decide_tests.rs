@@ -252,7 +252,10 @@ fn a_machines_mac_wins_over_its_client_identifier() {
     // Moved behind a relay on another network: an address of that network, not its
     // reservation, which it could not use there.
     let moved = s.ask(&packet(1, 1).relayed_by([10, 98, 0, 1]));
-    assert!(yiaddr(&moved).octets().starts_with(&[10, 98, 0]), "{moved:?}");
+    assert!(
+        yiaddr(&moved).octets().starts_with(&[10, 98, 0]),
+        "{moved:?}"
+    );
 }
 
 #[test]
