@@ -1,16 +1,36 @@
-//! Unbounded's agent, which runs in the booted host OS of a machine.
+//! Unbounded's agent: runs in the network-booted host OS of a machine and turns it into a
+//! Node.
 //!
-//! Not built yet: it arrives with its own issue (after the control plane and the
-//! bootserver). What it will do, from DESIGN.md: read its identity from the kernel command
-//! line and its configuration from the bootserver; pave the `systemd-nspawn` node container
-//! from the MachineConfigurationVersion's image (sha256-verified) and start it over D-Bus;
-//! repave when its Node is deleted; handle `reboot`, `shutdown` and `restartService`
-//! MachineOperations through the handler API of `unbounded_api`.
+//! 1. **Identity** ([`identity`]): the Machine's name, the bootserver's URL and a one-time
+//!    nonce, from the kernel command line the bootserver's iPXE script wrote.
+//! 2. **Credentials** ([`credentials`]): the nonce buys a ServiceAccount token scoped to this
+//!    Machine (its own Machine, Node, configuration version and operations; see
+//!    `unbounded_api::agent`), refreshed before it expires; each pave also gets a kubelet
+//!    bootstrap token with an expiry.
+//! 3. **Decide** ([`plan`]): from the Machine, its Node and what is on this host, whether to
+//!    pave, start, wait or do nothing.
+//! 4. **Pave** ([`rootfs`], [`render`], [`systemd`]): fetch the node image, verify its
+//!    SHA-256 while unpacking it into a staging directory, write kubelet's files and the
+//!    configuration's files into it, replace the old container with it, write
+//!    `/etc/systemd/nspawn/<node>.nspawn` and start `systemd-nspawn@<node>.service` through
+//!    systemd's D-Bus API. kubelet inside TLS-bootstraps and the Node joins.
+//! 5. **Repave** when the Node it joined as is deleted, with the version the controller
+//!    resolved then (a rollback is "pin an older version, delete the Node").
+//! 6. **Operations** ([`operations`]): `reboot`, `shutdown` (logind) and `restartService`
+//!    (systemd, in the node container or on the host).
 //!
-//! The crate exists now so that the workspace has its final shape and the kernel command-line
-//! contract below is shared with the bootserver's iPXE scripts.
+//! Progress goes to the console (`unbounded-agent: …` lines) and to the Machine's status
+//! (`status.agent`, condition `BootstrapReady`).
 
-/// Kernel command-line key that carries the Machine's name.
-pub const CMDLINE_MACHINE: &str = "unbounded.machine";
-/// Kernel command-line key that carries the bootserver's base URL.
-pub const CMDLINE_BOOTSERVER: &str = "unbounded.bootserver";
+pub mod credentials;
+pub mod identity;
+pub mod operations;
+pub mod plan;
+pub mod render;
+pub mod rootfs;
+pub mod run;
+pub mod state;
+pub mod status;
+pub mod systemd;
+
+pub use identity::{CMDLINE_BOOTSERVER, CMDLINE_MACHINE, CMDLINE_NONCE};

@@ -1,10 +1,79 @@
-//! `unbounded-agent`: not built yet (see the crate documentation).
+//! `unbounded-agent`: reads its identity from the kernel command line (or flags) and runs
+//! until it fails for good; systemd restarts it.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::Parser;
+use unbounded_agent::identity;
+use unbounded_agent::run::{self, Paths};
+
+/// Paves and runs this machine's node container.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// The Machine's name (default: `unbounded.machine=` on the kernel command line).
+    #[arg(long)]
+    machine: Option<String>,
+    /// The bootserver's URL (default: `unbounded.bootserver=` on the kernel command line).
+    #[arg(long)]
+    bootserver: Option<String>,
+    /// Where credentials and local state are kept.
+    #[arg(long, default_value = "/var/lib/unbounded")]
+    state_dir: PathBuf,
+    /// Log as JSON lines.
+    #[arg(long)]
+    log_json: bool,
+}
+
 fn main() -> ExitCode {
-    eprintln!(
-        "unbounded-agent: not built yet; it arrives with the agent issue (see agent/src/lib.rs)"
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    if args.log_json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    let identity = identity::identity(
+        args.machine
+            .as_deref()
+            .or_else(|| identity::cmdline_value(&cmdline, identity::CMDLINE_MACHINE)),
+        args.bootserver
+            .as_deref()
+            .or_else(|| identity::cmdline_value(&cmdline, identity::CMDLINE_BOOTSERVER)),
+        identity::cmdline_value(&cmdline, identity::CMDLINE_NONCE),
     );
-    ExitCode::from(2)
+    let identity = match identity {
+        Ok(id) => id,
+        Err(error) => {
+            println!("unbounded-agent: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(error) => {
+            println!("unbounded-agent: starting the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let paths = Paths {
+        state: args.state_dir,
+        ..Paths::default()
+    };
+    match runtime.block_on(run::run(identity, paths)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            println!("unbounded-agent: {error}");
+            ExitCode::FAILURE
+        }
+    }
 }

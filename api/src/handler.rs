@@ -226,88 +226,102 @@ impl<E: Execute> OperationHandler<E> {
         self.finish(&name, &outcome).await.map(|_| ())
     }
 
-    /// Claims a Pending operation: `InProgress` under this handler's field manager, with the
-    /// observed `resourceVersion` as a precondition.
+    /// Claims a Pending operation (see [`claim`]).
     pub async fn claim(&self, operation: &MachineOperation) -> Result<Claim, HandlerError> {
-        let name = operation.name_any();
+        claim(&self.api, &self.field_manager, operation).await
+    }
+
+    /// Writes how an operation ended (see [`finish`]).
+    pub async fn finish(&self, name: &str, outcome: &Outcome) -> Result<bool, HandlerError> {
+        finish(&self.api, &self.field_manager, name, outcome).await
+    }
+}
+
+/// Claims a Pending operation: `InProgress` under `field_manager`, with the observed
+/// `resourceVersion` as a precondition. For handlers that drive their own loop (the agent
+/// learns its operations from its role rather than a label watch).
+pub async fn claim(
+    api: &Api<MachineOperation>,
+    field_manager: &str,
+    operation: &MachineOperation,
+) -> Result<Claim, HandlerError> {
+    let name = operation.name_any();
+    let patch = json!({
+        "apiVersion": "unbounded-cloud.io/v1alpha1",
+        "kind": "MachineOperation",
+        "metadata": {"name": name, "resourceVersion": operation.resource_version()},
+        "status": {
+            "state": OperationState::InProgress,
+            "startTime": Time(crate::condition::now()),
+            "handler": field_manager,
+            "message": format!("{field_manager} is running it"),
+        },
+    });
+    let params = PatchParams::apply(field_manager).force();
+    match api
+        .patch_status(&name, &params, &Patch::Apply(&patch))
+        .await
+    {
+        Ok(updated) => Ok(Claim::Won(Box::new(updated))),
+        Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => {
+            Ok(Claim::Lost)
+        }
+        Err(source) => Err(HandlerError::Kube {
+            action: "claiming",
+            name,
+            source,
+        }),
+    }
+}
+
+/// Writes how an operation ended, unless it is no longer `field_manager`'s (the controller
+/// failed it meanwhile, or it was deleted). Returns whether the outcome was written.
+pub async fn finish(
+    api: &Api<MachineOperation>,
+    field_manager: &str,
+    name: &str,
+    outcome: &Outcome,
+) -> Result<bool, HandlerError> {
+    let kube_err = |action, source| HandlerError::Kube {
+        action,
+        name: name.to_owned(),
+        source,
+    };
+    // A conflict means the object changed between read and write: read again, decide
+    // again. A handful of rounds is plenty; nothing else writes in a loop.
+    for _ in 0..5 {
+        let Some(current) = api
+            .get_opt(name)
+            .await
+            .map_err(|e| kube_err("reading", e))?
+        else {
+            return Ok(false);
+        };
+        if !resumable(&current, field_manager) {
+            return Ok(false);
+        }
+        let status = current.status.clone().unwrap_or_default();
         let patch = json!({
             "apiVersion": "unbounded-cloud.io/v1alpha1",
             "kind": "MachineOperation",
-            "metadata": {"name": name, "resourceVersion": operation.resource_version()},
+            "metadata": {"name": name, "resourceVersion": current.resource_version()},
             "status": {
-                "state": OperationState::InProgress,
-                "startTime": Time(crate::condition::now()),
-                "handler": self.field_manager,
-                "message": format!("{} is running it", self.field_manager),
+                "state": outcome.state(),
+                "startTime": status.start_time,
+                "completionTime": Time(crate::condition::now()),
+                "handler": field_manager,
+                "message": outcome.message(),
             },
         });
-        let params = PatchParams::apply(&self.field_manager).force();
-        match self
-            .api
-            .patch_status(&name, &params, &Patch::Apply(&patch))
-            .await
-        {
-            Ok(updated) => Ok(Claim::Won(Box::new(updated))),
-            Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => {
-                Ok(Claim::Lost)
-            }
-            Err(source) => Err(HandlerError::Kube {
-                action: "claiming",
-                name,
-                source,
-            }),
+        let params = PatchParams::apply(field_manager).force();
+        match api.patch_status(name, &params, &Patch::Apply(&patch)).await {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(status)) if status.code == 409 => continue,
+            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
+            Err(source) => return Err(kube_err("finishing", source)),
         }
     }
-
-    /// Writes how an operation ended, unless it is no longer this handler's (the controller
-    /// failed it meanwhile, or it was deleted). Returns whether the outcome was written.
-    pub async fn finish(&self, name: &str, outcome: &Outcome) -> Result<bool, HandlerError> {
-        let kube_err = |action, source| HandlerError::Kube {
-            action,
-            name: name.to_owned(),
-            source,
-        };
-        // A conflict means the object changed between read and write: read again, decide
-        // again. A handful of rounds is plenty; nothing else writes in a loop.
-        for _ in 0..5 {
-            let Some(current) = self
-                .api
-                .get_opt(name)
-                .await
-                .map_err(|e| kube_err("reading", e))?
-            else {
-                return Ok(false);
-            };
-            if !resumable(&current, &self.field_manager) {
-                return Ok(false);
-            }
-            let status = current.status.clone().unwrap_or_default();
-            let patch = json!({
-                "apiVersion": "unbounded-cloud.io/v1alpha1",
-                "kind": "MachineOperation",
-                "metadata": {"name": name, "resourceVersion": current.resource_version()},
-                "status": {
-                    "state": outcome.state(),
-                    "startTime": status.start_time,
-                    "completionTime": Time(crate::condition::now()),
-                    "handler": self.field_manager,
-                    "message": outcome.message(),
-                },
-            });
-            let params = PatchParams::apply(&self.field_manager).force();
-            match self
-                .api
-                .patch_status(name, &params, &Patch::Apply(&patch))
-                .await
-            {
-                Ok(_) => return Ok(true),
-                Err(kube::Error::Api(status)) if status.code == 409 => continue,
-                Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
-                Err(source) => return Err(kube_err("finishing", source)),
-            }
-        }
-        Ok(false)
-    }
+    Ok(false)
 }
 
 #[cfg(test)]

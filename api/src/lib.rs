@@ -14,6 +14,7 @@
 // kube's derive takes one `printcolumn(type_ = ..)` per column, which this lint misreads.
 #![allow(clippy::duplicated_attributes)]
 
+pub mod agent;
 pub mod condition;
 pub mod configuration;
 pub mod crds;
@@ -31,9 +32,9 @@ pub use configuration::{
     version_name,
 };
 pub use machine::{
-    AgentStatus, Architecture, AzureImage, AzureSpec, BmcSpec, ConfigurationRef, Firmware, Machine,
-    MachineAddress, MachinePhase, MachineProvider, MachineSpec, MachineStatus, NodeRef, PowerState,
-    PxeSpec, ResolvedConfiguration, SecretReference,
+    AgentReboot, AgentStatus, Architecture, AzureImage, AzureSpec, BmcSpec, ConfigurationRef,
+    Firmware, Machine, MachineAddress, MachinePhase, MachineProvider, MachineSpec, MachineStatus,
+    NodeRef, PowerState, PxeSpec, ResolvedConfiguration, SecretReference,
 };
 pub use operation::{
     ChildCounts, HandlerKind, MachineOperation, MachineOperationSpec, MachineOperationStatus,

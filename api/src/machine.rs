@@ -438,6 +438,24 @@ pub struct AgentStatus {
     /// State of the node container, such as `running`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_state: Option<String>,
+    /// The configuration version the running container was paved with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paved: Option<ResolvedConfiguration>,
+    /// A reboot the agent started for a MachineOperation: the operation is Complete once the
+    /// machine is back with another boot ID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reboot: Option<AgentReboot>,
+}
+
+/// A reboot in progress, as the agent recorded it before rebooting.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentReboot {
+    /// The MachineOperation that asked for it.
+    pub operation: String,
+    /// The boot ID the machine rebooted from.
+    #[serde(rename = "fromBootID")]
+    pub from_boot_id: String,
 }
 
 impl Machine {

@@ -164,17 +164,23 @@ fn safe_for_ipxe(value: &str) -> bool {
 
 /// The iPXE script for a machine: kernel, initrd and arguments with its identity and the
 /// bootserver URL; a script that says why and exits when it should not boot.
-pub fn machine_script(machine: &MachineRecord, http_base: &str) -> String {
+/// `nonce` is the one-time credential nonce of this boot (see [`crate::credentials`]).
+pub fn machine_script(machine: &MachineRecord, http_base: &str, nonce: Option<&str>) -> String {
     let Some(boot) = &machine.boot else {
         return refusal(&format!(
             "machine {} has no boot target yet (no configuration resolved); retrying later",
             machine.name
         ));
     };
-    render(machine, boot, http_base)
+    render(machine, boot, http_base, nonce)
 }
 
-fn render(machine: &MachineRecord, boot: &BootTarget, http_base: &str) -> String {
+fn render(
+    machine: &MachineRecord,
+    boot: &BootTarget,
+    http_base: &str,
+    nonce: Option<&str>,
+) -> String {
     let kernel = image_url(&boot.kernel_url, http_base);
     let initrd = image_url(&boot.initrd_url, http_base);
     let mut args = vec![
@@ -187,6 +193,10 @@ fn render(machine: &MachineRecord, boot: &BootTarget, http_base: &str) -> String
         args.push(format!("unbounded.version={version}"));
     }
     args.extend(boot.kernel_args.iter().cloned());
+    // Last, so that no configured argument can shadow it (the kernel's last value wins).
+    if let Some(nonce) = nonce {
+        args.push(format!("unbounded.nonce={nonce}"));
+    }
     let all = [kernel.as_str(), initrd.as_str()]
         .into_iter()
         .chain(args.iter().map(String::as_str));
@@ -349,7 +359,7 @@ mod tests {
             kernel_args: vec!["console=ttyS0".into()],
             configuration: Some(("general".into(), 3)),
         }));
-        let script = machine_script(&m, "http://10.99.0.1:8080");
+        let script = machine_script(&m, "http://10.99.0.1:8080", None);
         assert_eq!(
             script,
             "#!ipxe\necho Unbounded: booting node-1\n\
@@ -360,7 +370,7 @@ mod tests {
 
     #[test]
     fn machines_that_should_not_boot_get_a_script_that_exits() {
-        let script = machine_script(&machine(None), "http://b");
+        let script = machine_script(&machine(None), "http://b", None);
         assert!(script.starts_with("#!ipxe\necho Unbounded: machine node-1 has no boot target"));
         assert!(script.ends_with("exit 1\n"));
         let hostile = machine(Some(BootTarget {
@@ -369,7 +379,7 @@ mod tests {
             kernel_args: vec!["x=${net0/ip}\nshell".into()],
             configuration: None,
         }));
-        let script = machine_script(&hostile, "http://b");
+        let script = machine_script(&hostile, "http://b", None);
         assert!(script.contains("refusing a boot value"), "{script}");
         assert!(!script.contains("\nshell"), "no injected line: {script}");
         assert!(script.ends_with("exit 1\n"));

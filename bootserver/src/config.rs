@@ -24,6 +24,12 @@
 //!   timeoutSeconds: 10            # one BMC request
 //!   gracefulShutdownSeconds: 60   # then power is forced off
 //! http: {port: 8080, imagesDir: /var/lib/unbounded/images}
+//! credentials:                    # agent credentials (backend kubernetes only)
+//!   apiServer: https://10.99.0.1:6443   # the API server as machines reach it
+//!   caFile: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt   # the default
+//!   tokenSeconds: 3600            # ServiceAccount token lifetime (600–86400)
+//!   bootstrapTokenSeconds: 3600   # kubelet bootstrap token lifetime
+//!   nonceSeconds: 1800            # how long a boot script's nonce stays valid
 //! machines:                       # standalone mode (no cluster): the machines we boot
 //!   - name: node-1
 //!     macs: ["52:54:00:00:00:01"]
@@ -120,6 +126,17 @@ struct File {
     machines: Vec<MachineFile>,
     #[serde(default)]
     power: PowerFile,
+    credentials: Option<CredentialsFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct CredentialsFile {
+    api_server: String,
+    ca_file: Option<PathBuf>,
+    token_seconds: Option<i64>,
+    bootstrap_token_seconds: Option<i64>,
+    nonce_seconds: Option<u64>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -280,6 +297,8 @@ pub struct Settings {
     pub power_enabled: bool,
     /// The PXE provider's settings.
     pub power: crate::pxe_provider::PowerSettings,
+    /// Agent credentials ([`crate::credentials`]); `None` when not configured.
+    pub credentials: Option<crate::credentials::IssuerSettings>,
 }
 
 impl Settings {
@@ -332,6 +351,11 @@ impl Settings {
         }
         let machines = validate_machines(file.machines, &subnets)?;
         let power = validate_power(&file.power)?;
+        let credentials = file
+            .credentials
+            .as_ref()
+            .map(|c| validate_credentials(c, file.backend))
+            .transpose()?;
         Ok(Self {
             interface: file.interface,
             router_advertisements: file.router_advertisements.unwrap_or(true),
@@ -361,6 +385,7 @@ impl Settings {
             power_enabled: file.backend == BackendKind::Kubernetes
                 && file.power.enabled.unwrap_or(true),
             power,
+            credentials,
         })
     }
 
@@ -373,6 +398,63 @@ impl Settings {
     pub fn http_listen(&self) -> SocketAddr {
         SocketAddr::from((self.server_address, self.http_port))
     }
+}
+
+/// The in-cluster CA bundle, the default `credentials.caFile`.
+const IN_CLUSTER_CA: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
+
+fn validate_credentials(
+    c: &CredentialsFile,
+    backend: BackendKind,
+) -> Result<crate::credentials::IssuerSettings, ConfigError> {
+    let invalid = |m: String| ConfigError::Invalid(format!("credentials.{m}"));
+    if backend != BackendKind::Kubernetes {
+        return Err(invalid(
+            "apiServer: agent credentials need backend kubernetes (they are cluster tokens)".into(),
+        ));
+    }
+    if !c.api_server.starts_with("https://") {
+        return Err(invalid(format!(
+            "apiServer must be an https:// URL as machines reach it, not {:?}",
+            c.api_server
+        )));
+    }
+    let ca_file = c
+        .ca_file
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(IN_CLUSTER_CA));
+    let ca_pem = std::fs::read_to_string(&ca_file)
+        .map_err(|e| invalid(format!("caFile {}: {e}", ca_file.display())))?;
+    if !ca_pem.contains("-----BEGIN CERTIFICATE-----") {
+        return Err(invalid(format!(
+            "caFile {} holds no PEM certificate",
+            ca_file.display()
+        )));
+    }
+    let seconds = |name: &str, value: Option<i64>, default: i64| {
+        let v = value.unwrap_or(default);
+        // TokenRequest refuses less than 10 minutes; a day bounds what a stolen token is worth.
+        if (600..=86_400).contains(&v) {
+            Ok(v)
+        } else {
+            Err(invalid(format!(
+                "{name} must be between 600 and 86400, not {v}"
+            )))
+        }
+    };
+    let nonce_seconds = c.nonce_seconds.unwrap_or(1800);
+    if !(60..=86_400).contains(&nonce_seconds) {
+        return Err(invalid(format!(
+            "nonceSeconds must be between 60 and 86400, not {nonce_seconds}"
+        )));
+    }
+    Ok(crate::credentials::IssuerSettings {
+        api_server: c.api_server.trim_end_matches('/').to_owned(),
+        ca_pem,
+        token_seconds: seconds("tokenSeconds", c.token_seconds, 3600)?,
+        bootstrap_token_seconds: seconds("bootstrapTokenSeconds", c.bootstrap_token_seconds, 3600)?,
+        nonce_seconds,
+    })
 }
 
 fn validate_subnet(s: &SubnetFile) -> Result<Subnet, ConfigError> {

@@ -268,6 +268,7 @@ fn http_fixture() -> &'static Http {
             leases: Arc::new(MemoryStore::default()),
             metrics,
             registry: Arc::new(registry),
+            issuer: None,
         });
         let runtime = match tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -11,21 +11,22 @@
 //! | `/healthz`, `/readyz`, `/metrics` | liveness, backend synced, Prometheus |
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{ConnectInfo, Path, Query, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use prometheus_client::registry::Registry;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::services::ServeDir;
 
-use crate::backend::{MacAddr, MachineBackend};
+use crate::backend::{MacAddr, MachineBackend, MachineRecord};
 use crate::boot;
-use crate::config::{Settings, UnknownMachines};
+use crate::config::{DhcpMode, Settings, UnknownMachines};
+use crate::credentials::{Issuer, Origin};
 use crate::leases::{Binding, LeaseStore};
 use crate::metrics::{Metrics, Service};
 
@@ -42,6 +43,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The registry `/metrics` renders.
     pub registry: Arc<Registry>,
+    /// Issues agent credentials (Kubernetes backend with `credentials` configured).
+    pub issuer: Option<Arc<Issuer>>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -70,6 +73,7 @@ pub fn router(state: AppState) -> Router {
         .route("/boot.ipxe", get(boot_script))
         .route("/discover.ipxe", get(discover_script))
         .route("/machines/{name}/config", get(machine_config))
+        .route("/machines/{name}/credentials", post(machine_credentials))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
@@ -121,6 +125,7 @@ fn ipxe(state: &AppState, route: &str, script: String) -> Response {
 
 async fn boot_script(
     State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
     let base = state.settings.http_base();
@@ -135,7 +140,16 @@ async fn boot_script(
         );
     };
     let script = match state.backend.machine_by_mac(&mac) {
-        Some(machine) => boot::machine_script(&machine, &base),
+        Some(machine) => {
+            // A nonce only for a script that boots, served to the machine's own address.
+            let nonce = match (&state.issuer, peer.ip(), &machine.boot) {
+                (Some(issuer), IpAddr::V4(peer), Some(_)) => {
+                    issuer.nonce_for_script(&machine.name, origin(&state, &machine, peer))
+                }
+                _ => None,
+            };
+            boot::machine_script(&machine, &base, nonce.as_deref())
+        }
         None if state.settings.unknown_machines == UnknownMachines::Discover => {
             format!("#!ipxe\nchain {base}/discover.ipxe?mac={mac}\n")
         }
@@ -172,19 +186,7 @@ async fn machine_config(
         state.metrics.http_request(route, 404);
         return (StatusCode::NOT_FOUND, "no such machine\n").into_response();
     };
-    // The address's lease must have been made by one of the machine's MACs. A store that
-    // cannot answer refuses (503), never guesses.
-    let leased = match state.leases.by_ip(peer_ip) {
-        Ok(Some(Binding::Leased(lease))) => machine.macs.contains(&lease.mac),
-        Ok(_) => false,
-        Err(error) => {
-            tracing::error!(%error, "the lease store cannot answer");
-            state.metrics.http_request(route, 503);
-            return (StatusCode::SERVICE_UNAVAILABLE, "lease store unavailable\n").into_response();
-        }
-    };
-    let holds = machine.ipv4 == Some(peer_ip) || leased;
-    if !holds {
+    if !holds_address(&state, &machine, peer_ip) {
         state.metrics.http_request(route, 403);
         return (
             StatusCode::FORBIDDEN,
@@ -204,6 +206,97 @@ async fn machine_config(
         body.to_string(),
     )
         .into_response()
+}
+
+/// Whether `peer` is the machine's reserved address or its current lease.
+/// Whether `peer` is the machine's reserved address, or leased to one of its MACs. A lease
+/// store that cannot answer makes this false (refuse, never guess).
+fn holds_address(state: &AppState, machine: &MachineRecord, peer: Ipv4Addr) -> bool {
+    if machine.ipv4 == Some(peer) {
+        return true;
+    }
+    match state.leases.by_ip(peer) {
+        Ok(Some(Binding::Leased(lease))) => machine.macs.contains(&lease.mac),
+        Ok(_) => false,
+        Err(error) => {
+            tracing::error!(%error, "the lease store cannot answer; refusing");
+            false
+        }
+    }
+}
+
+fn origin(state: &AppState, machine: &MachineRecord, peer: Ipv4Addr) -> Origin {
+    Origin {
+        peer,
+        holds_address: holds_address(state, machine, peer),
+        // Only a full DHCP server knows which address each machine has.
+        addresses_known: state.settings.dhcp_mode == DhcpMode::Full,
+    }
+}
+
+/// The agent's credentials ([`crate::credentials`]).
+async fn machine_credentials(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let route = "/machines/{name}/credentials";
+    let reply = |code: StatusCode, text: String| {
+        state.metrics.http_request(route, code.as_u16());
+        (code, format!("{text}\n")).into_response()
+    };
+    let Some(issuer) = &state.issuer else {
+        return reply(
+            StatusCode::NOT_FOUND,
+            "this bootserver issues no credentials (configure `credentials`)".into(),
+        );
+    };
+    let IpAddr::V4(peer) = peer.ip() else {
+        return reply(StatusCode::FORBIDDEN, "IPv4 only".into());
+    };
+    let Some(machine) = state.backend.machine_by_name(&name) else {
+        return reply(StatusCode::NOT_FOUND, "no such machine".into());
+    };
+    let request: unbounded_api::agent::CredentialRequest = if body.is_empty() {
+        Default::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(r) => r,
+            Err(e) => return reply(StatusCode::BAD_REQUEST, format!("request body: {e}")),
+        }
+    };
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match issuer
+        .credentials(
+            &machine.name,
+            origin(&state, &machine, peer),
+            bearer,
+            &request,
+        )
+        .await
+    {
+        Ok(credentials) => {
+            state.metrics.http_request(route, 200);
+            (
+                [
+                    (header::CONTENT_TYPE, "application/json"),
+                    (header::CACHE_CONTROL, "no-store"),
+                ],
+                serde_json::to_string(&credentials).unwrap_or_default(),
+            )
+                .into_response()
+        }
+        Err(error) => {
+            tracing::warn!(machine = %machine.name, %peer, reason = error.reason(), %error, "credentials refused");
+            let code = StatusCode::from_u16(error.status()).unwrap_or(StatusCode::FORBIDDEN);
+            reply(code, error.to_string())
+        }
+    }
 }
 
 async fn ready(State(state): State<AppState>) -> Response {

@@ -15,6 +15,7 @@
 pub mod backend;
 pub mod boot;
 pub mod config;
+pub mod credentials;
 pub mod dhcp;
 #[doc(hidden)]
 pub mod fuzzing;

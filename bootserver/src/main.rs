@@ -58,6 +58,7 @@ fn main() -> ExitCode {
     // Tasks the server depends on: if one ever ends, the process exits non-zero.
     let _guard = runtime.enter();
     let mut background = Background::new();
+    let mut issuer = None;
     let backend: Arc<dyn MachineBackend> = match settings.backend {
         BackendKind::File => Arc::new(StaticBackend::new(settings.machines.clone())),
         BackendKind::Kubernetes => match runtime.block_on(kube::Client::try_default()) {
@@ -69,6 +70,12 @@ fn main() -> ExitCode {
                         "PXE provider"
                     });
                 }
+                issuer = settings.credentials.clone().map(|c| {
+                    Arc::new(unbounded_bootserver::credentials::Issuer::new(
+                        c,
+                        client.clone(),
+                    ))
+                });
                 KubeBackend::start(client, &mut background)
             }
             Err(error) => {
@@ -81,7 +88,7 @@ fn main() -> ExitCode {
         let _ = tokio::signal::ctrl_c().await;
     };
     match runtime.block_on(unbounded_bootserver::server::run(
-        settings, backend, background, shutdown,
+        settings, backend, issuer, background, shutdown,
     )) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

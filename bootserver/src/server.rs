@@ -58,6 +58,7 @@ pub type Background = JoinSet<&'static str>;
 pub async fn run(
     settings: Settings,
     backend: Arc<dyn MachineBackend>,
+    issuer: Option<Arc<crate::credentials::Issuer>>,
     mut background: Background,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
@@ -129,6 +130,7 @@ pub async fn run(
         leases,
         metrics,
         registry: Arc::new(registry),
+        issuer,
     });
     tasks.spawn(async move {
         axum::serve(
@@ -181,6 +183,7 @@ mod tests {
         let result = run(
             settings,
             Arc::new(StaticBackend::default()),
+            None,
             background,
             std::future::pending(),
         )

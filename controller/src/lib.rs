@@ -7,6 +7,7 @@
 //! [`lifecycle`], [`dispatch`]); the reconcilers ([`machine`], [`configuration`],
 //! [`operation`]) read reflector stores and act on those decisions.
 
+pub mod agent_access;
 pub mod configuration;
 pub mod context;
 pub mod dispatch;

@@ -86,17 +86,20 @@ pub async fn run(
     let (operation_tx, operation_rx) = unbounded::<ObjectRef<MachineOperation>>();
     let (machine_tx, machine_rx) = unbounded::<ObjectRef<Machine>>();
     let (configuration_tx, configuration_rx) = unbounded::<ObjectRef<MachineConfiguration>>();
+    let (access_tx, access_rx) = unbounded::<ObjectRef<Machine>>();
 
     let watches = [
         drive(Api::<Machine>::all(client.clone()), machine_writer, {
-            let (mtx, ctx_, otx, operations) = (
+            let (mtx, ctx_, otx, operations, atx) = (
                 machine_tx.clone(),
                 configuration_tx.clone(),
                 operation_tx.clone(),
                 operations.clone(),
+                access_tx.clone(),
             );
             move |m: &Machine| {
                 send_all(&mtx, [ObjectRef::from_obj(m)]);
+                send_all(&atx, [ObjectRef::from_obj(m)]);
                 send_all(&ctx_, configurations_of_machine(m));
                 send_all(&otx, unfinished_operations_on(&operations, &m.name_any()));
             }
@@ -105,10 +108,15 @@ pub async fn run(
             Api::<MachineOperation>::all(client.clone()),
             operation_writer,
             {
-                let (otx, operations) = (operation_tx.clone(), operations.clone());
+                let (otx, operations, atx) =
+                    (operation_tx.clone(), operations.clone(), access_tx.clone());
                 move |o: &MachineOperation| {
                     send_all(&otx, [ObjectRef::from_obj(o)]);
                     send_all(&otx, parent_of(o));
+                    // Its agent's role lists the operations routed to it.
+                    if let Some(r) = &o.spec.machine_ref {
+                        send_all(&atx, [ObjectRef::new(&r.name)]);
+                    }
                     // The next operation on the Machine may run once this one finishes.
                     if let Some(r) = &o.spec.machine_ref {
                         send_all(&otx, unfinished_operations_on(&operations, &r.name));
@@ -187,6 +195,13 @@ pub async fn run(
             .map(|m| ObjectRef::from_obj(m.as_ref())),
     );
     send_all(
+        &access_tx,
+        machines
+            .state()
+            .iter()
+            .map(|m| ObjectRef::from_obj(m.as_ref())),
+    );
+    send_all(
         &configuration_tx,
         configurations
             .state()
@@ -209,6 +224,10 @@ pub async fn run(
             instance: std::env::var("POD_NAME").ok(),
         },
     );
+    let access_ctx = Arc::new(crate::agent_access::AccessContext::new(
+        client.clone(),
+        operations.clone(),
+    ));
     let ctx = Arc::new(Context {
         client,
         machines: machines.clone(),
@@ -240,10 +259,20 @@ pub async fn run(
         .run(operation::reconcile, error_policy, ctx.clone())
         .for_each(|_| future::ready(()));
 
+    let access_controller = Controller::for_stream(no_primary::<Machine>(), machines.clone())
+        .reconcile_on(access_rx)
+        .graceful_shutdown_on(shutdown.clone())
+        .run(
+            crate::agent_access::reconcile,
+            crate::agent_access::error_policy,
+            access_ctx,
+        )
+        .for_each(|_| future::ready(()));
+
     let phase_gauge = count_phases(machines, metrics);
 
     tokio::select! {
-        _ = future::join3(machine_controller, configuration_controller, operation_controller) => {},
+        _ = future::join4(machine_controller, configuration_controller, operation_controller, access_controller) => {},
         _ = phase_gauge => {},
     }
     for watch in watches {

@@ -105,11 +105,65 @@ pub const LIBVIRT_URI: &str = "qemu:///system";
 pub struct Libvirtd {
     _daemons: Vec<Daemon>,
     dir: tempfile::TempDir,
+    // Dropped last: the daemons are gone before another test binary may start its own.
+    _lock: MachineLock,
+}
+
+/// The lock that serialises libvirtd between test binaries and worktrees on one machine.
+pub const LIBVIRTD_LOCK: &str = "/tmp/unbounded-vm.lock";
+
+/// An exclusive `flock` on a file, released when dropped (or when the process dies).
+#[derive(Debug)]
+pub struct MachineLock(#[allow(dead_code)] std::fs::File);
+
+impl MachineLock {
+    /// Blocks until the lock on `path` is ours.
+    pub fn acquire(path: &Path) -> Result<Self, BmcError> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .map_err(|e| setup(format!("opening {}: {e}", path.display())))?;
+        file.lock()
+            .map_err(|e| setup(format!("locking {}: {e}", path.display())))?;
+        Ok(Self(file))
+    }
+}
+
+/// The shell run (in a mount namespace of its own) to start libvirtd. Where `/dev/kvm`
+/// exists but cannot run guests, libvirtd re-probes QEMU's capabilities on every domain
+/// definition whenever a `/dev/kvm` is accessible and its cached capabilities lack KVM
+/// (20 s to minutes per `virsh define`, measured on a fresh machine; binding `/dev/null`
+/// over it is not enough, since that is accessible too). So libvirtd gets a `/dev` without
+/// `kvm`: a tmpfs holding a copy of every device node of the real `/dev`, with the
+/// filesystems mounted under it (pts, shm, mqueue, hugepages) bound in again.
+fn libvirtd_script(hide_kvm: bool, scratch: &Path) -> String {
+    if !hide_kvm {
+        return "exec /usr/sbin/libvirtd".to_owned();
+    }
+    let scratch = scratch.display();
+    format!(
+        "set -e
+mkdir -p '{scratch}'
+mount -t tmpfs -o mode=0755,nosuid unbounded-dev '{scratch}'
+cp -ax /dev/. '{scratch}'/
+rm -f '{scratch}/kvm'
+for sub in pts shm mqueue hugepages; do
+  if mountpoint -q /dev/$sub; then mkdir -p '{scratch}'/$sub; mount --bind /dev/$sub '{scratch}'/$sub; fi
+done
+mount --move '{scratch}' /dev
+test ! -e /dev/kvm
+exec /usr/sbin/libvirtd"
+    )
 }
 
 impl Libvirtd {
     /// Starts both daemons in `ns`; a libvirtd left over from a killed run is stopped first.
+    /// Holds a machine-wide lock (`/tmp/unbounded-vm.lock`) for its lifetime: there is
+    /// one libvirtd socket per machine, so a second test binary waits for the first.
     pub fn start(ns: &Netns) -> Result<Self, BmcError> {
+        let lock = MachineLock::acquire(Path::new(LIBVIRTD_LOCK))?;
         for pidfile in ["/run/libvirtd.pid", "/run/virtlogd.pid"] {
             if let Ok(pid) = std::fs::read_to_string(pidfile) {
                 let _ = Command::new("kill").arg(pid.trim()).status();
@@ -123,21 +177,15 @@ impl Libvirtd {
             &dir.path().join("virtlogd.log"),
         )?;
         let mut command = daemon_command(Some(ns), Path::new("unshare"));
-        // Where /dev/kvm exists but cannot run guests, libvirtd probes KVM again on every
-        // domain definition (48–100 s each, measured): hide it from libvirtd in a mount
-        // namespace of its own, so that it settles on TCG at once.
-        let hide_kvm = if crate::qemu::accelerator() == "tcg" && Path::new("/dev/kvm").exists() {
-            "mount --bind /dev/null /dev/kvm && "
-        } else {
-            ""
-        };
+        let hide_kvm = crate::qemu::accelerator() == "tcg" && Path::new("/dev/kvm").exists();
         command
             .args(["-m", "sh", "-c"])
-            .arg(format!("{hide_kvm}exec /usr/sbin/libvirtd"));
+            .arg(libvirtd_script(hide_kvm, &dir.path().join("dev")));
         let libvirtd = spawn(command, &dir.path().join("libvirtd.log"))?;
         let this = Self {
             _daemons: vec![virtlogd, libvirtd],
             dir,
+            _lock: lock,
         };
         wait_until("libvirtd", Duration::from_secs(30), || {
             virsh(&["version"]).is_ok()
@@ -164,8 +212,33 @@ pub fn virsh(args: &[&str]) -> Result<String, BmcError> {
     run(Command::new("virsh").args(["-c", LIBVIRT_URI]).args(args))
 }
 
+/// How a [`Domain`] is built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DomainOptions {
+    /// OVMF instead of SeaBIOS.
+    pub uefi: bool,
+    /// Memory.
+    pub memory_mib: u32,
+    /// Virtual CPUs.
+    pub vcpus: u32,
+    /// Boot from the network after the (empty) disk, on every boot.
+    pub network_fallback: bool,
+}
+
+impl Default for DomainOptions {
+    fn default() -> Self {
+        Self {
+            uefi: false,
+            memory_mib: 512,
+            vcpus: 1,
+            network_fallback: false,
+        }
+    }
+}
+
 /// A libvirt domain (TCG unless the CPU can do KVM) with an empty disk, first in the boot
-/// order, and a NIC on `bridge`: it network-boots only when a BMC asks for it.
+/// order, and a NIC on `bridge`: it network-boots only when a BMC asks for it (or on every
+/// boot with [`DomainOptions::network_fallback`]).
 #[derive(Debug)]
 pub struct Domain {
     /// The domain's name.
@@ -178,6 +251,25 @@ pub struct Domain {
 impl Domain {
     /// Defines (does not start) the domain; `name` starts with [`TEST_DOMAIN_PREFIX`].
     pub fn define(name: &str, mac: &str, bridge: &str, uefi: bool) -> Result<Self, BmcError> {
+        Self::define_with(
+            name,
+            mac,
+            bridge,
+            &DomainOptions {
+                uefi,
+                ..DomainOptions::default()
+            },
+        )
+    }
+
+    /// Defines (does not start) a domain with `options`.
+    pub fn define_with(
+        name: &str,
+        mac: &str,
+        bridge: &str,
+        options: &DomainOptions,
+    ) -> Result<Self, BmcError> {
+        let uefi = options.uefi;
         let dir = tempfile::tempdir().map_err(|e| setup(e.to_string()))?;
         let disk = dir.path().join("disk.qcow2");
         run(Command::new("qemu-img")
@@ -207,13 +299,22 @@ impl Domain {
         } else {
             "qemu"
         };
+        let memory = options.memory_mib;
+        let vcpus = options.vcpus;
+        // A server whose OS lives in RAM boots from the network on every boot: its empty
+        // disk fails and the firmware moves on to the NIC.
+        let network_fallback = if options.network_fallback {
+            "<boot dev='network'/>"
+        } else {
+            ""
+        };
         let xml = format!(
             "<domain type='{kind}'>
   <name>{name}</name>
   <uuid>{uuid}</uuid>
-  <memory unit='MiB'>512</memory>
-  <vcpu>1</vcpu>
-  <os><type arch='x86_64' machine='{machine}'>hvm</type>{loader}<boot dev='hd'/></os>
+  <memory unit='MiB'>{memory}</memory>
+  <vcpu>{vcpus}</vcpu>
+  <os><type arch='x86_64' machine='{machine}'>hvm</type>{loader}<boot dev='hd'/>{network_fallback}</os>
   <features><acpi/></features>
   <on_poweroff>destroy</on_poweroff>
   <on_reboot>restart</on_reboot>
@@ -240,6 +341,11 @@ impl Domain {
             uuid,
             dir,
         })
+    }
+
+    /// The serial console's file.
+    pub fn console_path(&self) -> PathBuf {
+        self.dir.path().join("console.log")
     }
 
     /// What the serial console printed so far (across boots: the file is appended).
@@ -313,8 +419,13 @@ pub struct SushyEmulator {
 }
 
 impl SushyEmulator {
-    /// Starts the emulator with one user.
+    /// Starts the emulator with one user, on the host's loopback.
     pub fn start(username: &str, password: &str) -> Result<Self, BmcError> {
+        Self::start_in(None, username, password)
+    }
+
+    /// Starts the emulator with one user on the loopback of `ns` (or the host's).
+    pub fn start_in(ns: Option<&Netns>, username: &str, password: &str) -> Result<Self, BmcError> {
         let bin = emulators_bin()?;
         let dir = tempfile::tempdir().map_err(|e| setup(e.to_string()))?;
         let auth = dir.path().join("htpasswd");
@@ -345,7 +456,7 @@ impl SushyEmulator {
         )
         .map_err(|e| setup(e.to_string()))?;
         let port = free_port(false)?;
-        let mut command = daemon_command(None, &bin.join("sushy-emulator"));
+        let mut command = daemon_command(ns, &bin.join("sushy-emulator"));
         command
             .arg("--config")
             .arg(&config)
@@ -357,8 +468,17 @@ impl SushyEmulator {
             _daemon: daemon,
             dir,
         };
-        wait_until("sushy-emulator", Duration::from_secs(60), || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        wait_until("sushy-emulator", Duration::from_secs(60), || match ns {
+            None => std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+            Some(ns) => ns
+                .exec(&[
+                    "curl",
+                    "-s",
+                    "-o",
+                    "/dev/null",
+                    &format!("http://127.0.0.1:{port}/"),
+                ])
+                .is_ok(),
         })
         .map_err(|e| setup(format!("{e}\n{}", this.log())))?;
         Ok(this)
@@ -385,8 +505,18 @@ pub struct IpmiSim {
 }
 
 impl IpmiSim {
-    /// Starts the simulator for `domain` with one administrator.
+    /// Starts the simulator for `domain` with one administrator, on the host's loopback.
     pub fn start(domain: &str, username: &str, password: &str) -> Result<Self, BmcError> {
+        Self::start_in(None, domain, username, password)
+    }
+
+    /// Starts the simulator on the loopback of `ns` (or the host's).
+    pub fn start_in(
+        ns: Option<&Netns>,
+        domain: &str,
+        username: &str,
+        password: &str,
+    ) -> Result<Self, BmcError> {
         let dir = tempfile::tempdir().map_err(|e| setup(e.to_string()))?;
         let port = free_port(true)?;
         let script = dir.path().join("chassis.sh");
@@ -410,7 +540,7 @@ impl IpmiSim {
         .map_err(|e| setup(e.to_string()))?;
         let state = dir.path().join("state");
         std::fs::create_dir_all(&state).map_err(|e| setup(e.to_string()))?;
-        let mut command = daemon_command(None, Path::new("ipmi_sim"));
+        let mut command = daemon_command(ns, Path::new("ipmi_sim"));
         command
             .arg("-c")
             .arg(&conf)
@@ -427,7 +557,11 @@ impl IpmiSim {
         };
         // Ready when it answers a session (ipmitool reads the password from the environment).
         wait_until("ipmi_sim", Duration::from_secs(30), || {
-            Command::new("ipmitool")
+            let mut ipmitool = match ns {
+                Some(ns) => ns.command("ipmitool"),
+                None => Command::new("ipmitool"),
+            };
+            ipmitool
                 .args(["-I", "lanplus", "-H", "127.0.0.1", "-p", &port.to_string()])
                 .args(["-U", username, "-E", "chassis", "power", "status"])
                 .env("IPMI_PASSWORD", password)

@@ -845,7 +845,8 @@ fn generate_pki(dir: &Path) -> Result<(), ClusterError> {
             subject: "/CN=kube-apiserver",
             usage: "serverAuth",
             alt_names: Some(
-                "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:10.96.0.1",
+                // 10.99.0.1: the testbed's provisioning bridge, where VMs reach it.
+                "IP:127.0.0.1,IP:10.99.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:10.96.0.1",
             ),
         },
         CertRequest {

@@ -6,6 +6,11 @@
 
 pub mod bmc;
 pub mod cluster;
+pub mod images;
+pub mod lab;
 pub mod netns;
+pub mod oci;
+pub mod progress;
 pub mod qemu;
+pub mod scenario;
 pub mod setup;

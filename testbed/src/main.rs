@@ -1,11 +1,15 @@
-//! `unbounded-testbed`: the main job (`up`) and the local control plane for people and
-//! scripts (`cluster up`, `cluster down`).
+//! `unbounded-testbed`: the main job (`up`: servers from power-off to Ready Nodes), its
+//! day-2 scenarios, the images, and the local control plane alone (`cluster up|down`).
 
-use std::process::ExitCode;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 use unbounded_testbed::cluster::{self, ClusterError, KUBERNETES_VERSION};
-use unbounded_testbed::setup;
+use unbounded_testbed::lab::{Lab, LabError, LabOptions, RunningLab};
+use unbounded_testbed::{images, progress, scenario, setup};
 
 #[derive(Parser, Debug)]
 #[command(name = "unbounded-testbed", version, about = "Unbounded's testbed")]
@@ -16,41 +20,118 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Commands {
-    /// Install what is missing, start the local control plane, and apply Unbounded's CRDs,
-    /// policies, RBAC and examples. Prints `KUBECONFIG=<path>` as its last line.
-    Up,
-    /// Stop what `up` started.
+    /// Build what is missing, start the control plane, the bootserver, the controller,
+    /// emulated BMCs and QEMU VMs, and follow the VMs from power-off to Ready Nodes. Prints
+    /// a per-stage timing table and `KUBECONFIG=<path>` as its last line; everything keeps
+    /// running until `down`.
+    Up {
+        /// How many machines (BIOS through Redfish and UEFI through IPMI alternate).
+        #[arg(long, default_value_t = 2)]
+        machines: usize,
+        /// Memory per VM, in MiB.
+        #[arg(long, default_value_t = 1536)]
+        memory: u32,
+        /// How long one stage may take before `up` gives up and prints the logs.
+        #[arg(long, default_value_t = 420)]
+        stage_timeout: u64,
+    },
+    /// Stop everything `up` started.
     Down,
+    /// Run a day-2 scenario on the running testbed.
+    Scenario {
+        /// Which one.
+        #[arg(value_enum)]
+        name: ScenarioName,
+    },
     /// Build (once, cached) or locate the Kubernetes binaries and print their paths.
     KubernetesBinaries,
+    /// Build (or find cached) the host OS boot image, the node image and, with
+    /// `--containers`, the controller's and the bootserver's container images; prints what
+    /// was built.
+    Images {
+        /// Also build the container images (OCI layouts; a static release build).
+        #[arg(long)]
+        containers: bool,
+    },
     /// The local Kubernetes control plane alone.
     Cluster {
         #[command(subcommand)]
         command: ClusterCommand,
+    },
+    /// (internal) Run the lab in the foreground; `up` starts it in the background.
+    #[command(hide = true)]
+    Serve {
+        #[arg(long)]
+        machines: usize,
+        #[arg(long)]
+        memory: u32,
+        #[arg(long)]
+        stage_timeout: u64,
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        controller: PathBuf,
+        #[arg(long)]
+        bootserver: PathBuf,
     },
 }
 
 #[derive(Subcommand, Debug)]
 enum ClusterCommand {
     /// Start etcd, kube-apiserver and kube-controller-manager on loopback, building them the
-    /// first time. Prints `KUBECONFIG=<path>` as its last line.
+    /// first time, and apply `deploy/` and its examples. Prints `KUBECONFIG=<path>` last.
     Up,
     /// Stop exactly what `cluster up` started.
     Down,
 }
 
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum ScenarioName {
+    /// Delete a Node: the machine repaves with the same version and joins again.
+    Repave,
+    /// A new version on one machine (pinned, Node deleted), then back to the old one.
+    Rollback,
+    /// reboot, restartService kubelet, powerCycle by selector.
+    Operations,
+    /// All three, in that order.
+    All,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Commands::Up => up(true),
+        Commands::Up {
+            machines,
+            memory,
+            stage_timeout,
+        } => up(machines, memory, stage_timeout),
+        Commands::Serve {
+            machines,
+            memory,
+            stage_timeout,
+            dir,
+            controller,
+            bootserver,
+        } => serve(
+            LabOptions {
+                machines,
+                memory_mib: memory,
+                dir,
+                controller,
+                bootserver,
+            },
+            stage_timeout,
+        ),
+        Commands::Down => down(),
+        Commands::Scenario { name } => run_scenario(name),
         Commands::Cluster {
             command: ClusterCommand::Up,
-        } => up(false),
-        Commands::Down
-        | Commands::Cluster {
+        } => cluster_up(),
+        Commands::Cluster {
             command: ClusterCommand::Down,
-        } => down(),
+        } => cluster_down(),
         Commands::KubernetesBinaries => kubernetes_binaries(),
+        Commands::Images { containers } => build_images(containers),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -67,9 +148,269 @@ enum CliError {
     Setup(#[from] setup::SetupError),
     #[error(transparent)]
     Cluster(#[from] ClusterError),
+    #[error(transparent)]
+    Images(#[from] images::ImagesError),
+    #[error(transparent)]
+    Lab(#[from] LabError),
+    #[error("{0}")]
+    Other(String),
 }
 
-fn up(apply_everything: bool) -> Result<(), CliError> {
+fn testbed_dir() -> PathBuf {
+    cluster::cache_dir().join("testbed")
+}
+
+fn up(machines: usize, memory: u32, stage_timeout: u64) -> Result<(), CliError> {
+    if machines == 0 {
+        return Err(CliError::Other("--machines must be at least 1".into()));
+    }
+    eprintln!("testbed: checking packages");
+    setup::install_dependencies()?;
+    if RunningLab::load().is_some() {
+        eprintln!("testbed: a testbed is running; stopping it first");
+        down()?;
+    }
+    eprintln!("testbed: images (host OS, node)");
+    images::build(&images::Options::default())?;
+    eprintln!("testbed: building the controller and the bootserver");
+    let binaries = images::cargo_build(
+        &["unbounded-controller", "unbounded-bootserver"],
+        &["unbounded-controller", "unbounded-bootserver"],
+        false,
+        false,
+    )?;
+    let (Some(controller), Some(bootserver)) = (binaries.first(), binaries.get(1)) else {
+        return Err(CliError::Other(
+            "cargo built no controller or bootserver".into(),
+        ));
+    };
+    let dir = testbed_dir().join("run");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| CliError::Other(format!("{}: {e}", dir.display())))?;
+    let log_path = dir.join("serve.log");
+    let log = std::fs::File::create(&log_path).map_err(|e| CliError::Other(e.to_string()))?;
+    let err = log
+        .try_clone()
+        .map_err(|e| CliError::Other(e.to_string()))?;
+    let exe = std::env::current_exe().map_err(|e| CliError::Other(e.to_string()))?;
+    // The lab lives in a process of its own (a new session), so that it outlives `up`.
+    let mut child = Command::new("setsid")
+        .arg(&exe)
+        .args(["serve", "--machines", &machines.to_string()])
+        .args(["--memory", &memory.to_string()])
+        .args(["--stage-timeout", &stage_timeout.to_string()])
+        .arg("--dir")
+        .arg(&dir)
+        .arg("--controller")
+        .arg(controller)
+        .arg("--bootserver")
+        .arg(bootserver)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| CliError::Other(format!("starting the lab: {e}")))?;
+    // Follow its log until it says it is ready or failed.
+    let mut reader =
+        BufReader::new(std::fs::File::open(&log_path).map_err(|e| CliError::Other(e.to_string()))?);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = reader
+            .read_line(&mut line)
+            .map_err(|e| CliError::Other(e.to_string()))?;
+        if n == 0 || !line.ends_with('\n') {
+            if !line.is_empty() {
+                // A half-written line: read it again from its start.
+                let _ = reader.seek_relative(-(line.len() as i64));
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(CliError::Other(format!(
+                    "the lab stopped ({status}); its log is {}",
+                    log_path.display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        }
+        let text = line.trim_end();
+        if let Some(kubeconfig) = text.strip_prefix("testbed: READY ") {
+            eprintln!("testbed: stop it with `cargo run -p unbounded-testbed -- down`");
+            eprintln!(
+                "testbed: kubectl {KUBERNETES_VERSION} is {}",
+                kubectl_path()?.display()
+            );
+            println!("KUBECONFIG={kubeconfig}");
+            return Ok(());
+        }
+        if text.starts_with("testbed: FAILED") {
+            let _ = child.wait();
+            return Err(CliError::Other(format!(
+                "the lab failed; its log is {}",
+                log_path.display()
+            )));
+        }
+        eprintln!("{text}");
+    }
+}
+
+fn kubectl_path() -> Result<PathBuf, CliError> {
+    Ok(cluster::Binaries::ensure()?.kubectl)
+}
+
+/// Runs the lab in this process until SIGTERM or SIGINT.
+fn serve(options: LabOptions, stage_timeout: u64) -> Result<(), CliError> {
+    let say = |m: &str| eprintln!("testbed: {m}");
+    let started = Instant::now();
+    let result = (|| -> Result<Lab, CliError> {
+        let images = images::cached()?;
+        let mut lab = Lab::start(&options, &images, &say)?;
+        lab.apply_machines(&images)?;
+        say("MachineConfiguration and Machines applied; following the machines");
+        let timelines = lab.wait_ready(Duration::from_secs(stage_timeout), &say)?;
+        say(&format!(
+            "every Node is Ready, {:.0} s after `up` started the lab; seconds since power-on (step):",
+            started.elapsed().as_secs_f64()
+        ));
+        for line in progress::table(&timelines).lines() {
+            say(line);
+        }
+        std::fs::write(options.dir.join("timings.txt"), progress::table(&timelines))
+            .map_err(|e| CliError::Other(e.to_string()))?;
+        Ok(lab)
+    })();
+    let lab = match result {
+        Ok(lab) => lab,
+        Err(error) => {
+            eprintln!("{error}");
+            eprintln!("testbed: FAILED");
+            return Err(error);
+        }
+    };
+    let exe = std::env::current_exe().map_err(|e| CliError::Other(e.to_string()))?;
+    RunningLab {
+        pid: std::process::id(),
+        exe: std::fs::canonicalize(&exe).unwrap_or(exe),
+        dir: options.dir.clone(),
+        kubeconfig: lab.kubeconfig.clone(),
+        kubectl: lab.plane.binaries().kubectl.clone(),
+        machines: lab
+            .machines
+            .iter()
+            .map(|m| (m.name.clone(), m.domain.console_path()))
+            .collect(),
+    }
+    .save()?;
+    say(&format!("READY {}", lab.kubeconfig.display()));
+    wait_for_termination();
+    say("stopping");
+    drop(lab);
+    let _ = std::fs::remove_file(RunningLab::state_path());
+    Ok(())
+}
+
+fn wait_for_termination() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    let Ok(runtime) = runtime else {
+        return;
+    };
+    runtime.block_on(async {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return,
+            };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    });
+}
+
+fn down() -> Result<(), CliError> {
+    let Some(lab) = RunningLab::load() else {
+        let _ = std::fs::remove_file(RunningLab::state_path());
+        eprintln!("testbed: no testbed is running");
+        return Ok(());
+    };
+    let _ = Command::new("kill").arg(lab.pid.to_string()).status();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Path::new(&format!("/proc/{}", lab.pid)).exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    if Path::new(&format!("/proc/{}", lab.pid)).exists() {
+        let _ = Command::new("kill")
+            .args(["-9", &lab.pid.to_string()])
+            .status();
+    }
+    let _ = std::fs::remove_file(RunningLab::state_path());
+    eprintln!("testbed: stopped (logs kept in {})", lab.dir.display());
+    Ok(())
+}
+
+fn run_scenario(name: ScenarioName) -> Result<(), CliError> {
+    let lab = RunningLab::load().ok_or_else(|| {
+        CliError::Other(
+            "no testbed is running: start one with `cargo run -p unbounded-testbed -- up`".into(),
+        )
+    })?;
+    let images = images::cached()?;
+    let say = |m: &str| eprintln!("testbed: {m}");
+    let timeout = Duration::from_secs(420);
+    let first = lab
+        .machines
+        .first()
+        .map(|(n, _)| n.clone())
+        .ok_or_else(|| CliError::Other("the testbed has no machines".into()))?;
+    let run = |which: ScenarioName| -> Result<(), LabError> {
+        match which {
+            ScenarioName::Repave => scenario::repave(&lab, &first, timeout, &say).map(|_| ()),
+            ScenarioName::Rollback => {
+                scenario::rollback(&lab, &first, &images.node.sha256, timeout, &say)
+            }
+            ScenarioName::Operations => scenario::operations(&lab, timeout, &say),
+            ScenarioName::All => Ok(()),
+        }
+    };
+    match name {
+        ScenarioName::All => {
+            for which in [
+                ScenarioName::Repave,
+                ScenarioName::Rollback,
+                ScenarioName::Operations,
+            ] {
+                run(which)?;
+            }
+        }
+        one => run(one)?,
+    }
+    say("scenario passed");
+    Ok(())
+}
+
+fn build_images(containers: bool) -> Result<(), CliError> {
+    setup::install_dependencies()?;
+    let built = images::build(&images::Options { containers })?;
+    println!("host kernel   {}", built.host.kernel.display());
+    println!("host initrd   {}", built.host.initrd.display());
+    println!("node image    {}", built.node.archive.display());
+    println!("node sha256   {}", built.node.sha256);
+    for image in &built.containers {
+        println!(
+            "{:<13} oci:{}:{}",
+            image.reference,
+            image.layout.display(),
+            images::VERSION
+        );
+        println!("{:<13} {}", "", image.archive.display());
+    }
+    Ok(())
+}
+
+fn cluster_up() -> Result<(), CliError> {
     eprintln!("testbed: checking packages");
     setup::install_dependencies()?;
     eprintln!(
@@ -78,35 +419,33 @@ fn up(apply_everything: bool) -> Result<(), CliError> {
     let state = cluster::start_detached()?;
     let kubeconfig = state.kubeconfig.display().to_string();
     let binaries = cluster::Binaries::ensure()?;
-    if apply_everything {
-        let deploy = cluster::deploy_dir();
-        eprintln!(
-            "testbed: applying {} (CRDs, policies, RBAC, Deployments)",
-            deploy.display()
-        );
-        kubectl(
-            &binaries,
-            &kubeconfig,
-            &[
-                "apply",
-                "--server-side",
-                "-k",
-                &deploy.display().to_string(),
-            ],
-        )?;
-        let examples = deploy.join("examples");
-        eprintln!("testbed: applying {}", examples.display());
-        kubectl(
-            &binaries,
-            &kubeconfig,
-            &[
-                "apply",
-                "--server-side",
-                "-f",
-                &examples.display().to_string(),
-            ],
-        )?;
-    }
+    let deploy = cluster::deploy_dir();
+    eprintln!(
+        "testbed: applying {} (CRDs, policies, RBAC, Deployments)",
+        deploy.display()
+    );
+    kubectl(
+        &binaries,
+        &kubeconfig,
+        &[
+            "apply",
+            "--server-side",
+            "-k",
+            &deploy.display().to_string(),
+        ],
+    )?;
+    let examples = deploy.join("examples");
+    eprintln!("testbed: applying {}", examples.display());
+    kubectl(
+        &binaries,
+        &kubeconfig,
+        &[
+            "apply",
+            "--server-side",
+            "-f",
+            &examples.display().to_string(),
+        ],
+    )?;
     eprintln!(
         "testbed: control plane running; logs and data in {}",
         state.dir.display()
@@ -115,7 +454,7 @@ fn up(apply_everything: bool) -> Result<(), CliError> {
         "testbed: kubectl {KUBERNETES_VERSION} is {}",
         binaries.kubectl.display()
     );
-    eprintln!("testbed: stop it with `cargo run -p unbounded-testbed -- down`");
+    eprintln!("testbed: stop it with `cargo run -p unbounded-testbed -- cluster down`");
     println!("KUBECONFIG={kubeconfig}");
     Ok(())
 }
@@ -134,7 +473,7 @@ fn kubernetes_binaries() -> Result<(), CliError> {
     Ok(())
 }
 
-fn down() -> Result<(), CliError> {
+fn cluster_down() -> Result<(), CliError> {
     let state = cluster::stop_detached()?;
     for (name, pid, _) in &state.processes {
         eprintln!("testbed: stopped {name} (pid {pid})");

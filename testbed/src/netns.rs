@@ -154,6 +154,12 @@ pub struct LoopbackForward {
 impl LoopbackForward {
     /// Forwards `127.0.0.1:<port>` inside `ns` to `target` (e.g. `127.0.0.1:6443`) outside.
     pub fn new(ns: &Netns, port: u16, target: &str) -> Result<Self, NetnsError> {
+        Self::bound(ns, "127.0.0.1", port, target)
+    }
+
+    /// Forwards `<bind>:<port>` inside `ns` (an address of the namespace, such as a
+    /// bridge's that VMs reach) to `target` outside.
+    pub fn bound(ns: &Netns, bind: &str, port: u16, target: &str) -> Result<Self, NetnsError> {
         let dir = tempfile::tempdir().map_err(|e| NetnsError::Command {
             command: "tempdir".into(),
             message: e.to_string(),
@@ -185,7 +191,7 @@ impl LoopbackForward {
         }
         let inside = spawn(
             ns.command("socat")
-                .arg(format!("TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork"))
+                .arg(format!("TCP-LISTEN:{port},bind={bind},reuseaddr,fork"))
                 .arg(format!("UNIX-CONNECT:{}", socket.display())),
         );
         match inside {

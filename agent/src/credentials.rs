@@ -1,0 +1,374 @@
+//! The agent's credentials: a ServiceAccount token scoped to its own Machine, obtained from
+//! the bootserver with the one-time nonce of this boot (or, later, with the current token),
+//! kept in the agent's state directory (RAM) readable by root only, and refreshed before it
+//! expires. kube's client reads the token from its file (re-read every minute), so a refresh
+//! needs no new client.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use unbounded_api::agent::{CredentialRequest, Credentials};
+
+use crate::identity::Identity;
+
+/// Errors while obtaining credentials.
+#[derive(Debug, thiserror::Error)]
+pub enum CredentialError {
+    /// The bootserver could not be reached.
+    #[error("asking the bootserver at {bootserver} for credentials: {message}")]
+    Unreachable {
+        /// The bootserver's base URL.
+        bootserver: String,
+        /// Why (no token or nonce is ever in it).
+        message: String,
+    },
+    /// The bootserver refused.
+    #[error("the bootserver refused credentials ({status}): {message}")]
+    Refused {
+        /// HTTP status.
+        status: u16,
+        /// What it said.
+        message: String,
+    },
+    /// Nothing is left to authenticate with.
+    #[error(
+        "no way to authenticate: the nonce of this boot was used and no valid token is stored; reboot the machine (a network boot brings a new nonce)"
+    )]
+    Exhausted,
+    /// The answer was not understood.
+    #[error("the bootserver's answer was not understood: {0}")]
+    Malformed(String),
+    /// The credential files could not be written.
+    #[error("storing credentials in {path}: {source}")]
+    Store {
+        /// Where.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl CredentialError {
+    /// Whether trying again later may help.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Unreachable { .. } | Self::Store { .. } => true,
+            // 503: the controller has not created the ServiceAccount yet; 429: rate limited.
+            Self::Refused { status, .. } => *status == 503 || *status == 429 || *status >= 500,
+            Self::Exhausted | Self::Malformed(_) => false,
+        }
+    }
+}
+
+/// What is stored beside the token file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredMeta {
+    /// The API server URL.
+    pub server: String,
+    /// Expiry, seconds since the epoch.
+    pub expires_unix: u64,
+    /// Lifetime when issued, in seconds.
+    pub lifetime_seconds: u64,
+    /// The nonce of this boot has been spent.
+    pub nonce_used: bool,
+}
+
+/// The credential files in the agent's state directory.
+#[derive(Debug, Clone)]
+pub struct Store {
+    dir: PathBuf,
+}
+
+/// When a token of `lifetime` that expires at `expires` should be refreshed: at 70 % of its
+/// lifetime, and never later than 2 minutes before it expires.
+pub fn refresh_at(expires_unix: u64, lifetime_seconds: u64) -> u64 {
+    let early = lifetime_seconds.saturating_mul(3) / 10;
+    expires_unix.saturating_sub(early.max(120))
+}
+
+/// Seconds since the epoch.
+pub fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Parses an RFC 3339 timestamp into seconds since the epoch.
+pub fn parse_time(text: &str) -> Option<u64> {
+    let ts: k8s_openapi::jiff::Timestamp = text.parse().ok()?;
+    u64::try_from(ts.as_second()).ok()
+}
+
+impl Store {
+    /// The store in `dir` (created 0700 when missing).
+    pub fn new(dir: &Path) -> Result<Self, CredentialError> {
+        fs::create_dir_all(dir).map_err(|source| CredentialError::Store {
+            path: dir.display().to_string(),
+            source,
+        })?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// The token file (what the Kubernetes client reads).
+    pub fn token_path(&self) -> PathBuf {
+        self.dir.join("token")
+    }
+
+    /// The CA file.
+    pub fn ca_path(&self) -> PathBuf {
+        self.dir.join("ca.crt")
+    }
+
+    fn meta_path(&self) -> PathBuf {
+        self.dir.join("credentials.json")
+    }
+
+    /// What is stored, if anything.
+    pub fn meta(&self) -> Option<StoredMeta> {
+        let bytes = fs::read(self.meta_path()).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    /// The stored token, if any.
+    pub fn token(&self) -> Option<String> {
+        fs::read_to_string(self.token_path())
+            .ok()
+            .map(|t| t.trim().to_owned())
+    }
+
+    /// Whether a stored token is valid for at least another minute.
+    pub fn valid_token(&self, now: u64) -> Option<(String, StoredMeta)> {
+        let meta = self.meta()?;
+        let token = self.token()?;
+        (meta.expires_unix > now + 60 && !token.is_empty()).then_some((token, meta))
+    }
+
+    fn write_private(&self, path: &Path, content: &[u8]) -> Result<(), CredentialError> {
+        let err = |source| CredentialError::Store {
+            path: path.display().to_string(),
+            source,
+        };
+        let temporary = path.with_extension("tmp");
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&temporary)
+            .map_err(err)?;
+        file.write_all(content).map_err(err)?;
+        fs::rename(&temporary, path).map_err(err)
+    }
+
+    /// Stores credentials (token 0600, CA, metadata).
+    pub fn save(
+        &self,
+        credentials: &Credentials,
+        nonce_used: bool,
+    ) -> Result<StoredMeta, CredentialError> {
+        let expires_unix = parse_time(&credentials.expiration_timestamp).ok_or_else(|| {
+            CredentialError::Malformed(format!(
+                "expirationTimestamp {:?}",
+                credentials.expiration_timestamp
+            ))
+        })?;
+        self.write_private(
+            &self.ca_path(),
+            credentials.certificate_authority.as_bytes(),
+        )?;
+        self.write_private(&self.token_path(), credentials.token.as_bytes())?;
+        let meta = StoredMeta {
+            server: credentials.server.clone(),
+            expires_unix,
+            lifetime_seconds: credentials.lifetime_seconds,
+            nonce_used,
+        };
+        let bytes =
+            serde_json::to_vec(&meta).map_err(|e| CredentialError::Malformed(e.to_string()))?;
+        self.write_private(&self.meta_path(), &bytes)?;
+        Ok(meta)
+    }
+
+    /// Records that the nonce was spent even though no credentials were stored (the
+    /// bootserver refused them for good): never send it twice.
+    pub fn mark_nonce_used(&self) -> Result<(), CredentialError> {
+        let meta = self.meta().unwrap_or(StoredMeta {
+            server: String::new(),
+            expires_unix: 0,
+            lifetime_seconds: 0,
+            nonce_used: true,
+        });
+        let meta = StoredMeta {
+            nonce_used: true,
+            ..meta
+        };
+        let bytes =
+            serde_json::to_vec(&meta).map_err(|e| CredentialError::Malformed(e.to_string()))?;
+        self.write_private(&self.meta_path(), &bytes)
+    }
+}
+
+/// How to authenticate a credential request.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Proof {
+    /// The nonce of this boot.
+    Nonce(String),
+    /// A valid token.
+    Token(String),
+}
+
+impl std::fmt::Debug for Proof {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Nonce(_) => "Nonce(<redacted>)",
+            Self::Token(_) => "Token(<redacted>)",
+        })
+    }
+}
+
+/// Chooses how to authenticate: a valid stored token, else this boot's unspent nonce.
+pub fn choose_proof(
+    stored: Option<(String, StoredMeta)>,
+    nonce: Option<&str>,
+    nonce_used: bool,
+) -> Option<Proof> {
+    if let Some((token, _)) = stored {
+        return Some(Proof::Token(token));
+    }
+    match nonce {
+        Some(n) if !nonce_used => Some(Proof::Nonce(n.to_owned())),
+        _ => None,
+    }
+}
+
+/// Asks the bootserver for credentials and stores them.
+pub async fn obtain(
+    http: &reqwest::Client,
+    identity: &Identity,
+    store: &Store,
+    bootstrap_token: bool,
+) -> Result<Credentials, CredentialError> {
+    let now = now_unix();
+    let nonce_used = store.meta().is_some_and(|m| m.nonce_used);
+    let proof = choose_proof(
+        store.valid_token(now),
+        identity.nonce.as_deref(),
+        nonce_used,
+    )
+    .ok_or(CredentialError::Exhausted)?;
+    let url = format!(
+        "{}/machines/{}/credentials",
+        identity.bootserver, identity.machine
+    );
+    let mut request = http.post(&url).timeout(Duration::from_secs(30));
+    let body = match &proof {
+        Proof::Nonce(nonce) => CredentialRequest {
+            nonce: Some(nonce.clone()),
+            bootstrap_token,
+        },
+        Proof::Token(token) => {
+            request = request.bearer_auth(token);
+            CredentialRequest {
+                nonce: None,
+                bootstrap_token,
+            }
+        }
+    };
+    let response = request
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| CredentialError::Unreachable {
+            bootserver: identity.bootserver.clone(),
+            message: e.without_url().to_string(),
+        })?;
+    let status = response.status().as_u16();
+    if status != 200 {
+        let message: String = response
+            .text()
+            .await
+            .unwrap_or_default()
+            .chars()
+            .take(300)
+            .collect();
+        // A nonce the bootserver has consumed or refused for good must not be sent again.
+        if matches!(proof, Proof::Nonce(_)) && (status == 401 || status == 403) {
+            store.mark_nonce_used()?;
+        }
+        return Err(CredentialError::Refused {
+            status,
+            message: message.trim().to_owned(),
+        });
+    }
+    let credentials: Credentials = response
+        .json()
+        .await
+        .map_err(|e| CredentialError::Malformed(e.without_url().to_string()))?;
+    store.save(&credentials, nonce_used || matches!(proof, Proof::Nonce(_)))?;
+    Ok(credentials)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refresh_happens_at_seventy_percent_or_two_minutes_before() {
+        assert_eq!(refresh_at(10_000, 3600), 10_000 - 1080);
+        assert_eq!(refresh_at(10_000, 300), 10_000 - 120);
+        assert_eq!(refresh_at(100, 3600), 0);
+    }
+
+    #[test]
+    fn proof_prefers_a_valid_token_then_an_unspent_nonce() {
+        let meta = StoredMeta {
+            server: "s".into(),
+            expires_unix: 0,
+            lifetime_seconds: 0,
+            nonce_used: true,
+        };
+        assert!(matches!(
+            choose_proof(Some(("t".into(), meta)), Some("n"), true),
+            Some(Proof::Token(t)) if t == "t"
+        ));
+        assert!(matches!(
+            choose_proof(None, Some("n"), false),
+            Some(Proof::Nonce(n)) if n == "n"
+        ));
+        assert!(choose_proof(None, Some("n"), true).is_none());
+        assert!(choose_proof(None, None, false).is_none());
+    }
+
+    #[test]
+    fn store_round_trip_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path()).unwrap();
+        let credentials = Credentials {
+            token: "tok".into(),
+            expiration_timestamp: "2099-01-01T00:00:00Z".into(),
+            lifetime_seconds: 3600,
+            server: "https://10.99.0.1:6443".into(),
+            certificate_authority: "-----BEGIN CERTIFICATE-----\n".into(),
+            bootstrap_token: None,
+        };
+        store.save(&credentials, true).unwrap();
+        let (token, meta) = store.valid_token(now_unix()).unwrap();
+        assert_eq!(token, "tok");
+        assert!(meta.nonce_used);
+        let mode = fs::metadata(store.token_path())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert!(store.valid_token(meta.expires_unix).is_none(), "expired");
+    }
+}

@@ -1,0 +1,187 @@
+//! Who this machine is and where its bootserver is: read from the kernel command line that
+//! the bootserver's iPXE script wrote (`unbounded.machine=…`, `unbounded.bootserver=…`,
+//! `unbounded.nonce=…`), or given on the agent's own command line (an Azure VM's custom data,
+//! a test).
+
+/// Kernel command-line key that carries the Machine's name.
+pub const CMDLINE_MACHINE: &str = "unbounded.machine";
+/// Kernel command-line key that carries the bootserver's base URL.
+pub const CMDLINE_BOOTSERVER: &str = "unbounded.bootserver";
+/// Kernel command-line key that carries the one-time credential nonce of this boot.
+pub const CMDLINE_NONCE: &str = "unbounded.nonce";
+
+/// Why no identity could be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityError {
+    /// A required key is missing.
+    #[error(
+        "the kernel command line has no {0}= (was this machine booted by an Unbounded bootserver?)"
+    )]
+    Missing(&'static str),
+    /// A value is not acceptable.
+    #[error("{key}: {message}")]
+    Invalid {
+        /// The key.
+        key: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The machine's identity.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// The Machine's name.
+    pub machine: String,
+    /// The bootserver's base URL (`http://10.99.0.1:8080`), without a trailing slash.
+    pub bootserver: String,
+    /// The one-time nonce of this boot's iPXE script, when there is one.
+    pub nonce: Option<String>,
+}
+
+impl std::fmt::Debug for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The nonce is a credential until it is used.
+        f.debug_struct("Identity")
+            .field("machine", &self.machine)
+            .field("bootserver", &self.bootserver)
+            .field("nonce", &self.nonce.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// The value of `key=` on a kernel command line (the last one wins, as for the kernel).
+pub fn cmdline_value<'a>(cmdline: &'a str, key: &str) -> Option<&'a str> {
+    cmdline
+        .split_whitespace()
+        .filter_map(|word| word.split_once('='))
+        .filter(|(k, _)| *k == key)
+        .map(|(_, v)| v)
+        .next_back()
+}
+
+/// Whether a Machine name is a valid object name (a DNS subdomain).
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+/// Validates the three parts into an identity.
+pub fn identity(
+    machine: Option<&str>,
+    bootserver: Option<&str>,
+    nonce: Option<&str>,
+) -> Result<Identity, IdentityError> {
+    let machine = machine.ok_or(IdentityError::Missing(CMDLINE_MACHINE))?;
+    if !valid_name(machine) {
+        return Err(IdentityError::Invalid {
+            key: CMDLINE_MACHINE,
+            message: format!("{:?} is not a valid Machine name", truncate(machine)),
+        });
+    }
+    let bootserver = bootserver.ok_or(IdentityError::Missing(CMDLINE_BOOTSERVER))?;
+    let bootserver = bootserver.trim_end_matches('/');
+    if !(bootserver.starts_with("http://") || bootserver.starts_with("https://"))
+        || bootserver.len() > 2048
+    {
+        return Err(IdentityError::Invalid {
+            key: CMDLINE_BOOTSERVER,
+            message: format!("{:?} is not an http(s) URL", truncate(bootserver)),
+        });
+    }
+    let nonce = match nonce {
+        Some(n) if n.len() >= 16 && n.len() <= 128 && n.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            Some(n.to_owned())
+        }
+        Some(_) => {
+            return Err(IdentityError::Invalid {
+                key: CMDLINE_NONCE,
+                message: "not a hex nonce of 16 to 128 digits".into(),
+            });
+        }
+        None => None,
+    };
+    Ok(Identity {
+        machine: machine.to_owned(),
+        bootserver: bootserver.to_owned(),
+        nonce,
+    })
+}
+
+/// Reads the identity from a kernel command line.
+pub fn from_cmdline(cmdline: &str) -> Result<Identity, IdentityError> {
+    identity(
+        cmdline_value(cmdline, CMDLINE_MACHINE),
+        cmdline_value(cmdline, CMDLINE_BOOTSERVER),
+        cmdline_value(cmdline, CMDLINE_NONCE),
+    )
+}
+
+fn truncate(s: &str) -> String {
+    s.chars().take(80).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_what_the_ipxe_script_wrote() {
+        let cmdline = "initrd=initrd unbounded.machine=node-1 unbounded.bootserver=http://10.99.0.1:8080/ \
+                       unbounded.nonce=00112233445566778899aabbccddeeff console=ttyS0";
+        let id = from_cmdline(cmdline).unwrap();
+        assert_eq!(id.machine, "node-1");
+        assert_eq!(id.bootserver, "http://10.99.0.1:8080");
+        assert_eq!(
+            id.nonce.as_deref(),
+            Some("00112233445566778899aabbccddeeff")
+        );
+        assert!(
+            !format!("{id:?}").contains("0011"),
+            "the nonce is not logged"
+        );
+    }
+
+    #[test]
+    fn refuses_what_is_missing_or_malformed() {
+        let cases = [
+            ("", IdentityError::Missing(CMDLINE_MACHINE)),
+            (
+                "unbounded.machine=n",
+                IdentityError::Missing(CMDLINE_BOOTSERVER),
+            ),
+        ];
+        for (cmdline, expected) in cases {
+            assert_eq!(from_cmdline(cmdline), Err(expected), "{cmdline}");
+        }
+        for bad in [
+            "unbounded.machine=Node_1 unbounded.bootserver=http://b",
+            "unbounded.machine=n unbounded.bootserver=ftp://b",
+            "unbounded.machine=n unbounded.bootserver=http://b unbounded.nonce=xyz",
+            "unbounded.machine=-n unbounded.bootserver=http://b",
+        ] {
+            assert!(
+                matches!(from_cmdline(bad), Err(IdentityError::Invalid { .. })),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_last_value_wins_and_no_nonce_is_fine() {
+        let id =
+            from_cmdline("unbounded.machine=a unbounded.machine=b unbounded.bootserver=https://x")
+                .unwrap();
+        assert_eq!(id.machine, "b");
+        assert_eq!(id.nonce, None);
+    }
+}

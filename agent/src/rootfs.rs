@@ -1,0 +1,418 @@
+//! The node container's root file system: the node image fetched over HTTP, verified
+//! (SHA-256) and unpacked into a staging directory while it streams, moved into place only
+//! when the digest matches; files written into it without following symlinks out of it.
+//!
+//! A wrong digest, a truncated download or a broken archive leaves nothing behind but an
+//! error: the staging directory is removed and the previous container, if any, is untouched
+//! (it is removed only after a new root is ready).
+
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::sync::mpsc;
+
+/// Errors of the root file system work.
+#[derive(Debug, thiserror::Error)]
+pub enum RootfsError {
+    /// The image could not be downloaded.
+    #[error("downloading the node image from {url}: {message}")]
+    Download {
+        /// Where from (no credentials are ever in it).
+        url: String,
+        /// Why.
+        message: String,
+    },
+    /// The digest does not match the configuration's `image.sha256`.
+    #[error(
+        "the node image from {url} has SHA-256 {actual}, but the configuration expects {expected}; nothing was changed"
+    )]
+    Checksum {
+        /// Where from.
+        url: String,
+        /// What the configuration says.
+        expected: String,
+        /// What was downloaded.
+        actual: String,
+    },
+    /// The archive is not a zstd-compressed tar (or it is truncated).
+    #[error("unpacking the node image from {url}: {message}")]
+    Unpack {
+        /// Where from.
+        url: String,
+        /// Why.
+        message: String,
+    },
+    /// A file could not be written.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// Which path.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A path from the configuration is not acceptable.
+    #[error("file {0:?} from the configuration: {1}")]
+    BadPath(String, &'static str),
+}
+
+impl RootfsError {
+    /// A short reason for conditions and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Download { .. } => "ImageDownloadFailed",
+            Self::Checksum { .. } => "ImageChecksumMismatch",
+            Self::Unpack { .. } => "ImageUnpackFailed",
+            Self::Io { .. } => "FilesystemError",
+            Self::BadPath(..) => "InvalidFile",
+        }
+    }
+}
+
+fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> RootfsError {
+    let path = path.display().to_string();
+    move |source| RootfsError::Io { what, path, source }
+}
+
+/// The URL the machine fetches an image from: absolute URLs as they are, other values as
+/// paths under the bootserver's `/images/`.
+pub fn image_url(url: &str, bootserver: &str) -> String {
+    if url.starts_with("http://") || url.starts_with("https://") {
+        url.to_owned()
+    } else {
+        format!(
+            "{}/images/{}",
+            bootserver.trim_end_matches('/'),
+            url.trim_start_matches('/')
+        )
+    }
+}
+
+/// Reads the chunks the download task sends.
+struct ChannelReader {
+    rx: mpsc::Receiver<Bytes>,
+    current: Bytes,
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.current.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(chunk) => self.current = chunk,
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        let chunk = self.current.split_to(n);
+        buf.get_mut(..n)
+            .ok_or_else(|| std::io::Error::other("buffer"))?
+            .copy_from_slice(&chunk);
+        Ok(n)
+    }
+}
+
+fn unpack(reader: impl Read, into: &Path) -> std::io::Result<()> {
+    let decoder = zstd::stream::read::Decoder::new(reader)?;
+    let mut archive = tar::Archive::new(decoder);
+    archive.set_preserve_permissions(true);
+    archive.set_preserve_ownerships(true);
+    archive.set_preserve_mtime(true);
+    archive.set_unpack_xattrs(true);
+    archive.set_overwrite(true);
+    archive.unpack(into)?;
+    // Whatever follows the archive's end (a truncated or padded download) is read so that
+    // the digest covers every byte that was sent.
+    let mut rest = archive.into_inner();
+    std::io::copy(&mut rest, &mut std::io::sink())?;
+    Ok(())
+}
+
+/// Downloads `url`, unpacks it into `staging` as it streams and verifies its SHA-256 against
+/// `expected` (hex). On any failure `staging` is removed.
+pub async fn fetch_and_unpack(
+    http: &reqwest::Client,
+    url: &str,
+    expected: &str,
+    staging: &Path,
+) -> Result<u64, RootfsError> {
+    let result = fetch_and_unpack_inner(http, url, expected, staging).await;
+    if result.is_err() {
+        let _ = fs::remove_dir_all(staging);
+    }
+    result
+}
+
+async fn fetch_and_unpack_inner(
+    http: &reqwest::Client,
+    url: &str,
+    expected: &str,
+    staging: &Path,
+) -> Result<u64, RootfsError> {
+    let download = |message: String| RootfsError::Download {
+        url: url.to_owned(),
+        message,
+    };
+    if staging.exists() {
+        fs::remove_dir_all(staging).map_err(io_err("removing", staging))?;
+    }
+    fs::create_dir_all(staging).map_err(io_err("creating", staging))?;
+    let response = http
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| download(e.without_url().to_string()))?;
+    if !response.status().is_success() {
+        return Err(download(format!("HTTP {}", response.status())));
+    }
+    let (tx, rx) = mpsc::channel::<Bytes>(16);
+    let target = staging.to_owned();
+    let unpacker = tokio::task::spawn_blocking(move || {
+        unpack(
+            ChannelReader {
+                rx,
+                current: Bytes::new(),
+            },
+            &target,
+        )
+    });
+    let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut total = 0u64;
+    let mut stream = response.bytes_stream();
+    let mut stream_error = None;
+    while let Some(chunk) = stream.next().await {
+        match chunk {
+            Ok(chunk) => {
+                digest.update(&chunk);
+                total += chunk.len() as u64;
+                if tx.send(chunk).await.is_err() {
+                    // The unpacker stopped (a broken archive): its error says why.
+                    break;
+                }
+            }
+            Err(e) => {
+                stream_error = Some(e.without_url().to_string());
+                break;
+            }
+        }
+    }
+    drop(tx);
+    let unpacked = unpacker.await.map_err(|e| RootfsError::Unpack {
+        url: url.to_owned(),
+        message: e.to_string(),
+    })?;
+    if let Some(message) = stream_error {
+        return Err(download(message));
+    }
+    let actual = hex(digest.finish().as_ref());
+    if actual != expected {
+        return Err(RootfsError::Checksum {
+            url: url.to_owned(),
+            expected: expected.to_owned(),
+            actual,
+        });
+    }
+    unpacked.map_err(|e| RootfsError::Unpack {
+        url: url.to_owned(),
+        message: e.to_string(),
+    })?;
+    Ok(total)
+}
+
+/// Lower-case hex.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// Checks a path from the configuration: absolute, normal, no `..`.
+fn relative_inside(path: &str) -> Result<PathBuf, RootfsError> {
+    let p = Path::new(path);
+    if !p.is_absolute() {
+        return Err(RootfsError::BadPath(path.into(), "must be absolute"));
+    }
+    // `Path::components` drops `.` and repeated slashes silently: check the text itself.
+    if path
+        .split('/')
+        .skip(1)
+        .any(|segment| segment.is_empty() || segment == "." || segment == "..")
+    {
+        return Err(RootfsError::BadPath(
+            path.into(),
+            "must not contain '.', '..' or '//'",
+        ));
+    }
+    let mut out = PathBuf::new();
+    for component in p.components() {
+        match component {
+            Component::RootDir => {}
+            Component::Normal(c) => out.push(c),
+            _ => {
+                return Err(RootfsError::BadPath(
+                    path.into(),
+                    "must not contain '.' or '..'",
+                ));
+            }
+        }
+    }
+    if out.as_os_str().is_empty() {
+        return Err(RootfsError::BadPath(path.into(), "names no file"));
+    }
+    Ok(out)
+}
+
+/// Writes `content` at `path` inside `root` with `mode`, creating parent directories, and
+/// refusing to follow a symlink anywhere on the way (an image must not redirect a write to
+/// the host).
+pub fn write_file(root: &Path, path: &str, content: &[u8], mode: u32) -> Result<(), RootfsError> {
+    let relative = relative_inside(path)?;
+    let mut current = root.to_path_buf();
+    let parts: Vec<_> = relative.components().collect();
+    let (last, parents) = parts
+        .split_last()
+        .ok_or_else(|| RootfsError::BadPath(path.into(), "names no file"))?;
+    for part in parents {
+        current.push(part);
+        match fs::symlink_metadata(&current) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                return Err(RootfsError::BadPath(
+                    path.into(),
+                    "a directory on the way is a symlink",
+                ));
+            }
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => {
+                return Err(RootfsError::BadPath(
+                    path.into(),
+                    "a parent is not a directory",
+                ));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                fs::create_dir(&current).map_err(io_err("creating", &current))?;
+                fs::set_permissions(&current, fs::Permissions::from_mode(0o755))
+                    .map_err(io_err("setting permissions of", &current))?;
+            }
+            Err(e) => return Err(io_err("inspecting", &current)(e)),
+        }
+    }
+    current.push(last);
+    if fs::symlink_metadata(&current).is_ok_and(|m| m.file_type().is_symlink() || m.is_dir()) {
+        return Err(RootfsError::BadPath(
+            path.into(),
+            "exists as a symlink or a directory",
+        ));
+    }
+    let temporary = current.with_extension("unbounded-tmp");
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .custom_flags(libc_o_nofollow())
+        .open(&temporary)
+        .map_err(io_err("writing", &temporary))?;
+    file.write_all(content)
+        .map_err(io_err("writing", &temporary))?;
+    file.sync_all().map_err(io_err("syncing", &temporary))?;
+    fs::set_permissions(&temporary, fs::Permissions::from_mode(mode))
+        .map_err(io_err("setting permissions of", &temporary))?;
+    fs::rename(&temporary, &current).map_err(io_err("renaming", &current))
+}
+
+/// `O_NOFOLLOW` on Linux.
+const fn libc_o_nofollow() -> i32 {
+    0o400000
+}
+
+/// Parses an octal mode such as `0644` or `600`.
+pub fn parse_mode(mode: Option<&str>) -> Result<u32, RootfsError> {
+    let text = mode.unwrap_or("0644");
+    u32::from_str_radix(text, 8)
+        .ok()
+        .filter(|m| *m <= 0o7777)
+        .ok_or_else(|| RootfsError::BadPath(text.into(), "mode must be octal permission bits"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_urls() {
+        assert_eq!(
+            image_url("node.tar.zst", "http://10.99.0.1:8080/"),
+            "http://10.99.0.1:8080/images/node.tar.zst"
+        );
+        assert_eq!(
+            image_url("/nodes/v1.tar.zst", "http://b"),
+            "http://b/images/nodes/v1.tar.zst"
+        );
+        assert_eq!(image_url("https://m/x", "http://b"), "https://m/x");
+    }
+
+    #[test]
+    fn writes_are_confined_to_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        fs::create_dir(&root).unwrap();
+        write_file(&root, "/etc/unbounded/a.conf", b"x", 0o600).unwrap();
+        let meta = fs::metadata(root.join("etc/unbounded/a.conf")).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert_eq!(fs::read(root.join("etc/unbounded/a.conf")).unwrap(), b"x");
+
+        let outside = dir.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("escape")).unwrap();
+        assert!(write_file(&root, "/escape/x", b"x", 0o644).is_err());
+        std::os::unix::fs::symlink(outside.join("f"), root.join("link")).unwrap();
+        assert!(write_file(&root, "/link", b"x", 0o644).is_err());
+        assert!(!outside.join("x").exists() && !outside.join("f").exists());
+        for bad in ["relative", "/a/../b", "/", "/./a"] {
+            assert!(write_file(&root, bad, b"x", 0o644).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn modes() {
+        assert_eq!(parse_mode(None).unwrap(), 0o644);
+        assert_eq!(parse_mode(Some("0600")).unwrap(), 0o600);
+        assert_eq!(parse_mode(Some("755")).unwrap(), 0o755);
+        assert!(parse_mode(Some("999")).is_err());
+    }
+
+    fn archive(files: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        for (path, content) in files {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(content.len() as u64);
+            header.set_mode(0o644);
+            header.set_uid(0);
+            header.set_gid(0);
+            header.set_mtime(0);
+            builder.append_data(&mut header, path, *content).unwrap();
+        }
+        zstd::encode_all(&builder.into_inner().unwrap()[..], 3).unwrap()
+    }
+
+    #[test]
+    fn unpacks_a_zstd_tar_and_refuses_garbage() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = archive(&[("etc/hostname", b"node\n")]);
+        unpack(&bytes[..], dir.path()).unwrap();
+        assert_eq!(
+            fs::read(dir.path().join("etc/hostname")).unwrap(),
+            b"node\n"
+        );
+        let truncated = &bytes[..bytes.len() / 2];
+        assert!(unpack(truncated, &dir.path().join("t")).is_err());
+        assert!(unpack(&b"not an archive"[..], &dir.path().join("g")).is_err());
+    }
+}

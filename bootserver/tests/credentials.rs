@@ -1,0 +1,606 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
+//! Agent credentials on a real control plane: the bootserver (running as its own
+//! ServiceAccount with `deploy/`'s RBAC) hands a machine its token only for the nonce of its
+//! own boot script, from its own address, once; the token reads and writes exactly that
+//! machine's objects (its role from the controller, the admission policy on top), never
+//! another machine's; an expired token is refused; a refresh needs a valid token of the same
+//! machine; a bootstrap token joins the bootstrappers group; nothing secret is logged.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use unbounded_testbed::cluster::{LocalControlPlane, deploy_dir};
+use unbounded_testbed::netns::{Link, LoopbackForward};
+
+const MAC_A: &str = "52:54:00:00:0a:01";
+const MAC_B: &str = "52:54:00:00:0b:01";
+
+fn kubectl(cp: &LocalControlPlane, args: &[&str], stdin: Option<&str>) -> (bool, String) {
+    use std::io::Write as _;
+    let mut child = cp
+        .kubectl()
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    if let Some(text) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+fn ok(cp: &LocalControlPlane, args: &[&str], stdin: Option<&str>) -> String {
+    let (success, out) = kubectl(cp, args, stdin);
+    assert!(success, "kubectl {args:?}: {out}");
+    out
+}
+
+/// `kubectl` as a bearer token (no admin credentials).
+fn as_token(
+    cp: &LocalControlPlane,
+    token: &str,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> (bool, String) {
+    let ca = cp.data_dir().join("pki/ca.crt");
+    let mut full = vec![
+        "--kubeconfig=/dev/null".to_owned(),
+        format!("--server={}", cp.server_url()),
+        format!("--certificate-authority={}", ca.display()),
+        format!("--token={token}"),
+    ];
+    full.extend(args.iter().map(|a| (*a).to_owned()));
+    let refs: Vec<&str> = full.iter().map(String::as_str).collect();
+    let mut command = std::process::Command::new(&cp.binaries().kubectl);
+    command.args(&refs);
+    use std::io::Write as _;
+    let mut child = command
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    if let Some(text) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// curl from the machine's namespace: (HTTP status, body).
+fn curl(link: &Link, args: &[&str]) -> (u16, String) {
+    let mut full = vec!["curl", "-s", "-w", "\n%{http_code}"];
+    full.extend_from_slice(args);
+    let out = link
+        .client
+        .command(full[0])
+        .args(&full[1..])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
+}
+
+fn post_credentials(link: &Link, machine: &str, body: &str, bearer: Option<&str>) -> (u16, String) {
+    let url = format!("http://{SERVER}:8080/machines/{machine}/credentials");
+    let header;
+    let mut args = vec![
+        "-X",
+        "POST",
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        body,
+    ];
+    if let Some(token) = bearer {
+        header = format!("Authorization: Bearer {token}");
+        args.extend(["-H", &header]);
+    }
+    args.push(&url);
+    curl(link, &args)
+}
+
+fn nonce_from_script(script: &str) -> String {
+    script
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("unbounded.nonce="))
+        .unwrap_or_else(|| panic!("no nonce in:\n{script}"))
+        .to_owned()
+}
+
+fn base64url(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..=chunk.len() {
+            out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+        }
+    }
+    out
+}
+
+/// A ServiceAccount token signed with the control plane's own key, expiring at `exp`: the
+/// same kind the API server issues, so that only its expiry differs.
+fn signed_token(
+    cp: &LocalControlPlane,
+    namespace: &str,
+    account: &str,
+    uid: &str,
+    exp: i64,
+) -> String {
+    let pki = cp.data_dir().join("pki");
+    let der = std::process::Command::new("openssl")
+        .args(["pkcs8", "-topk8", "-nocrypt", "-outform", "DER", "-in"])
+        .arg(pki.join("sa.key"))
+        .output()
+        .unwrap()
+        .stdout;
+    let rng = ring::rand::SystemRandom::new();
+    let key = ring::signature::EcdsaKeyPair::from_pkcs8(
+        &ring::signature::ECDSA_P256_SHA256_FIXED_SIGNING,
+        &der,
+        &rng,
+    )
+    .unwrap();
+    let issuer = "https://kubernetes.default.svc.cluster.local";
+    let header = base64url(br#"{"alg":"ES256","typ":"JWT"}"#);
+    let claims = serde_json::json!({
+        "iss": issuer, "aud": [issuer], "sub": format!("system:serviceaccount:{namespace}:{account}"),
+        "iat": exp - 3600, "nbf": exp - 3600, "exp": exp,
+        "kubernetes.io": {"namespace": namespace, "serviceaccount": {"name": account, "uid": uid}},
+    });
+    let payload = base64url(claims.to_string().as_bytes());
+    let input = format!("{header}.{payload}");
+    let signature = key.sign(&rng, input.as_bytes()).unwrap();
+    format!("{input}.{}", base64url(signature.as_ref()))
+}
+
+fn wait_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+fn machines_yaml() -> String {
+    format!(
+        r#"apiVersion: unbounded-cloud.io/v1alpha1
+kind: MachineConfiguration
+metadata: {{name: cr-config}}
+spec:
+  machineSelector: {{matchLabels: {{lab: credentials}}}}
+  template:
+    boot: {{kernelURL: vmlinuz, initrdURL: initrd.img}}
+---
+apiVersion: unbounded-cloud.io/v1alpha1
+kind: Machine
+metadata: {{name: cr-a, labels: {{lab: credentials}}}}
+spec:
+  provider: pxe
+  pxe: {{macAddresses: ["{MAC_A}"], ipv4: 10.99.0.21, firmware: bios}}
+---
+apiVersion: unbounded-cloud.io/v1alpha1
+kind: Machine
+metadata: {{name: cr-b, labels: {{lab: credentials}}}}
+spec:
+  provider: pxe
+  pxe: {{macAddresses: ["{MAC_B}"], ipv4: 10.99.0.22, firmware: bios}}
+---
+apiVersion: v1
+kind: Node
+metadata: {{name: cr-a}}
+---
+apiVersion: v1
+kind: Node
+metadata: {{name: cr-b}}
+"#
+    )
+}
+
+/// Marks a Machine's infrastructure ready, as its provider would.
+fn infrastructure_ready(cp: &LocalControlPlane, machine: &str) {
+    let patch = r#"{"status":{"conditions":[{"type":"InfrastructureReady","status":"True","reason":"Provisioned","message":"test","lastTransitionTime":"2026-01-01T00:00:00Z"}]}}"#;
+    ok(
+        cp,
+        &[
+            "patch",
+            "machine",
+            machine,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            patch,
+        ],
+        None,
+    );
+}
+
+fn service_account_token(cp: &LocalControlPlane, namespace: &str, account: &str) -> String {
+    ok(
+        cp,
+        &["create", "token", account, "-n", namespace, "--duration=1h"],
+        None,
+    )
+    .trim()
+    .to_owned()
+}
+
+fn token_kubeconfig(cp: &LocalControlPlane, dir: &Path, token: &str) -> std::path::PathBuf {
+    let path = dir.join("bootserver.kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\n    certificate-authority: {}\n\
+             users:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\n",
+            cp.data_dir().join("pki/ca.crt").display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+fn a_machine_gets_only_its_own_credentials_and_they_reach_only_its_own_objects() {
+    let cp = LocalControlPlane::shared().unwrap();
+    // deploy/'s namespaces and RBAC: the bootserver runs as its own ServiceAccount.
+    let deploy = deploy_dir();
+    ok(
+        cp,
+        &[
+            "apply",
+            "--server-side",
+            "-f",
+            &deploy.join("namespace.yaml").display().to_string(),
+        ],
+        None,
+    );
+    ok(
+        cp,
+        &[
+            "apply",
+            "--server-side",
+            "-f",
+            &deploy.join("rbac").display().to_string(),
+        ],
+        None,
+    );
+
+    // The controller (it gives each Machine's agent its ServiceAccount and role).
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let client = runtime.block_on(cp.client()).unwrap();
+    runtime.spawn(unbounded_controller::runner::run(
+        client,
+        unbounded_controller::context::Settings::default(),
+        Arc::new(unbounded_controller::metrics::Metrics::new(
+            &mut prometheus_client::registry::Registry::default(),
+        )),
+        std::future::pending(),
+    ));
+    ok(cp, &["apply", "-f", "-"], Some(&machines_yaml()));
+    for m in ["cr-a", "cr-b"] {
+        infrastructure_ready(cp, m);
+    }
+    wait_until("agent ServiceAccounts", Duration::from_secs(60), || {
+        kubectl(
+            cp,
+            &[
+                "get",
+                "serviceaccount",
+                "-n",
+                "unbounded-machines",
+                "cr-a",
+                "cr-b",
+            ],
+            None,
+        )
+        .0
+    });
+    wait_until("configurations resolved", Duration::from_secs(60), || {
+        kubectl(
+            cp,
+            &[
+                "get",
+                "machine",
+                "cr-a",
+                "-o",
+                "jsonpath={.status.configuration.version}",
+            ],
+            None,
+        )
+        .1 == "1"
+    });
+
+    // The bootserver, as its ServiceAccount, on the provisioning link; the "machine" cr-a
+    // at its reserved address on the other end.
+    let images = fake_images();
+    let link = Link::new(&format!("{SERVER}/24"), MAC_A).unwrap();
+    link.client
+        .ip(&["addr", "add", "10.99.0.21/24", "dev", "eth0"])
+        .unwrap();
+    let _forward = LoopbackForward::new(&link.server, 6443, &api_server_target(cp)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let bootserver_token = service_account_token(cp, "unbounded-system", "unbounded-bootserver");
+    let kubeconfig = token_kubeconfig(cp, dir.path(), &bootserver_token);
+    let config = format!(
+        r#"interface: pxe0
+serverAddress: {SERVER}
+routerAdvertisements: false
+backend: kubernetes
+power: {{enabled: false}}
+dhcp:
+  mode: full
+  leaseFile: "{{dir}}/leases.log"
+  subnets: [{{subnet: 10.99.0.0/24, pool: [10.99.0.100, 10.99.0.199]}}]
+tftp: {{root: /usr/lib/ipxe}}
+http: {{port: 8080, imagesDir: "{images}"}}
+credentials:
+  apiServer: {server}
+  caFile: "{ca}"
+  tokenSeconds: 600
+"#,
+        images = images.path().display(),
+        server = cp.server_url(),
+        ca = cp.data_dir().join("pki/ca.crt").display(),
+    );
+    let kubeconfig_env = kubeconfig.display().to_string();
+    let bootserver = Bootserver::start_with_env(
+        &link.server,
+        &config,
+        &[("KUBECONFIG", kubeconfig_env.as_str())],
+    );
+    wait_until("bootserver synced", Duration::from_secs(60), || {
+        curl(&link, &[&format!("http://{SERVER}:8080/readyz")]).0 == 200
+    });
+
+    // The boot script carries a nonce; a script fetched for another MAC from here does not
+    // (this address is not that machine's).
+    let script_url = |mac: &str| format!("http://{SERVER}:8080/boot.ipxe?mac={mac}");
+    wait_until("cr-a's script", Duration::from_secs(60), || {
+        curl(&link, &[&script_url(MAC_A)])
+            .1
+            .contains("unbounded.nonce=")
+    });
+    let (_, script_b) = curl(&link, &[&script_url(MAC_B)]);
+    assert!(!script_b.contains("unbounded.nonce="), "{script_b}");
+    let (_, script) = curl(&link, &[&script_url(MAC_A)]);
+    let nonce = nonce_from_script(&script);
+
+    // Refused: another machine's name, a wrong nonce, no proof at all.
+    let body = |nonce: &str| format!(r#"{{"nonce":"{nonce}","bootstrapToken":true}}"#);
+    let (code, text) = post_credentials(&link, "cr-b", &body(&nonce), None);
+    assert_eq!(code, 403, "another machine's credentials: {text}");
+    let (code, text) = post_credentials(
+        &link,
+        "cr-a",
+        &body("00112233445566778899aabbccddeeff"),
+        None,
+    );
+    assert_eq!(code, 403, "a wrong nonce: {text}");
+    let (code, _) = post_credentials(&link, "cr-a", "{}", None);
+    assert_eq!(code, 401, "no proof");
+
+    // The machine's own nonce works once.
+    let (code, text) = post_credentials(&link, "cr-a", &body(&nonce), None);
+    assert_eq!(code, 200, "{text}");
+    let credentials: unbounded_api::agent::Credentials = serde_json::from_str(&text).unwrap();
+    let token = credentials.token.clone();
+    let bootstrap = credentials
+        .bootstrap_token
+        .clone()
+        .expect("a bootstrap token");
+    assert!(
+        credentials
+            .certificate_authority
+            .contains("BEGIN CERTIFICATE")
+    );
+    let (code, _) = post_credentials(&link, "cr-a", &body(&nonce), None);
+    assert_eq!(code, 403, "a spent nonce");
+
+    // What the token reaches: its own Machine, Node and role, nothing else.
+    let allowed = |args: &[&str]| {
+        let (success, out) = as_token(cp, &token, args, None);
+        assert!(success, "{args:?} should be allowed: {out}");
+    };
+    let refused = |args: &[&str]| {
+        let (success, out) = as_token(cp, &token, args, None);
+        assert!(
+            !success && (out.contains("Forbidden") || out.contains("forbidden")),
+            "{args:?} should be refused: {out}"
+        );
+    };
+    allowed(&["get", "machine", "cr-a"]);
+    allowed(&["get", "node", "cr-a"]);
+    allowed(&["get", "clusterrole", "unbounded-agent:cr-a"]);
+    allowed(&["get", "machineconfigurationversion", "cr-config-v1"]);
+    refused(&["get", "machine", "cr-b"]);
+    refused(&["get", "machines"]);
+    refused(&["get", "node", "cr-b"]);
+    refused(&["get", "clusterrole", "unbounded-agent:cr-b"]);
+    refused(&["get", "secrets", "-n", "unbounded-system"]);
+    let agent_patch = |machine: &str, status: &str| {
+        format!(
+            r#"{{"apiVersion":"unbounded-cloud.io/v1alpha1","kind":"Machine","metadata":{{"name":"{machine}"}},"status":{status}}}"#
+        )
+    };
+    let apply_status = |machine: &str, status: &str| {
+        as_token(
+            cp,
+            &token,
+            &[
+                "apply",
+                "--server-side",
+                "--subresource=status",
+                "--field-manager=unbounded-agent",
+                // Forced, so that what refuses a write is the authorizer or the policy, not a
+                // field-ownership conflict.
+                "--force-conflicts",
+                "-f",
+                "-",
+            ],
+            Some(&agent_patch(machine, status)),
+        )
+    };
+    let (success, out) = apply_status(
+        "cr-a",
+        r#"{"agent":{"version":"test","containerState":"running"}}"#,
+    );
+    assert!(success, "its own agent status: {out}");
+    let (success, out) = apply_status("cr-a", r#"{"phase":"Failed"}"#);
+    assert!(
+        !success && out.contains("only status.agent"),
+        "the controller's phase: {out}"
+    );
+    let (success, out) = apply_status("cr-b", r#"{"agent":{"version":"test"}}"#);
+    assert!(!success, "another machine's status: {out}");
+
+    // Operations: the one routed to cr-a's agent is readable by it, cr-b's is not.
+    ok(
+        cp,
+        &["apply", "-f", "-"],
+        Some(
+            "apiVersion: unbounded-cloud.io/v1alpha1\nkind: MachineOperation\nmetadata: {name: cr-op-a}\nspec: {machineRef: {name: cr-a}, operationName: reboot}\n---\n\
+             apiVersion: unbounded-cloud.io/v1alpha1\nkind: MachineOperation\nmetadata: {name: cr-op-b}\nspec: {machineRef: {name: cr-b}, operationName: reboot}\n",
+        ),
+    );
+    wait_until("cr-op-a in cr-a's role", Duration::from_secs(60), || {
+        kubectl(
+            cp,
+            &["get", "clusterrole", "unbounded-agent:cr-a", "-o", "yaml"],
+            None,
+        )
+        .1
+        .contains("cr-op-a")
+    });
+    allowed(&["get", "machineoperation", "cr-op-a"]);
+    refused(&["get", "machineoperation", "cr-op-b"]);
+    refused(&["get", "machineoperations"]);
+
+    // A refresh needs this machine's valid token; garbage is refused.
+    let (code, text) = post_credentials(&link, "cr-a", "{}", Some(&token));
+    assert_eq!(code, 200, "refresh: {text}");
+    let (code, _) = post_credentials(&link, "cr-a", "{}", Some("not-a-token"));
+    assert_eq!(code, 401);
+
+    // An expired token is refused, by the API server and by the bootserver; the same token
+    // with a future expiry is accepted (so only the expiry differs).
+    let uid = ok(
+        cp,
+        &[
+            "get",
+            "serviceaccount",
+            "-n",
+            "unbounded-machines",
+            "cr-a",
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ],
+        None,
+    );
+    let now = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
+    )
+    .unwrap();
+    let fresh = signed_token(cp, "unbounded-machines", "cr-a", &uid, now + 600);
+    let expired = signed_token(cp, "unbounded-machines", "cr-a", &uid, now - 60);
+    let (success, out) = as_token(cp, &fresh, &["get", "machine", "cr-a"], None);
+    assert!(success, "a valid self-signed token: {out}");
+    let (success, out) = as_token(cp, &expired, &["get", "machine", "cr-a"], None);
+    assert!(!success && out.contains("Unauthorized"), "expired: {out}");
+    let (code, _) = post_credentials(&link, "cr-a", "{}", Some(&expired));
+    assert_eq!(code, 401, "an expired token buys no refresh");
+
+    // The bootstrap token authenticates as a bootstrapper of Unbounded's group.
+    let (success, out) = as_token(cp, &bootstrap, &["auth", "whoami", "-o", "json"], None);
+    assert!(
+        success && out.contains("system:bootstrappers:unbounded"),
+        "{out}"
+    );
+
+    // The bootserver may create only bootstrap tokens in kube-system.
+    let (success, out) = as_token(
+        cp,
+        &bootserver_token,
+        &[
+            "create",
+            "secret",
+            "generic",
+            "sneaky",
+            "-n",
+            "kube-system",
+            "--from-literal=a=b",
+        ],
+        None,
+    );
+    assert!(!success && out.contains("bootstrap tokens"), "{out}");
+
+    // Nothing secret in the bootserver's log.
+    let log = bootserver.log();
+    assert!(log.contains("issued agent credentials"), "{log}");
+    for secret in [
+        token.as_str(),
+        &nonce,
+        bootstrap.split('.').nth(1).unwrap_or("x"),
+    ] {
+        assert!(!log.contains(secret), "a secret leaked into the log");
+    }
+    ok(
+        cp,
+        &["delete", "machines", "cr-a", "cr-b", "--wait=false"],
+        None,
+    );
+    ok(
+        cp,
+        &[
+            "delete",
+            "machineoperations",
+            "cr-op-a",
+            "cr-op-b",
+            "--wait=false",
+        ],
+        None,
+    );
+}

@@ -1,0 +1,779 @@
+//! The testbed lab: everything between power-off and Ready Nodes, on one machine.
+//!
+//! - a network namespace with a bridge (`br0`, [`LAB_ADDRESS`]/24): the provisioning network;
+//! - the local control plane, reachable from the VMs at `https://10.99.0.1:6443` through a
+//!   forwarder, with `deploy/` applied (CRDs, policies, RBAC, Deployments);
+//! - the bootserver binary in the namespace (Kubernetes backend, full DHCP, router
+//!   advertisements, agent credentials) and the controller binary, each with its own
+//!   ServiceAccount's token and `deploy/`'s RBAC, not as cluster-admin;
+//! - libvirtd in the namespace and one domain per machine (TCG where KVM cannot run guests),
+//!   each behind an emulated BMC: sushy-tools (Redfish) for odd machines, `ipmi_sim` (IPMI)
+//!   for even ones; BIOS and UEFI alternate;
+//! - a MachineConfiguration with the host and node images, and one Machine per VM.
+//!
+//! Everything is owned by [`Lab`] and stopped when it is dropped (processes die with the
+//! thread that started them, too).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::bmc::{self, Domain, DomainOptions, IpmiSim, Libvirtd, SushyEmulator};
+use crate::cluster::{KUBERNETES_VERSION, Lifetime, LocalControlPlane};
+use crate::images::Images;
+use crate::netns::{LoopbackForward, Netns};
+use crate::progress::{self, Stage, Timeline};
+
+/// The bootserver's (and the API server's, for the VMs) address on the provisioning bridge.
+pub const LAB_ADDRESS: &str = "10.99.0.1";
+/// The API server's port as the VMs reach it.
+pub const LAB_API_PORT: u16 = 6443;
+/// The label every lab Machine carries (the configuration selects by it).
+pub const LAB_LABEL: &str = "unbounded-cloud.io/testbed";
+/// The BMC user and password of the emulators (test credentials, in a Secret).
+const BMC_USER: &str = "admin";
+const BMC_PASSWORD: &str = "testbed-bmc-password";
+
+/// Errors of the lab.
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    /// A step failed.
+    #[error("{0}")]
+    Step(String),
+    /// A machine did not reach a stage in time.
+    #[error(
+        "{machine} did not reach {stage} within {seconds} s (last: {last}); console tail:\n{console}\n{logs}"
+    )]
+    Timeout {
+        /// The machine.
+        machine: String,
+        /// The stage waited for.
+        stage: &'static str,
+        /// How long.
+        seconds: u64,
+        /// The last stage it reached.
+        last: &'static str,
+        /// The tail of its serial console.
+        console: String,
+        /// Tails of the components' logs.
+        logs: String,
+    },
+}
+
+fn step(message: impl Into<String>) -> LabError {
+    LabError::Step(message.into())
+}
+
+/// How a lab machine's BMC speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BmcKind {
+    /// sushy-tools.
+    Redfish,
+    /// ipmi_sim.
+    Ipmi,
+}
+
+/// One machine of the lab.
+#[derive(Debug)]
+pub struct LabMachine {
+    /// The Machine's (and Node's) name.
+    pub name: String,
+    /// Its NIC's MAC.
+    pub mac: String,
+    /// Its reserved address.
+    pub ip: String,
+    /// UEFI (else BIOS).
+    pub uefi: bool,
+    /// Its BMC.
+    pub bmc: BmcKind,
+    /// Its libvirt domain.
+    pub domain: Domain,
+    /// Its IPMI simulator, when it has one.
+    ipmi: Option<IpmiSim>,
+}
+
+/// What to build.
+#[derive(Debug, Clone)]
+pub struct LabOptions {
+    /// How many machines (BIOS/Redfish and UEFI/IPMI alternate).
+    pub machines: usize,
+    /// Memory per VM.
+    pub memory_mib: u32,
+    /// Where logs and generated files go.
+    pub dir: PathBuf,
+    /// The controller binary.
+    pub controller: PathBuf,
+    /// The bootserver binary.
+    pub bootserver: PathBuf,
+}
+
+/// A child process killed (and reaped) on drop; it also dies with the thread that started
+/// it (`PR_SET_PDEATHSIG`).
+#[derive(Debug)]
+struct Process {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Process {
+    fn spawn(
+        name: &'static str,
+        ns: Option<&Netns>,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, String)],
+        log: PathBuf,
+    ) -> Result<Self, LabError> {
+        let file = fs::File::create(&log).map_err(|e| step(format!("{}: {e}", log.display())))?;
+        let err = file.try_clone().map_err(|e| step(e.to_string()))?;
+        let mut command = match ns {
+            Some(ns) => ns.command("setpriv"),
+            None => Command::new("setpriv"),
+        };
+        command
+            .args(["--pdeathsig", "KILL", "--"])
+            .arg(program)
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(err);
+        let child = command
+            .spawn()
+            .map_err(|e| step(format!("starting {name} ({}): {e}", program.display())))?;
+        Ok(Self { name, child, log })
+    }
+
+    fn exited(&mut self) -> Option<String> {
+        match self.child.try_wait() {
+            Ok(Some(status)) => Some(format!("{} exited ({status})", self.name)),
+            _ => None,
+        }
+    }
+
+    fn tail(&self, lines: usize) -> String {
+        let text = fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        let start = all.len().saturating_sub(lines);
+        format!(
+            "--- {} ({}):\n{}",
+            self.name,
+            self.log.display(),
+            all[start..].join("\n")
+        )
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The lab. Fields drop in order: the components that talk to others go first.
+#[derive(Debug)]
+pub struct Lab {
+    controller: Process,
+    bootserver: Process,
+    /// The machines.
+    pub machines: Vec<LabMachine>,
+    sushy: Option<SushyEmulator>,
+    libvirtd: Libvirtd,
+    _forward: LoopbackForward,
+    /// The control plane.
+    pub plane: LocalControlPlane,
+    _ns: Netns,
+    /// Where logs and generated files are.
+    pub dir: PathBuf,
+    /// The admin kubeconfig.
+    pub kubeconfig: PathBuf,
+    /// When each machine was powered on (the provider's first power-on seen).
+    powered_on: BTreeMap<String, Instant>,
+}
+
+fn write(path: &Path, content: &str) -> Result<(), LabError> {
+    fs::write(path, content).map_err(|e| step(format!("writing {}: {e}", path.display())))
+}
+
+impl Lab {
+    /// Starts everything except the Machines (see [`Lab::apply_machines`]).
+    pub fn start(
+        options: &LabOptions,
+        images: &Images,
+        say: &dyn Fn(&str),
+    ) -> Result<Self, LabError> {
+        fs::create_dir_all(&options.dir)
+            .map_err(|e| step(format!("{}: {e}", options.dir.display())))?;
+        say("provisioning network: namespace with bridge br0 (10.99.0.1/24)");
+        let ns = Netns::new("ubtb").map_err(|e| step(e.to_string()))?;
+        for args in [
+            &["link", "add", "br0", "type", "bridge"][..],
+            &["addr", "add", "10.99.0.1/24", "dev", "br0"],
+            &["link", "set", "br0", "up"],
+        ] {
+            ns.ip(args).map_err(|e| step(e.to_string()))?;
+        }
+
+        say(&format!(
+            "control plane: etcd, kube-apiserver, kube-controller-manager {KUBERNETES_VERSION}"
+        ));
+        let plane =
+            LocalControlPlane::start(Lifetime::TiedToThread).map_err(|e| step(e.to_string()))?;
+        let api_port = plane
+            .server_url()
+            .rsplit(':')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        let forward = LoopbackForward::bound(
+            &ns,
+            LAB_ADDRESS,
+            LAB_API_PORT,
+            &format!("127.0.0.1:{api_port}"),
+        )
+        .map_err(|e| step(e.to_string()))?;
+        let kubeconfig = plane.kubeconfig_path().to_path_buf();
+        let kubectl = |args: &[&str], stdin: Option<&str>| kubectl(&plane, args, stdin);
+
+        say("applying deploy/ (CRDs, policies, RBAC, Deployments)");
+        kubectl(
+            &[
+                "apply",
+                "--server-side",
+                "-k",
+                &crate::cluster::deploy_dir().display().to_string(),
+            ],
+            None,
+        )?;
+
+        let ca = plane.data_dir().join("pki/ca.crt");
+        let controller_kubeconfig = options.dir.join("controller.kubeconfig");
+        let bootserver_kubeconfig = options.dir.join("bootserver.kubeconfig");
+        write(
+            &controller_kubeconfig,
+            &service_account_kubeconfig(&plane, "unbounded-controller", plane.server_url(), &ca)?,
+        )?;
+        write(
+            &bootserver_kubeconfig,
+            &service_account_kubeconfig(
+                &plane,
+                "unbounded-bootserver",
+                &format!("https://{LAB_ADDRESS}:{LAB_API_PORT}"),
+                &ca,
+            )?,
+        )?;
+
+        say("libvirtd and the BMC emulators (sushy-tools for Redfish, ipmi_sim for IPMI)");
+        let libvirtd = Libvirtd::start(&ns).map_err(|e| step(e.to_string()))?;
+        let sushy = SushyEmulator::start_in(Some(&ns), BMC_USER, BMC_PASSWORD)
+            .map_err(|e| step(e.to_string()))?;
+
+        let images_dir = options.dir.join("images");
+        fs::create_dir_all(&images_dir).map_err(|e| step(e.to_string()))?;
+        for (name, source) in [
+            ("vmlinuz", &images.host.kernel),
+            ("initrd.img", &images.host.initrd),
+            ("node.tar.zst", &images.node.archive),
+        ] {
+            let link = images_dir.join(name);
+            let _ = fs::remove_file(&link);
+            std::os::unix::fs::symlink(source, &link)
+                .map_err(|e| step(format!("linking {name}: {e}")))?;
+        }
+
+        say("bootserver (Kubernetes backend, full DHCP, router advertisements, agent credentials)");
+        let config = options.dir.join("bootserver.yaml");
+        write(&config, &bootserver_config(&options.dir, &images_dir, &ca))?;
+        let bootserver = Process::spawn(
+            "bootserver",
+            Some(&ns),
+            &options.bootserver,
+            &["--config".into(), config.display().to_string()],
+            &[
+                ("KUBECONFIG", bootserver_kubeconfig.display().to_string()),
+                ("RUST_LOG", "info".into()),
+            ],
+            options.dir.join("bootserver.log"),
+        )?;
+        say("controller");
+        let metrics_port = bmc::free_port(false).map_err(|e| step(e.to_string()))?;
+        let controller = Process::spawn(
+            "controller",
+            None,
+            &options.controller,
+            &[
+                "--metrics-addr".into(),
+                format!("127.0.0.1:{metrics_port}"),
+                "--identity".into(),
+                "testbed".into(),
+            ],
+            &[
+                ("KUBECONFIG", controller_kubeconfig.display().to_string()),
+                ("RUST_LOG", "info".into()),
+            ],
+            options.dir.join("controller.log"),
+        )?;
+
+        say(&format!("{} VMs with their BMCs", options.machines));
+        let pid = std::process::id();
+        let mut machines = Vec::new();
+        for i in 1..=options.machines {
+            let uefi = i % 2 == 0;
+            let bmc = if i % 2 == 1 {
+                BmcKind::Redfish
+            } else {
+                BmcKind::Ipmi
+            };
+            let name = format!("machine-{i}");
+            let mac = format!("52:54:00:99:00:{i:02x}");
+            let domain = Domain::define_with(
+                &format!("{}{pid}-{i}", bmc::TEST_DOMAIN_PREFIX),
+                &mac,
+                "br0",
+                &DomainOptions {
+                    uefi,
+                    memory_mib: options.memory_mib,
+                    vcpus: 1,
+                    network_fallback: true,
+                },
+            )
+            .map_err(|e| step(e.to_string()))?;
+            let ipmi = match bmc {
+                BmcKind::Ipmi => Some(
+                    IpmiSim::start_in(Some(&ns), &domain.name, BMC_USER, BMC_PASSWORD)
+                        .map_err(|e| step(e.to_string()))?,
+                ),
+                BmcKind::Redfish => None,
+            };
+            machines.push(LabMachine {
+                ip: format!("10.99.0.{}", 20 + i),
+                name,
+                mac,
+                uefi,
+                bmc,
+                domain,
+                ipmi,
+            });
+        }
+        let mut lab = Self {
+            controller,
+            bootserver,
+            machines,
+            sushy: Some(sushy),
+            libvirtd,
+            _forward: forward,
+            plane,
+            _ns: ns,
+            dir: options.dir.clone(),
+            kubeconfig,
+            powered_on: BTreeMap::new(),
+        };
+        if let Some(message) = lab.component_exited() {
+            return Err(step(format!("{message}\n{}", lab.logs())));
+        }
+        Ok(lab)
+    }
+
+    fn component_exited(&mut self) -> Option<String> {
+        self.controller
+            .exited()
+            .or_else(|| self.bootserver.exited())
+    }
+
+    /// The tails of the components' logs.
+    pub fn logs(&self) -> String {
+        let mut out = vec![self.bootserver.tail(40), self.controller.tail(30)];
+        out.push(format!(
+            "--- libvirtd:\n{}",
+            tail_text(&self.libvirtd.log(), 10)
+        ));
+        if let Some(s) = &self.sushy {
+            out.push(format!("--- sushy-emulator:\n{}", tail_text(&s.log(), 10)));
+        }
+        out.join("\n")
+    }
+
+    /// The BMC address of a machine.
+    fn bmc_address(&self, machine: &LabMachine) -> String {
+        match (machine.bmc, &machine.ipmi, &self.sushy) {
+            (BmcKind::Ipmi, Some(sim), _) => format!("ipmi://127.0.0.1:{}", sim.port),
+            (_, _, Some(sushy)) => format!(
+                "redfish+http://127.0.0.1:{}/redfish/v1/Systems/{}",
+                sushy.port, machine.domain.uuid
+            ),
+            _ => String::new(),
+        }
+    }
+
+    /// Applies the BMC Secret, the MachineConfiguration and one Machine per VM: the BMCs
+    /// power the machines on.
+    pub fn apply_machines(&mut self, images: &Images) -> Result<(), LabError> {
+        use crate::scenario::LabAccess as _;
+        let mut yaml = format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: testbed-bmc, namespace: unbounded-system}}\n\
+             stringData: {{username: {BMC_USER}, password: {BMC_PASSWORD}}}\n---\n{}",
+            configuration_yaml("testbed", &images.node.sha256, &[])
+        );
+        for m in &self.machines {
+            yaml.push_str(&format!(
+                r#"---
+apiVersion: unbounded-cloud.io/v1alpha1
+kind: Machine
+metadata:
+  name: {name}
+  labels: {{{LAB_LABEL}: "true"}}
+spec:
+  provider: pxe
+  pxe:
+    macAddresses: ["{mac}"]
+    firmware: {firmware}
+    ipv4: {ip}
+    bmc:
+      address: "{bmc}"
+      credentialsSecretRef: {{namespace: unbounded-system, name: testbed-bmc}}
+"#,
+                name = m.name,
+                mac = m.mac,
+                firmware = if m.uefi { "uefi" } else { "bios" },
+                ip = m.ip,
+                bmc = self.bmc_address(m),
+            ));
+        }
+        self.kubectl(&["apply", "-f", "-"], Some(&yaml))?;
+        Ok(())
+    }
+
+    /// Follows every machine until its Node is Ready, printing each stage as it is reached;
+    /// a stage that takes longer than `stage_timeout` fails with the console and log tails.
+    pub fn wait_ready(
+        &mut self,
+        stage_timeout: Duration,
+        say: &dyn Fn(&str),
+    ) -> Result<Vec<(String, Timeline)>, LabError> {
+        let mut timelines: Vec<(String, Timeline)> = self
+            .machines
+            .iter()
+            .map(|m| (m.name.clone(), Timeline::default()))
+            .collect();
+        let mut last_progress: Vec<Instant> = vec![Instant::now(); self.machines.len()];
+        loop {
+            if let Some(message) = self.component_exited() {
+                return Err(step(format!("{message}\n{}", self.logs())));
+            }
+            let nodes = self.nodes();
+            let mut all_ready = true;
+            for (i, m) in self.machines.iter().enumerate() {
+                let timeline = &mut timelines[i].1;
+                let on = self
+                    .powered_on
+                    .get(&m.name)
+                    .copied()
+                    .or_else(|| (m.domain.state() == "running").then(Instant::now));
+                let Some(on) = on else {
+                    all_ready = false;
+                    if last_progress[i].elapsed() > stage_timeout {
+                        return Err(self.timeout(m, Stage::PoweredOn, timeline, stage_timeout));
+                    }
+                    continue;
+                };
+                self.powered_on.entry(m.name.clone()).or_insert(on);
+                let mut stages = vec![Stage::PoweredOn];
+                stages.extend(progress::console_stages(&m.domain.console()));
+                match nodes.get(&m.name) {
+                    Some(true) => stages.extend([Stage::NodeRegistered, Stage::Ready]),
+                    Some(false) => stages.push(Stage::NodeRegistered),
+                    None => {}
+                }
+                for stage in stages {
+                    if timeline.record(stage, on.elapsed()) {
+                        last_progress[i] = Instant::now();
+                        say(&format!(
+                            "{:<12} {:<16} {:>6.1} s",
+                            m.name,
+                            stage.label(),
+                            on.elapsed().as_secs_f64()
+                        ));
+                    }
+                }
+                if timeline.at(Stage::Ready).is_none() {
+                    all_ready = false;
+                    if last_progress[i].elapsed() > stage_timeout {
+                        let next = Stage::ALL
+                            .iter()
+                            .copied()
+                            .find(|s| timeline.at(*s).is_none())
+                            .unwrap_or(Stage::Ready);
+                        return Err(self.timeout(m, next, timeline, stage_timeout));
+                    }
+                }
+            }
+            if all_ready {
+                return Ok(timelines);
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    fn timeout(
+        &self,
+        m: &LabMachine,
+        stage: Stage,
+        timeline: &Timeline,
+        limit: Duration,
+    ) -> LabError {
+        LabError::Timeout {
+            machine: m.name.clone(),
+            stage: stage.label(),
+            seconds: limit.as_secs(),
+            last: timeline.last().map_or("none", Stage::label),
+            console: tail_text(&m.domain.console(), 60),
+            logs: self.logs(),
+        }
+    }
+
+    /// Node name → Ready, for every Node.
+    pub fn nodes(&self) -> BTreeMap<String, bool> {
+        use crate::scenario::LabAccess as _;
+        let out = self
+            .kubectl(
+                &[
+                    "get",
+                    "nodes",
+                    "-o",
+                    "jsonpath={range .items[*]}{.metadata.name} {.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}",
+                ],
+                None,
+            )
+            .unwrap_or_default();
+        out.lines()
+            .filter_map(|l| {
+                let (name, ready) = l.split_once(' ')?;
+                Some((name.to_owned(), ready == "True"))
+            })
+            .collect()
+    }
+}
+
+impl crate::scenario::LabAccess for Lab {
+    fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String, LabError> {
+        kubectl(&self.plane, args, stdin)
+    }
+
+    fn machine_names(&self) -> Vec<String> {
+        self.machines.iter().map(|m| m.name.clone()).collect()
+    }
+}
+
+/// What `testbed up` records about the lab it left running (`<cache>/testbed/state.json`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RunningLab {
+    /// The supervising process (`unbounded-testbed serve`).
+    pub pid: u32,
+    /// Its executable, to check the pid still is it.
+    pub exe: PathBuf,
+    /// Logs and generated files.
+    pub dir: PathBuf,
+    /// The admin kubeconfig.
+    pub kubeconfig: PathBuf,
+    /// kubectl.
+    pub kubectl: PathBuf,
+    /// `(machine, serial console file)`.
+    pub machines: Vec<(String, PathBuf)>,
+}
+
+impl RunningLab {
+    /// Where it is recorded.
+    pub fn state_path() -> PathBuf {
+        crate::cluster::cache_dir().join("testbed/state.json")
+    }
+
+    /// The recorded lab, if its supervisor still runs.
+    pub fn load() -> Option<Self> {
+        let text = fs::read_to_string(Self::state_path()).ok()?;
+        let lab: Self = serde_json::from_str(&text).ok()?;
+        let running = fs::read_link(format!("/proc/{}/exe", lab.pid)).ok();
+        (running.as_deref() == Some(lab.exe.as_path())).then_some(lab)
+    }
+
+    /// Records it.
+    pub fn save(&self) -> Result<(), LabError> {
+        let path = Self::state_path();
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).map_err(|e| step(e.to_string()))?;
+        }
+        let text = serde_json::to_string_pretty(self).map_err(|e| step(e.to_string()))?;
+        write(&path, &text)
+    }
+}
+
+impl crate::scenario::LabAccess for RunningLab {
+    fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String, LabError> {
+        let mut command = Command::new(&self.kubectl);
+        command.arg("--kubeconfig").arg(&self.kubeconfig);
+        run_kubectl(command, args, stdin)
+    }
+
+    fn machine_names(&self) -> Vec<String> {
+        self.machines.iter().map(|(n, _)| n.clone()).collect()
+    }
+}
+
+/// The MachineConfiguration of the lab.
+pub fn configuration_yaml(name: &str, image_sha256: &str, extra_labels: &[(&str, &str)]) -> String {
+    let mut labels = format!("{LAB_LABEL}: \"true\"");
+    for (k, v) in extra_labels {
+        labels.push_str(&format!(", {k}: \"{v}\""));
+    }
+    format!(
+        r#"apiVersion: unbounded-cloud.io/v1alpha1
+kind: MachineConfiguration
+metadata: {{name: {name}}}
+spec:
+  machineSelector: {{matchLabels: {{{LAB_LABEL}: "true"}}}}
+  template:
+    boot:
+      kernelURL: vmlinuz
+      initrdURL: initrd.img
+      kernelArgs: [console=ttyS0]
+    image: {{url: node.tar.zst, sha256: {image_sha256}}}
+    kubernetes:
+      version: {KUBERNETES_VERSION}
+      nodeLabels: {{{labels}}}
+"#
+    )
+}
+
+fn bootserver_config(dir: &Path, images: &Path, ca: &Path) -> String {
+    format!(
+        r#"interface: br0
+serverAddress: {LAB_ADDRESS}
+routerAdvertisements: true
+backend: kubernetes
+dhcp:
+  mode: full
+  leaseFile: "{dir}/leases.log"
+  subnets:
+    - subnet: 10.99.0.0/24
+      pool: [10.99.0.100, 10.99.0.199]
+      gateway: {LAB_ADDRESS}
+      leaseSeconds: 3600
+tftp: {{root: /usr/lib/ipxe}}
+http: {{port: 8080, imagesDir: "{images}"}}
+power: {{enabled: true, pollSeconds: 10}}
+credentials:
+  apiServer: https://{LAB_ADDRESS}:{LAB_API_PORT}
+  caFile: "{ca}"
+"#,
+        dir = dir.display(),
+        images = images.display(),
+        ca = ca.display(),
+    )
+}
+
+fn kubectl(
+    plane: &LocalControlPlane,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Result<String, LabError> {
+    run_kubectl(plane.kubectl(), args, stdin)
+}
+
+fn run_kubectl(
+    mut command: Command,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Result<String, LabError> {
+    command
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command.spawn().map_err(|e| step(format!("kubectl: {e}")))?;
+    if let (Some(mut input), Some(text)) = (child.stdin.take(), stdin) {
+        input
+            .write_all(text.as_bytes())
+            .map_err(|e| step(format!("kubectl stdin: {e}")))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| step(format!("kubectl: {e}")))?;
+    if !out.status.success() {
+        return Err(step(format!(
+            "kubectl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A kubeconfig for a ServiceAccount of `unbounded-system`, with a token that does not
+/// expire while the lab runs (a ServiceAccount token Secret, filled by the token controller).
+fn service_account_kubeconfig(
+    plane: &LocalControlPlane,
+    account: &str,
+    server: &str,
+    ca: &Path,
+) -> Result<String, LabError> {
+    let secret = format!("{account}-testbed-token");
+    kubectl(
+        plane,
+        &["apply", "-f", "-"],
+        Some(&format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {secret}\n  namespace: unbounded-system\n  \
+             annotations: {{kubernetes.io/service-account.name: {account}}}\ntype: kubernetes.io/service-account-token\n"
+        )),
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let token = loop {
+        let encoded = kubectl(
+            plane,
+            &[
+                "get",
+                "secret",
+                "-n",
+                "unbounded-system",
+                &secret,
+                "-o",
+                "jsonpath={.data.token}",
+            ],
+            None,
+        )
+        .unwrap_or_default();
+        if !encoded.is_empty() {
+            let out = Command::new("base64")
+                .arg("-d")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .and_then(|mut c| {
+                    if let Some(mut i) = c.stdin.take() {
+                        i.write_all(encoded.as_bytes())?;
+                    }
+                    c.wait_with_output()
+                })
+                .map_err(|e| step(format!("base64: {e}")))?;
+            break String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+        if Instant::now() > deadline {
+            return Err(step(format!("the token controller did not fill {secret}")));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    Ok(format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\n\
+         users:\n- name: {account}\n  user:\n    token: {token}\ncontexts:\n- name: lab\n  context:\n    cluster: lab\n    user: {account}\n\
+         current-context: lab\n",
+        ca = ca.display()
+    ))
+}
+
+fn tail_text(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
