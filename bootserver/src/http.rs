@@ -80,7 +80,7 @@ pub fn router(state: AppState) -> Router {
         .nest_service("/images", images)
         .nest_service("/ipxe", ipxe)
         .with_state(state)
-        .layer(axum::middleware::from_fn(refuse_long_names))
+        .layer(axum::middleware::from_fn(refuse_impossible_names))
         .layer(CatchPanicLayer::custom(on_panic))
 }
 
@@ -100,15 +100,22 @@ fn has_overlong_segment(path: &str) -> bool {
     })
 }
 
-/// 404 for a path with a segment no file can have. tower-http 0.7.1's `ServeDir` answers
-/// 500 when opening such a name fails with `ENAMETOOLONG` (it maps only `NotFound` and
-/// `InvalidInput` to 404); found by the HTTP fuzz target
-/// (`fuzz/regressions/http/file-name-too-long-500`).
-async fn refuse_long_names(
+/// Whether a request path names a file no file system can hold: a segment longer than
+/// `NAME_MAX` once decoded, or a NUL byte (`%00`).
+fn impossible_name(path: &str) -> bool {
+    has_overlong_segment(path) || path.contains("%00")
+}
+
+/// 404 for a path no file can have. tower-http 0.7.1's `ServeDir` answers 500 when opening
+/// such a name fails with `ENAMETOOLONG` (it maps only `NotFound` and `InvalidInput` to
+/// 404), and to a `HEAD` of a name with a NUL byte (its `HEAD` path reads the metadata and
+/// maps no error to 404); both found by the HTTP fuzz target
+/// (`fuzz/regressions/http/file-name-too-long-500`, `head-of-a-nul-name-500`).
+async fn refuse_impossible_names(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    if has_overlong_segment(request.uri().path()) {
+    if impossible_name(request.uri().path()) {
         return (StatusCode::NOT_FOUND, "not found\n").into_response();
     }
     next.run(request).await
@@ -352,5 +359,7 @@ mod tests {
         for (path, overlong) in cases {
             assert_eq!(has_overlong_segment(path), overlong, "{path}");
         }
+        assert!(impossible_name("/images/a%00b"));
+        assert!(!impossible_name("/images/a%200b"));
     }
 }
