@@ -557,10 +557,14 @@ impl LoopState {
         for (path, content, mode) in &files {
             rootfs::write_file(&staging, path, content.as_bytes(), *mode)?;
         }
+        let root = shared.paths.machines.join(&shared.node);
+        // The Node's identity survives a repave: kubelet's client certificate (it rotates
+        // itself) and kubeconfig move into the new root, so it joins again without a new
+        // bootstrap token and as the same Node user.
+        preserve_kubelet_identity(&root, &staging)?;
         // The new root is ready: only now does the old container go.
         let unit = systemd::container_unit(&shared.node);
         shared.host.stop(&unit, Duration::from_secs(120)).await?;
-        let root = shared.paths.machines.join(&shared.node);
         if root.exists() {
             std::fs::remove_dir_all(&root).map_err(io(format!("removing {}", root.display())))?;
         }
@@ -585,6 +589,48 @@ impl LoopState {
         self.save();
         shared.host.start(&unit, Duration::from_secs(120)).await?;
         Ok(())
+    }
+}
+
+/// What of kubelet's state identifies the Node (relative to a container root).
+const KUBELET_IDENTITY: [&str; 2] = ["var/lib/kubelet/pki", "var/lib/kubelet/kubeconfig"];
+
+fn preserve_kubelet_identity(old_root: &Path, new_root: &Path) -> Result<(), PaveError> {
+    for relative in KUBELET_IDENTITY {
+        let from = old_root.join(relative);
+        if !from.exists() {
+            continue;
+        }
+        let to = new_root.join(relative);
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(io(format!("creating {}", parent.display())))?;
+        }
+        copy_tree(&from, &to)?;
+    }
+    Ok(())
+}
+
+fn copy_tree(from: &Path, to: &Path) -> Result<(), PaveError> {
+    let meta =
+        std::fs::symlink_metadata(from).map_err(io(format!("reading {}", from.display())))?;
+    if meta.file_type().is_symlink() {
+        // kubelet-client-current.pem is a symlink to the dated certificate beside it.
+        let target = std::fs::read_link(from).map_err(io(format!("reading {}", from.display())))?;
+        let _ = std::fs::remove_file(to);
+        std::os::unix::fs::symlink(&target, to).map_err(io(format!("linking {}", to.display())))
+    } else if meta.is_dir() {
+        std::fs::create_dir_all(to).map_err(io(format!("creating {}", to.display())))?;
+        let entries = std::fs::read_dir(from).map_err(io(format!("reading {}", from.display())))?;
+        for entry in entries {
+            let entry = entry.map_err(io(format!("reading {}", from.display())))?;
+            copy_tree(&entry.path(), &to.join(entry.file_name()))?;
+        }
+        Ok(())
+    } else {
+        std::fs::copy(from, to)
+            .map(|_| ())
+            .map_err(io(format!("copying {}", from.display())))
     }
 }
 
@@ -833,6 +879,38 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kubelet_identity_moves_into_the_new_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let (old, new) = (dir.path().join("old"), dir.path().join("new"));
+        let pki = old.join("var/lib/kubelet/pki");
+        std::fs::create_dir_all(&pki).unwrap();
+        std::fs::write(pki.join("kubelet-client-2026.pem"), "cert").unwrap();
+        std::os::unix::fs::symlink(
+            "kubelet-client-2026.pem",
+            pki.join("kubelet-client-current.pem"),
+        )
+        .unwrap();
+        std::fs::write(old.join("var/lib/kubelet/kubeconfig"), "kc").unwrap();
+        std::fs::write(old.join("var/lib/kubelet/other"), "not identity").unwrap();
+        std::fs::create_dir_all(&new).unwrap();
+        preserve_kubelet_identity(&old, &new).unwrap();
+        let moved = new.join("var/lib/kubelet/pki/kubelet-client-current.pem");
+        assert_eq!(std::fs::read_to_string(&moved).unwrap(), "cert");
+        assert!(
+            std::fs::symlink_metadata(&moved)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert_eq!(
+            std::fs::read_to_string(new.join("var/lib/kubelet/kubeconfig")).unwrap(),
+            "kc"
+        );
+        assert!(!new.join("var/lib/kubelet/other").exists());
+        preserve_kubelet_identity(&dir.path().join("absent"), &new).unwrap();
+    }
 
     #[test]
     fn backoff_grows_and_is_capped() {

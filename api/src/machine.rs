@@ -1,5 +1,7 @@
 //! `Machine`: one server or VM that becomes one Kubernetes Node.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -217,32 +219,60 @@ pub struct SecretReference {
     pub name: String,
 }
 
-/// Where and how to create an Azure VM.
+/// Where and how to create an Azure VM (a NIC in an existing subnet, the VM, its managed OS
+/// disk). Read when the VM is created: changes after it exists are not applied to it.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.sshPublicKey) != has(self.sshKeySecretRef)").message("set exactly one of spec.azure.sshPublicKey and spec.azure.sshKeySecretRef"))]
 pub struct AzureSpec {
     /// Azure subscription ID (a UUID).
     #[serde(rename = "subscriptionID")]
     #[x_kube(validation = Rule::new("self.matches('^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$')").message("spec.azure.subscriptionID must be a UUID"))]
+    #[schemars(length(max = 36))]
     pub subscription_id: String,
-    /// Resource group the VM and its NIC are created in.
+    /// Resource group the VM, its NIC and its OS disk are created in (it must exist).
     #[x_kube(validation = Rule::new("self.size() >= 1 && self.size() <= 90").message("spec.azure.resourceGroup must be 1 to 90 characters"))]
+    #[x_kube(validation = Rule::new(r"self.matches('^[-\\w.()]+$') && !self.endsWith('.')").message("spec.azure.resourceGroup may hold letters, digits, '-', '_', '.', '(' and ')', and may not end with '.'"))]
+    #[schemars(length(max = 90))]
     pub resource_group: String,
-    /// Azure region, such as `westeurope`.
-    #[x_kube(validation = Rule::new("self.size() >= 1").message("spec.azure.location must not be empty"))]
+    /// Azure region (its programmatic name), such as `westeurope`.
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]+$')").message("spec.azure.location must be a region name such as westeurope (lower-case letters and digits)"))]
+    #[schemars(length(max = 64))]
     pub location: String,
     /// VM size, such as `Standard_D4s_v5`.
-    #[x_kube(validation = Rule::new("self.size() >= 1").message("spec.azure.vmSize must not be empty"))]
+    #[x_kube(validation = Rule::new("self.matches('^[A-Za-z0-9_]+$')").message("spec.azure.vmSize must be a VM size such as Standard_D4s_v5"))]
+    #[schemars(length(max = 64))]
     pub vm_size: String,
     /// The OS image the VM boots.
     pub image: AzureImage,
     /// Resource ID of the subnet the VM's NIC joins.
     #[serde(rename = "subnetID")]
-    #[x_kube(validation = Rule::new("self.startsWith('/subscriptions/')").message("spec.azure.subnetID must be a full Azure resource ID starting with /subscriptions/"))]
+    #[x_kube(validation = Rule::new("self.matches('(?i)^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft.Network/virtualNetworks/[^/]+/subnets/[^/]+$')").message("spec.azure.subnetID must be a subnet's resource ID: /subscriptions/<id>/resourceGroups/<group>/providers/Microsoft.Network/virtualNetworks/<vnet>/subnets/<subnet>"))]
+    #[schemars(length(max = 1024))]
     pub subnet_id: String,
-    /// Secret (key `ssh-publickey`) with the SSH public key installed for the admin user.
+    /// The SSH public key installed for the VM's admin user `unbounded` (OpenSSH format:
+    /// `ssh-rsa AAAA…` or `ssh-ed25519 AAAA…`). Exactly one of this and `sshKeySecretRef`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^(ssh-rsa|ssh-ed25519|ecdsa-sha2-nistp256|ecdsa-sha2-nistp384|ecdsa-sha2-nistp521) [A-Za-z0-9+/]+={0,3}( [^\\n]*)?$')").message("spec.azure.sshPublicKey must be one OpenSSH public key line, such as 'ssh-ed25519 AAAA… comment'"))]
+    #[schemars(length(max = 16384))]
+    pub ssh_public_key: Option<String>,
+    /// Secret (key `ssh-publickey`) with the SSH public key installed for the VM's admin user.
+    /// Exactly one of this and `sshPublicKey`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ssh_key_secret_ref: Option<SecretReference>,
+    /// Tags set on the VM and its NIC, beside the two the provider sets itself
+    /// (`unbounded-machine`: the Machine's name; `unbounded-cluster`: the provider's cluster
+    /// name), which may not be given here.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 48, "additionalProperties" = {"type": "string", "maxLength": 256}))]
+    #[x_kube(validation = Rule::new(r"self.all(k, k.size() >= 1 && k.size() <= 512 && !k.matches('[<>%&\\\\?/]'))").message("spec.azure.tags names must be 1 to 512 characters without < > % & \\ ? /"))]
+    #[x_kube(validation = Rule::new("self.all(k, !(k.lowerAscii() in ['unbounded-machine', 'unbounded-cluster']))").message("spec.azure.tags may not set unbounded-machine or unbounded-cluster: the provider sets them"))]
+    pub tags: BTreeMap<String, String>,
+    /// Secret with a service principal's credentials under the keys `tenantID`, `clientID` and
+    /// `clientSecret`. Without it the provider uses its own identity (workload identity or
+    /// managed identity; see the provider's documentation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret_ref: Option<SecretReference>,
 }
 
 /// An Azure Marketplace image or an image resource ID.
@@ -252,18 +282,24 @@ pub struct AzureSpec {
 pub struct AzureImage {
     /// Full resource ID of an image or gallery image version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.startsWith('/subscriptions/')").message("spec.azure.image.id must be a full resource ID starting with /subscriptions/"))]
+    #[schemars(length(max = 1024))]
     pub id: Option<String>,
     /// Marketplace publisher.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
     pub publisher: Option<String>,
     /// Marketplace offer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
     pub offer: Option<String>,
     /// Marketplace SKU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
     pub sku: Option<String>,
     /// Marketplace image version (default `latest`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
     pub version: Option<String>,
 }
 

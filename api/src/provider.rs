@@ -8,9 +8,16 @@
 //!   and power on). Called until it has succeeded once (`InfrastructureReady=True`).
 //! - [`Provider::observe`]: what the infrastructure looks like now (PXE: power state),
 //!   polled every [`Settings::poll`].
-//! - [`Provider::delete`]: release it (PXE: power off). Called when the Machine is being
-//!   deleted and its Node is gone (the controller drains and deletes the Node first), if
-//!   it was ever provisioned: a Machine whose BMC never answered is released at once.
+//! - [`Provider::delete`]: release it (PXE: power off; Azure: delete the VM, its NIC and
+//!   disk). Called when the Machine is being deleted and its Node is gone (the controller
+//!   drains and deletes the Node first), if [`Provider::must_release`] says so (by default:
+//!   if it was ever provisioned, so a Machine whose BMC never answered is released at once).
+//!
+//! An observation may carry the infrastructure's provider ID: the loop records it in
+//! `spec.providerID` when that is unset (and reports a mismatch when it differs). An
+//! observation that finds the provisioned infrastructure gone ([`ProviderError::gone`])
+//! turns `InfrastructureReady` False, so the loop calls `create` again, which decides
+//! whether to recreate it (the Azure provider does not: it reports).
 //!
 //! Waiting for the Node is not a failure: it is retried every [`Settings::wait`] without
 //! growing the backoff, and the loop watches Nodes, so a deleted Machine is released as soon
@@ -45,6 +52,12 @@ pub struct Observed {
     pub power: PowerState,
     /// Addresses, when the provider knows them.
     pub addresses: Vec<MachineAddress>,
+    /// The infrastructure's provider ID (`azure:///subscriptions/…`), recorded in
+    /// `spec.providerID`; `None` when the provider has none to record.
+    pub provider_id: Option<String>,
+    /// What the infrastructure looks like, for the `InfrastructureReady` message (such as
+    /// the VM's provisioning and power state); `None` for the default message.
+    pub detail: Option<String>,
 }
 
 /// A provider call that failed: a reason for the condition, a message for a person.
@@ -55,6 +68,28 @@ pub struct ProviderError {
     pub reason: String,
     /// What happened and what to do; never a credential.
     pub message: String,
+    /// The infrastructure that was provisioned no longer exists: `InfrastructureReady` turns
+    /// False with this reason and message.
+    pub gone: bool,
+}
+
+impl ProviderError {
+    /// A failure with this reason and message.
+    pub fn new(reason: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+            message: message.into(),
+            gone: false,
+        }
+    }
+
+    /// The provisioned infrastructure was found gone.
+    pub fn gone(reason: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            gone: true,
+            ..Self::new(reason, message)
+        }
+    }
 }
 
 /// A provider of Machines.
@@ -78,6 +113,13 @@ pub trait Provider: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Observed, ProviderError>> + Send;
     /// Releases the infrastructure; idempotent.
     fn delete(&self, machine: &Machine) -> impl Future<Output = Result<(), ProviderError>> + Send;
+
+    /// Whether a Machine being deleted needs [`Provider::delete`]. By default only one that
+    /// was provisioned once; a provider whose failed `create` can leave resources behind
+    /// (the Azure provider's NIC) says `true`.
+    fn must_release(&self, machine: &Machine) -> bool {
+        next_step(machine) == Step::Observe
+    }
 }
 
 /// How the loop paces itself.
@@ -121,6 +163,35 @@ pub fn next_step(machine: &Machine) -> Step {
         .as_ref()
         .is_some_and(|s| condition::is_true(&s.conditions, conditions::INFRASTRUCTURE_READY));
     if ready { Step::Observe } else { Step::Create }
+}
+
+/// What to do with `spec.providerID` after an observation (a pure decision).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProviderIdAction {
+    /// Nothing to record, or already recorded.
+    Keep,
+    /// Record this one.
+    Record(String),
+    /// `spec.providerID` names other infrastructure (it is immutable once set).
+    Mismatch {
+        /// What the Machine says.
+        recorded: String,
+        /// What the provider found.
+        observed: String,
+    },
+}
+
+/// Decides what to do with `spec.providerID` given what the provider observed.
+pub fn provider_id_action(recorded: Option<&str>, observed: Option<&str>) -> ProviderIdAction {
+    match (recorded, observed) {
+        (_, None) => ProviderIdAction::Keep,
+        (None, Some(id)) => ProviderIdAction::Record(id.to_owned()),
+        (Some(r), Some(o)) if r == o => ProviderIdAction::Keep,
+        (Some(r), Some(o)) => ProviderIdAction::Mismatch {
+            recorded: r.to_owned(),
+            observed: o.to_owned(),
+        },
+    }
 }
 
 /// The wait after `failures` consecutive failures: doubling, capped, never zero.
@@ -236,6 +307,12 @@ async fn apply<P: Provider>(machine: &Machine, ctx: &Context<P>) -> Result<Actio
         Step::Observe => ctx.provider.observe(machine).await,
     };
     let name = machine.name_any();
+    let result = match result {
+        Ok(observed) => record_provider_id(ctx, machine, &observed)
+            .await
+            .map(|()| observed),
+        Err(error) => Err(error),
+    };
     match result {
         Ok(observed) => {
             if step == Step::Create {
@@ -262,6 +339,49 @@ async fn apply<P: Provider>(machine: &Machine, ctx: &Context<P>) -> Result<Actio
     }
 }
 
+/// Records the observed provider ID in `spec.providerID` (server-side apply under the
+/// provider's field manager), or fails when the Machine names other infrastructure.
+async fn record_provider_id<P: Provider>(
+    ctx: &Context<P>,
+    machine: &Machine,
+    observed: &Observed,
+) -> Result<(), ProviderError> {
+    match provider_id_action(
+        machine.spec.provider_id.as_deref(),
+        observed.provider_id.as_deref(),
+    ) {
+        ProviderIdAction::Keep => Ok(()),
+        ProviderIdAction::Mismatch { recorded, observed } => Err(ProviderError::new(
+            "ProviderIDMismatch",
+            format!(
+                "spec.providerID is {recorded} but the provider's infrastructure is {observed}; \
+                 spec.providerID is immutable: delete and recreate the Machine"
+            ),
+        )),
+        ProviderIdAction::Record(id) => {
+            let body = json!({
+                "apiVersion": Machine::api_version(&()),
+                "kind": Machine::kind(&()),
+                "spec": {"providerID": id},
+            });
+            Api::<Machine>::all(ctx.client.clone())
+                .patch(
+                    &machine.name_any(),
+                    &PatchParams::apply(P::FIELD_MANAGER).force(),
+                    &Patch::Apply(body),
+                )
+                .await
+                .map(drop)
+                .map_err(|e| {
+                    ProviderError::new(
+                        "ProviderIDNotRecorded",
+                        format!("recording spec.providerID {id}: {e}"),
+                    )
+                })
+        }
+    }
+}
+
 async fn cleanup<P: Provider>(machine: &Machine, ctx: &Context<P>) -> Result<Action, LoopError> {
     let node = machine.node_name();
     let nodes: Api<Node> = Api::all(ctx.client.clone());
@@ -273,10 +393,9 @@ async fn cleanup<P: Provider>(machine: &Machine, ctx: &Context<P>) -> Result<Act
     {
         return Err(LoopError::WaitingForNode(node));
     }
-    // Never provisioned (its BMC refused us, say): nothing was powered on, nothing to
-    // release, and a broken BMC set-up must not keep the Machine from going away.
-    let provisioned = next_step(machine) == Step::Observe;
-    if provisioned {
+    // By default, never provisioned (its BMC refused us, say): nothing was powered on,
+    // nothing to release, and a broken BMC set-up must not keep the Machine from going away.
+    if ctx.provider.must_release(machine) {
         if let Err(error) = ctx.provider.delete(machine).await {
             warn(ctx, machine, &error).await;
             return Err(error.into());
@@ -341,7 +460,8 @@ async fn event<P>(ctx: &Context<P>, machine: &Machine, type_: EventType, reason:
 
 /// Writes the provider's status fields: power and addresses when observed, and the
 /// `InfrastructureReady` condition (True once created; False with the error's reason while
-/// creating fails; unchanged when only an observation fails, with power `Unknown`).
+/// creating fails or when the infrastructure is gone; unchanged when only an observation
+/// fails otherwise, with power `Unknown`).
 async fn write_status<P: Provider>(
     ctx: &Context<P>,
     machine: &Machine,
@@ -353,20 +473,24 @@ async fn write_status<P: Provider>(
     let ready_now = condition::is_true(&current.conditions, conditions::INFRASTRUCTURE_READY);
     let mut status = serde_json::Map::new();
     let condition = match (observed, failure) {
-        (Some(_), _) => Some(condition::new_condition(
+        (Some(o), _) => Some(condition::new_condition(
             conditions::INFRASTRUCTURE_READY,
             true,
             "Provisioned",
-            "the infrastructure is created and powered on",
+            o.detail
+                .clone()
+                .unwrap_or_else(|| "the infrastructure is created and powered on".into()),
             generation,
         )),
-        (None, Some((error, Step::Create))) => Some(condition::new_condition(
-            conditions::INFRASTRUCTURE_READY,
-            false,
-            &error.reason,
-            error.message.clone(),
-            generation,
-        )),
+        (None, Some((error, step))) if step == Step::Create || error.gone => {
+            Some(condition::new_condition(
+                conditions::INFRASTRUCTURE_READY,
+                false,
+                &error.reason,
+                error.message.clone(),
+                generation,
+            ))
+        }
         (None, _) if ready_now => {
             condition::find(&current.conditions, conditions::INFRASTRUCTURE_READY).cloned()
         }
@@ -433,10 +557,7 @@ mod tests {
     fn waiting_for_the_node_is_not_a_failure() {
         let s = Settings::default();
         let waiting = LoopError::WaitingForNode("n".into());
-        let failed = LoopError::Provider(ProviderError {
-            reason: "BmcUnreachable".into(),
-            message: String::new(),
-        });
+        let failed = LoopError::Provider(ProviderError::new("BmcUnreachable", ""));
         let cases = [
             (&waiting, 1, s.wait),
             (&waiting, 40, s.wait),
@@ -449,6 +570,32 @@ mod tests {
                 requeue_after(&s, error, failures),
                 expected,
                 "{error} after {failures}"
+            );
+        }
+    }
+
+    #[test]
+    fn provider_id_table() {
+        use ProviderIdAction::*;
+        let cases = [
+            (None, None, Keep),
+            (Some("azure:///a"), None, Keep),
+            (None, Some("azure:///a"), Record("azure:///a".into())),
+            (Some("azure:///a"), Some("azure:///a"), Keep),
+            (
+                Some("azure:///a"),
+                Some("azure:///b"),
+                Mismatch {
+                    recorded: "azure:///a".into(),
+                    observed: "azure:///b".into(),
+                },
+            ),
+        ];
+        for (recorded, observed, expected) in cases {
+            assert_eq!(
+                provider_id_action(recorded, observed),
+                expected,
+                "{recorded:?} {observed:?}"
             );
         }
     }

@@ -60,9 +60,14 @@ pub mod operations {
     pub const POWER_CYCLE: &str = "powerCycle";
     /// Set a one-time network boot and power-cycle (the PXE provider's own operation).
     pub const PXE_BOOT: &str = "pxeBoot";
+    /// Move the VM to another host in its region (the Azure provider's own operation).
+    pub const REDEPLOY: &str = "redeploy";
 
     /// The parameter of `restartService`.
     pub const SERVICE_PARAMETER: &str = "service";
+    /// The parameter of `powerOff` on an Azure Machine: `"true"` deallocates the VM (its
+    /// compute is released and no longer billed) instead of only stopping it.
+    pub const DEALLOCATE_PARAMETER: &str = "deallocate";
 
     /// What the agent runs, on every provider.
     pub const AGENT: [&str; 3] = [REBOOT, SHUTDOWN, RESTART_SERVICE];
@@ -73,7 +78,8 @@ pub mod operations {
     pub fn provider_specific(provider: MachineProvider) -> &'static [&'static str] {
         match provider {
             MachineProvider::Pxe => &[PXE_BOOT],
-            MachineProvider::Azure | MachineProvider::Manual => &[],
+            MachineProvider::Azure => &[REDEPLOY],
+            MachineProvider::Manual => &[],
         }
     }
 
@@ -123,6 +129,12 @@ pub mod operations {
                 ),
                 (MachineProvider::Pxe, "pxeBoot", Some(HandlerKind::Provider)),
                 (MachineProvider::Azure, "pxeBoot", None),
+                (
+                    MachineProvider::Azure,
+                    "redeploy",
+                    Some(HandlerKind::Provider),
+                ),
+                (MachineProvider::Pxe, "redeploy", None),
                 (MachineProvider::Manual, "powerOn", None),
                 (MachineProvider::Pxe, "selfDestruct", None),
             ];

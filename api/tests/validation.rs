@@ -63,6 +63,27 @@ fn pxe_spec(pxe: Value) -> Value {
     json!({"provider": "pxe", "pxe": pxe})
 }
 
+/// A valid Azure spec with `overrides` merged in (a null removes a field).
+fn azure_spec(overrides: Value) -> Value {
+    let mut azure = json!({
+        "subscriptionID": "00000000-0000-0000-0000-000000000000",
+        "resourceGroup": "rg-nodes",
+        "location": "westeurope",
+        "vmSize": "Standard_D2s_v5",
+        "image": {"publisher": "Debian", "offer": "debian-12", "sku": "12-gen2"},
+        "subnetID": "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/rg-net/providers/Microsoft.Network/virtualNetworks/vnet/subnets/nodes",
+        "sshPublicKey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKq7bqZ9sS0Wm7mFsJkZq0QJtqgS3D6p2mW1+Zl3f7cu ops@example",
+    });
+    for (key, value) in overrides.as_object().unwrap() {
+        if value.is_null() {
+            azure.as_object_mut().unwrap().remove(key);
+        } else {
+            azure[key] = value.clone();
+        }
+    }
+    json!({"provider": "azure", "azure": azure})
+}
+
 fn bmc(address: &str) -> Value {
     json!({"address": address, "credentialsSecretRef": {"namespace": "unbounded-system", "name": "bmc"}})
 }
@@ -206,6 +227,75 @@ fn machine_cases() -> Vec<(&'static str, Value, Option<&'static str>)> {
                 json!({"provider": "azure", "azure": {"subscriptionID": "nope", "resourceGroup": "rg", "location": "westeurope", "vmSize": "Standard_D2s_v5", "image": {"id": "/subscriptions/x"}, "subnetID": "/subscriptions/x"}}),
             ),
             Some("spec.azure.subscriptionID must be a UUID"),
+        ),
+        (
+            "good azure machine",
+            machine("v-azgood", azure_spec(json!({}))),
+            None,
+        ),
+        (
+            "azure machine with a key Secret and tags",
+            machine(
+                "v-azsecret",
+                azure_spec(
+                    json!({"sshPublicKey": null, "sshKeySecretRef": {"namespace": "unbounded-system", "name": "ssh"}, "tags": {"team": "infra", "cost-center": "42"}, "credentialsSecretRef": {"namespace": "unbounded-system", "name": "azure"}}),
+                ),
+            ),
+            None,
+        ),
+        (
+            "azure machine with two SSH keys",
+            machine(
+                "v-az2key",
+                azure_spec(
+                    json!({"sshKeySecretRef": {"namespace": "unbounded-system", "name": "ssh"}}),
+                ),
+            ),
+            Some("set exactly one of spec.azure.sshPublicKey and spec.azure.sshKeySecretRef"),
+        ),
+        (
+            "azure machine without an SSH key",
+            machine("v-az0key", azure_spec(json!({"sshPublicKey": null}))),
+            Some("set exactly one of spec.azure.sshPublicKey and spec.azure.sshKeySecretRef"),
+        ),
+        (
+            "azure SSH key that is not one",
+            machine(
+                "v-azbadkey",
+                azure_spec(json!({"sshPublicKey": "-----BEGIN OPENSSH PRIVATE KEY-----"})),
+            ),
+            Some("spec.azure.sshPublicKey must be one OpenSSH public key line"),
+        ),
+        (
+            "azure tag name with a slash",
+            machine(
+                "v-aztag",
+                azure_spec(json!({"tags": {"unbounded-cloud.io/machine": "x"}})),
+            ),
+            Some("spec.azure.tags names must be 1 to 512 characters without"),
+        ),
+        (
+            "azure tag the provider sets",
+            machine(
+                "v-aztag2",
+                azure_spec(json!({"tags": {"Unbounded-Machine": "x"}})),
+            ),
+            Some("spec.azure.tags may not set unbounded-machine or unbounded-cluster"),
+        ),
+        (
+            "azure subnet that is a VNet",
+            machine(
+                "v-azsubnet",
+                azure_spec(
+                    json!({"subnetID": "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/rg/providers/Microsoft.Network/virtualNetworks/vnet"}),
+                ),
+            ),
+            Some("spec.azure.subnetID must be a subnet's resource ID"),
+        ),
+        (
+            "azure location as a display name",
+            machine("v-azloc", azure_spec(json!({"location": "West Europe"}))),
+            Some("spec.azure.location must be a region name"),
         ),
         (
             "azure image half set",

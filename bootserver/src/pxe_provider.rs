@@ -67,10 +67,7 @@ pub struct PxeProvider {
 }
 
 fn failure(reason: &str, message: impl Into<String>) -> ProviderError {
-    ProviderError {
-        reason: reason.to_owned(),
-        message: message.into(),
-    }
+    ProviderError::new(reason, message)
 }
 
 fn power_failure(error: PowerError) -> ProviderError {
@@ -255,6 +252,8 @@ fn observed(power: Power) -> Observed {
             Power::Off => PowerState::Off,
         },
         addresses: Vec::new(),
+        provider_id: None,
+        detail: None,
     }
 }
 

@@ -22,6 +22,8 @@ use unbounded_api::well_known::{conditions, field_managers, labels};
 use unbounded_api::{HandlerKind, Machine, MachineOperation, MachineProvider, OperationState};
 
 use crate::error::Error;
+use crate::index::Shared;
+use crate::index::operations::OperationIndex;
 
 /// How long a finished operation stays readable by its agent (it may still be finishing
 /// its own bookkeeping, such as a reboot's completion).
@@ -128,6 +130,8 @@ pub struct AccessContext {
     pub client: Client,
     /// MachineOperations (the controller's store).
     pub operations: Store<MachineOperation>,
+    /// Operations by Machine.
+    operation_index: Shared<OperationIndex>,
     /// What was applied per Machine (by UID, so a recreated Machine is applied again).
     applied: Mutex<HashMap<String, AgentAccess>>,
 }
@@ -139,11 +143,16 @@ impl std::fmt::Debug for AccessContext {
 }
 
 impl AccessContext {
-    /// A context over the controller's client and operation store.
-    pub fn new(client: Client, operations: Store<MachineOperation>) -> Self {
+    /// A context over the controller's client, operation store and index.
+    pub fn new(
+        client: Client,
+        operations: Store<MachineOperation>,
+        operation_index: Shared<OperationIndex>,
+    ) -> Self {
         Self {
             client,
             operations,
+            operation_index,
             applied: Mutex::default(),
         }
     }
@@ -225,7 +234,14 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<AccessContext>) -> Result
         return Ok(Action::await_change());
     }
     let now = unbounded_api::condition::now().as_second();
-    let operations = ctx.operations.state();
+    let names = ctx.operation_index.read().on_machine(&machine.name_any());
+    let operations: Vec<Arc<MachineOperation>> = names
+        .iter()
+        .filter_map(|n| {
+            ctx.operations
+                .get(&kube::runtime::reflector::ObjectRef::new(n))
+        })
+        .collect();
     let (desired, next) = desired_access(&machine, operations.iter().map(|o| o.as_ref()), now);
     let Some(desired) = desired else {
         return Ok(Action::await_change());

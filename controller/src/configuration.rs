@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -47,7 +48,9 @@ pub async fn reconcile(
 
 /// For each version number of `configuration`, how many Machines reference it: the version
 /// they were provisioned with (`status.configuration`) or the one they pin
-/// (`spec.configurationRef.version`, which a repave will apply).
+/// (`spec.configurationRef.version`, which a repave will apply). The definition of the
+/// counts; the controller keeps the same counts incrementally in
+/// [`crate::index::machines::MachineIndex`] rather than scanning every Machine.
 pub fn machine_counts(configuration: &str, machines: &[Arc<Machine>]) -> BTreeMap<i64, i64> {
     let mut counts = BTreeMap::new();
     for machine in machines {
@@ -76,6 +79,17 @@ pub fn machine_counts(configuration: &str, machines: &[Arc<Machine>]) -> BTreeMa
 async fn apply(configuration: &MachineConfiguration, ctx: &Context) -> Result<Action, Error> {
     let name = configuration.name_any();
     let versions = ctx.versions_of(&name);
+    let seen: Vec<i64> = versions.iter().map(|v| v.spec.version).collect();
+    let unseen = ctx
+        .expectations
+        .read()
+        .unseen_versions_of(&name, &seen, Instant::now());
+    if !unseen.is_empty() {
+        // The cache has not shown a version this controller just created: deciding now
+        // would take it for deleted and create it again under the next number.
+        tracing::debug!(configuration = %name, ?unseen, "waiting for the watch to show new versions");
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
     let recorded_latest = configuration
         .status
         .as_ref()
@@ -88,6 +102,9 @@ async fn apply(configuration: &MachineConfiguration, ctx: &Context) -> Result<Ac
             template: &v.spec.template,
         })
         .collect();
+    // The status below is written only over the configuration as read (or as this
+    // reconcile changed it): a stale copy must not roll latestVersion back.
+    let mut resource_version = configuration.resource_version();
     let action =
         versioning::next_version_action(&configuration.spec.template, recorded_latest, &existing);
     let mut latest = versioning::latest_version(recorded_latest, &existing);
@@ -96,9 +113,13 @@ async fn apply(configuration: &MachineConfiguration, ctx: &Context) -> Result<Ac
         VersionAction::UpToDate => {}
         VersionAction::Create { version } => {
             write_version(configuration, version, ctx).await?;
+            ctx.expectations
+                .write()
+                .created_versions
+                .expect((name.clone(), version), Instant::now());
             latest = latest.max(version);
             // Record the number at once, so that it is never handed out again.
-            write_latest(configuration, latest, ctx).await?;
+            resource_version = write_latest(configuration, latest, ctx).await?;
             ctx.event(
                 configuration,
                 EventType::Normal,
@@ -125,7 +146,7 @@ async fn apply(configuration: &MachineConfiguration, ctx: &Context) -> Result<Ac
         }
     }
 
-    let counts = machine_counts(&name, &ctx.machines.state());
+    let counts = ctx.machine_index.read().counts_of(&name);
     for version in &versions {
         sync_version_usage(
             version,
@@ -167,7 +188,15 @@ async fn apply(configuration: &MachineConfiguration, ctx: &Context) -> Result<Ac
         &referenced,
         configuration.spec.revision_history_limit(),
     );
-    write_status(configuration, latest, &summaries, &prune, ctx).await?;
+    write_status(
+        configuration,
+        resource_version,
+        latest,
+        &summaries,
+        &prune,
+        ctx,
+    )
+    .await?;
     for version in prune {
         let version_object = version_name(&name, version);
         let api: Api<MachineConfigurationVersion> = Api::all(ctx.client.clone());
@@ -234,19 +263,20 @@ async fn write_latest(
     configuration: &MachineConfiguration,
     latest: i64,
     ctx: &Context,
-) -> Result<(), Error> {
+) -> Result<Option<String>, Error> {
     let api: Api<MachineConfiguration> = Api::all(ctx.client.clone());
-    api.patch_status(
-        &configuration.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"latestVersion": latest}})),
-    )
-    .await
-    .map_err(kube_err(format!(
-        "recording latestVersion of {}",
-        configuration.name_any()
-    )))?;
-    Ok(())
+    let written = api
+        .patch_status(
+            &configuration.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"latestVersion": latest}})),
+        )
+        .await
+        .map_err(kube_err(format!(
+            "recording latestVersion of {}",
+            configuration.name_any()
+        )))?;
+    Ok(written.resource_version())
 }
 
 /// Keeps a version's `status.machineCount` and its in-use finalizer in step with the count.
@@ -307,6 +337,7 @@ async fn patch_finalizers(
 
 async fn write_status(
     configuration: &MachineConfiguration,
+    resource_version: Option<String>,
     latest: i64,
     summaries: &[VersionSummary],
     pruned: &[i64],
@@ -348,6 +379,7 @@ async fn write_status(
     let body = json!({
         "apiVersion": MachineConfiguration::api_version(&()),
         "kind": MachineConfiguration::kind(&()),
+        "metadata": {"resourceVersion": resource_version},
         "status": {
             "latestVersion": latest,
             "versions": versions,
@@ -356,17 +388,21 @@ async fn write_status(
         },
     });
     let api: Api<MachineConfiguration> = Api::all(ctx.client.clone());
-    api.patch_status(
-        &configuration.name_any(),
-        &PatchParams::apply(field_managers::CONTROLLER).force(),
-        &Patch::Apply(body),
-    )
-    .await
-    .map_err(kube_err(format!(
-        "writing the status of {}",
-        configuration.name_any()
-    )))?;
-    Ok(())
+    let name = configuration.name_any();
+    match api
+        .patch_status(
+            &name,
+            &PatchParams::apply(field_managers::CONTROLLER).force(),
+            &Patch::Apply(body),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::Waiting(format!(
+            "MachineConfiguration {name} changed meanwhile"
+        ))),
+        Err(e) => Err(kube_err(format!("writing the status of {name}"))(e)),
+    }
 }
 
 #[cfg(test)]

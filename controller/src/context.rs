@@ -1,19 +1,23 @@
-//! What every reconciliation shares: the client, the reflector stores, the event recorder,
-//! the metrics and the settings.
+//! What every reconciliation shares: the client, the reflector stores and their indexes,
+//! the event recorder, the metrics and the settings.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
-use kube::ResourceExt;
-use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::reflector::Store;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::{ObjectRef, Store};
 use unbounded_api::{Machine, MachineConfiguration, MachineConfigurationVersion, MachineOperation};
 
+use crate::events::{EventPublisher, EventSettings};
+use crate::expectations::Expectations;
+use crate::index::Shared;
+use crate::index::catalog::Catalog;
+use crate::index::machines::MachineIndex;
+use crate::index::operations::{NodeIndex, OperationIndex};
 use crate::metrics::Metrics;
-use crate::selection::{Candidate, VersionInfo};
+use crate::recount::RecountTiming;
 
 /// Settings of the controller.
 #[derive(Debug, Clone)]
@@ -22,6 +26,16 @@ pub struct Settings {
     pub drain_timeout: Duration,
     /// How often everything is reconciled again without a change.
     pub resync: Duration,
+    /// Machines reconciled at once.
+    pub machine_concurrency: u16,
+    /// MachineConfigurations reconciled at once.
+    pub configuration_concurrency: u16,
+    /// MachineOperations reconciled at once.
+    pub operation_concurrency: u16,
+    /// When configurations whose Machines changed are recounted.
+    pub recount: RecountTiming,
+    /// How events are queued and published.
+    pub events: EventSettings,
 }
 
 impl Default for Settings {
@@ -29,11 +43,25 @@ impl Default for Settings {
         Self {
             drain_timeout: Duration::from_secs(300),
             resync: Duration::from_secs(300),
+            machine_concurrency: 32,
+            configuration_concurrency: 8,
+            operation_concurrency: 16,
+            recount: RecountTiming {
+                quiet: Duration::from_secs(2),
+                max_wait: Duration::from_secs(10),
+            },
+            events: EventSettings::default(),
         }
     }
 }
 
 /// Shared by every reconciliation.
+///
+/// The stores hold the objects as watched, trimmed of what no decision reads: every kind
+/// without `managedFields` and without kubectl's last-applied annotation; Nodes reduced to
+/// name, UID, Unbounded's own annotations, `spec.providerID`, `spec.unschedulable` and the
+/// Ready condition (see [`crate::watches::trim_node`]). The indexes beside them are kept
+/// by the same watches ([`crate::index`]).
 #[derive(Clone)]
 pub struct Context {
     /// The API client.
@@ -44,12 +72,22 @@ pub struct Context {
     pub configurations: Store<MachineConfiguration>,
     /// MachineConfigurationVersions.
     pub versions: Store<MachineConfigurationVersion>,
-    /// Nodes.
+    /// Nodes (trimmed).
     pub nodes: Store<Node>,
     /// MachineOperations.
     pub operations: Store<MachineOperation>,
+    /// Machines by label, configuration and Node; version and phase counts.
+    pub machine_index: Shared<MachineIndex>,
+    /// Configurations by selector, and their versions.
+    pub catalog: Shared<Catalog>,
+    /// Nodes by provider ID.
+    pub node_index: Shared<NodeIndex>,
+    /// Operations by Machine and parent.
+    pub operation_index: Shared<OperationIndex>,
+    /// Writes not yet shown by the watches.
+    pub expectations: Shared<Expectations>,
     /// Publishes Kubernetes Events.
-    pub recorder: Recorder,
+    pub recorder: EventPublisher,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Settings.
@@ -67,72 +105,20 @@ impl std::fmt::Debug for Context {
 impl Context {
     /// The versions of a configuration that exist and are not being deleted.
     pub fn versions_of(&self, configuration: &str) -> Vec<Arc<MachineConfigurationVersion>> {
-        self.versions
-            .state()
-            .into_iter()
-            .filter(|v| {
-                v.spec.configuration_name == configuration
-                    && v.metadata.deletion_timestamp.is_none()
-            })
+        let names = self.catalog.read().version_names_of(configuration);
+        names
+            .iter()
+            .filter_map(|name| self.versions.get(&ObjectRef::new(name)))
+            .filter(|v| v.metadata.deletion_timestamp.is_none())
             .collect()
     }
 
-    /// Every configuration with its versions, as selection needs them. The stores hold
-    /// `Arc`s; the candidates borrow from the returned owners.
-    pub fn candidates(&self) -> Vec<(Arc<MachineConfiguration>, Vec<VersionInfo>)> {
-        let mut by_configuration: BTreeMap<String, Vec<VersionInfo>> = BTreeMap::new();
-        for version in self.versions.state() {
-            if version.metadata.deletion_timestamp.is_some() {
-                continue;
-            }
-            by_configuration
-                .entry(version.spec.configuration_name.clone())
-                .or_default()
-                .push(VersionInfo {
-                    version: version.spec.version,
-                    deployed: version.status.as_ref().is_some_and(|s| s.deployed),
-                });
-        }
-        self.configurations
-            .state()
-            .into_iter()
-            .filter(|c| c.metadata.deletion_timestamp.is_none())
-            .map(|c| {
-                let versions = by_configuration.remove(&c.name_any()).unwrap_or_default();
-                (c, versions)
-            })
-            .collect()
-    }
-
-    /// Publishes an Event about `object`; failures are logged, never fatal.
+    /// Publishes an Event about `object`, best effort ([`crate::events`]).
     pub async fn event<K>(&self, object: &K, type_: EventType, reason: &str, note: String)
     where
         K: kube::Resource<DynamicType = ()>,
     {
-        let event = Event {
-            type_,
-            reason: reason.to_owned(),
-            note: Some(note),
-            action: reason.to_owned(),
-            secondary: None,
-        };
-        if let Err(error) = self.recorder.publish(&event, &object.object_ref(&())).await {
-            tracing::warn!(%error, reason, "publishing an event failed");
-        }
+        self.recorder
+            .publish(object.object_ref(&()), type_, reason, note);
     }
-}
-
-/// Borrows candidates from their owners.
-pub fn borrow_candidates(
-    owned: &[(Arc<MachineConfiguration>, Vec<VersionInfo>)],
-) -> Vec<Candidate<'_>> {
-    owned
-        .iter()
-        .map(|(configuration, versions)| Candidate {
-            name: configuration.metadata.name.as_deref().unwrap_or_default(),
-            priority: configuration.spec.priority,
-            selector: configuration.spec.machine_selector.as_ref(),
-            versions: versions.clone(),
-        })
-        .collect()
 }

@@ -49,15 +49,20 @@ impl Error {
         }
     }
 
-    /// Whether this is only a wait, not a failure.
+    /// Whether this is only a wait, not a failure. Adding or removing a finalizer from a
+    /// copy of the object that was already stale is refused (the JSON patch's test, or the
+    /// resourceVersion): the next reconcile works from the newer copy.
     pub fn is_waiting(&self) -> bool {
+        use kube::runtime::finalizer::Error as F;
+        let stale =
+            |e: &kube::Error| matches!(e, kube::Error::Api(s) if s.code == 409 || s.code == 422);
         match self {
             Self::Waiting(_) => true,
-            Self::Finalizer(inner) => matches!(
-                inner.as_ref(),
-                kube::runtime::finalizer::Error::CleanupFailed(Error::Waiting(_))
-                    | kube::runtime::finalizer::Error::ApplyFailed(Error::Waiting(_))
-            ),
+            Self::Finalizer(inner) => match inner.as_ref() {
+                F::CleanupFailed(Error::Waiting(_)) | F::ApplyFailed(Error::Waiting(_)) => true,
+                F::AddFinalizer(e) | F::RemoveFinalizer(e) => stale(e),
+                _ => false,
+            },
             _ => false,
         }
     }

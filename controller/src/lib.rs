@@ -4,23 +4,31 @@
 //! ordering, fan-out, aggregation, deadlines and TTL).
 //!
 //! Decisions are pure functions over plain data ([`selection`], [`versioning`],
-//! [`lifecycle`], [`dispatch`]); the reconcilers ([`machine`], [`configuration`],
-//! [`operation`]) read reflector stores and act on those decisions.
+//! [`lifecycle`], [`dispatch`], [`triggers`]); the reconcilers ([`machine`],
+//! [`configuration`], [`operation`]) read reflector stores and the [`index`]es kept beside
+//! them ([`watches`]) and act on those decisions.
 
 pub mod agent_access;
+pub mod api_limits;
 pub mod configuration;
 pub mod context;
 pub mod dispatch;
 pub mod drain;
 pub mod error;
+pub mod events;
+pub mod expectations;
+pub mod index;
 pub mod leader;
 pub mod lifecycle;
 pub mod machine;
 pub mod metrics;
 pub mod operation;
+pub mod recount;
 pub mod runner;
 pub mod selection;
+pub mod triggers;
 pub mod versioning;
+pub mod watches;
 
 pub use context::Settings;
 pub use error::Error;

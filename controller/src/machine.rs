@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -12,15 +12,17 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use unbounded_api::condition;
 use unbounded_api::well_known::{annotations, conditions, field_managers, finalizers, reasons};
 use unbounded_api::{Machine, MachineConfigurationVersion, MachinePhase, ResolvedConfiguration};
 
-use crate::context::{Context, borrow_candidates};
+use crate::context::Context;
 use crate::drain;
 use crate::error::{Error, kube_err};
+use crate::index::catalog::OwnedCandidate;
 use crate::lifecycle::{ConditionPlan, MachineFacts, ObservedNode, plan_machine};
 use crate::selection::{self, Resolution};
 
@@ -54,14 +56,11 @@ impl Context {
 /// The Node of a Machine: by name (`spec.nodeName`, default the Machine's name), else by
 /// `spec.providerID`.
 pub fn find_node(machine: &Machine, ctx: &Context) -> Option<Arc<Node>> {
-    let name = machine.node_name();
-    let by_name = ctx.nodes.state().into_iter().find(|n| n.name_any() == name);
+    let by_name = ctx.nodes.get(&ObjectRef::new(&machine.node_name()));
     by_name.or_else(|| {
         let provider_id = machine.spec.provider_id.as_deref()?;
-        ctx.nodes
-            .state()
-            .into_iter()
-            .find(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(provider_id))
+        let name = ctx.node_index.read().with_provider_id(provider_id)?;
+        ctx.nodes.get(&ObjectRef::new(&name))
     })
 }
 
@@ -75,8 +74,15 @@ fn node_is_ready(node: &Node) -> bool {
 async fn apply(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
     let name = machine.name_any();
     let status = machine.status.clone().unwrap_or_default();
-    let owned = ctx.candidates();
-    let candidates = borrow_candidates(&owned);
+    let owned = ctx.catalog.read().candidates_for(
+        machine.labels(),
+        machine
+            .spec
+            .configuration_ref
+            .as_ref()
+            .map(|r| r.name.as_str()),
+    );
+    let candidates: Vec<_> = owned.iter().map(OwnedCandidate::borrowed).collect();
     let resolution = selection::resolve(
         machine.labels(),
         machine.spec.configuration_ref.as_ref(),
@@ -188,12 +194,16 @@ async fn lock_version(
     let name = configuration.version_name();
     let deployed = ctx
         .versions
-        .state()
-        .into_iter()
-        .find(|v| v.name_any() == name)
+        .get(&ObjectRef::new(&name))
         .and_then(|v| v.status.as_ref().map(|s| s.deployed))
         .unwrap_or(false);
-    if deployed {
+    // Locked by an earlier reconcile whose write the cache has not shown yet.
+    let locked = ctx
+        .expectations
+        .read()
+        .locked_versions
+        .pending(&name, Instant::now());
+    if deployed || locked {
         return Ok(());
     }
     let api: Api<MachineConfigurationVersion> = Api::all(ctx.client.clone());
@@ -206,6 +216,10 @@ async fn lock_version(
     .map_err(kube_err(format!(
         "locking MachineConfigurationVersion {name}"
     )))?;
+    ctx.expectations
+        .write()
+        .locked_versions
+        .expect(name.clone(), Instant::now());
     let note = format!(
         "{} version {} is deployed (now immutable): Machine {} is provisioned with it",
         configuration.name,
@@ -219,12 +233,7 @@ async fn lock_version(
         note.clone(),
     )
     .await;
-    if let Some(mc) = ctx
-        .configurations
-        .state()
-        .into_iter()
-        .find(|c| c.name_any() == configuration.name)
-    {
+    if let Some(mc) = ctx.configurations.get(&ObjectRef::new(&configuration.name)) {
         ctx.event(
             mc.as_ref(),
             EventType::Normal,
@@ -330,23 +339,30 @@ async fn write_status<const N: usize>(
     if let Some(g) = generation {
         status.insert("observedGeneration".into(), json!(g));
     }
+    // Written only over the Machine as read: a reconcile working from a stale copy must not
+    // overwrite what a newer one recorded (the version is sticky).
     let body = json!({
         "apiVersion": Machine::api_version(&()),
         "kind": Machine::kind(&()),
+        "metadata": {"resourceVersion": machine.resource_version()},
         "status": status,
     });
     let api: Api<Machine> = Api::all(ctx.client.clone());
-    api.patch_status(
-        &machine.name_any(),
-        &PatchParams::apply(field_managers::CONTROLLER).force(),
-        &Patch::Apply(body),
-    )
-    .await
-    .map_err(kube_err(format!(
-        "writing the status of Machine {}",
-        machine.name_any()
-    )))?;
-    Ok(())
+    let name = machine.name_any();
+    match api
+        .patch_status(
+            &name,
+            &PatchParams::apply(field_managers::CONTROLLER).force(),
+            &Patch::Apply(body),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            Err(Error::Waiting(format!("Machine {name} changed meanwhile")))
+        }
+        Err(e) => Err(kube_err(format!("writing the status of Machine {name}"))(e)),
+    }
 }
 
 /// Deletion: drain and delete the Node, then wait until every provider has released the

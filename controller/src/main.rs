@@ -12,8 +12,11 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use clap::Parser;
 use prometheus_client::registry::Registry;
+use unbounded_controller::api_limits::RateLimitLayer;
+use unbounded_controller::events::EventSettings;
 use unbounded_controller::leader::{LeaderElector, LeaseSettings};
 use unbounded_controller::metrics::Metrics;
+use unbounded_controller::recount::RecountTiming;
 use unbounded_controller::{Settings, run};
 
 #[derive(Parser, Debug)]
@@ -48,6 +51,33 @@ struct Flags {
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
+    /// Requests per second to the API server, on average (0: no limit). See the README's
+    /// "The controller at scale".
+    #[arg(long, env = "UNBOUNDED_API_QPS", default_value_t = 500.0)]
+    api_qps: f64,
+    /// Requests that may go to the API server at once after a quiet spell.
+    #[arg(long, env = "UNBOUNDED_API_BURST", default_value_t = 1000)]
+    api_burst: u32,
+    /// Machines reconciled at once.
+    #[arg(long, default_value_t = Settings::default().machine_concurrency)]
+    machine_concurrency: u16,
+    /// MachineConfigurations reconciled at once.
+    #[arg(long, default_value_t = Settings::default().configuration_concurrency)]
+    configuration_concurrency: u16,
+    /// A configuration whose Machines changed is recounted once they were quiet this long,
+    /// in milliseconds...
+    #[arg(long, default_value_t = 2000)]
+    recount_quiet_ms: u64,
+    /// ...or at the latest this long after the first change, in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    recount_max_wait_ms: u64,
+    /// Events published per second, on average (they queue; beyond the queue they are
+    /// dropped and counted).
+    #[arg(long, default_value_t = EventSettings::default().qps)]
+    event_qps: f64,
+    /// Events that may wait to be published.
+    #[arg(long, default_value_t = EventSettings::default().queue)]
+    event_queue: usize,
 }
 
 #[tokio::main]
@@ -77,11 +107,31 @@ async fn main() -> anyhow::Result<()> {
         }
     });
 
-    let client = kube::Client::try_default()
+    let config = kube::Config::infer()
         .await
-        .context("connecting to the Kubernetes API (KUBECONFIG or in-cluster configuration)")?;
+        .context("reading the Kubernetes API configuration (KUBECONFIG or in-cluster)")?;
+    // The Lease gets a client of its own, so that renewing it never queues behind the
+    // rate limit of the reconcilers' requests.
+    let lease_client =
+        kube::Client::try_from(config.clone()).context("building the Kubernetes API client")?;
+    let client = kube::client::ClientBuilder::try_from(config)
+        .context("building the Kubernetes API client")?
+        .with_layer(&RateLimitLayer::new(flags.api_qps, flags.api_burst))
+        .build();
     let settings = Settings {
         drain_timeout: Duration::from_secs(flags.drain_timeout_seconds),
+        machine_concurrency: flags.machine_concurrency,
+        configuration_concurrency: flags.configuration_concurrency,
+        operation_concurrency: Settings::default().operation_concurrency,
+        recount: RecountTiming {
+            quiet: Duration::from_millis(flags.recount_quiet_ms),
+            max_wait: Duration::from_millis(flags.recount_max_wait_ms),
+        },
+        events: EventSettings {
+            qps: flags.event_qps,
+            queue: flags.event_queue,
+            ..EventSettings::default()
+        },
         ..Settings::default()
     };
 
@@ -99,7 +149,7 @@ async fn main() -> anyhow::Result<()> {
         format!("{}-{}", host.trim(), std::process::id())
     });
     let elector = LeaderElector::new(
-        client.clone(),
+        lease_client,
         LeaseSettings {
             namespace: flags.leader_election_namespace,
             name: flags.lease_name,

@@ -41,6 +41,8 @@ pub struct Metrics {
     pub duration: Family<ControllerLabels, Histogram>,
     /// Machines per phase.
     pub machines: Family<PhaseLabels, Gauge>,
+    /// Events dropped because the event queue was full.
+    pub events_dropped: Counter,
 }
 
 impl Metrics {
@@ -55,6 +57,7 @@ impl Metrics {
                 ])
             }),
             machines: Family::default(),
+            events_dropped: Counter::default(),
         };
         let registry = registry.sub_registry_with_prefix("unbounded_controller");
         registry.register(
@@ -73,6 +76,11 @@ impl Metrics {
             metrics.duration.clone(),
         );
         registry.register("machines", "Machines per phase", metrics.machines.clone());
+        registry.register(
+            "events_dropped",
+            "Events dropped because the event queue was full",
+            metrics.events_dropped.clone(),
+        );
         metrics
     }
 

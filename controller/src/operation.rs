@@ -10,6 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use unbounded_api::condition::now;
@@ -22,7 +23,6 @@ use crate::dispatch::{
     plan_parent, plan_single,
 };
 use crate::error::{Error, kube_err};
-use crate::selection::selector_matches;
 
 /// Reconciles one MachineOperation.
 pub async fn reconcile(
@@ -78,9 +78,10 @@ fn creation_key(operation: &MachineOperation) -> (i64, String) {
 /// The earliest unfinished operation on the same Machine created before this one.
 fn blocked_by(operation: &MachineOperation, machine: &str, ctx: &Context) -> Option<String> {
     let own = creation_key(operation);
-    ctx.operations
-        .state()
+    let on_machine = ctx.operation_index.read().on_machine(machine);
+    on_machine
         .iter()
+        .filter_map(|name| ctx.operations.get(&ObjectRef::new(name)))
         .filter(|o| {
             o.spec
                 .machine_ref
@@ -101,12 +102,7 @@ fn blocked_by(operation: &MachineOperation, machine: &str, ctx: &Context) -> Opt
 /// The Machine from the cache, confirmed by a read when the cache does not have it (an
 /// operation created right after its Machine may arrive first).
 async fn find_machine(name: &str, ctx: &Context) -> Result<Option<Arc<Machine>>, Error> {
-    if let Some(m) = ctx
-        .machines
-        .state()
-        .into_iter()
-        .find(|m| m.name_any() == name)
-    {
+    if let Some(m) = ctx.machines.get(&ObjectRef::new(name)) {
         return Ok(Some(m));
     }
     let api: Api<Machine> = Api::all(ctx.client.clone());
@@ -289,21 +285,31 @@ fn is_child_of(child: &MachineOperation, parent: &MachineOperation) -> bool {
 
 async fn reconcile_parent(operation: &MachineOperation, ctx: &Context) -> Result<Action, Error> {
     let status = operation.status.clone().unwrap_or_default();
-    let all = ctx.operations.state();
-    let children: Vec<&Arc<MachineOperation>> =
-        all.iter().filter(|o| is_child_of(o, operation)).collect();
-    let machines = ctx.machines.state();
-    let selector = operation.spec.machine_selector.as_ref();
-    let mut matched: Vec<&str> = machines
+    let child_names = operation
+        .metadata
+        .uid
+        .as_deref()
+        .map(|uid| ctx.operation_index.read().children_of(uid))
+        .unwrap_or_default();
+    let children: Vec<Arc<MachineOperation>> = child_names
         .iter()
-        .filter(|m| m.metadata.deletion_timestamp.is_none())
-        .filter(|m| selector_matches(selector, m.labels()))
-        .filter_map(|m| m.metadata.name.as_deref())
+        .filter_map(|name| ctx.operations.get(&ObjectRef::new(name)))
+        .filter(|o| is_child_of(o, operation))
         .collect();
+    let selector = operation.spec.machine_selector.as_ref();
+    let mut matched: Vec<String> = {
+        let index = ctx.machine_index.read();
+        index
+            .matching(selector)
+            .into_iter()
+            .filter(|name| index.get(name).is_some_and(|k| !k.deleting))
+            .map(str::to_owned)
+            .collect()
+    };
     matched.sort_unstable();
     let plan = plan_parent(&ParentFacts {
         clock: clock(operation),
-        matched,
+        matched: matched.iter().map(String::as_str).collect(),
         recorded_total: status.children.as_ref().map(|c| c.total),
         children: children
             .iter()

@@ -1,74 +1,34 @@
-//! Wires the reconcilers to the API: one watch per kind keeps a reflector store (what
-//! reconciliation reads, so reconcile never LISTs) and turns every touched object, applied or
-//! deleted, into triggers for the controllers whose decisions depend on it.
-//!
-//! Triggers go through channels into `Controller::reconcile_on` rather than kube-runtime's
-//! shared streams, because shared streams do not pass deletions on, and a deleted Node
-//! (repave) or a deleted Machine (version counts) must trigger a reconcile at once.
+//! Wires the reconcilers to the API: one watch per kind keeps a reflector store and an index
+//! ([`crate::watches`]), the watches' triggers feed one kube-runtime `Controller` per kind,
+//! and configuration recounts are sent on in batches ([`crate::recount`]).
 
-use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::channel::mpsc::{UnboundedSender, unbounded};
 use futures::{Stream, StreamExt, future};
 use k8s_openapi::api::core::v1::Node;
+use kube::Client;
 use kube::api::Api;
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, ResourceExt};
-use unbounded_api::{
-    Machine, MachineConfiguration, MachineConfigurationVersion, MachineOperation, MachinePhase,
-};
+use kube::runtime::watcher;
+use unbounded_api::{Machine, MachineConfiguration, MachineConfigurationVersion, MachineOperation};
 
 use crate::context::{Context, Settings};
 use crate::error::Error;
+use crate::events::EventPublisher;
+use crate::expectations::Expectations;
+use crate::index::Shared;
+use crate::index::catalog::Catalog;
+use crate::index::machines::MachineIndex;
+use crate::index::operations::{NodeIndex, OperationIndex};
 use crate::metrics::{Metrics, PhaseLabels};
+use crate::recount::{PendingRecounts, RecountTiming};
+use crate::watches::{self, Triggers, drive};
 use crate::{configuration, machine, operation};
-
-/// Watches one kind into its store and calls `on_touched` for every object that changed
-/// or was deleted.
-fn drive<K>(
-    api: Api<K>,
-    writer: reflector::store::Writer<K>,
-    on_touched: impl Fn(&K) + Send + 'static,
-) -> tokio::task::JoinHandle<()>
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let stream = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .reflect(writer)
-        .touched_objects();
-    tokio::spawn(stream.for_each(move |event| {
-        match event {
-            Ok(object) => on_touched(&object),
-            Err(error) => tracing::warn!(%error, kind = %K::kind(&()), "watch error; retrying"),
-        }
-        future::ready(())
-    }))
-}
-
-fn send_all<K: kube::Resource>(
-    tx: &UnboundedSender<ObjectRef<K>>,
-    refs: impl IntoIterator<Item = ObjectRef<K>>,
-) where
-    K::DynamicType: Clone,
-{
-    for r in refs {
-        // A closed channel means the controller is shutting down.
-        let _ = tx.unbounded_send(r);
-    }
-}
 
 /// Runs the Machine, MachineConfiguration and MachineOperation controllers until `shutdown`
 /// resolves.
@@ -83,84 +43,60 @@ pub async fn run(
     let (versions, version_writer) = reflector::store::<MachineConfigurationVersion>();
     let (nodes, node_writer) = reflector::store::<Node>();
     let (operations, operation_writer) = reflector::store::<MachineOperation>();
+    let machine_index = Shared::new(MachineIndex::default());
+    let catalog = Shared::new(Catalog::default());
+    let node_index = Shared::new(NodeIndex::default());
+    let operation_index = Shared::new(OperationIndex::default());
+    let expectations = Shared::new(Expectations::default());
     let (operation_tx, operation_rx) = unbounded::<ObjectRef<MachineOperation>>();
     let (machine_tx, machine_rx) = unbounded::<ObjectRef<Machine>>();
     let (configuration_tx, configuration_rx) = unbounded::<ObjectRef<MachineConfiguration>>();
     let (access_tx, access_rx) = unbounded::<ObjectRef<Machine>>();
+    let triggers = Triggers {
+        access: access_tx.clone(),
+        machines: machine_tx.clone(),
+        configurations: configuration_tx.clone(),
+        operations: operation_tx.clone(),
+        recount: Shared::new(PendingRecounts::default()),
+        live: Arc::new(AtomicBool::new(false)),
+        machines_live: Arc::new(AtomicBool::new(false)),
+    };
 
     let watches = [
-        drive(Api::<Machine>::all(client.clone()), machine_writer, {
-            let (mtx, ctx_, otx, operations, atx) = (
-                machine_tx.clone(),
-                configuration_tx.clone(),
-                operation_tx.clone(),
+        drive(
+            Api::<Machine>::all(client.clone()),
+            machine_writer,
+            watches::trim_machine,
+            triggers.on_machine(
+                machine_index.clone(),
                 operations.clone(),
-                access_tx.clone(),
-            );
-            move |m: &Machine| {
-                send_all(&mtx, [ObjectRef::from_obj(m)]);
-                send_all(&atx, [ObjectRef::from_obj(m)]);
-                send_all(&ctx_, configurations_of_machine(m));
-                send_all(&otx, unfinished_operations_on(&operations, &m.name_any()));
-            }
-        }),
+                operation_index.clone(),
+            ),
+        ),
         drive(
             Api::<MachineOperation>::all(client.clone()),
             operation_writer,
-            {
-                let (otx, operations, atx) =
-                    (operation_tx.clone(), operations.clone(), access_tx.clone());
-                move |o: &MachineOperation| {
-                    send_all(&otx, [ObjectRef::from_obj(o)]);
-                    send_all(&otx, parent_of(o));
-                    // Its agent's role lists the operations routed to it.
-                    if let Some(r) = &o.spec.machine_ref {
-                        send_all(&atx, [ObjectRef::new(&r.name)]);
-                    }
-                    // The next operation on the Machine may run once this one finishes.
-                    if let Some(r) = &o.spec.machine_ref {
-                        send_all(&otx, unfinished_operations_on(&operations, &r.name));
-                    }
-                }
-            },
+            watches::trim_operation,
+            triggers.on_operation(operation_index.clone(), operations.clone()),
         ),
         drive(
             Api::<MachineConfiguration>::all(client.clone()),
             configuration_writer,
-            {
-                let (mtx, ctx_, machines) = (
-                    machine_tx.clone(),
-                    configuration_tx.clone(),
-                    machines.clone(),
-                );
-                move |c: &MachineConfiguration| {
-                    send_all(&ctx_, [ObjectRef::from_obj(c)]);
-                    send_all(&mtx, machines_affected_by(&machines, &c.name_any()));
-                }
-            },
+            watches::trim_configuration,
+            triggers.on_configuration(catalog.clone(), machine_index.clone()),
         ),
         drive(
             Api::<MachineConfigurationVersion>::all(client.clone()),
             version_writer,
-            {
-                let (mtx, ctx_, machines) = (
-                    machine_tx.clone(),
-                    configuration_tx.clone(),
-                    machines.clone(),
-                );
-                move |v: &MachineConfigurationVersion| {
-                    send_all(&ctx_, [ObjectRef::new(&v.spec.configuration_name)]);
-                    send_all(
-                        &mtx,
-                        machines_affected_by(&machines, &v.spec.configuration_name),
-                    );
-                }
-            },
+            watches::trim_version,
+            triggers.on_version(catalog.clone(), machine_index.clone(), expectations.clone()),
         ),
-        drive(Api::<Node>::all(client.clone()), node_writer, {
-            let (mtx, machines) = (machine_tx.clone(), machines.clone());
-            move |n: &Node| send_all(&mtx, machines_of_node(&machines, n))
-        }),
+        drive(
+            Api::<Node>::all(client.clone()),
+            node_writer,
+            watches::trim_node,
+            triggers.on_node(node_index.clone(), machine_index.clone()),
+        ),
     ];
 
     // Decisions need complete stores: a Node missing from a half-filled store would look
@@ -185,48 +121,43 @@ pub async fn run(
         .wait_until_ready()
         .await
         .map_err(|_| Error::StoreNotReady("MachineOperation"))?;
-    tracing::info!("caches synced; reconciling");
-    // Everything once at start (the drivers may have sent before the stores were complete).
-    send_all(
-        &machine_tx,
-        machines
-            .state()
-            .iter()
-            .map(|m| ObjectRef::from_obj(m.as_ref())),
+    // From now on every change triggers; then everything once ([`initial_pass`]), which
+    // covers what changed while the stores filled.
+    triggers.live.store(true, Ordering::Release);
+    tracing::info!(
+        machines = machines.len(),
+        configurations = configurations.len(),
+        versions = versions.len(),
+        nodes = nodes.len(),
+        operations = operations.len(),
+        "caches synced; reconciling"
     );
-    send_all(
-        &access_tx,
-        machines
-            .state()
-            .iter()
-            .map(|m| ObjectRef::from_obj(m.as_ref())),
-    );
-    send_all(
-        &configuration_tx,
-        configurations
-            .state()
-            .iter()
-            .map(|c| ObjectRef::from_obj(c.as_ref())),
-    );
-
-    send_all(
-        &operation_tx,
-        operations
-            .state()
-            .iter()
-            .map(|o| ObjectRef::from_obj(o.as_ref())),
+    let initial = tokio::spawn(initial_pass(
+        catalog.clone(),
+        triggers.machines_live.clone(),
+        (configurations.clone(), configuration_tx.clone()),
+        (operations.clone(), operation_tx.clone()),
+        (machines.clone(), machine_tx.clone()),
+        access_tx.clone(),
+    ));
+    let recounts = send_recounts(
+        triggers.recount.clone(),
+        configuration_tx.clone(),
+        settings.recount,
     );
 
-    let recorder = Recorder::new(
+    let (recorder, event_worker) = EventPublisher::new(
         client.clone(),
-        Reporter {
-            controller: "unbounded-controller".into(),
-            instance: std::env::var("POD_NAME").ok(),
-        },
+        "unbounded-controller",
+        std::env::var("POD_NAME").ok(),
+        settings.events,
+        metrics.events_dropped.clone(),
     );
+    let event_worker = tokio::spawn(event_worker.run());
     let access_ctx = Arc::new(crate::agent_access::AccessContext::new(
         client.clone(),
         operations.clone(),
+        operation_index.clone(),
     ));
     let ctx = Arc::new(Context {
         client,
@@ -235,31 +166,20 @@ pub async fn run(
         versions: versions.clone(),
         nodes,
         operations: operations.clone(),
+        machine_index: machine_index.clone(),
+        catalog,
+        node_index,
+        operation_index,
+        expectations,
         recorder,
         metrics: metrics.clone(),
-        settings,
+        settings: settings.clone(),
     });
 
     let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
-    let machine_controller = Controller::for_stream(no_primary::<Machine>(), machines.clone())
-        .reconcile_on(machine_rx)
-        .graceful_shutdown_on(shutdown.clone())
-        .run(machine::reconcile, error_policy, ctx.clone())
-        .for_each(|_| future::ready(()));
-    let configuration_controller =
-        Controller::for_stream(no_primary::<MachineConfiguration>(), configurations)
-            .reconcile_on(configuration_rx)
-            .graceful_shutdown_on(shutdown.clone())
-            .run(configuration::reconcile, error_policy, ctx.clone())
-            .for_each(|_| future::ready(()));
-
-    let operation_controller = Controller::for_stream(no_primary::<MachineOperation>(), operations)
-        .reconcile_on(operation_rx)
-        .graceful_shutdown_on(shutdown.clone())
-        .run(operation::reconcile, error_policy, ctx.clone())
-        .for_each(|_| future::ready(()));
-
+    let config = |concurrency: u16| controller::Config::default().concurrency(concurrency);
     let access_controller = Controller::for_stream(no_primary::<Machine>(), machines.clone())
+        .with_config(config(settings.machine_concurrency))
         .reconcile_on(access_rx)
         .graceful_shutdown_on(shutdown.clone())
         .run(
@@ -268,16 +188,39 @@ pub async fn run(
             access_ctx,
         )
         .for_each(|_| future::ready(()));
+    let machine_controller = Controller::for_stream(no_primary::<Machine>(), machines)
+        .with_config(config(settings.machine_concurrency))
+        .reconcile_on(machine_rx)
+        .graceful_shutdown_on(shutdown.clone())
+        .run(machine::reconcile, error_policy, ctx.clone())
+        .for_each(|_| future::ready(()));
+    let configuration_controller =
+        Controller::for_stream(no_primary::<MachineConfiguration>(), configurations)
+            .with_config(config(settings.configuration_concurrency))
+            .reconcile_on(configuration_rx)
+            .graceful_shutdown_on(shutdown.clone())
+            .run(configuration::reconcile, error_policy, ctx.clone())
+            .for_each(|_| future::ready(()));
 
-    let phase_gauge = count_phases(machines, metrics);
+    let operation_controller = Controller::for_stream(no_primary::<MachineOperation>(), operations)
+        .with_config(config(settings.operation_concurrency))
+        .reconcile_on(operation_rx)
+        .graceful_shutdown_on(shutdown.clone())
+        .run(operation::reconcile, error_policy, ctx.clone())
+        .for_each(|_| future::ready(()));
+
+    let phase_gauge = count_phases(machine_index, metrics);
 
     tokio::select! {
         _ = future::join4(machine_controller, configuration_controller, operation_controller, access_controller) => {},
         _ = phase_gauge => {},
+        _ = recounts => {},
     }
     for watch in watches {
         watch.abort();
     }
+    event_worker.abort();
+    initial.abort();
     Ok(())
 }
 
@@ -311,111 +254,87 @@ where
     Action::requeue(Duration::from_secs(10))
 }
 
-/// Machines whose Node this is (by name or provider ID).
-fn machines_of_node(machines: &Store<Machine>, node: &Node) -> Vec<ObjectRef<Machine>> {
-    let name = node.name_any();
-    let provider_id = node.spec.as_ref().and_then(|s| s.provider_id.as_deref());
-    machines
-        .state()
-        .iter()
-        .filter(|m| {
-            m.node_name() == name
-                || (provider_id.is_some() && m.spec.provider_id.as_deref() == provider_id)
-        })
-        .map(|m| ObjectRef::from_obj(m.as_ref()))
-        .collect()
-}
-
-/// Machines whose decision may change with this configuration: those it may be selected
-/// for (no version recorded yet) and those that use or name it.
-fn machines_affected_by(machines: &Store<Machine>, configuration: &str) -> Vec<ObjectRef<Machine>> {
-    machines
-        .state()
-        .iter()
-        .filter(|m| {
-            let recorded = m.status.as_ref().and_then(|s| s.configuration.as_ref());
-            recorded.is_none_or(|c| c.name == configuration)
-                || m.spec
-                    .configuration_ref
-                    .as_ref()
-                    .is_some_and(|r| r.name == configuration)
-        })
-        .map(|m| ObjectRef::from_obj(m.as_ref()))
-        .collect()
-}
-
-/// The unfinished single-machine operations on a Machine.
-fn unfinished_operations_on(
-    operations: &Store<MachineOperation>,
-    machine: &str,
-) -> Vec<ObjectRef<MachineOperation>> {
-    operations
-        .state()
-        .iter()
-        .filter(|o| {
-            o.spec
-                .machine_ref
-                .as_ref()
-                .is_some_and(|r| r.name == machine)
-                && !o
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.state)
-                    .is_some_and(|s| s.is_finished())
-        })
-        .map(|o| ObjectRef::from_obj(o.as_ref()))
-        .collect()
-}
-
-/// The selector operation a child belongs to.
-fn parent_of(operation: &MachineOperation) -> Vec<ObjectRef<MachineOperation>> {
-    operation
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .filter(|r| r.kind == "MachineOperation")
-        .map(|r| ObjectRef::new(&r.name))
-        .collect()
-}
-
-/// The configurations whose counts a Machine contributes to.
-fn configurations_of_machine(machine: &Machine) -> Vec<ObjectRef<MachineConfiguration>> {
-    let mut names = BTreeSet::new();
-    if let Some(c) = machine
-        .status
-        .as_ref()
-        .and_then(|s| s.configuration.as_ref())
-    {
-        names.insert(c.name.clone());
+fn send_all<K: kube::Resource>(
+    tx: &UnboundedSender<ObjectRef<K>>,
+    refs: impl IntoIterator<Item = ObjectRef<K>>,
+) where
+    K::DynamicType: Clone,
+{
+    for r in refs {
+        // A closed channel means the controller is shutting down.
+        let _ = tx.unbounded_send(r);
     }
-    if let Some(r) = &machine.spec.configuration_ref {
-        names.insert(r.name.clone());
-    }
-    names.into_iter().map(|n| ObjectRef::new(&n)).collect()
 }
 
-/// Keeps the machines-per-phase gauge current from the store.
-async fn count_phases(machines: Store<Machine>, metrics: Arc<Metrics>) {
+/// How long the first pass waits for new configurations' first versions before it
+/// reconciles the Machines anyway.
+const FIRST_VERSIONS_WAIT: Duration = Duration::from_secs(10);
+
+type Feed<K> = (Store<K>, UnboundedSender<ObjectRef<K>>);
+
+/// Everything once, configurations first: a Machine reconciled before its configuration's
+/// first version exists records `ConfigurationPending` and later its version, two status
+/// writes and one event more for each such Machine of a cold start.
+async fn initial_pass(
+    catalog: Shared<Catalog>,
+    machines_live: Arc<AtomicBool>,
+    configurations: Feed<MachineConfiguration>,
+    operations: Feed<MachineOperation>,
+    machines: Feed<Machine>,
+    access: UnboundedSender<ObjectRef<Machine>>,
+) {
+    fn send_every<K: kube::Resource<DynamicType = ()> + Clone>((store, tx): &Feed<K>) {
+        send_all(
+            tx,
+            store
+                .state()
+                .iter()
+                .map(|o| ObjectRef::from_obj(o.as_ref())),
+        );
+    }
+    send_every(&configurations);
+    send_every(&operations);
+    let deadline = tokio::time::Instant::now() + FIRST_VERSIONS_WAIT;
+    while catalog.read().awaiting_first_version() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Live first, then everything: a Machine that appears in between is sent twice, never
+    // not at all.
+    machines_live.store(true, Ordering::Release);
+    send_every(&machines);
+    send_every(&(machines.0.clone(), access));
+}
+
+/// Sends the configurations whose Machines changed on for a recount when their batch is
+/// due ([`crate::recount`]).
+async fn send_recounts(
+    pending: Shared<PendingRecounts>,
+    tx: UnboundedSender<ObjectRef<MachineConfiguration>>,
+    timing: RecountTiming,
+) {
+    let mut ticks = tokio::time::interval(RECOUNT_TICK);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let mut counts = [0i64; MachinePhase::ALL.len()];
-        for m in machines.state() {
-            let phase = m
-                .status
-                .as_ref()
-                .and_then(|s| s.phase)
-                .unwrap_or(MachinePhase::Pending);
-            if let Some(i) = MachinePhase::ALL.iter().position(|p| *p == phase) {
-                counts[i] += 1;
-            }
-        }
-        for (phase, count) in MachinePhase::ALL.iter().zip(counts) {
+        ticks.tick().await;
+        let due = pending.write().take_due(std::time::Instant::now(), timing);
+        send_all(&tx, due.iter().map(|name| ObjectRef::new(name)));
+    }
+}
+
+/// How often due recounts are looked for.
+const RECOUNT_TICK: Duration = Duration::from_millis(250);
+
+/// Keeps the machines-per-phase gauge current from the index.
+async fn count_phases(index: Shared<MachineIndex>, metrics: Arc<Metrics>) {
+    loop {
+        let counts = index.read().phase_counts();
+        for phase in unbounded_api::MachinePhase::ALL {
             metrics
                 .machines
                 .get_or_create(&PhaseLabels {
                     phase: phase.as_str().to_owned(),
                 })
-                .set(count);
+                .set(counts.get(&phase).copied().unwrap_or(0));
         }
         tokio::time::sleep(Duration::from_secs(5)).await;
     }

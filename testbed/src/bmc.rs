@@ -142,6 +142,7 @@ fn libvirtd_script(hide_kvm: bool, scratch: &Path) -> String {
     if !hide_kvm {
         return "exec /usr/sbin/libvirtd".to_owned();
     }
+    let scratch_conf = scratch.with_extension("qemu.conf");
     let scratch = scratch.display();
     format!(
         "set -e
@@ -154,7 +155,12 @@ for sub in pts shm mqueue hugepages; do
 done
 mount --move '{scratch}' /dev
 test ! -e /dev/kvm
-exec /usr/sbin/libvirtd"
+# QEMU's own mount namespace would move /dev/pts, which here is a bind mount: libvirt fails
+# with EINVAL. The copied /dev is private to this namespace already.
+printf 'namespaces = []\n' > '{qemu_conf}'
+mount --bind '{qemu_conf}' /etc/libvirt/qemu.conf
+exec /usr/sbin/libvirtd",
+        qemu_conf = scratch_conf.display(),
     )
 }
 
@@ -555,14 +561,43 @@ impl IpmiSim {
             _daemon: daemon,
             dir,
         };
+        // Listening first: an ipmitool session started before the port is bound spends ~10 s
+        // in its own retries.
+        let hex_port = format!(":{port:04X} ");
+        wait_until("ipmi_sim's UDP port", Duration::from_secs(60), || {
+            let udp = match ns {
+                Some(ns) => ns
+                    .exec(&["cat", "/proc/net/udp"])
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default(),
+                None => std::fs::read_to_string("/proc/net/udp").unwrap_or_default(),
+            };
+            udp.lines().any(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .is_some_and(|local| format!("{local} ").ends_with(&hex_port))
+            })
+        })
+        .map_err(|e| setup(format!("{e}\n{}", this.log())))?;
         // Ready when it answers a session (ipmitool reads the password from the environment).
-        wait_until("ipmi_sim", Duration::from_secs(30), || {
+        wait_until("ipmi_sim", Duration::from_secs(90), || {
             let mut ipmitool = match ns {
                 Some(ns) => ns.command("ipmitool"),
                 None => Command::new("ipmitool"),
             };
+            // Cipher suite 3 named: ipmitool otherwise asks for the channel's cipher suites,
+            // which ipmi_sim does not answer, and every call takes ~10 s.
             ipmitool
-                .args(["-I", "lanplus", "-H", "127.0.0.1", "-p", &port.to_string()])
+                .args([
+                    "-I",
+                    "lanplus",
+                    "-C",
+                    "3",
+                    "-H",
+                    "127.0.0.1",
+                    "-p",
+                    &port.to_string(),
+                ])
                 .args(["-U", username, "-E", "chassis", "power", "status"])
                 .env("IPMI_PASSWORD", password)
                 .stdin(Stdio::null())

@@ -567,6 +567,14 @@ impl LocalControlPlane {
         &self.dir
     }
 
+    /// The process id of a component (`etcd`, `kube-apiserver`, `kube-controller-manager`).
+    pub fn pid(&self, component: &str) -> Option<u32> {
+        self.children
+            .iter()
+            .find(|(name, _)| name == component)
+            .map(|(_, child)| child.id())
+    }
+
     /// The binaries this control plane runs.
     pub fn binaries(&self) -> &Binaries {
         &self.binaries

@@ -35,7 +35,8 @@ pub const LAB_API_PORT: u16 = 6443;
 pub const LAB_LABEL: &str = "unbounded-cloud.io/testbed";
 /// The BMC user and password of the emulators (test credentials, in a Secret).
 const BMC_USER: &str = "admin";
-const BMC_PASSWORD: &str = "testbed-bmc-password";
+// At most 16 characters: IPMI 1.5 and some BMCs (ipmi_sim among them) stop there.
+const BMC_PASSWORD: &str = "tb-bmc-s3cret";
 
 /// Errors of the lab.
 #[derive(Debug, thiserror::Error)]

@@ -4,6 +4,7 @@
 //! Everything here is used by the project's own tests and by `unbounded-testbed up`, the
 //! main job a person runs.
 
+pub mod bench;
 pub mod bmc;
 pub mod cluster;
 pub mod images;

@@ -79,6 +79,10 @@ fn deploy_kustomization_applies_and_examples_pass_dry_run() {
         "{out}"
     );
     assert!(
+        out.contains("machine.unbounded-cloud.io/azure-node1"),
+        "{out}"
+    );
+    assert!(
         out.contains("machineconfiguration.unbounded-cloud.io/general"),
         "{out}"
     );

@@ -1,0 +1,450 @@
+//! The Azure provider: `provider: azure` Machines on the shared provider loop
+//! ([`unbounded_api::provider`]).
+//!
+//! - create: the NIC, then the VM with the agent's custom data; waits for both operations;
+//!   reports the power state, the NIC's addresses and the provider ID
+//!   (`azure:///subscriptions/…/virtualMachines/<name>`), which the loop records in
+//!   `spec.providerID`. A VM that exists already is reused (or awaited while Azure is still
+//!   creating it; PUT again when its provisioning failed).
+//! - observe: the VM's provisioning and power state (one GET with its instance view) and the
+//!   NIC's addresses.
+//! - delete: the VM, then its NIC and OS disk; each missing one counts as deleted.
+//!
+//! A VM that disappears behind the operator's back (deleted in the portal, say) is reported,
+//! not recreated: once `spec.providerID` is recorded, a missing VM makes `InfrastructureReady`
+//! False with reason `VmNotFound` and a message that says what to do (delete the Machine,
+//! which releases the NIC and disk, and create it again). Recreating silently would hand the
+//! Node a new disk and address without anyone deciding it.
+
+use std::sync::Arc;
+
+use unbounded_api::provider::{Observed, Provider, ProviderError, Step, next_step};
+use unbounded_api::well_known::{field_managers, finalizers};
+use unbounded_api::{AzureSpec, Machine, MachineProvider};
+
+use crate::arm::{ArmClient, Credential};
+use crate::credentials::Credentials;
+use crate::custom_data::{self, AgentLaunch, AgentSource};
+use crate::error::ArmError;
+use crate::lro;
+use crate::resources::{self, VmRequest, VmResources, VmView};
+
+/// What `create` does, given what it finds (a pure decision).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreatePlan {
+    /// Create (or update) the NIC and the VM.
+    Create,
+    /// The VM is being created or updated by an earlier call: wait for it.
+    Wait,
+    /// The VM exists and is provisioned: use it.
+    Reuse,
+    /// The VM was created before (its provider ID is recorded) and is gone: report it.
+    Gone,
+    /// `spec.providerID` names another VM.
+    Mismatch {
+        /// What the Machine says.
+        recorded: String,
+    },
+}
+
+/// Decides `create`'s plan from the recorded provider ID, this Machine's provider ID and the
+/// VM's provisioning state (`None` when the VM does not exist).
+pub fn plan_create(
+    recorded: Option<&str>,
+    ours: &str,
+    vm_state: Option<Option<&str>>,
+) -> CreatePlan {
+    if let Some(recorded) = recorded.filter(|r| *r != ours) {
+        return CreatePlan::Mismatch {
+            recorded: recorded.to_owned(),
+        };
+    }
+    match vm_state {
+        None if recorded.is_some() => CreatePlan::Gone,
+        None => CreatePlan::Create,
+        Some(None) => CreatePlan::Reuse,
+        Some(Some(state)) if state.eq_ignore_ascii_case("succeeded") => CreatePlan::Reuse,
+        Some(Some(state)) if lro::is_terminal(state) => CreatePlan::Create,
+        Some(Some(_)) => CreatePlan::Wait,
+    }
+}
+
+/// What the provider needs besides the API clients.
+#[derive(Debug, Clone)]
+pub struct AzureSettings {
+    /// Written into the `unbounded-cluster` tag.
+    pub cluster_name: String,
+    /// The bootserver's URL as the VMs reach it, for the agent.
+    pub bootserver_url: String,
+    /// Where the agent comes from.
+    pub agent: AgentSource,
+}
+
+/// The Azure provider.
+#[allow(missing_debug_implementations)] // holds credentials
+pub struct AzureProvider {
+    arm: ArmClient,
+    credentials: Credentials,
+    settings: AzureSettings,
+}
+
+/// An ARM failure as a provider error (its reason and message; never a token).
+pub fn arm_failure(error: ArmError) -> ProviderError {
+    ProviderError::new(error.reason(), error.to_string())
+}
+
+/// The report for a VM that vanished.
+fn vanished(resources: &VmResources) -> ProviderError {
+    ProviderError::gone(
+        "VmNotFound",
+        format!(
+            "VM {} ({}) no longer exists in Azure: it was deleted outside Unbounded. The \
+             provider does not recreate it: delete this Machine (its NIC and OS disk are \
+             released) and create it again to get a new VM",
+            resources.vm,
+            resources.provider_id()
+        ),
+    )
+}
+
+/// Condition reasons that mean no credential was ever usable for this Machine.
+const NO_CREDENTIALS: [&str; 4] = [
+    "CredentialsMissing",
+    "CredentialsUnavailable",
+    "CredentialsInvalid",
+    "AzureAuthenticationFailed",
+];
+
+impl AzureProvider {
+    /// A provider over these clients.
+    pub fn new(arm: ArmClient, credentials: Credentials, settings: AzureSettings) -> Self {
+        Self {
+            arm,
+            credentials,
+            settings,
+        }
+    }
+
+    /// The Machine's Azure settings, resources and credential.
+    pub async fn context<'m>(
+        &self,
+        machine: &'m Machine,
+    ) -> Result<(&'m AzureSpec, VmResources, Credential), ProviderError> {
+        let azure = machine.spec.azure.as_ref().ok_or_else(|| {
+            ProviderError::new("SpecInvalid", "an azure Machine needs spec.azure")
+        })?;
+        let resources = VmResources::of(machine)
+            .map_err(|e| ProviderError::new("SpecInvalid", e.to_string()))?;
+        let credential = self.credentials.for_machine(azure).await?;
+        Ok((azure, resources, credential))
+    }
+
+    /// The VM with its instance view, or `None`.
+    pub async fn read_vm(
+        &self,
+        resources: &VmResources,
+        credential: &Credential,
+    ) -> Result<Option<serde_json::Value>, ProviderError> {
+        self.arm
+            .get(
+                credential,
+                &format!("reading VM {}", resources.vm),
+                &resources.vm_view_path(),
+            )
+            .await
+            .map_err(arm_failure)
+    }
+
+    /// Creates the NIC and the VM.
+    async fn create_resources(
+        &self,
+        machine: &Machine,
+        azure: &AzureSpec,
+        resources: &VmResources,
+        credential: &Credential,
+    ) -> Result<(), ProviderError> {
+        let ssh_public_key = self.credentials.ssh_public_key(azure).await?;
+        let name = &resources.vm;
+        let tags = resources::tags(name, &self.settings.cluster_name, &azure.tags);
+        self.arm
+            .put(
+                credential,
+                &format!("creating NIC {}", resources.nic),
+                &resources.nic_path(),
+                &resources::nic_body(azure, &tags),
+            )
+            .await
+            .map_err(arm_failure)?;
+        let provider_id = resources.provider_id();
+        let cloud_config = custom_data::render(&AgentLaunch {
+            machine: machine.metadata.name.as_deref().unwrap_or(name),
+            bootserver_url: &self.settings.bootserver_url,
+            provider_id: &provider_id,
+            source: &self.settings.agent,
+        })
+        .map_err(|e| ProviderError::new("SpecInvalid", e.to_string()))?;
+        let custom_data = custom_data::encode(&cloud_config);
+        let body = resources::vm_body(&VmRequest {
+            azure,
+            resources,
+            tags: &tags,
+            ssh_public_key: &ssh_public_key,
+            custom_data_base64: &custom_data,
+        });
+        self.arm
+            .put(
+                credential,
+                &format!("creating VM {name}"),
+                &resources.vm_path(),
+                &body,
+            )
+            .await
+            .map_err(arm_failure)?;
+        tracing::info!(machine = %name, vm = %resources.vm_id(), "VM created");
+        Ok(())
+    }
+
+    /// The VM's state and the NIC's addresses.
+    async fn observe_resources(
+        &self,
+        resources: &VmResources,
+        credential: &Credential,
+    ) -> Result<Observed, ProviderError> {
+        let vm = self
+            .read_vm(resources, credential)
+            .await?
+            .ok_or_else(|| vanished(resources))?;
+        let view = VmView::of(&vm);
+        let nic = self
+            .arm
+            .get(
+                credential,
+                &format!("reading NIC {}", resources.nic),
+                &resources.nic_path(),
+            )
+            .await
+            .map_err(arm_failure)?;
+        Ok(Observed {
+            power: view.power,
+            addresses: nic
+                .as_ref()
+                .map(resources::nic_addresses)
+                .unwrap_or_default(),
+            provider_id: Some(resources.provider_id()),
+            detail: Some(view.describe(&resources.vm)),
+        })
+    }
+
+    async fn delete_resources(
+        &self,
+        resources: &VmResources,
+        credential: &Credential,
+    ) -> Result<(), ArmError> {
+        let steps = [
+            (format!("deleting VM {}", resources.vm), resources.vm_path()),
+            (
+                format!("deleting NIC {}", resources.nic),
+                resources.nic_path(),
+            ),
+            (
+                format!("deleting OS disk {}", resources.os_disk),
+                resources.os_disk_path(),
+            ),
+        ];
+        for (action, path) in steps {
+            self.arm.delete(credential, &action, &path).await?;
+        }
+        Ok(())
+    }
+
+    /// Runs a VM action and waits for it; returns the VM's state afterwards.
+    pub async fn act(&self, machine: &Machine, action: &str) -> Result<VmView, ProviderError> {
+        let (_, resources, credential) = self.context(machine).await?;
+        if self.read_vm(&resources, &credential).await?.is_none() {
+            return Err(vanished(&resources));
+        }
+        self.arm
+            .post(
+                &credential,
+                &format!("{action} VM {}", resources.vm),
+                &resources.vm_action_path(action),
+            )
+            .await
+            .map_err(arm_failure)?;
+        let vm = self
+            .read_vm(&resources, &credential)
+            .await?
+            .ok_or_else(|| vanished(&resources))?;
+        Ok(VmView::of(&vm))
+    }
+}
+
+impl Provider for AzureProvider {
+    const KIND: MachineProvider = MachineProvider::Azure;
+    const FINALIZER: &'static str = finalizers::AZURE_PROVIDER;
+    const FIELD_MANAGER: &'static str = field_managers::AZURE_PROVIDER;
+
+    async fn create(&self, machine: &Machine) -> Result<Observed, ProviderError> {
+        let (azure, resources, credential) = self.context(machine).await?;
+        let vm = self.read_vm(&resources, &credential).await?;
+        let state = vm.as_ref().map(|v| VmView::of(v).provisioning_state);
+        let plan = plan_create(
+            machine.spec.provider_id.as_deref(),
+            &resources.provider_id(),
+            state.as_ref().map(Option::as_deref),
+        );
+        match plan {
+            CreatePlan::Mismatch { recorded } => {
+                return Err(ProviderError::new(
+                    "ProviderIDMismatch",
+                    format!(
+                        "spec.providerID is {recorded}, not this Machine's VM {}; \
+                         spec.providerID is immutable: delete and recreate the Machine",
+                        resources.provider_id()
+                    ),
+                ));
+            }
+            CreatePlan::Gone => return Err(vanished(&resources)),
+            CreatePlan::Reuse => {}
+            CreatePlan::Wait => self
+                .arm
+                .wait_for_resource(
+                    &credential,
+                    &format!("waiting for VM {}", resources.vm),
+                    &resources.vm_path(),
+                )
+                .await
+                .map_err(arm_failure)?,
+            CreatePlan::Create => {
+                self.create_resources(machine, azure, &resources, &credential)
+                    .await?;
+            }
+        }
+        self.observe_resources(&resources, &credential).await
+    }
+
+    async fn observe(&self, machine: &Machine) -> Result<Observed, ProviderError> {
+        let (_, resources, credential) = self.context(machine).await?;
+        self.observe_resources(&resources, &credential).await
+    }
+
+    async fn delete(&self, machine: &Machine) -> Result<(), ProviderError> {
+        // Nothing could have been created for a Machine without resources.
+        let Ok(resources) = VmResources::of(machine) else {
+            return Ok(());
+        };
+        let result = match self.context(machine).await {
+            Ok((_, _, credential)) => self
+                .delete_resources(&resources, &credential)
+                .await
+                .map_err(arm_failure),
+            Err(error) => Err(error),
+        };
+        match result {
+            Ok(()) => {
+                tracing::info!(machine = %resources.vm, "VM, NIC and OS disk deleted");
+                Ok(())
+            }
+            // Never provisioned and no credential works: nothing was ever created with one.
+            // Keeping the Machine would only block its deletion.
+            Err(error)
+                if next_step(machine) == Step::Create
+                    && NO_CREDENTIALS.contains(&error.reason.as_str()) =>
+            {
+                tracing::warn!(machine = %resources.vm, nic = %resources.nic_id(), %error, "released without deleting: no usable credentials and never provisioned");
+                Ok(())
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// A failed create can leave a NIC (or a VM whose provisioning failed) behind: always
+    /// clean up.
+    fn must_release(&self, _machine: &Machine) -> bool {
+        true
+    }
+}
+
+/// The provider behind an `Arc`, shared with the operation handler.
+pub(crate) struct SharedProvider(pub Arc<AzureProvider>);
+
+impl Provider for SharedProvider {
+    const KIND: MachineProvider = AzureProvider::KIND;
+    const FINALIZER: &'static str = AzureProvider::FINALIZER;
+    const FIELD_MANAGER: &'static str = AzureProvider::FIELD_MANAGER;
+
+    async fn create(&self, machine: &Machine) -> Result<Observed, ProviderError> {
+        self.0.create(machine).await
+    }
+    async fn observe(&self, machine: &Machine) -> Result<Observed, ProviderError> {
+        self.0.observe(machine).await
+    }
+    async fn delete(&self, machine: &Machine) -> Result<(), ProviderError> {
+        self.0.delete(machine).await
+    }
+    fn must_release(&self, machine: &Machine) -> bool {
+        self.0.must_release(machine)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn create_plans() {
+        let ours = "azure:///subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/virtualMachines/m";
+        let other = "azure:///subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/virtualMachines/x";
+        let cases = [
+            ("first time", None, None, CreatePlan::Create),
+            (
+                "created, provisioned",
+                None,
+                Some(Some("Succeeded")),
+                CreatePlan::Reuse,
+            ),
+            (
+                "recorded, provisioned",
+                Some(ours),
+                Some(Some("Succeeded")),
+                CreatePlan::Reuse,
+            ),
+            (
+                "still creating",
+                None,
+                Some(Some("Creating")),
+                CreatePlan::Wait,
+            ),
+            (
+                "updating",
+                Some(ours),
+                Some(Some("Updating")),
+                CreatePlan::Wait,
+            ),
+            (
+                "provisioning failed: PUT again",
+                None,
+                Some(Some("Failed")),
+                CreatePlan::Create,
+            ),
+            ("no state reported", None, Some(None), CreatePlan::Reuse),
+            (
+                "vanished after it was recorded",
+                Some(ours),
+                None,
+                CreatePlan::Gone,
+            ),
+            (
+                "another VM recorded",
+                Some(other),
+                None,
+                CreatePlan::Mismatch {
+                    recorded: other.into(),
+                },
+            ),
+        ];
+        for (case, recorded, state, expected) in cases {
+            assert_eq!(plan_create(recorded, ours, state), expected, "{case}");
+        }
+    }
+}

@@ -1,0 +1,583 @@
+//! The Azure provider end to end: the `unbounded-azure` binary against a real control plane
+//! (kube-apiserver with etcd, the controller in this process) and the local fake of Azure.
+//! Machines applied with kubectl get a NIC and a VM whose custom data starts the agent,
+//! reach InfrastructureReady with their providerID and addresses, survive throttling and a
+//! failed long-running operation, report quota, authorization, invalid-parameter, not-found and
+//! credential errors as conditions, run the power operations and `redeploy`, report a VM that
+//! vanished instead of recreating it, and are deleted with their NIC and disk. The client
+//! secret (and any token) appears in no log, Event or status.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::Write as _;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use common::{CLIENT_ID, FakeAzure, Fault, TENANT, wait_until};
+use kube::Api;
+use unbounded_api::Machine;
+use unbounded_testbed::cluster::LocalControlPlane;
+
+const CLIENT_SECRET: &str = "acc3ptance-cl1ent-s3cret-value";
+const WRONG_SECRET: &str = "n0t-the-acceptance-s3cret";
+const SUB: &str = "5e0c1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b";
+const SUBNET: &str = "/subscriptions/5e0c1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b/resourceGroups/rg-net/providers/Microsoft.Network/virtualNetworks/vnet/subnets/nodes";
+const AGENT_URL: &str = "https://downloads.example.invalid/unbounded-agent";
+const AGENT_SHA: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+const SSH_KEY: &str =
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKq7bqZ9sS0Wm7mFsJkZq0QJtqgS3D6p2mW1Zl3f7cuA ops@example";
+const WAIT: Duration = Duration::from_secs(90);
+
+fn kubectl(cp: &LocalControlPlane, args: &[&str], stdin: Option<&str>) -> String {
+    let mut child = cp
+        .kubectl()
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    if let Some(text) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn get(cp: &LocalControlPlane, kind: &str, name: &str, path: &str) -> String {
+    cp.kubectl_output(&["get", kind, name, "-o", &format!("jsonpath={path}")])
+        .unwrap_or_default()
+}
+
+fn ready(cp: &LocalControlPlane, machine: &str) -> String {
+    get(
+        cp,
+        "machine",
+        machine,
+        "{.status.conditions[?(@.type==\"InfrastructureReady\")]}",
+    )
+}
+
+fn vm_id(group: &str, name: &str) -> String {
+    format!(
+        "/subscriptions/{SUB}/resourceGroups/{group}/providers/Microsoft.Compute/virtualMachines/{name}"
+    )
+}
+
+/// The provider binary, logging to a file.
+struct ProviderProcess {
+    child: Child,
+    log: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl ProviderProcess {
+    fn start(cp: &LocalControlPlane, fake: &FakeAzure) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("provider.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_unbounded-azure"))
+            .args([
+                "--cluster-name",
+                "acceptance",
+                "--bootserver-url",
+                "http://192.0.2.1:8080",
+                "--agent-url",
+                AGENT_URL,
+                "--agent-sha256",
+                AGENT_SHA,
+                "--identity",
+                "none",
+                "--arm-endpoint",
+                &fake.origin,
+                "--authority-host",
+                &fake.origin,
+                "--extra-ca-file",
+                &fake.ca_file.display().to_string(),
+                "--poll-seconds",
+                "2",
+                "--first-backoff-seconds",
+                "2",
+                "--max-backoff-seconds",
+                "5",
+                "--operation-timeout-seconds",
+                "8",
+                "--request-attempts",
+                "4",
+            ])
+            .env("KUBECONFIG", cp.kubeconfig_path())
+            // Our crates and the Azure SDK at debug level: nothing they log may hold a secret.
+            .env(
+                "RUST_LOG",
+                "info,unbounded_azure=debug,unbounded_api=debug,azure_core=debug,azure_identity=debug,typespec_client_core=debug,reqwest=debug",
+            )
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap();
+        Self {
+            child,
+            log,
+            _dir: dir,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for ProviderProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn machine(name: &str, group: &str, extra: &str) -> String {
+    format!(
+        r#"---
+apiVersion: unbounded-cloud.io/v1alpha1
+kind: Machine
+metadata: {{name: {name}, labels: {{lab: azure}}}}
+spec:
+  provider: azure
+  azure:
+    subscriptionID: {SUB}
+    resourceGroup: {group}
+    location: westeurope
+    subnetID: {SUBNET}
+{extra}
+"#
+    )
+}
+
+fn manifests() -> String {
+    let sp = "    credentialsSecretRef: {namespace: default, name: az-sp}\n";
+    let image = "    image: {publisher: Debian, offer: debian-12, sku: 12-gen2}\n";
+    let size = "    vmSize: Standard_D2s_v5\n";
+    let key = format!("    sshPublicKey: \"{SSH_KEY}\"\n");
+    let mut all = format!(
+        r#"apiVersion: v1
+kind: Secret
+metadata: {{name: az-sp, namespace: default}}
+stringData: {{tenantID: {TENANT}, clientID: {CLIENT_ID}, clientSecret: {CLIENT_SECRET}}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: az-sp-wrong, namespace: default}}
+stringData: {{tenantID: {TENANT}, clientID: {CLIENT_ID}, clientSecret: {WRONG_SECRET}}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: az-ssh, namespace: default}}
+stringData: {{ssh-publickey: "{SSH_KEY}"}}
+---
+apiVersion: unbounded-cloud.io/v1alpha1
+kind: MachineConfiguration
+metadata: {{name: az-nodes}}
+spec:
+  machineSelector: {{matchLabels: {{lab: azure}}}}
+  template:
+    kubernetes: {{version: v1.35.4}}
+"#
+    );
+    let tags = "    tags: {team: infra}\n";
+    all += &machine(
+        "az-web",
+        "rg-nodes",
+        &format!("{sp}{image}{size}{key}{tags}"),
+    );
+    all += &machine(
+        "az-fail",
+        "rg-nodes",
+        &format!("{sp}{image}{size}    sshKeySecretRef: {{namespace: default, name: az-ssh}}\n"),
+    );
+    all += &machine("az-slow", "rg-nodes", &format!("{sp}{image}{size}{key}"));
+    all += &machine(
+        "az-quota",
+        "rg-nodes",
+        &format!("{sp}{image}    vmSize: Standard_NC96ads_A100_v4\n{key}"),
+    );
+    all += &machine("az-denied", "rg-denied", &format!("{sp}{image}{size}{key}"));
+    all += &machine(
+        "az-badimage",
+        "rg-nodes",
+        &format!(
+            "{sp}    image: {{publisher: Debian, offer: debian-12, sku: no-such-sku}}\n{size}{key}"
+        ),
+    );
+    all += &machine(
+        "az-nogroup",
+        "rg-absent",
+        &format!("{sp}{image}{size}{key}"),
+    );
+    all += &machine(
+        "az-badsecret",
+        "rg-nodes",
+        &format!(
+            "    credentialsSecretRef: {{namespace: default, name: az-sp-wrong}}\n{image}{size}{key}"
+        ),
+    );
+    all += &machine(
+        "az-nosecret",
+        "rg-nodes",
+        &format!(
+            "    credentialsSecretRef: {{namespace: default, name: az-absent}}\n{image}{size}{key}"
+        ),
+    );
+    all
+}
+
+fn operation(name: &str, machine: &str, operation: &str, parameters: &str) -> String {
+    format!(
+        r#"apiVersion: unbounded-cloud.io/v1alpha1
+kind: MachineOperation
+metadata: {{name: {name}}}
+spec:
+  machineRef: {{name: {machine}}}
+  operationName: {operation}
+  parameters: {{{parameters}}}
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn azure_machines_are_created_operated_reported_and_deleted() {
+    let cp = LocalControlPlane::shared().unwrap();
+    let client = cp.client().await.unwrap();
+    tokio::spawn(unbounded_controller::runner::run(
+        client.clone(),
+        unbounded_controller::context::Settings::default(),
+        Arc::new(unbounded_controller::metrics::Metrics::new(
+            &mut prometheus_client::registry::Registry::default(),
+        )),
+        std::future::pending(),
+    ));
+
+    let fake = FakeAzure::start().await;
+    fake.with(|s| {
+        s.client_secrets.insert(CLIENT_SECRET.into());
+        for group in ["rg-nodes", "rg-denied"] {
+            s.groups.insert(format!("{SUB}/{group}"));
+        }
+        s.denied_groups.insert(format!("{SUB}/rg-denied"));
+        s.subnets.insert(SUBNET.to_ascii_lowercase());
+        s.quota_exhausted_sizes
+            .insert("Standard_NC96ads_A100_v4".into());
+        s.unknown_skus.insert("no-such-sku".into());
+    });
+    // Throttling on az-web's VM, a failed operation on az-fail's, one that never ends on
+    // az-slow's.
+    fake.add_fault(Fault::Throttle {
+        method: "PUT",
+        fragment: "virtualMachines/az-web".into(),
+        times: 2,
+        retry_after: 1,
+    });
+    fake.add_fault(Fault::FailOperation {
+        method: "PUT",
+        fragment: "virtualMachines/az-fail".into(),
+        times: 1,
+        code: "AllocationFailed".into(),
+        message: "Allocation failed. We do not have sufficient capacity for the requested VM size in this region.".into(),
+    });
+    fake.add_fault(Fault::StallOperation {
+        method: "PUT",
+        fragment: "virtualMachines/az-slow".into(),
+        times: 1,
+    });
+    let provider = ProviderProcess::start(cp, &fake);
+    let logs = || format!("provider log:\n{}", provider.log());
+
+    kubectl(cp, &["apply", "-f", "-"], Some(&manifests()));
+
+    // az-web: created through throttling, ready with its provider ID and address.
+    let web_id = vm_id("rg-nodes", "az-web");
+    wait_until("az-web ready", WAIT, logs, || async {
+        ready(cp, "az-web").contains("\"status\":\"True\"")
+    })
+    .await;
+    assert_eq!(
+        get(cp, "machine", "az-web", "{.spec.providerID}"),
+        format!("azure://{web_id}")
+    );
+    wait_until(
+        "az-web reported on with its address",
+        WAIT,
+        logs,
+        || async {
+            get(cp, "machine", "az-web", "{.status.power}") == "On"
+                && get(cp, "machine", "az-web", "{.status.addresses[0].address}")
+                    .starts_with("10.1.0.")
+        },
+    )
+    .await;
+    assert!(ready(cp, "az-web").contains("VM az-web: provisioning Succeeded, power running"));
+    let puts = fake.requests_to("PUT", "virtualMachines/az-web");
+    let statuses: Vec<u16> = puts.iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [429, 429, 201], "throttled twice, then created");
+    let vm = &puts[2].body;
+    let custom = base64::engine::general_purpose::STANDARD
+        .decode(
+            vm["properties"]["osProfile"]["customData"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+    let custom = String::from_utf8(custom).unwrap();
+    for words in [
+        "#cloud-config",
+        "UNBOUNDED_MACHINE=az-web",
+        "UNBOUNDED_BOOTSERVER_URL=http://192.0.2.1:8080",
+        &format!("UNBOUNDED_PROVIDER_ID=azure://{web_id}"),
+        "--machine ${UNBOUNDED_MACHINE} --bootserver-url ${UNBOUNDED_BOOTSERVER_URL}",
+        AGENT_URL,
+        AGENT_SHA,
+        "systemctl",
+    ] {
+        assert!(
+            custom.contains(words),
+            "custom data lacks {words:?}:\n{custom}"
+        );
+    }
+    assert_eq!(vm["tags"]["unbounded-machine"], "az-web");
+    assert_eq!(vm["tags"]["unbounded-cluster"], "acceptance");
+    assert_eq!(vm["tags"]["team"], "infra");
+    assert_eq!(
+        vm["properties"]["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"][0]["keyData"],
+        SSH_KEY
+    );
+    let nic = &fake.requests_to("PUT", "networkInterfaces/az-web-nic")[0].body;
+    assert_eq!(
+        nic["properties"]["ipConfigurations"][0]["properties"]["subnet"]["id"],
+        SUBNET
+    );
+    assert!(
+        provider.log().contains("Azure throttled the request (429)"),
+        "{}",
+        logs()
+    );
+
+    // az-fail: the failed operation is a clear condition (and Event), then the next try works.
+    wait_until("az-fail's failure reported", WAIT, logs, || async {
+        let events = kubectl(
+            cp,
+            &[
+                "get",
+                "events",
+                "-A",
+                "--field-selector",
+                "involvedObject.name=az-fail",
+                "-o",
+                "yaml",
+            ],
+            None,
+        );
+        events.contains("AzureOperationFailed") && events.contains("AllocationFailed")
+    })
+    .await;
+    wait_until("az-fail ready after the retry", WAIT, logs, || async {
+        ready(cp, "az-fail").contains("\"status\":\"True\"")
+    })
+    .await;
+
+    // Clear conditions for what cannot work.
+    for (machine, reason, words) in [
+        (
+            "az-slow",
+            "AzureOperationTimedOut",
+            "still running after 8 s",
+        ),
+        (
+            "az-quota",
+            "AzureQuotaExceeded",
+            "OperationNotAllowed: Operation could not be completed as it results in exceeding approved",
+        ),
+        (
+            "az-denied",
+            "AzureAuthorizationFailed",
+            "AuthorizationFailed: The client",
+        ),
+        (
+            "az-badimage",
+            "AzureInvalidParameter",
+            "InvalidParameter: The value of parameter imageReference.sku is invalid",
+        ),
+        (
+            "az-nogroup",
+            "AzureNotFound",
+            "ResourceGroupNotFound: Resource group 'rg-absent' could not be found",
+        ),
+        ("az-badsecret", "AzureAuthenticationFailed", "AADSTS7000215"),
+        (
+            "az-nosecret",
+            "CredentialsMissing",
+            "Secret default/az-absent does not exist",
+        ),
+    ] {
+        wait_until(&format!("{machine}: {reason}"), WAIT, logs, || async {
+            let condition = ready(cp, machine);
+            condition.contains(&format!("\"reason\":\"{reason}\""))
+                && condition.contains("\"status\":\"False\"")
+                && condition.contains(words)
+        })
+        .await;
+    }
+
+    // Power operations and redeploy on az-web.
+    let cases = [
+        ("az-off", "powerOff", "", "/powerOff", "Off"),
+        (
+            "az-dealloc",
+            "powerOff",
+            "deallocate: \"true\"",
+            "/deallocate",
+            "Off",
+        ),
+        ("az-on", "powerOn", "", "/start", "On"),
+        ("az-cycle", "powerCycle", "", "/restart", "On"),
+        ("az-redeploy", "redeploy", "", "/redeploy", "On"),
+    ];
+    for (name, op, parameters, action, power) in cases {
+        kubectl(
+            cp,
+            &["apply", "-f", "-"],
+            Some(&operation(name, "az-web", op, parameters)),
+        );
+        wait_until(&format!("{name} complete"), WAIT, logs, || async {
+            get(cp, "machineoperation", name, "{.status.state}") == "Complete"
+        })
+        .await;
+        assert_eq!(
+            fake.requests_to("POST", &format!("virtualMachines/az-web{action}"))
+                .len(),
+            1,
+            "{name}"
+        );
+        wait_until(&format!("{name}: power {power}"), WAIT, logs, || async {
+            get(cp, "machine", "az-web", "{.status.power}") == power
+        })
+        .await;
+    }
+    let message = get(cp, "machineoperation", "az-dealloc", "{.status.message}");
+    assert!(
+        message.contains("deallocate") && message.contains("power deallocated"),
+        "{message}"
+    );
+
+    // The VM vanishes behind the operator's back: reported, not recreated.
+    fake.remove(&web_id).unwrap();
+    wait_until("az-web reported gone", WAIT, logs, || async {
+        let condition = ready(cp, "az-web");
+        condition.contains("\"reason\":\"VmNotFound\"")
+            && condition.contains("deleted outside Unbounded")
+    })
+    .await;
+    let puts_before = fake.requests_to("PUT", "virtualMachines/az-web").len();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(
+        fake.requests_to("PUT", "virtualMachines/az-web").len(),
+        puts_before,
+        "the VM was not recreated"
+    );
+    assert!(ready(cp, "az-web").contains("VmNotFound"));
+
+    // No secret and no token anywhere a person or a log collector looks.
+    let everything = [
+        kubectl(cp, &["get", "machines", "-o", "yaml"], None),
+        kubectl(cp, &["get", "machineoperations", "-o", "yaml"], None),
+        kubectl(cp, &["get", "events", "-A", "-o", "yaml"], None),
+        provider.log(),
+    ]
+    .join("\n");
+    assert!(
+        everything.contains("AADSTS7000215"),
+        "the auth failure is reported"
+    );
+    for secret in [CLIENT_SECRET, WRONG_SECRET, "fake-arm-token-"] {
+        assert!(
+            !everything.contains(secret),
+            "{secret} leaked:\n{everything}"
+        );
+    }
+
+    // Deleting: az-fail's VM, NIC and disk; az-web's leftover NIC and disk; az-quota's NIC
+    // (its VM never existed); az-denied waits until the identity may delete.
+    let machines: Api<Machine> = Api::all(client.clone());
+    kubectl(
+        cp,
+        &["delete", "machines", "-l", "lab=azure", "--wait=false"],
+        None,
+    );
+    for name in [
+        "az-fail",
+        "az-web",
+        "az-quota",
+        "az-slow",
+        "az-badimage",
+        "az-nogroup",
+        "az-badsecret",
+        "az-nosecret",
+    ] {
+        wait_until(&format!("{name} deleted"), WAIT, logs, || async {
+            machines.get_opt(name).await.unwrap().is_none()
+        })
+        .await;
+    }
+    for (fragment, expected) in [
+        ("virtualMachines/az-fail", 202),
+        ("networkInterfaces/az-fail-nic", 204),
+        ("disks/az-fail-osdisk", 204),
+        ("virtualMachines/az-web", 204),
+        ("networkInterfaces/az-web-nic", 202),
+        ("disks/az-web-osdisk", 202),
+        ("networkInterfaces/az-quota-nic", 202),
+    ] {
+        let deletes = fake.requests_to("DELETE", fragment);
+        assert!(
+            deletes.iter().any(|r| r.status == expected),
+            "DELETE {fragment}: {:?}",
+            deletes.iter().map(|r| r.status).collect::<Vec<_>>()
+        );
+    }
+    assert!(machines.get_opt("az-denied").await.unwrap().is_some());
+    assert!(
+        ready(cp, "az-denied").contains("AuthorizationFailed")
+            || provider.log().contains("AuthorizationFailed")
+    );
+    fake.with(|s| s.denied_groups.clear());
+    wait_until("az-denied deleted once permitted", WAIT, logs, || async {
+        machines.get_opt("az-denied").await.unwrap().is_none()
+    })
+    .await;
+    assert!(
+        fake.resource_ids().is_empty(),
+        "everything was released: {:?}",
+        fake.resource_ids()
+    );
+    let log = provider.log();
+    for secret in [CLIENT_SECRET, WRONG_SECRET, "fake-arm-token-"] {
+        assert!(!log.contains(secret), "{secret} leaked into the log");
+    }
+    kubectl(
+        cp,
+        &["delete", "machineoperations", "--all", "--wait=false"],
+        None,
+    );
+}
