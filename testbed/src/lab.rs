@@ -608,8 +608,11 @@ impl RunningLab {
     pub fn load() -> Option<Self> {
         let text = fs::read_to_string(Self::state_path()).ok()?;
         let lab: Self = serde_json::from_str(&text).ok()?;
-        let running = fs::read_link(format!("/proc/{}/exe", lab.pid)).ok();
-        (running.as_deref() == Some(lab.exe.as_path())).then_some(lab)
+        let running = fs::read_link(format!("/proc/{}/exe", lab.pid)).ok()?;
+        // A rebuilt binary shows as "<path> (deleted)" for the process still running it.
+        let running = running.to_string_lossy();
+        let running = running.strip_suffix(" (deleted)").unwrap_or(&running);
+        (Path::new(running) == lab.exe.as_path()).then_some(lab)
     }
 
     /// Records it.
