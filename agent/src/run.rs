@@ -26,7 +26,7 @@ use unbounded_api::{
 use crate::credentials::{self, CredentialError, Store};
 use crate::identity::Identity;
 use crate::operations::{self, RebootStep, Request, Scope};
-use crate::plan::{self, Action, ContainerState, Facts, Paved};
+use crate::plan::{self, Action, ContainerState, Facts, PaveReason, Paved};
 use crate::render::{self, KubeletInput};
 use crate::rootfs::{self, RootfsError};
 use crate::state::{LocalState, StateFile};
@@ -157,6 +157,7 @@ struct Shared {
     boot_id: String,
     paths: Paths,
     machines: Api<Machine>,
+    nodes: Api<Node>,
     operations: Api<MachineOperation>,
     host: Systemd,
     reported: tokio::sync::Mutex<Reported>,
@@ -245,6 +246,7 @@ pub async fn run(identity: Identity, paths: Paths) -> Result<(), AgentError> {
         boot_id: boot_id.clone(),
         paths: paths.clone(),
         machines: machines.clone(),
+        nodes: Api::all(client.clone()),
         operations: Api::all(client.clone()),
         host,
         reported: tokio::sync::Mutex::new(Reported {
@@ -423,7 +425,10 @@ impl LoopState {
                     reason.as_str()
                 );
                 let _ = shared.report(|_| {}, Some(readiness.clone())).await;
-                match self.pave(shared, machine, configuration, &version).await {
+                match self
+                    .pave(shared, machine, configuration, &version, *reason)
+                    .await
+                {
                     Ok(()) => {
                         self.failures = 0;
                         self.retry_after = None;
@@ -526,6 +531,7 @@ impl LoopState {
         machine: &Machine,
         configuration: &ResolvedConfiguration,
         version: &MachineConfigurationVersion,
+        reason: PaveReason,
     ) -> Result<(), PaveError> {
         let template = &version.spec.template;
         let image = template.image.as_ref().ok_or(PaveError::NoImage)?;
@@ -611,6 +617,9 @@ impl LoopState {
         // The new root is ready: only now does the old container go.
         let unit = systemd::container_unit(&shared.node);
         shared.host.stop(&unit, Duration::from_secs(120)).await?;
+        if reason == PaveReason::NodeDeleted {
+            remove_reregistered_node(&shared.nodes, &shared.node).await;
+        }
         if root.exists() {
             std::fs::remove_dir_all(&root).map_err(io(format!("removing {}", root.display())))?;
         }
@@ -635,6 +644,26 @@ impl LoopState {
         self.save();
         shared.host.start(&unit, Duration::from_secs(120)).await?;
         Ok(())
+    }
+}
+
+/// Deletes the Node that the old container's kubelet registered again after the operator
+/// deleted it (kubelet does so within seconds): the new kubelet would find it and never
+/// apply its own labels and taints to an existing Node, so a rollback that changes them
+/// would not show. The old container is stopped, so nothing registers it again before the
+/// new kubelet does. Not fatal: without it the Node keeps its old labels, as said.
+async fn remove_reregistered_node(nodes: &Api<Node>, name: &str) {
+    match nodes
+        .delete(name, &kube::api::DeleteParams::default())
+        .await
+    {
+        Ok(_) => {
+            println!("unbounded-agent: removed Node {name}, which the old kubelet registered again")
+        }
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(error) => println!(
+            "unbounded-agent: could not remove the re-registered Node {name} ({error}); its labels and taints stay as the old kubelet left them"
+        ),
     }
 }
 

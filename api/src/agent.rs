@@ -88,7 +88,9 @@ fn rule(resource: &str, verbs: &[&str], names: &BTreeSet<String>, core: bool) ->
 
 impl AgentAccess {
     /// The role's rules. Lists and watches are allowed by name (`fieldSelector
-    /// metadata.name=…`); writes only to status subresources. Empty sets give no rule.
+    /// metadata.name=…`); writes only to status subresources, and `delete` of its own Node
+    /// (a repave removes the Node that the old kubelet re-registered, whose labels kubelet
+    /// would never update). Empty sets give no rule.
     pub fn rules(&self) -> Vec<PolicyRule> {
         let one = |name: &str| BTreeSet::from([name.to_owned()]);
         let read = ["get", "list", "watch"];
@@ -100,7 +102,12 @@ impl AgentAccess {
                 &one(&self.machine),
                 false,
             ),
-            rule("nodes", &read, &one(&self.node), true),
+            rule(
+                "nodes",
+                &["get", "list", "watch", "delete"],
+                &one(&self.node),
+                true,
+            ),
             rule(
                 "clusterroles",
                 &read,
@@ -347,6 +354,12 @@ mod tests {
         };
         assert_eq!(names("machines"), ["m1"]);
         assert_eq!(names("nodes"), ["n1"]);
+        let deletes: Vec<_> = rules
+            .iter()
+            .filter(|r| r.verbs.iter().any(|v| v == "delete"))
+            .flat_map(|r| r.resources.clone().unwrap_or_default())
+            .collect();
+        assert_eq!(deletes, ["nodes"], "only its own Node may be deleted");
         assert_eq!(names("machineconfigurationversions"), ["general-v3"]);
         assert_eq!(names("clusterroles"), ["unbounded-agent:m1"]);
         assert_eq!(

@@ -101,8 +101,40 @@ pub fn repave(
     say(&format!("repave: deleting Node {machine}"));
     let started = Instant::now();
     lab.kubectl(&["delete", "node", machine, "--wait=true"], None)?;
+    // kubelet re-registers a deleted Node within seconds, before the agent has stopped it:
+    // a Ready Node with a new UID proves nothing until the agent has repaved. So: the agent's
+    // `Paving`, then its `ContainerRunning`, noting every Node UID seen meanwhile (the
+    // re-registered one, which the agent deletes once the old container is stopped); then a
+    // Node with none of those UIDs, Ready.
+    let reason = |lab: &Lab| {
+        get(
+            lab,
+            "machine",
+            machine,
+            "{.status.conditions[?(@.type==\"BootstrapReady\")].reason}",
+        )
+    };
+    let mut stale = std::collections::BTreeSet::from([old_uid]);
+    let mut paving = false;
     wait_until(
-        &format!("{machine} to join again as a new Node and be Ready"),
+        &format!("{machine}'s agent to repave and start the new container"),
+        timeout,
+        || {
+            let seen = reason(lab);
+            let uid = get(lab, "node", machine, "{.metadata.uid}");
+            paving |= seen == "Paving";
+            let done = paving && seen == "ContainerRunning";
+            if !done && !uid.is_empty() {
+                stale.insert(uid.clone());
+            }
+            (
+                done,
+                format!("BootstrapReady reason {seen}, Node uid {uid}"),
+            )
+        },
+    )?;
+    wait_until(
+        &format!("{machine} to join again from the repaved container and be Ready"),
         timeout,
         || {
             let uid = get(lab, "node", machine, "{.metadata.uid}");
@@ -113,7 +145,7 @@ pub fn repave(
                 "{.status.conditions[?(@.type==\"Ready\")].status}",
             );
             (
-                !uid.is_empty() && uid != old_uid && ready == "True",
+                !uid.is_empty() && !stale.contains(&uid) && ready == "True",
                 format!("uid {uid}, Ready {ready}"),
             )
         },
