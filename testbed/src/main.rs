@@ -110,6 +110,8 @@ enum ClusterCommand {
 enum BenchClientCommand {
     /// PXE clients in waves.
     Storm(bench::clients::StormArgs),
+    /// DORA for new clients for some seconds; prints the acknowledged leases.
+    DhcpAcks(bench::clients::AcksArgs),
     /// DORA again for the clients acknowledged before a crash, and for fresh ones.
     DhcpCheck(bench::clients::CheckArgs),
 }
@@ -287,6 +289,9 @@ fn bench_client(command: BenchClientCommand) -> Result<(), CliError> {
     let json = match command {
         BenchClientCommand::Storm(args) => runtime
             .block_on(bench::clients::storm(args))
+            .and_then(|s| serde_json::to_string(&s).map_err(|e| e.to_string())),
+        BenchClientCommand::DhcpAcks(args) => runtime
+            .block_on(bench::clients::acks(args))
             .and_then(|s| serde_json::to_string(&s).map_err(|e| e.to_string())),
         BenchClientCommand::DhcpCheck(args) => runtime
             .block_on(bench::clients::check(args))

@@ -120,7 +120,6 @@ pub fn run(
     };
     let small = format!("/images/{}", files::SMALL);
     let big = format!("/images/{}", files::BIG);
-    let mib = bed.sizes.big / (1024 * 1024);
     let cases = [
         Case {
             case: "1kib",
@@ -132,7 +131,11 @@ pub fn run(
         },
         Case {
             case: "image",
-            what: format!("{mib} MiB image, wrk -t2 -c{}", load.image_connections),
+            what: format!(
+                "{} image, wrk -t2 -c{}",
+                super::tftp::size_label(bed.sizes.big),
+                load.image_connections
+            ),
             path_ours: big.clone(),
             path_peer: Some(big),
             image: true,

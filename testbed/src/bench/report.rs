@@ -238,7 +238,7 @@ pub fn human(value: f64) -> String {
         } else {
             grouped
         }
-    } else if value.abs() >= 100.0 {
+    } else if value.abs() >= 100.0 || value.fract() == 0.0 {
         format!("{value:.0}")
     } else if value.abs() >= 10.0 {
         format!("{value:.1}")
@@ -353,6 +353,7 @@ mod tests {
         assert_eq!(human(826.3), "826");
         assert_eq!(human(38.64), "38.6");
         assert_eq!(human(0.864), "0.86");
+        assert_eq!(human(20.0), "20");
         assert_eq!(human(f64::NAN), "n/a");
         assert_eq!(number(0.5), "0.5");
         assert_eq!(number(f64::INFINITY), "nan");

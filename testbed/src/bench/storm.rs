@@ -117,9 +117,9 @@ pub fn run(
         mode: "storm",
         case: "pxe".into(),
         what: format!(
-            "{} PXE clients (DHCP, TFTP undionly.kpxe, iPXE script, {} MiB kernel), waves of {} every {} ms",
+            "{} PXE clients (DHCP, TFTP undionly.kpxe, iPXE script, {} kernel), waves of {} every {} ms",
             plan.clients,
-            kernel_size / (1024 * 1024),
+            super::tftp::size_label(kernel_size),
             plan.wave,
             plan.interval_ms
         ),

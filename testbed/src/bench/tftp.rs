@@ -25,6 +25,20 @@ fn start(bed: &Bed, server: &str) -> Result<Daemon, BedError> {
     }
 }
 
+/// A size for people: `50 MiB`, `64 KiB`.
+pub fn size_label(bytes: u64) -> String {
+    if bytes >= 1024 * 1024 && bytes % (1024 * 1024) == 0 {
+        format!("{} MiB", bytes / (1024 * 1024))
+    } else {
+        format!("{} KiB", bytes / 1024)
+    }
+}
+
+/// A size as a key part: `50mib`, `64kib`.
+pub fn size_key(bytes: u64) -> String {
+    size_label(bytes).replace(' ', "").to_lowercase()
+}
+
 /// The hex sha256 of a file.
 pub fn sha256(path: &Path) -> Result<String, BedError> {
     let io = |source| BedError::Io {
@@ -131,13 +145,15 @@ pub fn run(
         .iter()
         .map(|f| sha256(&bed.tftp_root.join(f)))
         .collect::<Result<_, _>>()?;
-    let mib = |bytes: u64| bytes / (1024 * 1024);
     let mut rows: Vec<Row> = WINDOWS
         .iter()
         .map(|w| Row {
             mode: "tftp",
-            case: format!("{}mib_w{w}", mib(bed.sizes.big)),
-            what: format!("{} MiB, blksize 1468, windowsize {w}", mib(bed.sizes.big)),
+            case: format!("{}_w{w}", size_key(bed.sizes.big)),
+            what: format!(
+                "{}, blksize 1468, windowsize {w}",
+                size_label(bed.sizes.big)
+            ),
             metric: "mb_per_s",
             unit: "MB/s",
             ours: None,
@@ -147,11 +163,11 @@ pub fn run(
         .collect();
     rows.push(Row {
         mode: "tftp",
-        case: format!("{}x{}mib", bed.sizes.concurrent, mib(bed.sizes.each)),
+        case: format!("{}x{}", bed.sizes.concurrent, size_key(bed.sizes.each)),
         what: format!(
-            "{} × {} MiB at once, blksize 1468",
+            "{} × {} at once, blksize 1468",
             bed.sizes.concurrent,
-            mib(bed.sizes.each)
+            size_label(bed.sizes.each)
         ),
         metric: "mb_per_s",
         unit: "MB/s",

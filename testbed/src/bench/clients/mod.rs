@@ -219,6 +219,54 @@ pub async fn storm(args: StormArgs) -> Result<StormSummary, String> {
     Ok(summary)
 }
 
+/// `bench-client dhcp-acks`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AcksArgs {
+    /// The server.
+    #[arg(long)]
+    pub server: Ipv4Addr,
+    /// Our address (the relay).
+    #[arg(long)]
+    pub relay: Ipv4Addr,
+    /// Seconds during which new clients start.
+    #[arg(long)]
+    pub seconds: u64,
+    /// Clients in flight at once.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+}
+
+/// The MAC of the `i`-th client of the crash run.
+pub fn crash_mac(i: u32) -> [u8; 6] {
+    let b = i.to_be_bytes();
+    [0x02, 0xcd, b[0], b[1], b[2], b[3]]
+}
+
+/// Runs DORA for new clients, `concurrency` at a time, for `seconds` (the server may die
+/// meanwhile: its clients then time out); returns every acknowledged lease.
+pub async fn acks(args: AcksArgs) -> Result<Vec<(String, Ipv4Addr)>, String> {
+    let relay = Relay::bind(args.relay, args.server)
+        .await
+        .map_err(|e| e.to_string())?;
+    let relay = &relay;
+    let until = Instant::now() + Duration::from_secs(args.seconds);
+    let acked = futures::stream::iter(0u32..)
+        .take_while(|_| futures::future::ready(Instant::now() < until))
+        .map(|i| async move {
+            let mac = crash_mac(i);
+            relay
+                .dora(&mac, 0x3000_0000 | i, false, Duration::from_millis(500), 2)
+                .await
+                .ok()
+                .map(|l| (format_mac(&mac), l.ip))
+        })
+        .buffer_unordered(args.concurrency.max(1))
+        .filter_map(futures::future::ready)
+        .collect()
+        .await;
+    Ok(acked)
+}
+
 /// `bench-client dhcp-check`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CheckArgs {
