@@ -27,7 +27,7 @@ fn start(bed: &Bed, server: &str) -> Result<Daemon, BedError> {
 
 /// A size for people: `50 MiB`, `64 KiB`.
 pub fn size_label(bytes: u64) -> String {
-    if bytes >= 1024 * 1024 && bytes % (1024 * 1024) == 0 {
+    if bytes >= 1024 * 1024 && bytes.is_multiple_of(1024 * 1024) {
         format!("{} MiB", bytes / (1024 * 1024))
     } else {
         format!("{} KiB", bytes / 1024)
