@@ -234,6 +234,9 @@ pub struct AcksArgs {
     /// Clients in flight at once.
     #[arg(long, default_value_t = 32)]
     pub concurrency: usize,
+    /// New clients started per second at most (the pool must outlast the run).
+    #[arg(long, default_value_t = u32::MAX)]
+    pub rate: u32,
 }
 
 /// The MAC of the `i`-th client of the crash run.
@@ -249,10 +252,14 @@ pub async fn acks(args: AcksArgs) -> Result<Vec<(String, Ipv4Addr)>, String> {
         .await
         .map_err(|e| e.to_string())?;
     let relay = &relay;
-    let until = Instant::now() + Duration::from_secs(args.seconds);
+    let start = Instant::now();
+    let until = start + Duration::from_secs(args.seconds);
+    let rate = f64::from(args.rate.max(1));
     let acked = futures::stream::iter(0u32..)
         .take_while(|_| futures::future::ready(Instant::now() < until))
         .map(|i| async move {
+            let due = start + Duration::from_secs_f64(f64::from(i) / rate);
+            tokio::time::sleep_until(due.into()).await;
             let mac = crash_mac(i);
             relay
                 .dora(&mac, 0x3000_0000 | i, false, Duration::from_millis(500), 2)
