@@ -9,12 +9,15 @@
 //! runtime worker for that read. `ServeDir` keeps everything else: path confinement, ranges,
 //! conditional requests, `HEAD`, content types.
 //!
-//! Only regular files and directories are opened: opening a FIFO would wait for a writer
-//! and hold the worker.
+//! A file is opened non-blocking (a FIFO would otherwise wait for a writer and hold the
+//! worker) and kept only if it is a regular file or a directory; the metadata read then on
+//! the open file is the one `ServeDir` gets, so the headers and the body describe the same
+//! file, and the body ends at the length it had when opened (its `Content-Length`).
 
-use std::fs::{File, Metadata};
+use std::fs::{File, Metadata, OpenOptions};
 use std::future::{Ready, ready};
 use std::io::{self, Read, Seek, SeekFrom};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -34,10 +37,10 @@ pub struct InlineFs;
 #[derive(Debug)]
 pub struct InlineFile {
     file: File,
-    /// Bytes from the current position to the end as of opening: a read zero-fills only
-    /// what it can fill, not the whole chunk buffer (a 1 KiB file, 1 KiB).
+    metadata: Metadata,
+    /// Bytes from the current position to the length at opening: a read zero-fills only
+    /// what it can fill, not the whole chunk buffer (a 1 KiB file, 1 KiB), and stops there.
     remaining: u64,
-    len: u64,
     /// The outcome of the last `start_seek`, for `poll_complete`.
     seek: Option<io::Result<u64>>,
 }
@@ -56,12 +59,21 @@ fn servable(path: &PathBuf) -> io::Result<Metadata> {
 }
 
 fn open(path: &PathBuf) -> io::Result<InlineFile> {
-    let len = servable(path)?.len();
-    let file = File::open(path)?;
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(path)?;
+    let metadata = file.metadata()?;
+    if !(metadata.is_file() || metadata.is_dir()) {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            "neither a regular file nor a directory",
+        ));
+    }
     Ok(InlineFile {
         file,
-        remaining: len,
-        len,
+        remaining: metadata.len(),
+        metadata,
         seek: None,
     })
 }
@@ -87,12 +99,12 @@ impl AsyncRead for InlineFile {
         _: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        // A page even at the recorded end: a file that grew is still read to its end.
-        let want = match self.remaining {
-            0 => 4096,
-            left => usize::try_from(left).unwrap_or(usize::MAX),
+        if self.remaining == 0 {
+            return Poll::Ready(Ok(())); // the end, as the headers said
         }
-        .min(buf.remaining());
+        let want = usize::try_from(self.remaining)
+            .unwrap_or(usize::MAX)
+            .min(buf.remaining());
         let target = buf.initialize_unfilled_to(want);
         let read = loop {
             match self.file.read(target) {
@@ -110,7 +122,7 @@ impl AsyncSeek for InlineFile {
     fn start_seek(mut self: Pin<&mut Self>, position: SeekFrom) -> io::Result<()> {
         let sought = self.file.seek(position);
         if let Ok(at) = sought {
-            self.remaining = self.len.saturating_sub(at);
+            self.remaining = self.metadata.len().saturating_sub(at);
         }
         self.seek = Some(sought);
         Ok(())
@@ -129,7 +141,7 @@ impl BackendFile for InlineFile {
     type MetadataFuture<'a> = Ready<io::Result<Metadata>>;
 
     fn metadata(&self) -> Self::MetadataFuture<'_> {
-        ready(self.file.metadata())
+        ready(Ok(self.metadata.clone()))
     }
 }
 
@@ -158,7 +170,8 @@ mod tests {
         let metadata = BackendFile::metadata(&file).await.unwrap();
         assert_eq!(metadata.len(), content.len() as u64);
 
-        // A file that grew after it was opened is still read to its end.
+        // A file that grew after it was opened ends where it ended then (the response's
+        // Content-Length came from the same metadata).
         let mut file = InlineFs.open(path.clone()).await.unwrap();
         std::fs::OpenOptions::new()
             .append(true)
@@ -167,7 +180,7 @@ mod tests {
             .unwrap();
         let mut grown = Vec::new();
         file.read_to_end(&mut grown).await.unwrap();
-        assert_eq!(grown.len(), content.len() + 4);
+        assert_eq!(grown, content);
 
         assert!(
             InlineFs
