@@ -27,6 +27,7 @@ use crate::backend::{MacAddr, MachineBackend, MachineRecord};
 use crate::boot;
 use crate::config::{DhcpMode, Settings, UnknownMachines};
 use crate::credentials::{Issuer, Origin};
+use crate::files::{self, InlineFs};
 use crate::leases::{Binding, LeaseStore};
 use crate::metrics::{Metrics, Service};
 
@@ -55,11 +56,13 @@ impl std::fmt::Debug for AppState {
     }
 }
 
-/// The router. A panic in a handler is caught (tower-http's `CatchPanicLayer`): that
+/// The router. Images are read on the request's task in large chunks ([`files`]). A panic in a handler is caught (tower-http's `CatchPanicLayer`): that
 /// request gets a 500, the panic is logged and counted, and the server goes on.
 pub fn router(state: AppState) -> Router {
-    let images = ServeDir::new(&state.settings.images_dir);
-    let ipxe = ServeDir::new(&state.settings.tftp_root);
+    let images = ServeDir::with_backend(&state.settings.images_dir, InlineFs)
+        .with_buf_chunk_size(files::CHUNK_BYTES);
+    let ipxe = ServeDir::with_backend(&state.settings.tftp_root, InlineFs)
+        .with_buf_chunk_size(files::CHUNK_BYTES);
     let panics = state.metrics.clone();
     let on_panic = move |panic: Box<dyn std::any::Any + Send + 'static>| {
         tracing::error!(

@@ -17,6 +17,7 @@ pub mod boot;
 pub mod config;
 pub mod credentials;
 pub mod dhcp;
+pub mod files;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;

@@ -9,6 +9,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use axum::serve::ListenerExt;
 use prometheus_client::registry::Registry;
 use tokio::task::JoinSet;
 
@@ -133,6 +134,13 @@ pub async fn run(
         issuer,
     });
     tasks.spawn(async move {
+        // Nagle's algorithm would hold a small response back until the client's delayed ACK
+        // (tens of milliseconds per request on a keep-alive connection).
+        let listener = listener.tap_io(|tcp| {
+            if let Err(error) = tcp.set_nodelay(true) {
+                tracing::debug!(%error, "HTTP: TCP_NODELAY");
+            }
+        });
         axum::serve(
             listener,
             app.into_make_service_with_connect_info::<SocketAddr>(),

@@ -7,6 +7,8 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand, ValueEnum};
+use unbounded_testbed::bench::suite::{self, Mode};
+use unbounded_testbed::bench::{self, report::Report, scale};
 use unbounded_testbed::cluster::{self, ClusterError, KUBERNETES_VERSION};
 use unbounded_testbed::lab::{Lab, LabError, LabOptions, RunningLab};
 use unbounded_testbed::{images, progress, scenario, setup};
@@ -58,6 +60,25 @@ enum Commands {
         #[command(subcommand)]
         command: ClusterCommand,
     },
+    /// Our bootserver against the servers people would otherwise use, in the same run
+    /// (Kea, dnsmasq, tftpd-hpa, nginx, measured with perfdhcp, atftp and wrk in network
+    /// namespaces this command creates), and the controller at scale. Prints a table and
+    /// one `figure` line per number; writes a Markdown report, SVG charts and the figures
+    /// into a folder it names.
+    Bench {
+        /// Which benchmark.
+        #[arg(value_enum, default_value_t = BenchMode::All)]
+        mode: BenchMode,
+        /// A seconds-long run of every case (CI): small sizes, debug builds.
+        #[arg(long)]
+        smoke: bool,
+        /// The report folder (default `~/.cache/unbounded/bench/<time>`).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// (internal) Simulated clients of `bench`, run inside its client namespace.
+    #[command(hide = true, subcommand)]
+    BenchClient(BenchClientCommand),
     /// (internal) Run the lab in the foreground; `up` starts it in the background.
     #[command(hide = true)]
     Serve {
@@ -83,6 +104,32 @@ enum ClusterCommand {
     Up,
     /// Stop exactly what `cluster up` started.
     Down,
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchClientCommand {
+    /// PXE clients in waves.
+    Storm(bench::clients::StormArgs),
+    /// DORA for new clients for some seconds; prints the acknowledged leases.
+    DhcpAcks(bench::clients::AcksArgs),
+    /// DORA again for the clients acknowledged before a crash, and for fresh ones.
+    DhcpCheck(bench::clients::CheckArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BenchMode {
+    /// DHCP knee (perfdhcp) against Kea and dnsmasq; ours through kill -9.
+    Dhcp,
+    /// TFTP (atftp) against tftpd-hpa and dnsmasq.
+    Tftp,
+    /// HTTP (wrk) against nginx.
+    Http,
+    /// 1,000 simulated PXE clients against ours.
+    Storm,
+    /// The controller with 10,000 Machines; the PXE provider with 1,000.
+    Controller,
+    /// Everything.
+    All,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -132,6 +179,8 @@ fn main() -> ExitCode {
         } => cluster_down(),
         Commands::KubernetesBinaries => kubernetes_binaries(),
         Commands::Images { containers } => build_images(containers),
+        Commands::Bench { mode, smoke, out } => run_bench(mode, smoke, out),
+        Commands::BenchClient(command) => bench_client(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -154,6 +203,103 @@ enum CliError {
     Lab(#[from] LabError),
     #[error("{0}")]
     Other(String),
+}
+
+fn run_bench(mode: BenchMode, smoke: bool, out: Option<PathBuf>) -> Result<(), CliError> {
+    let modes: Vec<Mode> = match mode {
+        BenchMode::Dhcp => vec![Mode::Dhcp],
+        BenchMode::Tftp => vec![Mode::Tftp],
+        BenchMode::Http => vec![Mode::Http],
+        BenchMode::Storm => vec![Mode::Storm],
+        BenchMode::Controller => vec![Mode::Controller],
+        BenchMode::All => Mode::ALL.to_vec(),
+    };
+    let started = suite::timestamp();
+    let out = out.unwrap_or_else(suite::default_out);
+    let work = out.join("run");
+    std::fs::create_dir_all(&work)
+        .map_err(|e| CliError::Other(format!("{}: {e}", work.display())))?;
+    let command = format!(
+        "unbounded-testbed bench {}{}",
+        modes.iter().map(|m| m.name()).collect::<Vec<_>>().join(" "),
+        if smoke { " --smoke" } else { "" }
+    );
+    let say = |line: String| eprintln!("bench: {line}");
+    say(format!("report folder: {}", out.display()));
+    let mut report = Report::default();
+    let mut charts = Vec::new();
+    let network = if smoke {
+        suite::NetworkOptions::smoke()
+    } else {
+        suite::NetworkOptions::full()
+    };
+    let result = suite::run_network(&modes, &network, &work, &mut report, &mut charts, &say)
+        .and_then(|()| {
+            if !modes.contains(&Mode::Controller) {
+                return Ok(());
+            }
+            let options = if smoke {
+                scale::ScaleOptions::smoke()
+            } else {
+                scale::ScaleOptions::full()
+            };
+            say("== controller".into());
+            suite::with_load(Mode::Controller, &mut report, |report| {
+                scale::run(&options, &work, report, &say)
+            })
+        });
+    if let Err(error) = &result {
+        report.problem(format!("the run stopped: {error}"));
+    }
+    let mut chart_names = Vec::new();
+    for (name, svg) in &charts {
+        std::fs::write(out.join(name), svg)
+            .map_err(|e| CliError::Other(format!("writing {name}: {e}")))?;
+        chart_names.push(name.clone());
+    }
+    let markdown = report.markdown(&suite::header(&command, &started), &chart_names);
+    std::fs::write(out.join("report.md"), &markdown)
+        .map_err(|e| CliError::Other(format!("writing report.md: {e}")))?;
+    std::fs::write(
+        out.join("figures.txt"),
+        report.figure_lines().join("\n") + "\n",
+    )
+    .map_err(|e| CliError::Other(format!("writing figures.txt: {e}")))?;
+    println!("{}", suite::header(&command, &started));
+    print!("{}", report.table());
+    for note in &report.notes {
+        println!("- {note}");
+    }
+    for line in report.figure_lines() {
+        println!("{line}");
+    }
+    println!("report: {}", out.join("report.md").display());
+    result.map_err(|e| CliError::Other(e.to_string()))?;
+    if let Some(first) = report.problems.first() {
+        return Err(CliError::Other(format!(
+            "{} problem(s), the first: {first}",
+            report.problems.len()
+        )));
+    }
+    Ok(())
+}
+
+fn bench_client(command: BenchClientCommand) -> Result<(), CliError> {
+    let runtime = tokio::runtime::Runtime::new().map_err(|e| CliError::Other(e.to_string()))?;
+    let json = match command {
+        BenchClientCommand::Storm(args) => runtime
+            .block_on(bench::clients::storm(args))
+            .and_then(|s| serde_json::to_string(&s).map_err(|e| e.to_string())),
+        BenchClientCommand::DhcpAcks(args) => runtime
+            .block_on(bench::clients::acks(args))
+            .and_then(|s| serde_json::to_string(&s).map_err(|e| e.to_string())),
+        BenchClientCommand::DhcpCheck(args) => runtime
+            .block_on(bench::clients::check(args))
+            .and_then(|s| serde_json::to_string(&s).map_err(|e| e.to_string())),
+    }
+    .map_err(CliError::Other)?;
+    println!("{json}");
+    Ok(())
 }
 
 fn testbed_dir() -> PathBuf {

@@ -142,6 +142,17 @@ impl Link {
     }
 }
 
+impl Link {
+    /// Both namespaces and the veth pair, each side with its own address (benchmarks: the
+    /// client side runs load generators and relay-mode DHCP clients).
+    pub fn addressed(server_cidr: &str, client_cidr: &str) -> Result<Self, NetnsError> {
+        let link = Self::new(server_cidr, "02:00:00:00:00:fe")?;
+        link.client
+            .ip(&["addr", "add", client_cidr, "dev", &link.client_if])?;
+        Ok(link)
+    }
+}
+
 /// A TCP port inside a namespace that reaches a TCP address of the host's loopback (the
 /// local API server), through a Unix socket: one `socat` listens in the namespace, one in
 /// the host connects. Both are killed on drop.

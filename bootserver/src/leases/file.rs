@@ -6,21 +6,28 @@
 //! for it. Thousands of leases per second cost a few hundred syncs. When the log holds more
 //! than four times the live records, it is rewritten (compacted) to a temporary file that
 //! replaces it atomically.
+//!
+//! Reads never wait for the log: the index has a lock of its own, taken for writing only
+//! while one record is applied (under the log's lock, so that the index and the log see
+//! records in the same order). Compaction snapshots the live records under the log's lock
+//! and writes, syncs and renames the copy without it, marked as a flush in progress so that
+//! no append writes to the old file meanwhile; commits queued during it are written to the
+//! new file after it. A DHCP packet that only reads (every candidate address while
+//! allocating) is never held up by a sync or a compaction.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
 use super::record::{MAGIC_V2, Record, V1_RECORD_LEN};
 use super::{Binding, ClientKey, Index, Lease, LeaseError, LeaseStore};
 
-/// The state behind the lock.
+/// The state behind the log's lock.
 #[derive(Debug)]
 struct Log {
-    index: Index,
     /// Records queued for the next flush, encoded.
     queued: Vec<u8>,
     queued_records: usize,
@@ -28,7 +35,7 @@ struct Log {
     queued_seq: u64,
     /// Sequence number up to which records are durable.
     durable_seq: u64,
-    /// Whether a thread is writing and syncing now.
+    /// Whether a thread is writing and syncing (or compacting) now.
     flushing: bool,
     /// The error of the last flush, for the callers that waited on it.
     failed: Option<String>,
@@ -41,6 +48,8 @@ struct Log {
 #[derive(Debug)]
 pub struct FileStore {
     path: PathBuf,
+    /// Written only under `log`'s lock; read without it.
+    index: RwLock<Index>,
     log: Mutex<Log>,
     flushed: Condvar,
     syncs: AtomicU64,
@@ -134,8 +143,8 @@ impl FileStore {
         }
         let store = Self {
             path: path.to_owned(),
+            index: RwLock::new(replay.index),
             log: Mutex::new(Log {
-                index: replay.index,
                 queued: Vec::new(),
                 queued_records: 0,
                 queued_seq: 0,
@@ -175,10 +184,17 @@ impl FileStore {
         self.log.lock().map_err(|_| LeaseError::Poisoned)
     }
 
+    fn read_index(&self) -> Result<RwLockReadGuard<'_, Index>, LeaseError> {
+        self.index.read().map_err(|_| LeaseError::Poisoned)
+    }
+
     /// Applies a record in memory, queues it, and returns once it is durable.
     fn append(&self, record: Record) -> Result<(), LeaseError> {
         let mut log = self.lock()?;
-        log.index.apply(&record);
+        self.index
+            .write()
+            .map_err(|_| LeaseError::Poisoned)?
+            .apply(&record);
         record.encode_v2(&mut log.queued);
         log.queued_records += 1;
         log.queued_seq += 1;
@@ -242,8 +258,9 @@ impl FileStore {
             Err(error) => log.failed = Some(error.to_string()),
         }
         self.flushed.notify_all();
+        let live = self.read_index()?.live();
         let needs_compaction =
-            log.records_in_file > 10_000 && log.records_in_file > 4 * log.index.live().max(1);
+            log.records_in_file > 10_000 && log.records_in_file > 4 * live.max(1);
         if needs_compaction && log.queued.is_empty() {
             log = self.compact_locked(log)?;
         }
@@ -253,33 +270,51 @@ impl FileStore {
     /// Rewrites the log with only the live records.
     pub fn compact(&self) -> Result<(), LeaseError> {
         let mut log = self.lock()?;
-        while log.flushing {
-            log = self.flushed.wait(log).map_err(|_| LeaseError::Poisoned)?;
-        }
-        if !log.queued.is_empty() {
-            log = self.flush(log)?;
+        // The snapshot must be exactly what the log holds: nothing queued, no flush running
+        // (a flush can let others queue while it compacts).
+        while log.flushing || !log.queued.is_empty() {
+            log = if log.flushing {
+                self.flushed.wait(log).map_err(|_| LeaseError::Poisoned)?
+            } else {
+                self.flush(log)?
+            };
         }
         self.compact_locked(log).map(drop)
     }
 
+    /// Snapshots the live records under the log's lock (nothing queued, no flush running)
+    /// and writes the copy without it.
     fn compact_locked<'a>(
         &'a self,
         mut log: MutexGuard<'a, Log>,
     ) -> Result<MutexGuard<'a, Log>, LeaseError> {
+        let mut bytes = MAGIC_V2.to_vec();
+        let mut records = 0;
+        for record in self.read_index()?.records() {
+            record.encode_v2(&mut bytes);
+            records += 1;
+        }
+        log.flushing = true;
+        drop(log);
+        let written = self.write_compacted(&bytes);
+        let mut log = self.lock()?;
+        log.flushing = false;
+        self.flushed.notify_all();
+        log.file = written?;
+        log.records_in_file = records;
+        Ok(log)
+    }
+
+    /// Replaces the log by `bytes` (a temporary file, synced, renamed over it) and opens it.
+    fn write_compacted(&self, bytes: &[u8]) -> Result<File, LeaseError> {
         let io = |action, source| LeaseError::Io {
             action,
             path: self.path.clone(),
             source,
         };
-        let mut bytes = MAGIC_V2.to_vec();
-        let mut records = 0;
-        for record in log.index.records() {
-            record.encode_v2(&mut bytes);
-            records += 1;
-        }
         let tmp = self.path.with_extension("compacting");
         let mut file = File::create(&tmp).map_err(|e| io("creating a compacted copy of", e))?;
-        file.write_all(&bytes)
+        file.write_all(bytes)
             .and_then(|()| file.sync_all())
             .map_err(|e| io("writing a compacted copy of", e))?;
         std::fs::rename(&tmp, &self.path).map_err(|e| io("replacing", e))?;
@@ -288,25 +323,23 @@ impl FileStore {
                 .and_then(|d| d.sync_all())
                 .map_err(|e| io("syncing the directory of", e))?;
         }
-        log.file = OpenOptions::new()
+        OpenOptions::new()
             .read(true)
             .append(true)
             .open(&self.path)
-            .map_err(|e| io("reopening", e))?;
-        log.records_in_file = records;
-        Ok(log)
+            .map_err(|e| io("reopening", e))
     }
 }
 
 impl LeaseStore for FileStore {
     fn by_client(&self, key: &ClientKey) -> Result<Option<Lease>, LeaseError> {
-        Ok(self.lock()?.index.by_client(key))
+        Ok(self.read_index()?.by_client(key))
     }
     fn by_ip(&self, ip: Ipv4Addr) -> Result<Option<Binding>, LeaseError> {
-        Ok(self.lock()?.index.by_ip(ip))
+        Ok(self.read_index()?.by_ip(ip))
     }
     fn active(&self, now_unix: u64) -> Result<usize, LeaseError> {
-        Ok(self.lock()?.index.active(now_unix))
+        Ok(self.read_index()?.active(now_unix))
     }
     fn commit(&self, lease: Lease) -> Result<(), LeaseError> {
         self.append(Record::Commit(lease))
@@ -467,7 +500,7 @@ mod tests {
         store.commit(lease(1, 1)).unwrap();
         let poisoner = store.clone();
         let _ = std::thread::spawn(move || {
-            let _guard = poisoner.log.lock().unwrap();
+            let _guard = poisoner.index.write().unwrap();
             panic!("a panic while the lock is held");
         })
         .join();
@@ -545,5 +578,71 @@ mod tests {
         assert_eq!(store.by_client(&key(7)).unwrap(), Some(lease(7, 4007)));
         assert_eq!(store.by_client(&key(500)).unwrap(), Some(lease(500, 5)));
         assert_eq!(store.active(0).unwrap(), 101);
+    }
+
+    #[test]
+    fn reads_do_not_wait_for_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(FileStore::open(&dir.path().join("leases.log")).unwrap());
+        store.commit(lease(1, 1)).unwrap();
+        // The log's lock held as through a sync or a compaction: a read still answers.
+        let _held = store.log.lock().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = store.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send((reader.by_ip(lease(1, 1).ip), reader.by_client(&key(1))));
+        });
+        let (by_ip, by_client) = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("a read waited for the log's lock");
+        assert_eq!(by_ip.unwrap(), Some(Binding::Leased(lease(1, 1))));
+        assert_eq!(by_client.unwrap(), Some(lease(1, 1)));
+    }
+
+    #[test]
+    fn commits_during_compactions_all_survive() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("leases.log");
+        let store = Arc::new(FileStore::open(&path).unwrap());
+        let writers: Vec<_> = (0..4u32)
+            .map(|t| {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    for round in 0..3 {
+                        for i in 0..300u32 {
+                            let n = t * 10_000 + i;
+                            store.commit(lease(n, n + round * 100_000)).unwrap();
+                            if i % 50 == 0 {
+                                store.release(&key(n)).unwrap();
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        let compactor = {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                for _ in 0..20 {
+                    store.compact().unwrap();
+                }
+            })
+        };
+        for t in writers {
+            t.join().unwrap();
+        }
+        compactor.join().unwrap();
+        let expect = |store: &FileStore| {
+            for t in 0..4u32 {
+                for i in 0..300u32 {
+                    let n = t * 10_000 + i;
+                    let want = (i % 50 != 0).then(|| lease(n, n + 200_000));
+                    assert_eq!(store.by_client(&key(n)).unwrap(), want, "client {n}");
+                }
+            }
+        };
+        expect(&store);
+        drop(store);
+        expect(&FileStore::open(&path).unwrap());
     }
 }

@@ -1,4 +1,24 @@
-//! Benchmarks that run against the local control plane and report figures (never timed
-//! tests). [`controller`]: the controller with 10,000 Machines.
+//! Benchmarks that report figures (never timed tests).
+//!
+//! - [`controller`]: the controller with 10,000 Machines on the local control plane;
+//! - `unbounded-testbed bench [dhcp|tftp|http|storm|controller|all]` ([`suite`]): our
+//!   bootserver against the servers people would otherwise use (Kea, dnsmasq, tftpd-hpa,
+//!   nginx), measured with neutral clients (perfdhcp, atftp, wrk) in network namespaces
+//!   the command creates ([`bed`]), and the controller at scale with the PXE provider
+//!   ([`scale`]); a Markdown report, SVG charts ([`chart`]) and one `figure` line per
+//!   number ([`report`]).
 
+pub mod bed;
+pub mod chart;
+pub mod clients;
 pub mod controller;
+pub mod dhcp;
+pub mod http;
+pub mod peers;
+pub mod proc;
+pub mod provider;
+pub mod report;
+pub mod scale;
+pub mod storm;
+pub mod suite;
+pub mod tftp;

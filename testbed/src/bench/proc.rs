@@ -1,0 +1,254 @@
+//! Servers and clients run by the benchmarks inside a namespace: started with
+//! `ip netns exec <ns> setpriv --pdeathsig KILL -- <program>` (both exec, so the child's pid
+//! is the program's own and `/proc/<pid>` measures it), their output in a log file, killed
+//! and reaped on drop.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::bench::controller::probe;
+use crate::netns::Netns;
+
+/// Errors of starting, waiting for or running a process.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcError {
+    /// It could not be started.
+    #[error("starting {program}: {source}")]
+    Start {
+        /// The program.
+        program: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// It did not become ready in time, or exited.
+    #[error("{program} {what}; the end of its log ({log}):\n{tail}")]
+    NotReady {
+        /// The program.
+        program: String,
+        /// What happened.
+        what: String,
+        /// Its log file.
+        log: String,
+        /// The log's last lines.
+        tail: String,
+    },
+    /// A client exited with an error.
+    #[error("{command} failed ({status}):\n{output}")]
+    Failed {
+        /// The command line.
+        command: String,
+        /// Its exit status.
+        status: String,
+        /// The end of its output.
+        output: String,
+    },
+    /// A file could not be read or written.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// `ip netns exec <ns> setpriv --pdeathsig KILL -- <program>`.
+pub fn in_namespace(ns: &Netns, program: &str) -> Command {
+    let mut command = ns.command("setpriv");
+    command.args(["--pdeathsig", "KILL", "--", program]);
+    command
+}
+
+/// A server process in a namespace.
+#[derive(Debug)]
+pub struct Daemon {
+    /// Its name in messages (`kea-dhcp4`, `ours`, …).
+    pub name: String,
+    child: Child,
+    log: PathBuf,
+    started: Instant,
+}
+
+impl Daemon {
+    /// Starts `command` with its stdout and stderr in `log`.
+    pub fn start(name: &str, mut command: Command, log: &Path) -> Result<Self, ProcError> {
+        let io = |source| ProcError::Io {
+            what: format!("creating {}", log.display()),
+            source,
+        };
+        let file = std::fs::File::create(log).map_err(io)?;
+        let err = file.try_clone().map_err(io)?;
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(err)
+            .spawn()
+            .map_err(|source| ProcError::Start {
+                program: name.to_owned(),
+                source,
+            })?;
+        Ok(Self {
+            name: name.to_owned(),
+            child,
+            log: log.to_owned(),
+            started: Instant::now(),
+        })
+    }
+
+    /// The process id (the program's own: `ip netns exec` and `setpriv` exec it).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Its CPU time so far, seconds.
+    pub fn cpu_seconds(&self) -> f64 {
+        probe::cpu_seconds(self.pid()).unwrap_or(0.0)
+    }
+
+    /// Its peak resident memory so far, KiB.
+    pub fn peak_rss_kib(&self) -> u64 {
+        probe::memory(self.pid()).map_or(0, |m| m.peak_kib)
+    }
+
+    /// The last `lines` lines of its log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        tail(&self.log, lines)
+    }
+
+    fn not_ready(&mut self, what: String) -> ProcError {
+        ProcError::NotReady {
+            program: self.name.clone(),
+            what,
+            log: self.log.display().to_string(),
+            tail: self.log_tail(20),
+        }
+    }
+
+    /// Waits until the process listens on `port` (TCP, or a bound UDP socket), as its own
+    /// namespace's `/proc/<pid>/net` shows.
+    pub fn wait_listening(
+        &mut self,
+        port: u16,
+        udp: bool,
+        timeout: Duration,
+    ) -> Result<(), ProcError> {
+        let table = if udp { "udp" } else { "tcp" };
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(self.not_ready(format!("exited ({status}) before listening")));
+            }
+            let text = std::fs::read_to_string(format!("/proc/{}/net/{table}", self.pid()))
+                .unwrap_or_default();
+            if listens(&text, port, !udp) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(self.not_ready(format!(
+                    "was not listening on {table} port {port} after {:.0} s",
+                    self.started.elapsed().as_secs_f64()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Whether it still runs.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// `kill -9` and reap (the crash test).
+    pub fn kill_hard(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then SIGKILL after a grace period; reaped either way.
+    pub fn stop(&mut self) {
+        if !self.running() {
+            return;
+        }
+        let _ = Command::new("kill")
+            .arg(self.pid().to_string())
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.running() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill_hard();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Whether a `/proc/net/{tcp,udp}` table has a socket on local `port` (TCP: in LISTEN).
+pub fn listens(table: &str, port: u16, tcp: bool) -> bool {
+    let hex = format!(":{port:04X}");
+    table.lines().skip(1).any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let local = fields.get(1).copied().unwrap_or_default();
+        let state = fields.get(3).copied().unwrap_or_default();
+        local.ends_with(&hex) && (!tcp || state == "0A")
+    })
+}
+
+/// The last `lines` lines of a file.
+pub fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Runs a client to completion and returns its stdout; fails with the end of its output on
+/// a non-zero exit.
+pub fn run_client(mut command: Command) -> Result<String, ProcError> {
+    let line = format!("{command:?}");
+    let output = command
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| ProcError::Start {
+            program: line.clone(),
+            source,
+        })?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let both = format!("{stdout}\n{stderr}");
+        let lines: Vec<&str> = both.lines().collect();
+        return Err(ProcError::Failed {
+            command: line,
+            status: output.status.to_string(),
+            output: lines[lines.len().saturating_sub(20)..].join("\n"),
+        });
+    }
+    Ok(stdout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TCP: &str = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0161610A:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0000000000000000 100 0 0 10 0
+   1: 0161610A:0045 0261610A:9C40 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0000000000000000 100 0 0 10 0
+";
+
+    #[test]
+    fn listening_sockets_are_found_by_port_and_state() {
+        assert!(listens(TCP, 8080, true));
+        // Port 69 is only an established connection, not a listener.
+        assert!(!listens(TCP, 69, true));
+        // A bound UDP socket has no LISTEN state.
+        assert!(listens(TCP, 69, false));
+        assert!(!listens(TCP, 67, false));
+        assert!(!listens("", 8080, true));
+    }
+}

@@ -1,0 +1,313 @@
+//! `unbounded-testbed bench`: which benchmarks run, their sizes (the issue's, or a
+//! seconds-long smoke), and the report folder (Markdown report, SVG charts, figures).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::bed::{Bed, BedError, Sizes};
+use super::report::Report;
+use super::{dhcp, http, peers, storm, tftp};
+use crate::bench::controller::probe;
+
+/// One benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Mode {
+    /// DHCP knee and crash.
+    Dhcp,
+    /// TFTP.
+    Tftp,
+    /// HTTP.
+    Http,
+    /// The boot storm.
+    Storm,
+    /// The controller at scale and the PXE provider.
+    Controller,
+}
+
+impl Mode {
+    /// Every benchmark, in the order `all` runs them.
+    pub const ALL: [Mode; 5] = [
+        Mode::Tftp,
+        Mode::Http,
+        Mode::Dhcp,
+        Mode::Storm,
+        Mode::Controller,
+    ];
+
+    /// Its name on the command line and in figure keys.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Dhcp => "dhcp",
+            Mode::Tftp => "tftp",
+            Mode::Http => "http",
+            Mode::Storm => "storm",
+            Mode::Controller => "controller",
+        }
+    }
+}
+
+/// Sizes of the network benchmarks.
+#[derive(Debug, Clone)]
+pub struct NetworkOptions {
+    /// Release build of ours (debug for the smoke).
+    pub release: bool,
+    /// The DHCP knee search.
+    pub dhcp: dhcp::search::Plan,
+    /// Seconds before the crash (the run lasts twice that).
+    pub crash_seconds: u32,
+    /// File sizes.
+    pub sizes: Sizes,
+    /// wrk's load.
+    pub http: http::Load,
+    /// The storm.
+    pub storm: storm::Plan,
+}
+
+impl NetworkOptions {
+    /// The issue's sizes.
+    pub fn full() -> Self {
+        Self {
+            release: true,
+            dhcp: dhcp::search::Plan {
+                start: 250,
+                max: 64_000,
+                probe_seconds: 3,
+                step_seconds: 30,
+                steps: 4,
+                clients: 50_000,
+            },
+            crash_seconds: 10,
+            sizes: Sizes {
+                big: 50 * 1024 * 1024,
+                each: 1024 * 1024,
+                concurrent: 20,
+                kernel: 8 * 1024 * 1024,
+            },
+            http: http::Load {
+                seconds: 10,
+                connections: 32,
+                image_connections: 4,
+            },
+            storm: storm::Plan {
+                clients: 1000,
+                wave: 100,
+                interval_ms: 1000,
+            },
+        }
+    }
+
+    /// A seconds-long run of every case that keeps the command working (CI).
+    pub fn smoke() -> Self {
+        Self {
+            release: false,
+            dhcp: dhcp::search::Plan {
+                start: 100,
+                max: 200,
+                probe_seconds: 1,
+                step_seconds: 1,
+                steps: 1,
+                clients: 1000,
+            },
+            crash_seconds: 1,
+            sizes: Sizes {
+                big: 1024 * 1024,
+                each: 64 * 1024,
+                concurrent: 4,
+                kernel: 256 * 1024,
+            },
+            http: http::Load {
+                seconds: 1,
+                connections: 4,
+                image_connections: 2,
+            },
+            storm: storm::Plan {
+                clients: 20,
+                wave: 10,
+                interval_ms: 200,
+            },
+        }
+    }
+}
+
+/// Errors of a benchmark run.
+#[derive(Debug, thiserror::Error)]
+pub enum SuiteError {
+    /// The bench failed.
+    #[error(transparent)]
+    Bed(#[from] BedError),
+    /// Building ours failed.
+    #[error("building the bootserver: {0}")]
+    Build(String),
+    /// The controller benchmark failed.
+    #[error("controller benchmark: {0}")]
+    Controller(String),
+}
+
+/// The load averages (1, 5, 15 minutes) as `uptime` prints them.
+pub fn load_averages() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(", "))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Runs `mode`, noting the machine's load before and after.
+pub fn with_load<T>(
+    mode: Mode,
+    report: &mut Report,
+    run: impl FnOnce(&mut Report) -> Result<T, SuiteError>,
+) -> Result<T, SuiteError> {
+    let before = probe::load_average().unwrap_or(f64::NAN);
+    let start_text = load_averages();
+    let result = run(report);
+    let after = probe::load_average().unwrap_or(f64::NAN);
+    report.figure(format!("{}.load1.before", mode.name()), before);
+    report.figure(format!("{}.load1.after", mode.name()), after);
+    report.note(format!(
+        "`{}`: load average {start_text} before, {} after",
+        mode.name(),
+        load_averages()
+    ));
+    result
+}
+
+/// Runs the network benchmarks among `modes` on one bench.
+pub fn run_network(
+    modes: &[Mode],
+    options: &NetworkOptions,
+    work: &Path,
+    report: &mut Report,
+    charts: &mut Vec<(String, String)>,
+    say: &dyn Fn(String),
+) -> Result<(), SuiteError> {
+    let network: Vec<Mode> = modes
+        .iter()
+        .copied()
+        .filter(|m| *m != Mode::Controller)
+        .collect();
+    if network.is_empty() {
+        return Ok(());
+    }
+    say("installing the peers and clients that are missing (Debian packages)".into());
+    peers::install().map_err(BedError::from)?;
+    say(format!(
+        "building our bootserver ({})",
+        if options.release { "release" } else { "debug" }
+    ));
+    let built = crate::images::cargo_build(
+        &["unbounded-bootserver"],
+        &["unbounded-bootserver"],
+        options.release,
+        false,
+    )
+    .map_err(|e| SuiteError::Build(e.to_string()))?;
+    let ours = built
+        .first()
+        .ok_or_else(|| SuiteError::Build("no binary".into()))?;
+    say("creating the namespaces and the files served".into());
+    let bed = Bed::new(work, ours, options.sizes)?;
+    for mode in network {
+        say(format!("== {}", mode.name()));
+        with_load(mode, report, |report| {
+            match mode {
+                Mode::Dhcp => dhcp::run(
+                    &bed,
+                    &options.dhcp,
+                    options.crash_seconds,
+                    report,
+                    charts,
+                    say,
+                )?,
+                Mode::Tftp => tftp::run(&bed, report, charts, say)?,
+                Mode::Http => http::run(&bed, &options.http, report, say)?,
+                Mode::Storm => storm::run(&bed, &options.storm, report, say)?,
+                Mode::Controller => {}
+            }
+            Ok(())
+        })?;
+    }
+    // The served files are large and random; the configurations and logs stay.
+    for dir in [&bed.tftp_root, &bed.images_dir, &bed.dir.join("got")] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    Ok(())
+}
+
+/// The report's heading: what ran, on what, and how to read it.
+pub fn header(command: &str, started: &str) -> String {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|rest| rest.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_default();
+    let mut out = String::new();
+    let _ = writeln!(out, "# Unbounded benchmark ({started})\n");
+    let _ = writeln!(
+        out,
+        "`{command}` on {cores} cores ({model}). Client and server share these {cores} cores, \
+         and other work on the machine moves every figure: each row's figures come from one \
+         run, ours and the peers back to back, and the ratio is the result. Every server \
+         runs in a network namespace of its own, the clients in another, joined by a veth pair."
+    );
+    out
+}
+
+/// A name for a report folder: the time now as `YYYYmmdd-HHMMSS` (UTC).
+pub fn timestamp() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+        .as_secs();
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(i64::try_from(days).unwrap_or(0));
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
+/// The calendar date of a day count since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+/// The default report folder.
+pub fn default_out() -> PathBuf {
+    crate::cluster::cache_dir().join("bench").join(timestamp())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calendar_dates_from_day_counts() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(19_723), (2024, 1, 1));
+        assert_eq!(civil_from_days(19_782), (2024, 2, 29));
+        assert_eq!(civil_from_days(20_819), (2027, 1, 1));
+    }
+
+    #[test]
+    fn the_header_says_that_the_ratio_is_the_result() {
+        let text = header("unbounded-testbed bench all", "20260101-000000");
+        assert!(text.contains("share these"));
+        assert!(text.contains("the ratio is the result"));
+    }
+}
