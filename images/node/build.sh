@@ -34,7 +34,7 @@ for b in containerd containerd-shim-runc-v2 ctr; do install -m 0755 "$tools/$b" 
 mkdir -p "$root/opt/cni/bin"
 for b in bridge host-local loopback portmap; do install -m 0755 "$tools/$b" "$root/opt/cni/bin/$b"; done
 cp -a "$here/overlay/." "$root/"
-install -m 0644 "$pause" "$root/usr/share/unbounded/pause.tar"
+install -D -m 0644 "$pause" "$root/usr/share/unbounded/pause.tar"
 mkdir -p "$root/var/lib/kubelet" "$root/etc/unbounded"
 chroot "$root" systemctl enable containerd.service unbounded-pause-image.service kubelet.service >/dev/null 2>&1
 # Inside the container: nothing to do for the network (host network), no consoles to get.
