@@ -135,6 +135,7 @@ async fn apply(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
             conditions::INFRASTRUCTURE_READY,
         ),
         node_name: &node_name,
+        repave_requested: request.is_some(),
     });
 
     // Lock first, then record: a Machine must never run a version that can still change.

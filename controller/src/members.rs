@@ -92,9 +92,11 @@ pub fn facts_of(ctx: &Context, machine: &Machine, target: Option<ResolvedConfigu
         .and_then(|s| s.unschedulable)
         .unwrap_or(false);
     let recorded_uid = status.node_ref.as_ref().and_then(|n| n.uid.clone());
+    // A repave request acts on the recorded Node, or re-resolves a Machine that has none; a
+    // Node the Machine has not recorded yet is left alone.
     let repavable = node
         .as_ref()
-        .is_some_and(|n| n.metadata.uid.is_some() && n.metadata.uid == recorded_uid);
+        .is_none_or(|n| n.metadata.uid.is_some() && n.metadata.uid == recorded_uid);
     let annotations = machine.annotations();
     let repave_requested = !matches!(
         repave::read_request(annotations),

@@ -28,7 +28,8 @@ pub struct Member {
     pub up_to_date: bool,
     /// The version number it records (older ones are removed first).
     pub version: Option<i64>,
-    /// It has a recorded Node that exists: a repave request has a Node to act on.
+    /// A repave request can act on it now: its Node is the one it recorded, or it has none
+    /// (the request makes it record what it resolves to now).
     pub repavable: bool,
     /// Its Node is Ready and it is Running.
     pub ready: bool,
@@ -92,14 +93,16 @@ pub fn unavailable_and_surge(
 /// Which Machines to repave now: every out-of-date Machine that is unavailable anyway
 /// (repaving it costs no availability), and of the available ones as many as keep at most
 /// `max_unavailable` of the group unavailable. Machines being deleted are not in the group;
-/// a Machine without a Node to repave waits until it has one.
+/// a Machine whose new Node is not recorded yet waits until it is.
 pub fn next_batch(members: &[Member], max_unavailable: usize) -> Vec<String> {
     let active: Vec<&Member> = members.iter().filter(|m| !m.deleting).collect();
     let unavailable = active.iter().filter(|m| !m.available).count();
     let mut budget = max_unavailable.saturating_sub(unavailable);
+    // A Machine whose last repave did not bring it back may be repaved again (to another
+    // target: a rollback); one with a request pending may not.
     let mut candidates: Vec<&&Member> = active
         .iter()
-        .filter(|m| !m.up_to_date && !m.in_repave() && m.repavable)
+        .filter(|m| !m.up_to_date && !m.repave_requested && m.repavable)
         .collect();
     // Unavailable first (free), then by name, so that batches are predictable.
     candidates.sort_by(|a, b| a.available.cmp(&b.available).then(a.name.cmp(&b.name)));
@@ -378,7 +381,16 @@ pub(crate) mod tests {
                 names(&["m9", "m1"]),
             ),
             (
-                "without a Node to repave, a Machine waits",
+                "a repave that did not come back may be repaved again (rollback)",
+                vec![Member {
+                    repaving_since: Some(at(0)),
+                    ..unavailable(outdated("m1"))
+                }],
+                1,
+                names(&["m1"]),
+            ),
+            (
+                "a Node not recorded yet: the Machine waits",
                 vec![Member {
                     repavable: false,
                     ..unavailable(outdated("m1"))

@@ -143,9 +143,11 @@ pub fn plan_pool(facts: &PoolFacts<'_>) -> PoolPlan {
         .copied()
         .filter(|m| !remove.contains(&m.name))
         .collect();
+    // A repave under way restarts the health clock: a Machine is unhealthy again only when
+    // its repave did not bring it back in time.
     let unhealthy: Vec<String> = staying
         .iter()
-        .filter(|m| m.unhealthy.is_some() && !m.in_repave())
+        .filter(|m| m.unhealthy.is_some() && !m.repave_requested)
         .map(|m| m.name.clone())
         .collect();
     let (remediate, health) = match facts.max_unhealthy {
@@ -155,7 +157,11 @@ pub fn plan_pool(facts: &PoolFacts<'_>) -> PoolPlan {
             let in_flight = facts
                 .members
                 .iter()
-                .filter(|m| m.deleting || m.in_repave())
+                .filter(|m| {
+                    m.deleting
+                        || m.repave_requested
+                        || (m.repaving_since.is_some() && m.unhealthy.is_none())
+                })
                 .count();
             let budget = crate::pool::health::remediation_budget(unhealthy.len(), in_flight, max);
             let chosen = unhealthy.iter().take(budget).cloned().collect();

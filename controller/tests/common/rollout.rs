@@ -171,12 +171,19 @@ impl Drop for UnreadyWatch {
 
 /// Plays the agent and kubelet of a group: whenever a Machine records `configuration`
 /// version `version` and has no Node, its Node registers Ready after `boot` (unless the
-/// Machine is in `withheld`). Stops when dropped.
+/// Machine is in `withheld`); every few seconds each Node of the group reports Ready again
+/// (kube-controller-manager marks a Node whose kubelet stops reporting Unknown), except
+/// those set down. Stops when dropped.
 pub struct StandInKubelet {
     task: tokio::task::JoinHandle<()>,
+    client: Client,
     /// Machines whose Node never comes back.
     pub withheld: Arc<Mutex<BTreeSet<String>>>,
+    down: Arc<Mutex<BTreeSet<String>>>,
 }
+
+/// How often the stand-in kubelets report.
+const HEARTBEAT: Duration = Duration::from_secs(10);
 
 impl StandInKubelet {
     pub fn start(
@@ -186,14 +193,26 @@ impl StandInKubelet {
         version: Arc<Mutex<i64>>,
         boot: Duration,
     ) -> Self {
+        let handle = client.clone();
         let client = client.clone();
         let configuration = configuration.to_owned();
         let withheld = Arc::new(Mutex::new(BTreeSet::new()));
-        let w2 = withheld.clone();
+        let down = Arc::new(Mutex::new(BTreeSet::new()));
+        let (w2, d2) = (withheld.clone(), down.clone());
         let task = tokio::spawn(async move {
             let machines: Api<Machine> = Api::all(client.clone());
             let nodes: Api<Node> = Api::all(client.clone());
+            let mut last_beat = std::time::Instant::now();
             loop {
+                if last_beat.elapsed() >= HEARTBEAT {
+                    last_beat = std::time::Instant::now();
+                    for name in &group {
+                        let is_down = d2.lock().unwrap().contains(name);
+                        if !is_down && matches!(nodes.get_opt(name).await, Ok(Some(_))) {
+                            let _ = set_node_ready(&client, name, true).await;
+                        }
+                    }
+                }
                 for name in &group {
                     if w2.lock().unwrap().contains(name) {
                         continue;
@@ -207,13 +226,30 @@ impl StandInKubelet {
                         recorded.is_some_and(|c| c.name == configuration && c.version == wanted);
                     if repaved && matches!(nodes.get_opt(name).await, Ok(None)) {
                         tokio::time::sleep(boot).await;
+                        // A Node registered anew has a healthy kubelet.
+                        d2.lock().unwrap().remove(name);
                         let _ = create_node_quietly(&client, name).await;
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         });
-        Self { task, withheld }
+        Self {
+            task,
+            client: handle,
+            withheld,
+            down,
+        }
+    }
+
+    /// Sets a Node's Ready condition, and keeps it so.
+    pub async fn set_ready(&self, name: &str, ready: bool) {
+        if ready {
+            self.down.lock().unwrap().remove(name);
+        } else {
+            self.down.lock().unwrap().insert(name.to_owned());
+        }
+        set_node_ready(&self.client, name, ready).await.unwrap();
     }
 }
 
