@@ -88,7 +88,16 @@ pub struct Facts<'a> {
     pub interrupted: bool,
     /// The container unit's state.
     pub container: ContainerState,
+    /// The Node's Ready condition message while it is not Ready.
+    pub node_not_ready: Option<&'a str>,
+    /// kubelet was restarted for a stuck start within the last minute.
+    pub kubelet_recently_restarted: bool,
 }
+
+/// What kubelet says when its CSINode initialisation gave up because its Node did not exist
+/// yet (a slow first registration): it retries with a backoff that grows to minutes, and the
+/// Node stays NotReady meanwhile. A restart, now that the Node exists, clears it at once.
+pub const CSINODE_STUCK: &str = "failed to initialize CSINode";
 
 /// Why the agent waits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,6 +179,8 @@ pub enum Action {
     Start,
     /// Remember that the Node with this UID registered from the container.
     RecordJoin(String),
+    /// Restart kubelet inside the container (a start that is stuck, see [`CSINODE_STUCK`]).
+    RestartKubelet,
     /// Everything is as it should be.
     Steady,
 }
@@ -217,6 +228,14 @@ pub fn decide(facts: &Facts<'_>) -> Action {
         ContainerState::Starting => Action::Wait(Wait::ContainerStarting),
         ContainerState::Running => match (facts.node_uid, &paved.joined_node_uid) {
             (Some(uid), None) => Action::RecordJoin(uid.to_owned()),
+            (Some(_), Some(_))
+                if facts
+                    .node_not_ready
+                    .is_some_and(|m| m.contains(CSINODE_STUCK))
+                    && !facts.kubelet_recently_restarted =>
+            {
+                Action::RestartKubelet
+            }
             _ => Action::Steady,
         },
     }
@@ -261,6 +280,8 @@ mod tests {
             paved: None,
             interrupted: false,
             container: ContainerState::Absent,
+            node_not_ready: None,
+            kubelet_recently_restarted: false,
         };
         let pave = |c: &ResolvedConfiguration, reason| Action::Pave {
             configuration: c.clone(),
@@ -391,6 +412,45 @@ mod tests {
                     ..base.clone()
                 },
                 pave(&v1, PaveReason::NodeDeleted),
+            ),
+            (
+                "kubelet stuck on CSINode after a slow registration",
+                Facts {
+                    paved: Some(&joined),
+                    container: ContainerState::Running,
+                    node_uid: Some("uid-a"),
+                    recorded_node_uid: Some("uid-a"),
+                    node_not_ready: Some(
+                        "failed to initialize CSINode: error updating CSINode annotation: timed out waiting for the condition; caused by: nodes \"node-1\" not found",
+                    ),
+                    ..base.clone()
+                },
+                Action::RestartKubelet,
+            ),
+            (
+                "... but not again within a minute",
+                Facts {
+                    paved: Some(&joined),
+                    container: ContainerState::Running,
+                    node_uid: Some("uid-a"),
+                    recorded_node_uid: Some("uid-a"),
+                    node_not_ready: Some("failed to initialize CSINode: x"),
+                    kubelet_recently_restarted: true,
+                    ..base.clone()
+                },
+                Action::Steady,
+            ),
+            (
+                "NotReady for another reason is kubelet's business",
+                Facts {
+                    paved: Some(&joined),
+                    container: ContainerState::Running,
+                    node_uid: Some("uid-a"),
+                    recorded_node_uid: Some("uid-a"),
+                    node_not_ready: Some("container runtime network not ready"),
+                    ..base.clone()
+                },
+                Action::Steady,
             ),
             (
                 "Node name changed",

@@ -260,6 +260,7 @@ pub async fn run(identity: Identity, paths: Paths) -> Result<(), AgentError> {
         retry_after: None,
         http,
         store,
+        kubelet_restarted: None,
     };
     loop {
         let machine = machine_rx.borrow_and_update().clone();
@@ -294,6 +295,19 @@ struct LoopState {
     retry_after: Option<Instant>,
     http: reqwest::Client,
     store: Store,
+    kubelet_restarted: Option<Instant>,
+}
+
+/// The Ready condition's message of a Node that is not Ready.
+fn node_not_ready_message(node: Option<&Node>) -> Option<&str> {
+    let ready = node?
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")?;
+    (ready.status != "True").then(|| ready.message.as_deref().unwrap_or_default())
 }
 
 impl LoopState {
@@ -366,6 +380,10 @@ impl LoopState {
             paved: self.local.paved.as_ref(),
             interrupted: self.local.paving.is_some(),
             container,
+            node_not_ready: node_not_ready_message(node),
+            kubelet_recently_restarted: self
+                .kubelet_restarted
+                .is_some_and(|t| t.elapsed() < Duration::from_secs(60)),
         });
         let paved_label = self.local.paved.as_ref().map(|p| {
             format!(
@@ -424,6 +442,18 @@ impl LoopState {
                         readiness =
                             self.failed(status::reasons::CONTAINER_FAILED, &error.to_string());
                     }
+                }
+            }
+            Action::RestartKubelet => {
+                self.kubelet_restarted = Some(Instant::now());
+                println!(
+                    "unbounded-agent: kubelet on {} gave up initialising CSINode before its Node existed; restarting it",
+                    shared.node
+                );
+                if let Outcome::Failed(message) =
+                    restart_service(shared, "kubelet.service", Scope::Node).await
+                {
+                    tracing::warn!(message, "restarting kubelet failed");
                 }
             }
             Action::RecordJoin(uid) => {

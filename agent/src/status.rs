@@ -44,7 +44,10 @@ pub struct Readiness {
 pub fn readiness(action: &Action, container: ContainerState, paved: Option<&str>) -> Readiness {
     let paved = paved.unwrap_or("the node image");
     match (action, container) {
-        (Action::Steady | Action::RecordJoin(_), ContainerState::Running) => Readiness {
+        (
+            Action::Steady | Action::RecordJoin(_) | Action::RestartKubelet,
+            ContainerState::Running,
+        ) => Readiness {
             ready: true,
             reason: reasons::CONTAINER_RUNNING.into(),
             message: format!("node container paved with {paved} is running"),

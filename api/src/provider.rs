@@ -19,6 +19,10 @@
 //! turns `InfrastructureReady` False, so the loop calls `create` again, which decides
 //! whether to recreate it (the Azure provider does not: it reports).
 //!
+//! Waiting for the Node is not a failure: it is retried every [`Settings::wait`] without
+//! growing the backoff, and the loop watches Nodes, so a deleted Machine is released as soon
+//! as its Node is gone.
+//!
 //! Every call must be idempotent. An error has a reason and a message for a person; it
 //! never carries a credential, since both end up in the Machine's status and Events.
 
@@ -33,6 +37,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
@@ -126,6 +131,9 @@ pub struct Settings {
     pub first_backoff: Duration,
     /// The longest wait after failures.
     pub max_backoff: Duration,
+    /// How often a deleted Machine whose Node still exists is looked at again (besides the
+    /// Node watch): fixed, since waiting is not failing.
+    pub wait: Duration,
 }
 
 impl Default for Settings {
@@ -134,6 +142,7 @@ impl Default for Settings {
             poll: Duration::from_secs(30),
             first_backoff: Duration::from_secs(5),
             max_backoff: Duration::from_secs(300),
+            wait: Duration::from_secs(5),
         }
     }
 }
@@ -193,6 +202,15 @@ pub fn backoff(settings: &Settings, failures: u32) -> Duration {
         .min(settings.max_backoff)
 }
 
+/// When to look at a Machine again after `error`, the `failures`-th in a row: waiting
+/// (for the Node) at the fixed [`Settings::wait`], failures with the backoff.
+pub fn requeue_after(settings: &Settings, error: &LoopError, failures: u32) -> Duration {
+    match error {
+        LoopError::WaitingForNode(_) => settings.wait,
+        LoopError::Provider(_) | LoopError::Kube(_) => backoff(settings, failures),
+    }
+}
+
 /// Errors of the loop itself.
 #[derive(Debug, thiserror::Error)]
 pub enum LoopError {
@@ -231,7 +249,28 @@ pub async fn run<P: Provider>(client: Client, provider: P, settings: Settings) {
         settings,
         failures: Mutex::new(HashMap::new()),
     });
-    Controller::new(Api::<Machine>::all(client), watcher::Config::default())
+    let controller = Controller::new(
+        Api::<Machine>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let machines = controller.store();
+    // A deleted Machine waits for its Node: reconcile it the moment the Node changes or
+    // goes. Only Machines being deleted, so Node status updates never poll a BMC.
+    let waiting_on = move |node: Node| {
+        let name = node.name_any();
+        machines
+            .state()
+            .into_iter()
+            .filter(|m| m.metadata.deletion_timestamp.is_some() && m.node_name() == name)
+            .map(|m| ObjectRef::from_obj(m.as_ref()))
+            .collect::<Vec<_>>()
+    };
+    controller
+        .watches(
+            Api::<Node>::all(client),
+            watcher::Config::default(),
+            waiting_on,
+        )
         .run(reconcile::<P>, error_policy::<P>, context)
         .for_each(|_| async {})
         .await;
@@ -344,11 +383,7 @@ async fn record_provider_id<P: Provider>(
 }
 
 async fn cleanup<P: Provider>(machine: &Machine, ctx: &Context<P>) -> Result<Action, LoopError> {
-    let node = machine
-        .spec
-        .node_name
-        .clone()
-        .unwrap_or_else(|| machine.name_any());
+    let node = machine.node_name();
     let nodes: Api<Node> = Api::all(ctx.client.clone());
     if nodes
         .get_opt(&node)
@@ -382,13 +417,17 @@ fn error_policy<P: Provider>(
     error: &LoopError,
     ctx: Arc<Context<P>>,
 ) -> Action {
+    if let LoopError::WaitingForNode(_) = error {
+        tracing::debug!(machine = %machine.name_any(), %error, "waiting");
+        return Action::requeue(requeue_after(&ctx.settings, error, 0));
+    }
     let failures = ctx.failures.lock().map_or(1, |mut f| {
         let n = f.entry(machine.name_any()).or_insert(0);
         *n = n.saturating_add(1);
         *n
     });
     tracing::info!(machine = %machine.name_any(), %error, failures, "provider reconcile failed");
-    Action::requeue(backoff(&ctx.settings, failures))
+    Action::requeue(requeue_after(&ctx.settings, error, failures))
 }
 
 /// A provider failure as a Warning Event (its reason and message, never a credential).
@@ -508,9 +547,31 @@ mod tests {
             poll: Duration::from_secs(30),
             first_backoff: Duration::from_secs(5),
             max_backoff: Duration::from_secs(60),
+            wait: Duration::from_secs(3),
         };
         let waits: Vec<u64> = (1..=6).map(|n| backoff(&s, n).as_secs()).collect();
         assert_eq!(waits, [5, 10, 20, 40, 60, 60]);
+    }
+
+    #[test]
+    fn waiting_for_the_node_is_not_a_failure() {
+        let s = Settings::default();
+        let waiting = LoopError::WaitingForNode("n".into());
+        let failed = LoopError::Provider(ProviderError::new("BmcUnreachable", ""));
+        let cases = [
+            (&waiting, 1, s.wait),
+            (&waiting, 40, s.wait),
+            (&failed, 1, s.first_backoff),
+            (&failed, 40, s.max_backoff),
+            (&LoopError::Kube("x".into()), 2, s.first_backoff * 2),
+        ];
+        for (error, failures, expected) in cases {
+            assert_eq!(
+                requeue_after(&s, error, failures),
+                expected,
+                "{error} after {failures}"
+            );
+        }
     }
 
     #[test]

@@ -254,6 +254,7 @@ impl Settings {
                 poll: positive("poll-seconds", flags.poll_seconds)?,
                 first_backoff: positive("first-backoff-seconds", flags.first_backoff_seconds)?,
                 max_backoff: positive("max-backoff-seconds", flags.max_backoff_seconds)?,
+                ..unbounded_api::provider::Settings::default()
             },
         })
     }

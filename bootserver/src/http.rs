@@ -20,14 +20,15 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use prometheus_client::registry::Registry;
+use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::services::ServeDir;
 
 use crate::backend::{MacAddr, MachineBackend, MachineRecord};
 use crate::boot;
 use crate::config::{DhcpMode, Settings, UnknownMachines};
 use crate::credentials::{Issuer, Origin};
-use crate::leases::LeaseStore;
-use crate::metrics::Metrics;
+use crate::leases::{Binding, LeaseStore};
+use crate::metrics::{Metrics, Service};
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -54,10 +55,20 @@ impl std::fmt::Debug for AppState {
     }
 }
 
-/// The router.
+/// The router. A panic in a handler is caught (tower-http's `CatchPanicLayer`): that
+/// request gets a 500, the panic is logged and counted, and the server goes on.
 pub fn router(state: AppState) -> Router {
     let images = ServeDir::new(&state.settings.images_dir);
     let ipxe = ServeDir::new(&state.settings.tftp_root);
+    let panics = state.metrics.clone();
+    let on_panic = move |panic: Box<dyn std::any::Any + Send + 'static>| {
+        tracing::error!(
+            panic = crate::dhcp::serve::panic_message(panic.as_ref()),
+            "HTTP: a panic while handling a request; answered 500"
+        );
+        panics.panic(Service::Http);
+        (StatusCode::INTERNAL_SERVER_ERROR, "internal error\n").into_response()
+    };
     Router::new()
         .route("/boot.ipxe", get(boot_script))
         .route("/discover.ipxe", get(discover_script))
@@ -69,6 +80,45 @@ pub fn router(state: AppState) -> Router {
         .nest_service("/images", images)
         .nest_service("/ipxe", ipxe)
         .with_state(state)
+        .layer(axum::middleware::from_fn(refuse_impossible_names))
+        .layer(CatchPanicLayer::custom(on_panic))
+}
+
+/// The longest file name Linux opens (`NAME_MAX`).
+const NAME_MAX: usize = 255;
+
+/// Whether any segment of a request path is, once percent-decoded, longer than a file name
+/// can be.
+fn has_overlong_segment(path: &str) -> bool {
+    path.split('/').any(|segment| {
+        let escapes = segment
+            .as_bytes()
+            .windows(3)
+            .filter(|w| w[0] == b'%' && w[1].is_ascii_hexdigit() && w[2].is_ascii_hexdigit())
+            .count();
+        segment.len() - 2 * escapes > NAME_MAX
+    })
+}
+
+/// Whether a request path names a file no file system can hold: a segment longer than
+/// `NAME_MAX` once decoded, or a NUL byte (`%00`).
+fn impossible_name(path: &str) -> bool {
+    has_overlong_segment(path) || path.contains("%00")
+}
+
+/// 404 for a path no file can have. tower-http 0.7.1's `ServeDir` answers 500 when opening
+/// such a name fails with `ENAMETOOLONG` (it maps only `NotFound` and `InvalidInput` to
+/// 404), and to a `HEAD` of a name with a NUL byte (its `HEAD` path reads the metadata and
+/// maps no error to 404); both found by the HTTP fuzz target
+/// (`fuzz/regressions/http/file-name-too-long-500`, `head-of-a-nul-name-500`).
+async fn refuse_impossible_names(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if impossible_name(request.uri().path()) {
+        return (StatusCode::NOT_FOUND, "not found\n").into_response();
+    }
+    next.run(request).await
 }
 
 fn ipxe(state: &AppState, route: &str, script: String) -> Response {
@@ -166,12 +216,20 @@ async fn machine_config(
 }
 
 /// Whether `peer` is the machine's reserved address or its current lease.
+/// Whether `peer` is the machine's reserved address, or leased to one of its MACs. A lease
+/// store that cannot answer makes this false (refuse, never guess).
 fn holds_address(state: &AppState, machine: &MachineRecord, peer: Ipv4Addr) -> bool {
-    machine.ipv4 == Some(peer)
-        || machine
-            .macs
-            .iter()
-            .any(|mac| state.leases.by_mac(mac.0).is_some_and(|l| l.ip == peer))
+    if machine.ipv4 == Some(peer) {
+        return true;
+    }
+    match state.leases.by_ip(peer) {
+        Ok(Some(Binding::Leased(lease))) => machine.macs.contains(&lease.mac),
+        Ok(_) => false,
+        Err(error) => {
+            tracing::error!(%error, "the lease store cannot answer; refusing");
+            false
+        }
+    }
 }
 
 fn origin(state: &AppState, machine: &MachineRecord, peer: Ipv4Addr) -> Origin {
@@ -267,7 +325,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
     state
         .metrics
         .active_leases
-        .set(i64::try_from(state.leases.active(now)).unwrap_or(i64::MAX));
+        .set(i64::try_from(state.leases.active(now).unwrap_or(0)).unwrap_or(i64::MAX));
     let mut text = String::new();
     if prometheus_client::encoding::text::encode(&mut text, &state.registry).is_err() {
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
@@ -280,4 +338,28 @@ async fn metrics(State(state): State<AppState>) -> Response {
         text,
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlong_segments_are_found_after_decoding() {
+        let long = "a".repeat(256);
+        let escaped = "%61".repeat(100);
+        let cases = [
+            ("/images/vmlinuz", false),
+            (&*format!("/images/{}", "a".repeat(255)), false),
+            (&*format!("/images/{long}"), true),
+            (&*format!("/ipxe/{long}/x"), true),
+            (&*format!("/images/{escaped}"), false),
+            ("/images/%zz%", false),
+        ];
+        for (path, overlong) in cases {
+            assert_eq!(has_overlong_segment(path), overlong, "{path}");
+        }
+        assert!(impossible_name("/images/a%00b"));
+        assert!(!impossible_name("/images/a%200b"));
+    }
 }

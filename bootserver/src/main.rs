@@ -8,6 +8,7 @@ use clap::Parser;
 use unbounded_bootserver::backend::{MachineBackend, StaticBackend};
 use unbounded_bootserver::config::{BackendKind, Settings};
 use unbounded_bootserver::kube_backend::KubeBackend;
+use unbounded_bootserver::server::Background;
 
 /// Network-boots machines: DHCP or ProxyDHCP, TFTP and HTTP (iPXE).
 #[derive(Debug, Parser)]
@@ -54,17 +55,20 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Tasks the server depends on: if one ever ends, the process exits non-zero.
+    let _guard = runtime.enter();
+    let mut background = Background::new();
     let mut issuer = None;
     let backend: Arc<dyn MachineBackend> = match settings.backend {
         BackendKind::File => Arc::new(StaticBackend::new(settings.machines.clone())),
         BackendKind::Kubernetes => match runtime.block_on(kube::Client::try_default()) {
             Ok(client) => {
-                let _guard = runtime.enter();
                 if settings.power_enabled {
-                    runtime.spawn(unbounded_bootserver::pxe_provider::run(
-                        client.clone(),
-                        settings.power,
-                    ));
+                    let (client, power) = (client.clone(), settings.power);
+                    background.spawn(async move {
+                        unbounded_bootserver::pxe_provider::run(client, power).await;
+                        "PXE provider"
+                    });
                 }
                 issuer = settings.credentials.clone().map(|c| {
                     Arc::new(unbounded_bootserver::credentials::Issuer::new(
@@ -72,7 +76,7 @@ fn main() -> ExitCode {
                         client.clone(),
                     ))
                 });
-                KubeBackend::start(client)
+                KubeBackend::start(client, &mut background)
             }
             Err(error) => {
                 eprintln!("unbounded-bootserver: connecting to the cluster: {error}");
@@ -84,7 +88,7 @@ fn main() -> ExitCode {
         let _ = tokio::signal::ctrl_c().await;
     };
     match runtime.block_on(unbounded_bootserver::server::run(
-        settings, backend, issuer, shutdown,
+        settings, backend, issuer, background, shutdown,
     )) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

@@ -7,6 +7,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::dhcp::DropReason;
+
 /// A DHCP message type label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TypeLabel {
@@ -17,8 +19,33 @@ pub struct TypeLabel {
 /// A reason label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
-    /// Why a packet was dropped.
-    pub reason: String,
+    /// Why a packet was dropped ([`DropReason::as_str`]).
+    pub reason: &'static str,
+}
+
+/// A service of the bootserver, as a metric label.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Service {
+    /// DHCP and ProxyDHCP.
+    Dhcp,
+    /// TFTP.
+    Tftp,
+    /// HTTP.
+    Http,
+}
+
+/// A service label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServiceLabel {
+    /// `dhcp`, `tftp` or `http`.
+    pub service: &'static str,
+}
+
+/// A TFTP refusal label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TftpReasonLabel {
+    /// Why a TFTP request was refused.
+    pub reason: &'static str,
 }
 
 /// An HTTP route label.
@@ -39,12 +66,15 @@ pub struct Metrics {
     pub dhcp_sent: Family<TypeLabel, Counter>,
     /// DHCP packets dropped, by reason (malformed ones among them).
     pub dhcp_dropped: Family<ReasonLabel, Counter>,
+    /// Panics caught while handling one request, by service: the request was dropped and
+    /// the service went on.
+    pub panics: Family<ServiceLabel, Counter>,
     /// Leases that have not expired.
     pub active_leases: Gauge,
     /// TFTP transfers started.
     pub tftp_transfers: Counter,
-    /// TFTP transfers refused (missing file, hostile path).
-    pub tftp_refused: Counter,
+    /// TFTP requests refused, by reason (missing file, hostile path, malformed, busy).
+    pub tftp_refused: Family<TftpReasonLabel, Counter>,
     /// Bytes read from files for TFTP transfers.
     pub tftp_bytes: Counter,
     /// HTTP requests, by route and status.
@@ -74,6 +104,11 @@ impl Metrics {
             "dhcp_dropped",
             "DHCP packets dropped by reason",
             m.dhcp_dropped.clone(),
+        );
+        r.register(
+            "panics",
+            "Panics caught while handling one request (the request was dropped)",
+            m.panics.clone(),
         );
         r.register(
             "dhcp_active_leases",
@@ -122,11 +157,28 @@ impl Metrics {
     }
 
     /// Counts a dropped DHCP packet.
-    pub fn dhcp_dropped(&self, reason: &str) {
+    pub fn dhcp_dropped(&self, reason: DropReason) {
         self.dhcp_dropped
             .get_or_create(&ReasonLabel {
-                reason: reason.to_owned(),
+                reason: reason.as_str(),
             })
+            .inc();
+    }
+
+    /// Counts a panic caught in a service.
+    pub fn panic(&self, service: Service) {
+        let service = match service {
+            Service::Dhcp => "dhcp",
+            Service::Tftp => "tftp",
+            Service::Http => "http",
+        };
+        self.panics.get_or_create(&ServiceLabel { service }).inc();
+    }
+
+    /// Counts a refused TFTP request.
+    pub fn tftp_refused(&self, reason: &'static str) {
+        self.tftp_refused
+            .get_or_create(&TftpReasonLabel { reason })
             .inc();
     }
 

@@ -1,9 +1,16 @@
-//! Starts every service of the bootserver and runs them until one fails or shutdown.
+//! Starts every service of the bootserver and runs them until one ends or shutdown.
+//!
+//! A service never ends on its own: a panic while handling one request is caught where the
+//! request is handled (DHCP, TFTP, HTTP) and only that request is dropped. If a service task
+//! ends anyway (an error, a panic that escaped, a watch that stopped), [`run`] returns an
+//! error naming it, and the binary exits non-zero with that message: the process is never
+//! left half alive, and its supervisor (Kubernetes, systemd) restarts it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use prometheus_client::registry::Registry;
+use tokio::task::JoinSet;
 
 use crate::backend::MachineBackend;
 use crate::config::{DhcpMode, Settings};
@@ -28,6 +35,9 @@ pub enum ServerError {
     /// A service task panicked or was cancelled.
     #[error("a bootserver service stopped: {0}")]
     Task(String),
+    /// A service task returned, which it never should.
+    #[error("the {0} service ended")]
+    Ended(&'static str),
     /// HTTP failed.
     #[error("HTTP on {addr}: {source}")]
     Http {
@@ -39,11 +49,17 @@ pub enum ServerError {
     },
 }
 
-/// Runs DHCP (full or proxy), TFTP and HTTP until one of them fails or `shutdown` resolves.
+/// Tasks the bootserver depends on that started before it (the Kubernetes watches, the PXE
+/// provider): each returns its name if it ever ends.
+pub type Background = JoinSet<&'static str>;
+
+/// Runs DHCP (full or proxy), TFTP and HTTP until one of them (or of `background`) ends, or
+/// `shutdown` resolves.
 pub async fn run(
     settings: Settings,
     backend: Arc<dyn MachineBackend>,
     issuer: Option<Arc<crate::credentials::Issuer>>,
+    mut background: Background,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
     let settings = Arc::new(settings);
@@ -71,7 +87,7 @@ pub async fn run(
         }
     }
 
-    let mut tasks = tokio::task::JoinSet::new();
+    let mut tasks: JoinSet<Result<&'static str, ServerError>> = JoinSet::new();
     let mut ports = Vec::new();
     match settings.dhcp_mode {
         // Both modes answer the PXE boot-server requests on 4011: UEFI PXE firmware sends
@@ -86,8 +102,8 @@ pub async fn run(
         tracing::info!(port, interface = ?settings.interface, mode = ?settings.dhcp_mode, "DHCP listening");
         let (responder, leases, metrics) = (responder.clone(), leases.clone(), metrics.clone());
         tasks.spawn(async move {
-            dhcp::serve(socket, port, responder, leases, metrics).await;
-            Ok(())
+            dhcp::serve(socket, port, responder, leases, metrics).await?;
+            Ok("DHCP")
         });
     }
 
@@ -96,9 +112,8 @@ pub async fn run(
     let tftp_metrics = metrics.clone();
     tracing::info!(addr = %tftp_addr, root = %tftp_root.display(), "TFTP listening");
     tasks.spawn(async move {
-        tftp::serve(tftp_addr, &tftp_root, tftp_metrics)
-            .await
-            .map_err(ServerError::from)
+        tftp::serve(tftp_addr, &tftp_root, tftp_metrics).await?;
+        Ok("TFTP")
     });
 
     let http_addr = settings.http_listen();
@@ -126,7 +141,8 @@ pub async fn run(
         .map_err(|source| ServerError::Http {
             addr: http_addr,
             source,
-        })
+        })?;
+        Ok("HTTP")
     });
 
     tokio::select! {
@@ -135,9 +151,48 @@ pub async fn run(
             Ok(())
         }
         Some(result) = tasks.join_next() => match result {
-            Ok(Ok(())) => Ok(()),
+            Ok(Ok(name)) => Err(ServerError::Ended(name)),
             Ok(Err(error)) => Err(error),
             Err(join) => Err(ServerError::Task(join.to_string())),
         },
+        Some(result) = background.join_next() => match result {
+            Ok(name) => Err(ServerError::Ended(name)),
+            Err(join) => Err(ServerError::Task(join.to_string())),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::StaticBackend;
+
+    /// A task the server depends on that ends makes `run` fail with its name (and the binary
+    /// exit non-zero): never half alive.
+    #[tokio::test]
+    async fn a_background_task_that_ends_stops_the_server_with_its_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = Settings::parse(&format!(
+            "serverAddress: 127.0.0.1\nrouterAdvertisements: false\ndhcp: {{mode: off}}\ntftp: {{root: \"{}\", port: 0}}\nhttp: {{port: 0, imagesDir: \"{}\"}}\n",
+            dir.path().display(),
+            dir.path().display()
+        ))
+        .unwrap();
+        let mut background = Background::new();
+        background.spawn(async { "Machine watch" });
+        let result = run(
+            settings,
+            Arc::new(StaticBackend::default()),
+            None,
+            background,
+            std::future::pending(),
+        )
+        .await;
+        match result {
+            Err(error @ ServerError::Ended("Machine watch")) => {
+                assert_eq!(error.to_string(), "the Machine watch service ended");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -127,6 +127,21 @@ fn malformed_packets_are_counted_and_dropped() {
             "random bytes",
             (0..400u32).map(|i| (i * 7919 % 256) as u8).collect(),
         ),
+        // hlen 200: dhcproto's chaddr() panicked on it and the whole server stopped.
+        ("hlen above 16", {
+            let mut p = with(&[99, 130, 83, 99, 53, 1, 1, 255]);
+            p[2] = 200;
+            p
+        }),
+        ("hardware type 32", {
+            let mut p = with(&[99, 130, 83, 99, 53, 1, 1, 255]);
+            p[1] = 32;
+            p
+        }),
+        (
+            "client identifier of one byte",
+            with(&[99, 130, 83, 99, 53, 1, 1, 61, 1, 1, 255]),
+        ),
     ];
     for (case, bytes) in &cases {
         let hex: String = bytes.iter().map(|b| format!("\\x{b:02x}")).collect();
@@ -155,6 +170,19 @@ fn malformed_packets_are_counted_and_dropped() {
         "every malformed packet counted ({} sent):\n{metrics}",
         cases.len()
     );
+    // By reason, as typed labels.
+    for reason in [
+        "malformed_hlen",
+        "malformed_htype",
+        "malformed_option_length",
+    ] {
+        assert!(
+            metric(&metrics, "unbounded_bootserver_dhcp_dropped_total", reason) >= 1.0,
+            "{reason}:\n{metrics}"
+        );
+    }
+    let log = server.log();
+    assert!(!log.contains("panicked"), "{log}");
 }
 
 fn read_leases(path: &std::path::Path) -> BTreeMap<String, String> {

@@ -151,3 +151,179 @@ async fn machines_from_the_cluster_get_addresses_and_scripts_and_survive_an_api_
     let log = server.log();
     assert!(!log.contains("panicked"), "{log}");
 }
+
+async fn events_of(client: &kube::Client, machine: &str, reason: &str) -> Vec<String> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+    events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(machine)
+        })
+        .filter_map(|e| e.note)
+        .collect()
+}
+
+/// Two Machines claim one MAC: the one created first keeps it, whatever their names and
+/// however often the bootserver restarts, and both get a Warning Event.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_duplicated_mac_goes_to_the_oldest_machine_and_both_hear_of_it() {
+    let cp = LocalControlPlane::shared().unwrap();
+    let client = cp.client().await.unwrap();
+    let mac = "52:54:00:00:0d:01";
+    let link = Link::new("10.99.0.1/24", mac).unwrap();
+    link.client
+        .ip(&["addr", "add", "10.99.0.2/24", "dev", "eth0"])
+        .unwrap();
+    let _forward = LoopbackForward::new(&link.server, 6443, &api_server_target(cp)).unwrap();
+    let (_kubeconfig_dir, kubeconfig) = namespace_kubeconfig(cp);
+    let images = fake_images();
+    let config = full_config(images.path(), "").replace(
+        "serverAddress: 10.99.0.1\n",
+        "serverAddress: 10.99.0.1\nbackend: kubernetes\npower: {enabled: false}\n",
+    );
+    let config = config[..config.find("machines:").unwrap()].to_owned();
+    let kubeconfig_env = kubeconfig.display().to_string();
+
+    let machines: Api<Machine> = Api::all(client.clone());
+    let machine = |name: &str| -> Machine {
+        serde_json::from_value(json!({
+            "apiVersion": "unbounded-cloud.io/v1alpha1", "kind": "Machine",
+            "metadata": {"name": name},
+            "spec": {"provider": "pxe", "pxe": {"macAddresses": [mac], "firmware": "bios"}},
+        }))
+        .unwrap()
+    };
+    // The older one sorts last by name: a first-by-name rule would pick the other.
+    machines
+        .create(&PostParams::default(), &machine("kb-dup-z-old"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await; // creationTimestamp has seconds
+    machines
+        .create(&PostParams::default(), &machine("kb-dup-a-new"))
+        .await
+        .unwrap();
+
+    let mut server = Bootserver::start_with_env(
+        &link.server,
+        &config,
+        &[("KUBECONFIG", kubeconfig_env.as_str())],
+    );
+    for round in 0..2 {
+        wait_until("the cache to hold the Machines", || {
+            script(&link, mac).contains("machine kb-dup-")
+        });
+        let text = script(&link, mac);
+        assert!(
+            text.contains("machine kb-dup-z-old "),
+            "round {round}: {text}\n{}",
+            server.log()
+        );
+        server.crash_and_restart(&link.server);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for name in ["kb-dup-z-old", "kb-dup-a-new"] {
+        loop {
+            let notes = events_of(&client, name, "DuplicateMACAddress").await;
+            if let Some(note) = notes.first() {
+                assert!(
+                    note.contains("kb-dup-z-old (created first) keeps it"),
+                    "{note}"
+                );
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no DuplicateMACAddress Event on {name}:\n{}",
+                server.log()
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    for name in ["kb-dup-z-old", "kb-dup-a-new"] {
+        machines
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+}
+
+/// A deleted Machine whose Node still exists waits without backing off, and is released
+/// the moment its Node goes: the provider loop watches Nodes. The loop's own retry is set
+/// far longer than the bound here, so only the Node watch can meet it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deleted_machine_is_released_as_soon_as_its_node_goes() {
+    use k8s_openapi::api::core::v1::Node;
+    let cp = LocalControlPlane::shared().unwrap();
+    let client = cp.client().await.unwrap();
+    let mut settings = unbounded_bootserver::pxe_provider::PowerSettings::default();
+    settings.loop_settings.first_backoff = Duration::from_secs(300);
+    settings.loop_settings.wait = Duration::from_secs(300);
+    let provider = tokio::spawn(unbounded_bootserver::pxe_provider::run(
+        client.clone(),
+        settings,
+    ));
+
+    let name = "kb-wait-1";
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node: Node = serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}),
+    )
+    .unwrap();
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+    let machines: Api<Machine> = Api::all(client.clone());
+    let machine: Machine = serde_json::from_value(json!({
+        "apiVersion": "unbounded-cloud.io/v1alpha1", "kind": "Machine",
+        "metadata": {"name": name},
+        "spec": {"provider": "pxe", "pxe": {"macAddresses": ["52:54:00:00:0e:01"], "firmware": "bios"}},
+    }))
+    .unwrap();
+    machines
+        .create(&PostParams::default(), &machine)
+        .await
+        .unwrap();
+    // The provider takes it (its finalizer), fails to create it (no BMC), and backs off.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let m = machines.get(name).await.unwrap();
+        if !m.metadata.finalizers.unwrap_or_default().is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the provider never took the Machine"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    machines
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap();
+    // The deletion is seen and waits for the Node (a reconcile happens at once on the
+    // update; give it time to run and requeue).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        machines.get_opt(name).await.unwrap().is_some(),
+        "released while its Node still existed"
+    );
+    nodes.delete(name, &DeleteParams::default()).await.unwrap();
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(30);
+    while machines.get_opt(name).await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the Machine was not released within 30 s of its Node going (its retry is 300 s)"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "released {:.1} s after the Node went",
+        started.elapsed().as_secs_f64()
+    );
+    provider.abort();
+}

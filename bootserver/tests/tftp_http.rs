@@ -194,6 +194,13 @@ fn http_serves_scripts_images_with_ranges_and_a_machine_only_its_own_configurati
         format!("#!ipxe\nchain {base}/boot.ipxe?mac=${{net0/mac}}\n")
     );
 
+    // A name no file can have (longer than NAME_MAX): 404, not a 500.
+    let (headers, _) = curl(&link, &[&format!("{base}/images/{}", "a".repeat(300))]);
+    assert!(headers.starts_with("HTTP/1.1 404"), "{headers}");
+    // A NUL in a name, asked with HEAD: 404, not a 500.
+    let (headers, _) = curl(&link, &["-I", &format!("{base}/images/a%00b")]);
+    assert!(headers.starts_with("HTTP/1.1 404"), "{headers}");
+
     // Images: ranges, HEAD, lengths.
     let kernel = std::fs::read(images.path().join("vmlinuz")).unwrap();
     let (headers, body) = curl(

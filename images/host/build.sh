@@ -72,8 +72,13 @@ install -m 0755 "$agent" "$root/usr/local/bin/unbounded-agent"
 cp -a "$here/overlay/." "$root/"
 chroot "$root" systemctl enable systemd-networkd.service unbounded-agent.service unbounded-root-size.service >/dev/null 2>&1
 # The wait for "network online" is what the agent does itself, with backoff.
+# Nothing the appliance needs; each costs seconds of a boot under emulation. The serial
+# getty stays: a person at the BMC's console can still log in (root is locked until an
+# operator adds a key or a password to the image).
 chroot "$root" systemctl mask systemd-networkd-wait-online.service apt-daily.timer \
-  apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer >/dev/null 2>&1 || true
+  apt-daily-upgrade.timer e2scrub_all.timer e2scrub_reap.service fstrim.timer \
+  dpkg-db-backup.timer getty@tty1.service systemd-update-utmp.service \
+  systemd-update-utmp-runlevel.service >/dev/null 2>&1 || true
 ln -sf /lib/systemd/systemd "$root/init"
 # A fresh, unique machine ID at every boot (the root lives in RAM).
 : >"$root/etc/machine-id"

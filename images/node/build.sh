@@ -40,7 +40,9 @@ chroot "$root" systemctl enable containerd.service unbounded-pause-image.service
 # Inside the container: nothing to do for the network (host network), no consoles to get.
 chroot "$root" systemctl mask systemd-networkd-wait-online.service apt-daily.timer \
   apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer console-getty.service \
-  getty@tty1.service systemd-resolved.service >/dev/null 2>&1 || true
+  getty@tty1.service systemd-resolved.service e2scrub_all.timer e2scrub_reap.service \
+  dpkg-db-backup.timer systemd-update-utmp.service systemd-update-utmp-runlevel.service \
+  systemd-logind.service >/dev/null 2>&1 || true
 : >"$root/etc/machine-id"
 passwd -R "$root" -l root >/dev/null
 

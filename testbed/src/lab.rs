@@ -462,6 +462,7 @@ spec:
             .map(|m| (m.name.clone(), Timeline::default()))
             .collect();
         let mut last_progress: Vec<Instant> = vec![Instant::now(); self.machines.len()];
+        let mut reasons: BTreeMap<String, String> = BTreeMap::new();
         loop {
             if let Some(message) = self.component_exited() {
                 return Err(step(format!("{message}\n{}", self.logs())));
@@ -486,8 +487,15 @@ spec:
                 let mut stages = vec![Stage::PoweredOn];
                 stages.extend(progress::console_stages(&m.domain.console()));
                 match nodes.get(&m.name) {
-                    Some(true) => stages.extend([Stage::NodeRegistered, Stage::Ready]),
-                    Some(false) => stages.push(Stage::NodeRegistered),
+                    Some((true, _)) => stages.extend([Stage::NodeRegistered, Stage::Ready]),
+                    Some((false, message)) => {
+                        stages.push(Stage::NodeRegistered);
+                        // Why it is not Ready yet, each time kubelet says something new.
+                        if reasons.get(&m.name) != Some(message) && !message.is_empty() {
+                            say(&format!("{:<12} not Ready yet: {message}", m.name));
+                            reasons.insert(m.name.clone(), message.clone());
+                        }
+                    }
                     None => {}
                 }
                 for stage in stages {
@@ -537,8 +545,8 @@ spec:
         }
     }
 
-    /// Node name → Ready, for every Node.
-    pub fn nodes(&self) -> BTreeMap<String, bool> {
+    /// Node name → (Ready, the Ready condition's message), for every Node.
+    pub fn nodes(&self) -> BTreeMap<String, (bool, String)> {
         use crate::scenario::LabAccess as _;
         let out = self
             .kubectl(
@@ -546,15 +554,18 @@ spec:
                     "get",
                     "nodes",
                     "-o",
-                    "jsonpath={range .items[*]}{.metadata.name} {.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}",
+                    "jsonpath={range .items[*]}{.metadata.name}\t{.status.conditions[?(@.type==\"Ready\")].status}\t{.status.conditions[?(@.type==\"Ready\")].message}{\"\\n\"}{end}",
                 ],
                 None,
             )
             .unwrap_or_default();
         out.lines()
             .filter_map(|l| {
-                let (name, ready) = l.split_once(' ')?;
-                Some((name.to_owned(), ready == "True"))
+                let mut parts = l.splitn(3, '\t');
+                let name = parts.next()?;
+                let ready = parts.next()? == "True";
+                let message = parts.next().unwrap_or_default();
+                Some((name.to_owned(), (ready, message.to_owned())))
             })
             .collect()
     }
@@ -597,8 +608,11 @@ impl RunningLab {
     pub fn load() -> Option<Self> {
         let text = fs::read_to_string(Self::state_path()).ok()?;
         let lab: Self = serde_json::from_str(&text).ok()?;
-        let running = fs::read_link(format!("/proc/{}/exe", lab.pid)).ok();
-        (running.as_deref() == Some(lab.exe.as_path())).then_some(lab)
+        let running = fs::read_link(format!("/proc/{}/exe", lab.pid)).ok()?;
+        // A rebuilt binary shows as "<path> (deleted)" for the process still running it.
+        let running = running.to_string_lossy();
+        let running = running.strip_suffix(" (deleted)").unwrap_or(&running);
+        (Path::new(running) == lab.exe.as_path()).then_some(lab)
     }
 
     /// Records it.
@@ -640,7 +654,9 @@ spec:
     boot:
       kernelURL: vmlinuz
       initrdURL: initrd.img
-      kernelArgs: [console=ttyS0]
+      # quiet: the kernel's own log over an emulated UART costs seconds; systemd still
+      # shows its progress.
+      kernelArgs: [console=ttyS0, quiet, systemd.show_status=true]
     image: {{url: node.tar.zst, sha256: {image_sha256}}}
     kubernetes:
       version: {KUBERNETES_VERSION}

@@ -58,14 +58,38 @@ impl Stage {
     }
 }
 
+/// A console line without ANSI escape sequences (systemd colours its status lines).
+pub fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                // Parameters and intermediates, then one final byte in @..~.
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// The console stages a line shows, if any.
 pub fn console_stage(line: &str) -> Option<Stage> {
+    let line = strip_ansi(line);
+    let line = line.as_str();
     if line.contains("Station IP address is") || (line.contains("net0: ") && line.contains("/255."))
     {
         Some(Stage::Dhcp)
     } else if line.contains("Unbounded: booting") {
         Some(Stage::Ipxe)
-    } else if line.contains("Linux version") {
+    } else if line.contains("Linux version") || line.contains("Welcome to Debian") {
         Some(Stage::Kernel)
     } else if line.contains("unbounded-agent: credentials obtained") {
         Some(Stage::Agent)
@@ -175,6 +199,16 @@ mod tests {
                 Stage::Container
             ]
         );
+    }
+
+    #[test]
+    fn systemd_colours_do_not_hide_the_welcome() {
+        let line = "\u{1b}[0;1;39mWelcome to \u{1b}[1mDebian GNU/Linux 12 (bookworm)\u{1b}[0m!";
+        assert_eq!(
+            strip_ansi(line),
+            "Welcome to Debian GNU/Linux 12 (bookworm)!"
+        );
+        assert_eq!(console_stage(line), Some(Stage::Kernel));
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub struct Bootserver {
     log: PathBuf,
     ns_name: String,
     env: Vec<(String, String)>,
+    capture: Option<Child>,
 }
 
 impl Bootserver {
@@ -48,6 +49,7 @@ impl Bootserver {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            capture: capture(ns),
         };
         server.spawn(ns);
         server
@@ -133,7 +135,36 @@ impl Bootserver {
 impl Drop for Bootserver {
     fn drop(&mut self) {
         self.kill();
+        if let Some(mut tcpdump) = self.capture.take() {
+            let _ = tcpdump.kill();
+            let _ = tcpdump.wait();
+        }
     }
+}
+
+/// With `UNBOUNDED_CAPTURE_DIR` set, records the DHCP, TFTP and HTTP packets of the test's
+/// namespace there (one pcap per server): the fuzz targets' seed corpora are cut from such
+/// captures (`bootserver/fuzz/seeds-from-pcap.py`).
+fn capture(ns: &Netns) -> Option<Child> {
+    let dir = std::env::var_os("UNBOUNDED_CAPTURE_DIR")?;
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = Path::new(&dir).join(format!("{}.pcap", ns.name()));
+    let child = ns
+        .command("tcpdump")
+        .args(["-i", "any", "-U", "-s", "0", "-w"])
+        .arg(&file)
+        .args(["udp port 67 or udp port 68 or udp port 4011 or udp port 69 or udp portrange 1024-65535 or tcp port 8080"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // tcpdump writes the file's header once it captures.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::metadata(&file).map_or(0, |m| m.len()) < 24 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Some(child)
 }
 
 /// The sum of a metric's samples whose line contains `filter`.

@@ -1,0 +1,407 @@
+//! The decision: from one validated [`Request`] plus the machine backend, the lease store
+//! and the offers held, what to do: reply (and which lease to make durable first), release,
+//! decline, or drop with a [`DropReason`]. Pure apart from reading those stores; the fuzz
+//! target calls this same function.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::{Arc, Mutex};
+
+use dhcproto::v4::{DhcpOption, MessageType};
+
+use super::DropReason;
+use super::allocate::{Client, OFFER_HOLD, Offers, Pool};
+use super::reply::{self, Reply};
+use super::wire::Request;
+use crate::backend::{MachineBackend, MachineRecord};
+use crate::boot::{self, ClientKind};
+use crate::config::{DhcpMode, Settings, Subnet, UnknownMachines};
+use crate::leases::{ClientKey, Lease, LeaseError, LeaseStore};
+
+/// What to do with one request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Send nothing.
+    Drop(DropReason),
+    /// Send this reply to this address, after making `commit` durable when set.
+    Reply {
+        /// The reply.
+        reply: Reply,
+        /// Where to.
+        to: SocketAddrV4,
+        /// A lease to make durable before sending (ACK).
+        commit: Option<Lease>,
+    },
+    /// Release the client's lease (RELEASE).
+    Release(ClientKey),
+    /// Keep an address out of the pool (DECLINE).
+    Decline(Ipv4Addr),
+}
+
+/// The state of a REQUEST (RFC 2131 §4.3.2), from its fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RequestState {
+    /// Answering an offer: server identifier present.
+    Selecting,
+    /// Rebooted with a remembered address: requested address, no `ciaddr`.
+    InitReboot(Ipv4Addr),
+    /// Extending a lease: `ciaddr` set.
+    Renewing(Ipv4Addr),
+}
+
+fn request_state(request: &Request) -> Option<RequestState> {
+    if request.server_id.is_some() {
+        return Some(RequestState::Selecting);
+    }
+    match (request.requested_ip, request.ciaddr.is_unspecified()) {
+        (Some(ip), true) => Some(RequestState::InitReboot(ip)),
+        (_, false) => Some(RequestState::Renewing(request.ciaddr)),
+        (None, true) => None,
+    }
+}
+
+/// One request with what is known about its client.
+struct Context<'a> {
+    request: &'a Request,
+    key: ClientKey,
+    kind: ClientKind,
+    machine: Option<Arc<MachineRecord>>,
+    now: u64,
+}
+
+impl Context<'_> {
+    fn client(&self) -> Client<'_> {
+        Client {
+            key: &self.key,
+            mac: self.request.mac,
+            machine: self.machine.as_deref(),
+        }
+    }
+}
+
+/// Decides replies. Shared by the socket tasks.
+pub struct Responder {
+    settings: Arc<Settings>,
+    backend: Arc<dyn MachineBackend>,
+    leases: Arc<dyn LeaseStore>,
+    offers: Mutex<Offers>,
+}
+
+impl std::fmt::Debug for Responder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Responder").finish_non_exhaustive()
+    }
+}
+
+fn store_failed(error: LeaseError) -> DropReason {
+    tracing::error!(%error, "the lease store cannot answer; request dropped");
+    DropReason::LeaseStore
+}
+
+impl Responder {
+    /// A responder over these settings, machines and leases.
+    pub fn new(
+        settings: Arc<Settings>,
+        backend: Arc<dyn MachineBackend>,
+        leases: Arc<dyn LeaseStore>,
+    ) -> Self {
+        Self {
+            settings,
+            backend,
+            leases,
+            offers: Mutex::default(),
+        }
+    }
+
+    /// Decides what to do with one request that arrived on `port` from `from` at `now`
+    /// (seconds since the Unix epoch).
+    pub fn decide(&self, request: &Request, from: SocketAddrV4, port: u16, now: u64) -> Decision {
+        match self.try_decide(request, from, port, now) {
+            Ok(decision) => decision,
+            Err(reason) => Decision::Drop(reason),
+        }
+    }
+
+    fn try_decide(
+        &self,
+        request: &Request,
+        from: SocketAddrV4,
+        port: u16,
+        now: u64,
+    ) -> Result<Decision, DropReason> {
+        let context = Context {
+            request,
+            key: request.client_key(),
+            kind: boot::classify(&request.hints),
+            machine: self.backend.machine_by_mac(&request.mac),
+            now,
+        };
+        if port == self.settings.proxy_port {
+            return self.boot_server(&context, from);
+        }
+        match self.settings.dhcp_mode {
+            DhcpMode::Off => Err(DropReason::DhcpOff),
+            DhcpMode::Proxy => self.proxy(&context),
+            DhcpMode::Full => self.full(&context),
+        }
+    }
+
+    /// Whether to give a network-booting client a boot file at all.
+    fn boots(&self, client: ClientKind, machine: Option<&MachineRecord>) -> bool {
+        client.is_network_boot()
+            && match machine {
+                Some(m) => boot::architecture_matches(m.architecture, client),
+                None => self.settings.unknown_machines == UnknownMachines::Discover,
+            }
+    }
+
+    fn reply(&self, request: &Request, kind: MessageType) -> Reply {
+        Reply::to(request, kind, self.settings.server_address)
+    }
+
+    /// The client's subnet: the relay's link selection (RFC 3527), option 118 (RFC 3011),
+    /// `giaddr`, else the subnet of our own address.
+    fn subnet_for(&self, request: &Request) -> Result<&Subnet, DropReason> {
+        let link_selection = request
+            .relay_agent_info
+            .as_ref()
+            .and_then(|r| r.link_selection)
+            .filter(|_| request.relayed());
+        let selector = link_selection
+            .or(request.subnet_selection)
+            .or_else(|| request.relayed().then_some(request.giaddr));
+        let subnets = &self.settings.subnets;
+        match selector {
+            Some(ip) => subnets
+                .iter()
+                .find(|s| s.contains(ip))
+                .ok_or(DropReason::UnknownSubnet),
+            None => subnets
+                .iter()
+                .find(|s| s.contains(self.settings.server_address))
+                .or_else(|| subnets.first())
+                .ok_or(DropReason::UnknownSubnet),
+        }
+    }
+
+    /// A reply that gives `ip`: OFFER or ACK with the subnet's options and the boot file.
+    fn grant(
+        &self,
+        context: &Context<'_>,
+        kind: MessageType,
+        subnet: &Subnet,
+        ip: Ipv4Addr,
+    ) -> Reply {
+        let machine = context.machine.as_deref();
+        let mut reply = self.reply(context.request, kind);
+        reply.message.set_yiaddr(ip);
+        if kind == MessageType::Ack {
+            reply.message.set_ciaddr(context.request.ciaddr);
+        }
+        reply::add_config(&mut reply, subnet, machine);
+        reply::add_lease_times(&mut reply, subnet.lease_seconds);
+        if self.boots(context.kind, machine) {
+            reply::add_boot(
+                &mut reply,
+                &self.settings,
+                context.kind,
+                &context.request.mac,
+            );
+        }
+        reply
+    }
+
+    fn nak(&self, request: &Request, why: String) -> Decision {
+        let mut nak = self.reply(request, MessageType::Nak);
+        nak.message.opts_mut().insert(DhcpOption::Message(why));
+        let to = reply::nak_destination(request, &mut nak, self.settings.dhcp_port);
+        Decision::Reply {
+            reply: nak,
+            to,
+            commit: None,
+        }
+    }
+
+    fn full(&self, context: &Context<'_>) -> Result<Decision, DropReason> {
+        let request = context.request;
+        let machine = context.machine.as_deref();
+        // An unknown machine that wants to network-boot is not ours to boot: stay silent so
+        // that it moves on to its next boot device (unless discovery is on).
+        if context.kind.is_network_boot() && machine.is_none() && !self.boots(context.kind, None) {
+            return Err(DropReason::UnknownBootClient);
+        }
+        let subnet = self.subnet_for(request)?;
+        // Offers are holds, not the truth (the lease store is): after a panic caught while
+        // the lock was held, the maps are still whole, so go on with them.
+        let mut offers = self
+            .offers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut pool = Pool {
+            subnet,
+            leases: self.leases.as_ref(),
+            backend: self.backend.as_ref(),
+            offers: &mut offers,
+            now: context.now,
+        };
+        let client = context.client();
+        let hold_until = context.now + OFFER_HOLD.as_secs();
+        match request.message_type {
+            MessageType::Discover => {
+                let ip = pool
+                    .choose(&client, request.requested_ip)
+                    .map_err(store_failed)?
+                    .ok_or(DropReason::PoolExhausted)?;
+                pool.offers.hold(&context.key, ip, hold_until, context.now);
+                Ok(Decision::Reply {
+                    reply: self.grant(context, MessageType::Offer, subnet, ip),
+                    to: reply::destination(request, self.settings.dhcp_port),
+                    commit: None,
+                })
+            }
+            MessageType::Request => {
+                let Some(state) = request_state(request) else {
+                    return Err(DropReason::NoAddress);
+                };
+                let asked = match state {
+                    RequestState::Selecting => {
+                        if request.server_id != Some(self.settings.server_address) {
+                            // The client chose another server's offer.
+                            pool.offers.forget(&context.key);
+                            return Err(DropReason::OtherServer);
+                        }
+                        request
+                            .requested_ip
+                            .or_else(|| {
+                                (!request.ciaddr.is_unspecified()).then_some(request.ciaddr)
+                            })
+                            .ok_or(DropReason::NoAddress)?
+                    }
+                    RequestState::InitReboot(ip) | RequestState::Renewing(ip) => {
+                        if matches!(state, RequestState::InitReboot(_)) && !subnet.contains(ip) {
+                            // RFC 2131 §4.3.2: on the wrong network (moved to another
+                            // rack): NAK at once, so it starts over.
+                            return Ok(self.nak(
+                                request,
+                                format!(
+                                    "{ip} is not on this network ({}/{})",
+                                    subnet.network, subnet.prefix
+                                ),
+                            ));
+                        }
+                        // Without a record of this client, another server may own it.
+                        if pool.record(&client).map_err(store_failed)?.is_none() {
+                            return Err(DropReason::UnknownClient);
+                        }
+                        ip
+                    }
+                };
+                let expected = pool.choose(&client, Some(asked)).map_err(store_failed)?;
+                if expected != Some(asked) || !subnet.contains(asked) {
+                    return Ok(self.nak(
+                        request,
+                        format!("{asked} is not available to {}", context.key),
+                    ));
+                }
+                // Keep holding the address while the lease is being made durable (the
+                // index learns it only then): no other client may be offered it meanwhile.
+                pool.offers
+                    .hold(&context.key, asked, hold_until, context.now);
+                Ok(Decision::Reply {
+                    reply: self.grant(context, MessageType::Ack, subnet, asked),
+                    to: reply::destination(request, self.settings.dhcp_port),
+                    commit: Some(Lease {
+                        key: context.key.clone(),
+                        mac: request.mac,
+                        ip: asked,
+                        expires_unix: context.now + u64::from(subnet.lease_seconds),
+                    }),
+                })
+            }
+            MessageType::Release => {
+                let lease = self.leases.by_client(&context.key).map_err(store_failed)?;
+                if lease.is_none_or(|l| l.ip != request.ciaddr) {
+                    return Err(DropReason::NotHeld);
+                }
+                pool.offers.forget(&context.key);
+                Ok(Decision::Release(context.key.clone()))
+            }
+            MessageType::Decline => {
+                // Only the address the client was given: nobody else may knock addresses
+                // out of the pool.
+                let ip = request.requested_ip.ok_or(DropReason::NotHeld)?;
+                if pool.record(&client).map_err(store_failed)? != Some(ip) || !subnet.in_pool(ip) {
+                    return Err(DropReason::NotHeld);
+                }
+                pool.offers.forget(&context.key);
+                Ok(Decision::Decline(ip))
+            }
+            MessageType::Inform => {
+                let mut reply = self.reply(request, MessageType::Ack);
+                reply.message.set_ciaddr(request.ciaddr);
+                reply::add_config(&mut reply, subnet, machine);
+                Ok(Decision::Reply {
+                    reply,
+                    to: reply::destination(request, self.settings.dhcp_port),
+                    commit: None,
+                })
+            }
+            _ => Err(DropReason::MessageType),
+        }
+    }
+
+    /// ProxyDHCP on port 67: answer network-boot DISCOVERs (and REQUESTs) with boot
+    /// information only; never an address.
+    fn proxy(&self, context: &Context<'_>) -> Result<Decision, DropReason> {
+        if !self.boots(context.kind, context.machine.as_deref()) {
+            return Err(DropReason::NotOurBootClient);
+        }
+        let reply_kind = match context.request.message_type {
+            MessageType::Discover => MessageType::Offer,
+            MessageType::Request => MessageType::Ack,
+            _ => return Err(DropReason::MessageType),
+        };
+        let mut reply = self.reply(context.request, reply_kind);
+        reply::add_boot(
+            &mut reply,
+            &self.settings,
+            context.kind,
+            &context.request.mac,
+        );
+        reply::add_pxe_discovery_control(&mut reply, context.kind);
+        let to = if context.request.relayed() {
+            reply::destination(context.request, self.settings.dhcp_port)
+        } else {
+            SocketAddrV4::new(Ipv4Addr::BROADCAST, 68)
+        };
+        Ok(Decision::Reply {
+            reply,
+            to,
+            commit: None,
+        })
+    }
+
+    /// The PXE boot server on port 4011: the client has an address and asks us directly.
+    fn boot_server(
+        &self,
+        context: &Context<'_>,
+        from: SocketAddrV4,
+    ) -> Result<Decision, DropReason> {
+        if !self.boots(context.kind, context.machine.as_deref()) {
+            return Err(DropReason::NotOurBootClient);
+        }
+        let mut reply = self.reply(context.request, MessageType::Ack);
+        reply.message.set_ciaddr(context.request.ciaddr);
+        reply::add_boot(
+            &mut reply,
+            &self.settings,
+            context.kind,
+            &context.request.mac,
+        );
+        reply::add_pxe_discovery_control(&mut reply, context.kind);
+        Ok(Decision::Reply {
+            reply,
+            to: from,
+            commit: None,
+        })
+    }
+}

@@ -1,0 +1,389 @@
+//! The decisions the RFCs prescribe, with raw requests: table by table.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::Arc;
+
+use dhcproto::v4::{DhcpOption, MessageType, OptionCode};
+
+use super::DropReason;
+use super::decide::{Decision, Responder};
+use super::wire::{self, Request};
+use crate::backend::{MacAddr, StaticBackend};
+use crate::config::Settings;
+use crate::leases::{ClientKey, LeaseStore, MemoryStore};
+
+const CONFIG: &str = r#"
+serverAddress: 10.99.0.1
+dhcp:
+  subnets:
+    - subnet: 10.99.0.0/24
+      pool: [10.99.0.100, 10.99.0.199]
+    - subnet: 10.98.0.0/24
+      pool: [10.98.0.100, 10.98.0.199]
+    - subnet: 10.97.0.0/24
+      pool: [10.97.0.100, 10.97.0.199]
+machines:
+  - name: node-1
+    macs: ["52:54:00:00:00:01"]
+    ipv4: 10.99.0.21
+"#;
+
+const NOW: u64 = 1_700_000_000;
+const SERVER: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
+
+struct Server {
+    responder: Responder,
+    leases: Arc<MemoryStore>,
+}
+
+fn server() -> Server {
+    let settings = Settings::parse(CONFIG).unwrap();
+    let backend = Arc::new(StaticBackend::new(settings.machines.clone()));
+    let leases = Arc::new(MemoryStore::default());
+    Server {
+        responder: Responder::new(Arc::new(settings), backend, leases.clone()),
+        leases,
+    }
+}
+
+/// A request datagram.
+#[derive(Clone)]
+struct Packet {
+    mac: [u8; 6],
+    ciaddr: Ipv4Addr,
+    giaddr: Ipv4Addr,
+    options: Vec<u8>,
+}
+
+fn packet(kind: u8, mac: u8) -> Packet {
+    Packet {
+        mac: [0x52, 0x54, 0, 0, 0, mac],
+        ciaddr: Ipv4Addr::UNSPECIFIED,
+        giaddr: Ipv4Addr::UNSPECIFIED,
+        options: vec![53, 1, kind],
+    }
+}
+
+impl Packet {
+    fn option(mut self, code: u8, value: &[u8]) -> Self {
+        self.options.push(code);
+        self.options.push(value.len() as u8);
+        self.options.extend_from_slice(value);
+        self
+    }
+    fn requested(self, ip: [u8; 4]) -> Self {
+        self.option(50, &ip)
+    }
+    fn server_id(self) -> Self {
+        self.option(54, &SERVER.octets())
+    }
+    fn ciaddr(mut self, ip: [u8; 4]) -> Self {
+        self.ciaddr = ip.into();
+        self
+    }
+    fn relayed_by(mut self, giaddr: [u8; 4]) -> Self {
+        self.giaddr = giaddr.into();
+        self
+    }
+    fn parse(&self) -> Request {
+        let mut p = vec![0u8; wire::HEADER_LEN];
+        p[..4].copy_from_slice(&[1, 1, 6, 0]);
+        p[4..8].copy_from_slice(&[0, 0, 0x12, 0x34]);
+        p[12..16].copy_from_slice(&self.ciaddr.octets());
+        p[24..28].copy_from_slice(&self.giaddr.octets());
+        p[28..34].copy_from_slice(&self.mac);
+        p.extend_from_slice(&wire::MAGIC_COOKIE);
+        p.extend_from_slice(&self.options);
+        p.push(255);
+        wire::parse(&p).unwrap()
+    }
+}
+
+impl Server {
+    /// Decides, and applies what the socket loop would (commit, release, decline).
+    fn ask(&self, p: &Packet) -> Decision {
+        let decision = self.responder.decide(
+            &p.parse(),
+            SocketAddrV4::new(Ipv4Addr::new(10, 99, 0, 50), 68),
+            67,
+            NOW,
+        );
+        match &decision {
+            Decision::Reply {
+                commit: Some(lease),
+                ..
+            } => self.leases.commit(lease.clone()).unwrap(),
+            Decision::Release(key) => self.leases.release(key).unwrap(),
+            Decision::Decline(ip) => self.leases.decline(*ip, NOW + 600).unwrap(),
+            _ => {}
+        }
+        decision
+    }
+
+    /// DISCOVER then REQUEST: the address acknowledged.
+    fn lease(&self, discover: Packet) -> Ipv4Addr {
+        let offered = yiaddr(&self.ask(&discover));
+        let mut request = discover.clone();
+        request.options[2] = 3;
+        let request = request.server_id().requested(offered.octets());
+        assert_eq!(kind(&self.ask(&request)), Some(MessageType::Ack));
+        offered
+    }
+}
+
+fn kind(decision: &Decision) -> Option<MessageType> {
+    match decision {
+        Decision::Reply { reply, .. } => reply.kind(),
+        _ => None,
+    }
+}
+
+fn yiaddr(decision: &Decision) -> Ipv4Addr {
+    match decision {
+        Decision::Reply { reply, .. } => reply.message.yiaddr(),
+        other => panic!("no reply: {other:?}"),
+    }
+}
+
+fn destination(decision: &Decision) -> SocketAddrV4 {
+    match decision {
+        Decision::Reply { to, .. } => *to,
+        other => panic!("no reply: {other:?}"),
+    }
+}
+
+/// The options of the encoded reply, in order.
+fn encoded_options(decision: &Decision) -> Vec<(u8, Vec<u8>)> {
+    let Decision::Reply { reply, .. } = decision else {
+        panic!("no reply: {decision:?}");
+    };
+    let bytes = reply.encode().unwrap();
+    let mut out = Vec::new();
+    let mut i = wire::HEADER_LEN + 4;
+    while bytes[i] != 255 {
+        let len = usize::from(bytes[i + 1]);
+        out.push((bytes[i], bytes[i + 2..i + 2 + len].to_vec()));
+        i += 2 + len;
+    }
+    out
+}
+
+#[test]
+fn init_reboot_on_the_wrong_network_gets_a_nak_at_once() {
+    let s = server();
+    // RFC 2131 §4.3.2: no server identifier, requested address, no ciaddr.
+    let moved = packet(3, 9).requested([192, 168, 5, 20]);
+    let nak = s.ask(&moved);
+    assert_eq!(kind(&nak), Some(MessageType::Nak), "{nak:?}");
+    assert_eq!(
+        destination(&nak),
+        SocketAddrV4::new(Ipv4Addr::BROADCAST, 68)
+    );
+    // Relayed from the 10.98 rack with a 10.99 address: NAK through the relay, broadcast bit.
+    let relayed = packet(3, 9)
+        .requested([10, 99, 0, 150])
+        .relayed_by([10, 98, 0, 1]);
+    let nak = s.ask(&relayed);
+    assert_eq!(kind(&nak), Some(MessageType::Nak));
+    assert_eq!(
+        destination(&nak),
+        SocketAddrV4::new(Ipv4Addr::new(10, 98, 0, 1), 67)
+    );
+    let Decision::Reply { reply, .. } = &nak else {
+        unreachable!()
+    };
+    assert!(reply.message.flags().broadcast());
+}
+
+#[test]
+fn init_reboot_on_the_right_network_is_answered_only_with_a_record() {
+    let s = server();
+    // Nobody we know: silent, another server may own it.
+    let stranger = packet(3, 9).requested([10, 99, 0, 150]);
+    assert_eq!(s.ask(&stranger), Decision::Drop(DropReason::UnknownClient));
+    // A client with a lease gets it back, and a NAK for any other address.
+    let ip = s.lease(packet(1, 9));
+    assert_eq!(
+        kind(&s.ask(&packet(3, 9).requested(ip.octets()))),
+        Some(MessageType::Ack)
+    );
+    let other = packet(3, 9).requested([10, 99, 0, 199]);
+    assert_eq!(kind(&s.ask(&other)), Some(MessageType::Nak));
+    // A Machine's reservation is a record too.
+    let reserved = packet(3, 1).requested([10, 99, 0, 21]);
+    assert_eq!(kind(&s.ask(&reserved)), Some(MessageType::Ack));
+}
+
+#[test]
+fn the_client_identifier_keys_the_lease_and_is_echoed() {
+    let s = server();
+    let id = b"\x00my-client";
+    let ip = s.lease(packet(1, 0x31).option(61, id));
+    // Same identifier from another NIC: the same lease (RFC 2131 §4.2).
+    let offer = s.ask(&packet(1, 0x32).option(61, id));
+    assert_eq!(yiaddr(&offer), ip);
+    assert!(
+        encoded_options(&offer).contains(&(61, id.to_vec())),
+        "RFC 6842 echo"
+    );
+    assert_eq!(s.lease(packet(1, 0x32).option(61, id)), ip);
+    // The first NIC without the identifier is another client.
+    assert_ne!(yiaddr(&s.ask(&packet(1, 0x31))), ip);
+    assert_eq!(
+        s.leases
+            .by_client(&ClientKey::Id(Box::from(&id[..])))
+            .unwrap()
+            .map(|l| l.mac),
+        Some(MacAddr([0x52, 0x54, 0, 0, 0, 0x32]))
+    );
+}
+
+#[test]
+fn a_machines_mac_wins_over_its_client_identifier() {
+    let s = server();
+    // The booted OS sends a DUID: the Machine's reservation all the same.
+    let duid = [255, 0, 0, 0, 1, 0, 2, 0, 0, 0, 9];
+    assert_eq!(
+        s.lease(packet(1, 1).option(61, &duid)),
+        Ipv4Addr::new(10, 99, 0, 21)
+    );
+    // And its firmware without one: the same address.
+    assert_eq!(s.lease(packet(1, 1)), Ipv4Addr::new(10, 99, 0, 21));
+    // Moved behind a relay on another network: an address of that network, not its
+    // reservation, which it could not use there.
+    let moved = s.ask(&packet(1, 1).relayed_by([10, 98, 0, 1]));
+    assert!(
+        yiaddr(&moved).octets().starts_with(&[10, 98, 0]),
+        "{moved:?}"
+    );
+}
+
+#[test]
+fn relay_information_is_echoed_and_selects_the_subnet() {
+    let s = server();
+    let circuit = [1, 4, b'p', b'o', b'r', b't'];
+    let with_link = |link: [u8; 4]| {
+        let mut v = circuit.to_vec();
+        v.extend_from_slice(&[5, 4]);
+        v.extend_from_slice(&link);
+        v
+    };
+    let cases: [(&str, Packet, Option<[u8; 3]>); 5] = [
+        (
+            "giaddr",
+            packet(1, 0x41)
+                .relayed_by([10, 98, 0, 1])
+                .option(82, &circuit),
+            Some([10, 98, 0]),
+        ),
+        (
+            "link selection over giaddr",
+            packet(1, 0x42)
+                .relayed_by([10, 98, 0, 1])
+                .option(82, &with_link([10, 97, 0, 0])),
+            Some([10, 97, 0]),
+        ),
+        (
+            "link selection over option 118",
+            packet(1, 0x43)
+                .relayed_by([10, 98, 0, 1])
+                .option(118, &[10, 99, 0, 0])
+                .option(82, &with_link([10, 97, 0, 0])),
+            Some([10, 97, 0]),
+        ),
+        (
+            "option 118 over giaddr",
+            packet(1, 0x44)
+                .relayed_by([10, 98, 0, 1])
+                .option(118, &[10, 97, 0, 0]),
+            Some([10, 97, 0]),
+        ),
+        (
+            "link selection ignored without a relay",
+            packet(1, 0x45).option(82, &with_link([10, 97, 0, 0])),
+            Some([10, 99, 0]),
+        ),
+    ];
+    for (case, request, subnet) in cases {
+        let decision = s.ask(&request);
+        let ip = yiaddr(&decision).octets();
+        assert_eq!(Some([ip[0], ip[1], ip[2]]), subnet, "{case}");
+        let options = encoded_options(&decision);
+        let parsed = request.parse();
+        if let Some(info) = &parsed.relay_agent_info {
+            assert_eq!(
+                options.last(),
+                Some(&(82, info.raw.clone())),
+                "{case}: option 82 last, unchanged"
+            );
+        }
+        if let Some(selection) = parsed.subnet_selection {
+            assert!(
+                options.contains(&(118, selection.octets().to_vec())),
+                "{case}: 118 echoed"
+            );
+        }
+        if parsed.relayed() {
+            assert_eq!(
+                destination(&decision),
+                SocketAddrV4::new(parsed.giaddr, 67),
+                "{case}"
+            );
+        }
+    }
+    // A relay for a network we do not serve.
+    let foreign = packet(1, 0x46).relayed_by([172, 16, 0, 1]);
+    assert_eq!(s.ask(&foreign), Decision::Drop(DropReason::UnknownSubnet));
+}
+
+#[test]
+fn relayed_acks_and_naks_echo_option_82() {
+    let s = server();
+    let info = [2, 3, 9, 9, 9, 1, 1, 7];
+    let discover = packet(1, 0x51).relayed_by([10, 98, 0, 1]).option(82, &info);
+    let ip = yiaddr(&s.ask(&discover));
+    let mut request = discover.clone();
+    request.options[2] = 3;
+    let ack = s.ask(&request.clone().server_id().requested(ip.octets()));
+    assert_eq!(encoded_options(&ack).last(), Some(&(82, info.to_vec())));
+    let nak = s.ask(&request.requested([10, 97, 0, 5]));
+    assert_eq!(kind(&nak), Some(MessageType::Nak));
+    assert_eq!(encoded_options(&nak).last(), Some(&(82, info.to_vec())));
+}
+
+#[test]
+fn only_the_holder_may_decline_or_release_an_address() {
+    let s = server();
+    let ip = s.lease(packet(1, 0x61));
+    let intruder = packet(4, 0x62).requested(ip.octets());
+    assert_eq!(s.ask(&intruder), Decision::Drop(DropReason::NotHeld));
+    let release = packet(7, 0x62).ciaddr(ip.octets());
+    assert_eq!(s.ask(&release), Decision::Drop(DropReason::NotHeld));
+    let release = packet(7, 0x61).ciaddr(ip.octets());
+    assert!(matches!(s.ask(&release), Decision::Release(_)));
+    let ip = s.lease(packet(1, 0x61));
+    assert_eq!(
+        s.ask(&packet(4, 0x61).requested(ip.octets())),
+        Decision::Decline(ip)
+    );
+    // A declined address is not offered again.
+    assert_ne!(yiaddr(&s.ask(&packet(1, 0x63))), ip);
+}
+
+#[test]
+fn a_server_id_of_another_server_is_not_ours_to_answer() {
+    let s = server();
+    let request = packet(3, 0x71)
+        .option(54, &[10, 99, 0, 2])
+        .requested([10, 99, 0, 150]);
+    assert_eq!(s.ask(&request), Decision::Drop(DropReason::OtherServer));
+    // And the NAK carries a message for the operator reading a capture.
+    let nak = s.ask(&packet(3, 9).requested([192, 168, 5, 20]));
+    let Decision::Reply { reply, .. } = nak else {
+        unreachable!()
+    };
+    assert!(matches!(
+        reply.message.opts().get(OptionCode::Message),
+        Some(DhcpOption::Message(m)) if m.contains("not on this network")
+    ));
+}

@@ -1,0 +1,153 @@
+//! DHCP: a full server (pools, reservations, durable leases) or a ProxyDHCP beside another
+//! server (boot information only, never an address).
+//!
+//! A datagram goes through three rooms, each its own module:
+//!
+//! 1. [`wire::parse`] validates the bytes and decodes them into one [`wire::Request`]
+//!    (malformed datagrams are dropped and counted by [`wire::Malformed`] reason);
+//! 2. [`decide::Responder::decide`] turns the request, the machine backend and the lease
+//!    state into a [`decide::Decision`] (addresses come from [`allocate`]; replies are built
+//!    and encoded by [`reply`]), in memory only;
+//! 3. [`mod@serve`] is the socket loop: it does the I/O and makes a lease durable before it
+//!    sends the ACK that promises it.
+//!
+//! The fuzz target (`bootserver/fuzz`, `dhcp`) runs 1 and 2 and the encoding exactly as the
+//! server does.
+//!
+//! # RFC behaviour
+//!
+//! - **INIT-REBOOT** (RFC 2131 §4.3.2): a REQUEST without server identifier, with a
+//!   requested address and no `ciaddr`, whose address is not on the client's network gets a
+//!   DHCPNAK at once; on the right network, a client we have no record of gets no answer
+//!   (another server may know it), one whose record differs gets a DHCPNAK.
+//! - **Client identifier** (option 61, RFC 2131 §4.2): leases are keyed by it when present
+//!   (see [`crate::leases::ClientKey`]), so a client that comes back from another NIC with
+//!   the same identifier gets its lease back; every reply echoes it (RFC 6842). A
+//!   Machine's MAC list still decides the boot and the reservation: a request whose `chaddr`
+//!   is one of a Machine's MACs gets that Machine's reserved address and boot file whatever
+//!   identifier it sends (firmware, iPXE and the booted OS send different ones).
+//! - **Relay agent information** (option 82, RFC 3046): echoed unchanged, byte for byte, as
+//!   the last option of every reply to a request that carried it. The client's subnet is
+//!   chosen from, in order: the link-selection sub-option (RFC 3527; only when relayed), the
+//!   subnet-selection option 118 (RFC 3011, echoed back), `giaddr`, then the subnet of the
+//!   server's own address. A relayed request for a subnet we do not serve is dropped.
+//!
+//! # Why requests are not decoded with `dhcproto`
+//!
+//! `dhcproto` 0.15.0's `Message::chaddr()` returns `&self.chaddr[..hlen]` over the 16-byte
+//! `chaddr` field, and `Message::decode` accepts any `hlen`: a request with `hlen` above 16
+//! (one datagram, from any host on the provisioning network) makes `chaddr()` panic with
+//! "range end index … out of range for slice of length 16", which used to stop the whole
+//! bootserver. Its `Display` calls `chaddr()` too. Its option decoder also stops silently at
+//! the first malformed option and re-encodes option 82 through a map (reordering and
+//! dropping sub-options). So requests are validated and decoded by [`wire`], and
+//! `dhcproto` only encodes our own replies, built from validated values (`set_chaddr` with a
+//! six-byte MAC), with the echoed options appended by [`reply`].
+
+pub mod allocate;
+pub mod decide;
+pub mod reply;
+pub mod serve;
+pub mod wire;
+
+pub use decide::{Decision, Responder};
+pub use serve::{open_socket, serve};
+
+/// Errors of the DHCP service.
+#[derive(Debug, thiserror::Error)]
+pub enum DhcpError {
+    /// A socket could not be set up.
+    #[error("DHCP socket on {what}: {source}")]
+    Socket {
+        /// Which socket.
+        what: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The lease store can no longer answer (a panic poisoned it): the service stops so
+    /// that the process restarts and reads the log again, rather than guess.
+    #[error("the lease store cannot answer any more: {0}")]
+    LeaseStore(#[source] crate::leases::LeaseError),
+}
+
+/// Why a datagram got no reply. Each variant is a metric label (`dhcp_dropped{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    /// The datagram is not a request we can read.
+    Malformed(wire::Malformed),
+    /// A message type a server does not answer (OFFER, ACK, …, or unknown).
+    MessageType,
+    /// DHCP is off.
+    DhcpOff,
+    /// A network-boot client whose MAC no Machine has (and discovery is off).
+    UnknownBootClient,
+    /// ProxyDHCP or the boot server: not a network-boot client we boot.
+    NotOurBootClient,
+    /// No subnet of ours matches the request's link selection, option 118 or `giaddr`.
+    UnknownSubnet,
+    /// No free address left in the pool.
+    PoolExhausted,
+    /// A REQUEST for another server's offer.
+    OtherServer,
+    /// A REQUEST without requested address or `ciaddr`.
+    NoAddress,
+    /// INIT-REBOOT, RENEWING or REBINDING from a client we have no record of: another
+    /// server may know it (RFC 2131 §4.3.2).
+    UnknownClient,
+    /// A DECLINE or RELEASE for an address the client does not hold.
+    NotHeld,
+    /// The lease store could not answer.
+    LeaseStore,
+    /// Deciding panicked (caught; the request is dropped, the service goes on).
+    Panic,
+    /// Too many replies in flight: load shed.
+    Overloaded,
+    /// Making the lease durable failed: no ACK.
+    CommitFailed,
+    /// Making the lease durable took too long: no ACK (the client retransmits).
+    CommitTimeout,
+    /// The reply could not be encoded.
+    Encode,
+}
+
+impl DropReason {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Malformed(m) => m.as_str(),
+            Self::MessageType => "message_type",
+            Self::DhcpOff => "dhcp_off",
+            Self::UnknownBootClient => "unknown_boot_client",
+            Self::NotOurBootClient => "not_our_boot_client",
+            Self::UnknownSubnet => "unknown_subnet",
+            Self::PoolExhausted => "pool_exhausted",
+            Self::OtherServer => "other_server",
+            Self::NoAddress => "no_address",
+            Self::UnknownClient => "unknown_client",
+            Self::NotHeld => "not_held",
+            Self::LeaseStore => "lease_store",
+            Self::Panic => "panic",
+            Self::Overloaded => "overloaded",
+            Self::CommitFailed => "commit_failed",
+            Self::CommitTimeout => "commit_timeout",
+            Self::Encode => "encode",
+        }
+    }
+}
+
+impl From<wire::Malformed> for DropReason {
+    fn from(m: wire::Malformed) -> Self {
+        Self::Malformed(m)
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod decide_tests;

@@ -1,0 +1,223 @@
+//! The socket loop: receive, validate ([`wire::parse`]), decide ([`Responder::decide`]),
+//! act. A panic while deciding is caught, logged and counted, and only that request is
+//! dropped. Replies that wait for a durable lease run as tasks, at most
+//! [`MAX_IN_FLIGHT`] at once; beyond that requests are shed (counted), and a lease commit
+//! that takes longer than [`COMMIT_TIMEOUT`] sends no ACK (the client retransmits).
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dhcproto::v4::MessageType;
+use futures::FutureExt;
+use tokio::net::UdpSocket;
+use tokio::sync::Semaphore;
+
+use super::decide::{Decision, Responder};
+use super::reply::Reply;
+use super::{DhcpError, DropReason, now_unix, wire};
+use crate::config::Settings;
+use crate::leases::{LeaseError, LeaseStore};
+use crate::metrics::{Metrics, Service};
+
+/// How long a declined address (in use by someone unknown) is kept out of the pool.
+pub const DECLINE_HOLD: Duration = Duration::from_secs(600);
+/// Replies (with their lease commits) in flight at once, per socket.
+pub const MAX_IN_FLIGHT: usize = 1024;
+/// The longest wait for a lease to become durable before the ACK is given up. Clients
+/// retransmit after about 4 s.
+pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Opens a UDP socket for DHCP on `port`, bound to the interface when one is configured,
+/// allowed to broadcast.
+pub fn open_socket(settings: &Settings, port: u16) -> Result<UdpSocket, DhcpError> {
+    let what = format!(
+        "port {port}{}",
+        settings
+            .interface
+            .as_deref()
+            .map(|i| format!(" of {i}"))
+            .unwrap_or_default()
+    );
+    let err = |source| DhcpError::Socket {
+        what: what.clone(),
+        source,
+    };
+    let socket = socket2::Socket::new(
+        socket2::Domain::IPV4,
+        socket2::Type::DGRAM,
+        Some(socket2::Protocol::UDP),
+    )
+    .map_err(err)?;
+    socket.set_reuse_address(true).map_err(err)?;
+    socket.set_broadcast(true).map_err(err)?;
+    if let Some(interface) = &settings.interface {
+        socket
+            .bind_device(Some(interface.as_bytes()))
+            .map_err(err)?;
+    }
+    socket.set_nonblocking(true).map_err(err)?;
+    let addr = SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
+    socket.bind(&addr.into()).map_err(err)?;
+    UdpSocket::from_std(socket.into()).map_err(err)
+}
+
+/// Validates and decides one datagram, catching a panic of either step: the request's
+/// message type (when it could be read) and the decision.
+pub fn handle(
+    responder: &Responder,
+    datagram: &[u8],
+    from: SocketAddr,
+    port: u16,
+    now: u64,
+) -> (Option<MessageType>, Decision) {
+    let SocketAddr::V4(from) = from else {
+        return (None, Decision::Drop(wire::Malformed::NotIpv4.into()));
+    };
+    let decided = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        wire::parse(datagram).map(|request| {
+            let kind = request.message_type;
+            (kind, responder.decide(&request, from, port, now))
+        })
+    }));
+    match decided {
+        Ok(Ok((kind, decision))) => (Some(kind), decision),
+        Ok(Err(malformed)) => (None, Decision::Drop(malformed.into())),
+        Err(panic) => {
+            tracing::error!(%from, len = datagram.len(), panic = panic_message(panic.as_ref()), "DHCP: a panic while handling a request; dropped it");
+            (None, Decision::Drop(DropReason::Panic))
+        }
+    }
+}
+
+/// The text of a caught panic.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(not a string)")
+}
+
+/// Answers DHCP on one socket. Returns only when the lease store can no longer answer.
+pub async fn serve(
+    socket: UdpSocket,
+    port: u16,
+    responder: Arc<Responder>,
+    leases: Arc<dyn LeaseStore>,
+    metrics: Arc<Metrics>,
+) -> Result<(), DhcpError> {
+    let socket = Arc::new(socket);
+    let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let mut buf = vec![0u8; 1500];
+    loop {
+        let (len, from) = match socket.recv_from(&mut buf).await {
+            Ok(x) => x,
+            Err(error) => {
+                tracing::warn!(%error, "DHCP receive failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let datagram = buf.get(..len).unwrap_or_default();
+        let (kind, decision) = handle(&responder, datagram, from, port, now_unix());
+        if let Some(kind) = kind {
+            metrics.dhcp_received(Some(kind));
+        }
+        if decision == Decision::Drop(DropReason::Panic) {
+            metrics.panic(Service::Dhcp);
+        }
+        match decision {
+            Decision::Drop(DropReason::LeaseStore) => {
+                metrics.dhcp_dropped(DropReason::LeaseStore);
+                // A store that cannot answer stays so: stop, so the process restarts and
+                // reads the log again, rather than drop every request from now on.
+                if let Err(error @ LeaseError::Poisoned) = leases.active(0) {
+                    return Err(DhcpError::LeaseStore(error));
+                }
+            }
+            Decision::Drop(reason) => {
+                metrics.dhcp_dropped(reason);
+                tracing::debug!(%from, reason = reason.as_str(), "DHCP request not answered");
+            }
+            Decision::Release(key) => {
+                let leases = leases.clone();
+                tokio::task::spawn_blocking(move || {
+                    if let Err(error) = leases.release(&key) {
+                        tracing::warn!(%error, %key, "releasing a lease failed");
+                    }
+                });
+            }
+            Decision::Decline(ip) => {
+                let leases = leases.clone();
+                let until = now_unix() + DECLINE_HOLD.as_secs();
+                tracing::warn!(%ip, "client declined an address: it is in use by someone else");
+                tokio::task::spawn_blocking(move || {
+                    if let Err(error) = leases.decline(ip, until) {
+                        tracing::warn!(%error, %ip, "recording a declined address failed");
+                    }
+                });
+            }
+            Decision::Reply { reply, to, commit } => {
+                let Ok(permit) = in_flight.clone().try_acquire_owned() else {
+                    metrics.dhcp_dropped(DropReason::Overloaded);
+                    continue;
+                };
+                let (socket, leases, task_metrics) =
+                    (socket.clone(), leases.clone(), metrics.clone());
+                // Each reply in its own task: concurrent ACKs share one durable write.
+                let task = async move {
+                    if let Some(lease) = commit {
+                        let stored = tokio::time::timeout(
+                            COMMIT_TIMEOUT,
+                            tokio::task::spawn_blocking(move || leases.commit(lease)),
+                        )
+                        .await;
+                        let failed = match stored {
+                            Ok(Ok(Ok(()))) => None,
+                            Ok(Ok(Err(error))) => {
+                                Some((DropReason::CommitFailed, error.to_string()))
+                            }
+                            Ok(Err(join)) => Some((DropReason::CommitFailed, join.to_string())),
+                            Err(_) => Some((DropReason::CommitTimeout, "timed out".to_owned())),
+                        };
+                        if let Some((reason, error)) = failed {
+                            tracing::error!(%error, "storing a lease failed; no ACK sent");
+                            task_metrics.dhcp_dropped(reason);
+                            return;
+                        }
+                    }
+                    send(&socket, &reply, to, &task_metrics).await;
+                };
+                let metrics = metrics.clone();
+                tokio::spawn(async move {
+                    if let Err(panic) = AssertUnwindSafe(task).catch_unwind().await {
+                        tracing::error!(
+                            panic = panic_message(panic.as_ref()),
+                            "DHCP: a panic while sending a reply"
+                        );
+                        metrics.panic(Service::Dhcp);
+                        metrics.dhcp_dropped(DropReason::Panic);
+                    }
+                    drop(permit);
+                });
+            }
+        }
+    }
+}
+
+async fn send(socket: &UdpSocket, reply: &Reply, to: SocketAddrV4, metrics: &Metrics) {
+    let bytes = match reply.encode() {
+        Ok(b) => b,
+        Err(error) => {
+            tracing::error!(%error, "encoding a DHCP reply failed");
+            metrics.dhcp_dropped(DropReason::Encode);
+            return;
+        }
+    };
+    match socket.send_to(&bytes, to).await {
+        Ok(_) => metrics.dhcp_sent(reply.kind()),
+        Err(error) => tracing::warn!(%error, %to, "sending a DHCP reply failed"),
+    }
+}
