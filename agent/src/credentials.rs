@@ -1,8 +1,13 @@
-//! The agent's credentials: a ServiceAccount token scoped to its own Machine, obtained from
-//! the bootserver with the one-time nonce of this boot (or, later, with the current token),
-//! kept in the agent's state directory (RAM) readable by root only, and refreshed before it
-//! expires. kube's client reads the token from its file (re-read every minute), so a refresh
-//! needs no new client.
+//! The agent's credentials: a ServiceAccount token scoped to its own Machine, kept in the
+//! agent's state directory readable by root only, and refreshed before it expires. kube's
+//! client reads the token from its file (re-read every minute), so a refresh needs no new
+//! client. Two sources:
+//! - **the bootserver** (network-booted machines): the first token for the one-time nonce
+//!   of this boot, later ones for the current token; the bootserver checks the address;
+//! - **a credentials file** (machines that are not network-booted: an Azure VM's custom
+//!   data, a `manual` machine): [`import`] takes it over and removes it; the agent then
+//!   renews its token itself through the TokenRequest API (its Role allows exactly that, on
+//!   its own ServiceAccount), and its kubelet joins with the bootstrap token from the file.
 
 use std::fs;
 use std::io::Write;
@@ -11,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
-use unbounded_api::agent::{CredentialRequest, Credentials};
+use unbounded_api::agent::{CredentialRequest, Credentials, MintError};
 
 use crate::identity::Identity;
 
@@ -39,6 +44,27 @@ pub enum CredentialError {
         "no way to authenticate: the nonce of this boot was used and no valid token is stored; reboot the machine (a network boot brings a new nonce)"
     )]
     Exhausted,
+    /// A self-renewing machine's token expired before it was renewed (the machine was off
+    /// for longer than the token's lifetime).
+    #[error(
+        "the token from the credentials file expired before it could be renewed: give the machine a new credentials file (for an Azure VM: delete and recreate its Machine)"
+    )]
+    Expired,
+    /// No bootserver and no credentials file.
+    #[error(
+        "no source of credentials: no bootserver (unbounded.bootserver= or --bootserver) and no credentials file"
+    )]
+    NoSource,
+    /// The API server refused to renew the token.
+    #[error("renewing the token through the API server at {server}: {message}")]
+    Renewal {
+        /// The API server.
+        server: String,
+        /// Why (never a token).
+        message: String,
+        /// Whether trying again may help.
+        retryable: bool,
+    },
     /// The answer was not understood.
     #[error("the bootserver's answer was not understood: {0}")]
     Malformed(String),
@@ -60,7 +86,8 @@ impl CredentialError {
             Self::Unreachable { .. } | Self::Store { .. } => true,
             // 503: the controller has not created the ServiceAccount yet; 429: rate limited.
             Self::Refused { status, .. } => *status == 503 || *status == 429 || *status >= 500,
-            Self::Exhausted | Self::Malformed(_) => false,
+            Self::Renewal { retryable, .. } => *retryable,
+            Self::Exhausted | Self::Expired | Self::NoSource | Self::Malformed(_) => false,
         }
     }
 }
@@ -77,6 +104,9 @@ pub struct StoredMeta {
     pub lifetime_seconds: u64,
     /// The nonce of this boot has been spent.
     pub nonce_used: bool,
+    /// The token came from a credentials file and is renewed through the API server.
+    #[serde(default)]
+    pub self_refresh: bool,
 }
 
 /// The credential files in the agent's state directory.
@@ -131,6 +161,18 @@ impl Store {
         self.dir.join("credentials.json")
     }
 
+    fn bootstrap_path(&self) -> PathBuf {
+        self.dir.join("bootstrap-token")
+    }
+
+    /// The kubelet bootstrap token a credentials file brought, if any.
+    pub fn bootstrap_token(&self) -> Option<String> {
+        fs::read_to_string(self.bootstrap_path())
+            .ok()
+            .map(|t| t.trim().to_owned())
+            .filter(|t| !t.is_empty())
+    }
+
     /// What is stored, if anything.
     pub fn meta(&self) -> Option<StoredMeta> {
         let bytes = fs::read(self.meta_path()).ok()?;
@@ -173,6 +215,7 @@ impl Store {
         &self,
         credentials: &Credentials,
         nonce_used: bool,
+        self_refresh: bool,
     ) -> Result<StoredMeta, CredentialError> {
         let expires_unix = parse_time(&credentials.expiration_timestamp).ok_or_else(|| {
             CredentialError::Malformed(format!(
@@ -190,6 +233,7 @@ impl Store {
             expires_unix,
             lifetime_seconds: credentials.lifetime_seconds,
             nonce_used,
+            self_refresh,
         };
         let bytes =
             serde_json::to_vec(&meta).map_err(|e| CredentialError::Malformed(e.to_string()))?;
@@ -205,6 +249,7 @@ impl Store {
             expires_unix: 0,
             lifetime_seconds: 0,
             nonce_used: true,
+            self_refresh: false,
         });
         let meta = StoredMeta {
             nonce_used: true,
@@ -249,13 +294,104 @@ pub fn choose_proof(
     }
 }
 
-/// Asks the bootserver for credentials and stores them.
+/// Takes over the credentials file at `path`, if there is one: stores its token, CA and
+/// bootstrap token privately, marks the store as self-renewing and removes the file (it
+/// holds a credential). Returns whether a file was imported.
+pub fn import(store: &Store, path: &Path) -> Result<bool, CredentialError> {
+    let bytes = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(source) => {
+            return Err(CredentialError::Store {
+                path: path.display().to_string(),
+                source,
+            });
+        }
+    };
+    let credentials: Credentials = serde_json::from_slice(&bytes).map_err(|e| {
+        // serde's message names a position and what was expected, never the value.
+        CredentialError::Malformed(format!("credentials file {}: {e}", path.display()))
+    })?;
+    store.save(&credentials, true, true)?;
+    if let Some(token) = &credentials.bootstrap_token {
+        store.write_private(&store.bootstrap_path(), token.as_bytes())?;
+    }
+    fs::remove_file(path).map_err(|source| CredentialError::Store {
+        path: path.display().to_string(),
+        source,
+    })?;
+    Ok(true)
+}
+
+/// A Kubernetes client configuration that authenticates with the stored token (re-read
+/// from its file, so a renewal needs no new client) and trusts the stored CA.
+pub fn client_config(server: &str, store: &Store) -> Result<kube::Config, String> {
+    let mut config = kube::Config::new(server.parse().map_err(|e| format!("{e}"))?);
+    config.root_cert_file = Some(store.ca_path());
+    config.auth_info.token_file = Some(store.token_path().display().to_string());
+    config.read_timeout = Some(Duration::from_secs(330));
+    Ok(config)
+}
+
+/// Renews a self-renewing machine's token through the TokenRequest API with the token it
+/// still has, for the same lifetime, and stores it.
+async fn renew_self(
+    identity: &Identity,
+    store: &Store,
+    meta: StoredMeta,
+    bootstrap_token: bool,
+) -> Result<Credentials, CredentialError> {
+    if store.valid_token(now_unix()).is_none() {
+        return Err(CredentialError::Expired);
+    }
+    let renewal = |message: String, retryable: bool| CredentialError::Renewal {
+        server: meta.server.clone(),
+        message,
+        retryable,
+    };
+    let config = client_config(&meta.server, store).map_err(|m| renewal(m, false))?;
+    let client = kube::Client::try_from(config).map_err(|e| renewal(e.to_string(), true))?;
+    let seconds = i64::try_from(meta.lifetime_seconds.max(600)).unwrap_or(3600);
+    let (token, expiration_timestamp) =
+        unbounded_api::agent::mint_service_account_token(&client, &identity.machine, seconds)
+            .await
+            .map_err(|e| match e {
+                MintError::NotReady => renewal(e.to_string(), true),
+                MintError::Kube(m) => renewal(m, true),
+                MintError::Randomness => renewal(e.to_string(), false),
+            })?;
+    let certificate_authority =
+        fs::read_to_string(store.ca_path()).map_err(|source| CredentialError::Store {
+            path: store.ca_path().display().to_string(),
+            source,
+        })?;
+    let credentials = Credentials {
+        token,
+        expiration_timestamp,
+        lifetime_seconds: meta.lifetime_seconds,
+        server: meta.server.clone(),
+        certificate_authority,
+        bootstrap_token: bootstrap_token.then(|| store.bootstrap_token()).flatten(),
+    };
+    store.save(&credentials, true, true)?;
+    Ok(credentials)
+}
+
+/// Obtains fresh credentials and stores them: from the API server for a self-renewing
+/// machine, else from the bootserver.
 pub async fn obtain(
     http: &reqwest::Client,
     identity: &Identity,
     store: &Store,
     bootstrap_token: bool,
 ) -> Result<Credentials, CredentialError> {
+    if let Some(meta) = store.meta().filter(|m| m.self_refresh) {
+        return renew_self(identity, store, meta, bootstrap_token).await;
+    }
+    let bootserver = identity
+        .bootserver
+        .as_deref()
+        .ok_or(CredentialError::NoSource)?;
     let now = now_unix();
     let nonce_used = store.meta().is_some_and(|m| m.nonce_used);
     let proof = choose_proof(
@@ -264,10 +400,7 @@ pub async fn obtain(
         nonce_used,
     )
     .ok_or(CredentialError::Exhausted)?;
-    let url = format!(
-        "{}/machines/{}/credentials",
-        identity.bootserver, identity.machine
-    );
+    let url = format!("{bootserver}/machines/{}/credentials", identity.machine);
     let mut request = http.post(&url).timeout(Duration::from_secs(30));
     let body = match &proof {
         Proof::Nonce(nonce) => CredentialRequest {
@@ -287,7 +420,7 @@ pub async fn obtain(
         .send()
         .await
         .map_err(|e| CredentialError::Unreachable {
-            bootserver: identity.bootserver.clone(),
+            bootserver: bootserver.to_owned(),
             message: e.without_url().to_string(),
         })?;
     let status = response.status().as_u16();
@@ -312,7 +445,11 @@ pub async fn obtain(
         .json()
         .await
         .map_err(|e| CredentialError::Malformed(e.without_url().to_string()))?;
-    store.save(&credentials, nonce_used || matches!(proof, Proof::Nonce(_)))?;
+    store.save(
+        &credentials,
+        nonce_used || matches!(proof, Proof::Nonce(_)),
+        false,
+    )?;
     Ok(credentials)
 }
 
@@ -334,6 +471,7 @@ mod tests {
             expires_unix: 0,
             lifetime_seconds: 0,
             nonce_used: true,
+            self_refresh: false,
         };
         assert!(matches!(
             choose_proof(Some(("t".into(), meta)), Some("n"), true),
@@ -360,7 +498,7 @@ mod tests {
             certificate_authority: "-----BEGIN CERTIFICATE-----\n".into(),
             bootstrap_token: None,
         };
-        store.save(&credentials, true).unwrap();
+        store.save(&credentials, true, false).unwrap();
         let (token, meta) = store.valid_token(now_unix()).unwrap();
         assert_eq!(token, "tok");
         assert!(meta.nonce_used);
@@ -370,5 +508,46 @@ mod tests {
             .mode();
         assert_eq!(mode & 0o777, 0o600);
         assert!(store.valid_token(meta.expires_unix).is_none(), "expired");
+    }
+
+    #[test]
+    fn a_credentials_file_is_taken_over_and_removed() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(&dir.path().join("state")).unwrap();
+        let file = dir.path().join("credentials.json");
+        assert!(!import(&store, &file).unwrap(), "no file, nothing imported");
+        let credentials = Credentials {
+            token: "tok".into(),
+            expiration_timestamp: "2099-01-01T00:00:00Z".into(),
+            lifetime_seconds: 86_400,
+            server: "https://api.example:6443".into(),
+            certificate_authority: "-----BEGIN CERTIFICATE-----\n".into(),
+            bootstrap_token: Some("abcdef.0123456789abcdef".into()),
+        };
+        fs::write(&file, serde_json::to_vec(&credentials).unwrap()).unwrap();
+        assert!(import(&store, &file).unwrap());
+        assert!(!file.exists(), "the file with the credential is removed");
+        let meta = store.meta().unwrap();
+        assert!(meta.self_refresh && meta.nonce_used);
+        assert_eq!(meta.lifetime_seconds, 86_400);
+        assert_eq!(store.token().as_deref(), Some("tok"));
+        assert_eq!(
+            store.bootstrap_token().as_deref(),
+            Some("abcdef.0123456789abcdef")
+        );
+        let mode = fs::metadata(store.bootstrap_path())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+
+        fs::write(&file, b"{\"token\": 5}").unwrap();
+        let error = import(&store, &file).unwrap_err().to_string();
+        assert!(error.contains("credentials file"), "{error}");
+        assert!(
+            file.exists(),
+            "a file that was not understood is left for the operator"
+        );
     }
 }

@@ -1,7 +1,8 @@
 //! Who this machine is and where its bootserver is: read from the kernel command line that
 //! the bootserver's iPXE script wrote (`unbounded.machine=…`, `unbounded.bootserver=…`,
 //! `unbounded.nonce=…`), or given on the agent's own command line (an Azure VM's custom data,
-//! a test).
+//! a test). A machine that was not network-booted may have no bootserver: it starts from a
+//! credentials file instead ([`crate::credentials::import`]).
 
 /// Kernel command-line key that carries the Machine's name.
 pub const CMDLINE_MACHINE: &str = "unbounded.machine";
@@ -33,8 +34,9 @@ pub enum IdentityError {
 pub struct Identity {
     /// The Machine's name.
     pub machine: String,
-    /// The bootserver's base URL (`http://10.99.0.1:8080`), without a trailing slash.
-    pub bootserver: String,
+    /// The bootserver's base URL (`http://10.99.0.1:8080`), without a trailing slash; `None`
+    /// for a machine that was not network-booted.
+    pub bootserver: Option<String>,
     /// The one-time nonce of this boot's iPXE script, when there is one.
     pub nonce: Option<String>,
 }
@@ -75,7 +77,8 @@ pub fn valid_name(name: &str) -> bool {
         })
 }
 
-/// Validates the three parts into an identity.
+/// Validates the three parts into an identity (the bootserver is optional here; whether a
+/// machine can do without one is decided when its credentials are looked for).
 pub fn identity(
     machine: Option<&str>,
     bootserver: Option<&str>,
@@ -88,10 +91,10 @@ pub fn identity(
             message: format!("{:?} is not a valid Machine name", truncate(machine)),
         });
     }
-    let bootserver = bootserver.ok_or(IdentityError::Missing(CMDLINE_BOOTSERVER))?;
-    let bootserver = bootserver.trim_end_matches('/');
-    if !(bootserver.starts_with("http://") || bootserver.starts_with("https://"))
-        || bootserver.len() > 2048
+    let bootserver = bootserver.map(|b| b.trim_end_matches('/'));
+    if let Some(bootserver) = bootserver
+        && (!(bootserver.starts_with("http://") || bootserver.starts_with("https://"))
+            || bootserver.len() > 2048)
     {
         return Err(IdentityError::Invalid {
             key: CMDLINE_BOOTSERVER,
@@ -112,7 +115,7 @@ pub fn identity(
     };
     Ok(Identity {
         machine: machine.to_owned(),
-        bootserver: bootserver.to_owned(),
+        bootserver: bootserver.map(str::to_owned),
         nonce,
     })
 }
@@ -140,7 +143,7 @@ mod tests {
                        unbounded.nonce=00112233445566778899aabbccddeeff console=ttyS0";
         let id = from_cmdline(cmdline).unwrap();
         assert_eq!(id.machine, "node-1");
-        assert_eq!(id.bootserver, "http://10.99.0.1:8080");
+        assert_eq!(id.bootserver.as_deref(), Some("http://10.99.0.1:8080"));
         assert_eq!(
             id.nonce.as_deref(),
             Some("00112233445566778899aabbccddeeff")
@@ -153,16 +156,15 @@ mod tests {
 
     #[test]
     fn refuses_what_is_missing_or_malformed() {
-        let cases = [
-            ("", IdentityError::Missing(CMDLINE_MACHINE)),
-            (
-                "unbounded.machine=n",
-                IdentityError::Missing(CMDLINE_BOOTSERVER),
-            ),
-        ];
-        for (cmdline, expected) in cases {
-            assert_eq!(from_cmdline(cmdline), Err(expected), "{cmdline}");
-        }
+        assert_eq!(
+            from_cmdline("unbounded.bootserver=http://b"),
+            Err(IdentityError::Missing(CMDLINE_MACHINE))
+        );
+        // Without a bootserver (an Azure VM): valid here; the credentials decide later.
+        assert_eq!(
+            from_cmdline("unbounded.machine=n").unwrap().bootserver,
+            None
+        );
         for bad in [
             "unbounded.machine=Node_1 unbounded.bootserver=http://b",
             "unbounded.machine=n unbounded.bootserver=ftp://b",

@@ -13,14 +13,19 @@ use unbounded_agent::run::{self, Paths};
 #[command(version)]
 struct Args {
     /// The Machine's name (default: `unbounded.machine=` on the kernel command line).
-    #[arg(long)]
+    #[arg(long, env = "UNBOUNDED_MACHINE")]
     machine: Option<String>,
     /// The bootserver's URL (default: `unbounded.bootserver=` on the kernel command line).
-    #[arg(long)]
+    /// A machine that is not network-booted may have none: it starts from a credentials file.
+    #[arg(long, env = "UNBOUNDED_BOOTSERVER_URL")]
     bootserver: Option<String>,
     /// Where credentials and local state are kept.
     #[arg(long, default_value = "/var/lib/unbounded")]
     state_dir: PathBuf,
+    /// A credentials file to take over, for a machine that is not network-booted (an Azure
+    /// VM's custom data writes it); removed once imported.
+    #[arg(long, default_value = unbounded_api::agent::CREDENTIALS_FILE)]
+    credentials_file: PathBuf,
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
@@ -67,6 +72,7 @@ fn main() -> ExitCode {
     };
     let paths = Paths {
         state: args.state_dir,
+        credentials_file: args.credentials_file,
         ..Paths::default()
     };
     match runtime.block_on(run::run(identity, paths)) {

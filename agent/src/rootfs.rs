@@ -82,15 +82,18 @@ fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Roo
 
 /// The URL the machine fetches an image from: absolute URLs as they are, other values as
 /// paths under the bootserver's `/images/`.
-pub fn image_url(url: &str, bootserver: &str) -> String {
+/// `None` for a relative URL on a machine without a bootserver.
+pub fn image_url(url: &str, bootserver: Option<&str>) -> Option<String> {
     if url.starts_with("http://") || url.starts_with("https://") {
-        url.to_owned()
+        Some(url.to_owned())
     } else {
-        format!(
-            "{}/images/{}",
-            bootserver.trim_end_matches('/'),
-            url.trim_start_matches('/')
-        )
+        bootserver.map(|b| {
+            format!(
+                "{}/images/{}",
+                b.trim_end_matches('/'),
+                url.trim_start_matches('/')
+            )
+        })
     }
 }
 
@@ -348,14 +351,18 @@ mod tests {
     #[test]
     fn image_urls() {
         assert_eq!(
-            image_url("node.tar.zst", "http://10.99.0.1:8080/"),
-            "http://10.99.0.1:8080/images/node.tar.zst"
+            image_url("node.tar.zst", Some("http://10.99.0.1:8080/")).as_deref(),
+            Some("http://10.99.0.1:8080/images/node.tar.zst")
         );
         assert_eq!(
-            image_url("/nodes/v1.tar.zst", "http://b"),
-            "http://b/images/nodes/v1.tar.zst"
+            image_url("/nodes/v1.tar.zst", Some("http://b")).as_deref(),
+            Some("http://b/images/nodes/v1.tar.zst")
         );
-        assert_eq!(image_url("https://m/x", "http://b"), "https://m/x");
+        assert_eq!(
+            image_url("https://m/x", None).as_deref(),
+            Some("https://m/x")
+        );
+        assert_eq!(image_url("node.tar.zst", None), None);
     }
 
     #[test]

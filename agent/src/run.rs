@@ -42,6 +42,8 @@ pub struct Paths {
     pub machines: PathBuf,
     /// `.nspawn` settings files.
     pub nspawn: PathBuf,
+    /// A credentials file to take over (machines that are not network-booted).
+    pub credentials_file: PathBuf,
     /// Per-container directories bound over the container's `/run/dbus`.
     pub bus: PathBuf,
 }
@@ -52,6 +54,7 @@ impl Default for Paths {
             state: PathBuf::from("/var/lib/unbounded"),
             machines: PathBuf::from("/var/lib/machines"),
             nspawn: PathBuf::from("/etc/systemd/nspawn"),
+            credentials_file: PathBuf::from(unbounded_api::agent::CREDENTIALS_FILE),
             bus: PathBuf::from("/run/unbounded/bus"),
         }
     }
@@ -87,6 +90,10 @@ pub enum AgentError {
 enum PaveError {
     #[error("the configuration version has no node image (spec.template.image)")]
     NoImage,
+    #[error(
+        "the node image URL {0:?} is relative, and this machine has no bootserver to resolve it against: give the configuration an absolute http(s) URL"
+    )]
+    RelativeImage(String),
     #[error(transparent)]
     Render(#[from] render::RenderError),
     #[error(transparent)]
@@ -108,7 +115,9 @@ enum PaveError {
 impl PaveError {
     fn reason(&self) -> &'static str {
         match self {
-            Self::NoImage | Self::Render(_) => status::reasons::INVALID_CONFIGURATION,
+            Self::NoImage | Self::RelativeImage(_) | Self::Render(_) => {
+                status::reasons::INVALID_CONFIGURATION
+            }
             Self::Rootfs(e) => e.reason(),
             Self::Credentials(_) | Self::NoBootstrapToken => status::reasons::CREDENTIALS_FAILED,
             Self::Systemd(_) => status::reasons::CONTAINER_FAILED,
@@ -198,12 +207,18 @@ impl Shared {
 /// Runs the agent until it fails for good.
 pub async fn run(identity: Identity, paths: Paths) -> Result<(), AgentError> {
     let boot_id = crate::state::boot_id().map_err(AgentError::BootId)?;
-    tracing::info!(machine = %identity.machine, bootserver = %identity.bootserver, %boot_id, "unbounded-agent starting");
+    tracing::info!(machine = %identity.machine, bootserver = ?identity.bootserver, %boot_id, "unbounded-agent starting");
     let http = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
         .build()
         .map_err(|e| AgentError::Http(e.to_string()))?;
     let store = Store::new(&paths.state)?;
+    if credentials::import(&store, &paths.credentials_file)? {
+        println!(
+            "unbounded-agent: took over the credentials file {}",
+            paths.credentials_file.display()
+        );
+    }
     let credentials = obtain_with_backoff(&http, &identity, &store, false).await;
     println!(
         "unbounded-agent: credentials obtained for {}",
@@ -544,7 +559,8 @@ impl LoopState {
             .paths
             .machines
             .join(format!(".{}.staging", shared.node));
-        let url = rootfs::image_url(&image.url, &shared.identity.bootserver);
+        let url = rootfs::image_url(&image.url, shared.identity.bootserver.as_deref())
+            .ok_or_else(|| PaveError::RelativeImage(image.url.clone()))?;
         let started = Instant::now();
         let bytes = rootfs::fetch_and_unpack(&self.http, &url, &image.sha256, &staging).await?;
         println!(
@@ -814,10 +830,7 @@ fn kube_client(server: &str, store: &Store) -> Result<Client, AgentError> {
         server: server.to_owned(),
         message,
     };
-    let mut config = kube::Config::new(server.parse().map_err(|e| err(format!("{e}")))?);
-    config.root_cert_file = Some(store.ca_path());
-    config.auth_info.token_file = Some(store.token_path().display().to_string());
-    config.read_timeout = Some(Duration::from_secs(330));
+    let config = credentials::client_config(server, store).map_err(err)?;
     Client::try_from(config).map_err(|e| err(e.to_string()))
 }
 

@@ -86,7 +86,7 @@ async fn images_are_verified_while_they_unpack_and_bad_ones_leave_nothing() {
     let http = http();
     let machines = tempfile::tempdir().unwrap();
     let staging = machines.path().join(".node.staging");
-    let url = |name: &str| rootfs::image_url(name, &base);
+    let url = |name: &str| rootfs::image_url(name, Some(&base)).unwrap();
 
     let total = rootfs::fetch_and_unpack(&http, &url("node.tar.zst"), &sha256(&bytes), &staging)
         .await

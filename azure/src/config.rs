@@ -20,10 +20,28 @@ pub struct Flags {
     /// Cluster name, written into each VM's and NIC's `unbounded-cluster` tag.
     #[arg(long, env = "UNBOUNDED_CLUSTER_NAME")]
     pub cluster_name: String,
-    /// The bootserver's base URL as the VMs reach it; the agent fetches its configuration
-    /// there.
+    /// The Kubernetes API server's URL as the VMs reach it: the agent and kubelet talk to it
+    /// (in-cluster addresses such as kubernetes.default.svc are not reachable from a VM).
+    #[arg(long, env = "UNBOUNDED_API_SERVER_URL")]
+    pub api_server_url: String,
+    /// The cluster's CA certificate (PEM) that the VMs trust for the API server.
+    #[arg(
+        long,
+        env = "UNBOUNDED_CLUSTER_CA_FILE",
+        default_value = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+    )]
+    pub cluster_ca_file: PathBuf,
+    /// Lifetime of the agent token a VM starts with; the agent renews it at 70 % of it, so a
+    /// VM deallocated for longer than ~30 % of it must be recreated to join again.
+    #[arg(long, default_value_t = 86_400)]
+    pub agent_token_seconds: u64,
+    /// Lifetime of the kubelet bootstrap token a VM starts with (its first join only).
+    #[arg(long, default_value_t = 7_200)]
+    pub bootstrap_token_seconds: u64,
+    /// A bootserver's base URL as the VMs reach it, to resolve node image URLs that are
+    /// relative (absolute http(s) image URLs need none).
     #[arg(long, env = "UNBOUNDED_BOOTSERVER_URL")]
-    pub bootserver_url: String,
+    pub bootserver_url: Option<String>,
     /// Where VMs download the agent binary at first boot. Without it, the image must hold
     /// the agent at /usr/local/bin/unbounded-agent.
     #[arg(long, env = "UNBOUNDED_AGENT_URL", requires = "agent_sha256")]
@@ -86,8 +104,16 @@ pub struct Flags {
 pub struct Settings {
     /// Cluster name (tag value).
     pub cluster_name: String,
-    /// The bootserver's URL for the agent.
-    pub bootserver_url: String,
+    /// The bootserver's URL for the agent, if any.
+    pub bootserver_url: Option<String>,
+    /// The API server as the VMs reach it.
+    pub api_server_url: String,
+    /// The cluster CA the VMs trust (PEM).
+    pub cluster_ca_pem: String,
+    /// Lifetime of a VM's first agent token.
+    pub agent_token_seconds: u64,
+    /// Lifetime of a VM's kubelet bootstrap token.
+    pub bootstrap_token_seconds: u64,
     /// Where the agent comes from.
     pub agent: AgentSource,
     /// The provider's own identity.
@@ -178,8 +204,36 @@ impl Settings {
                 message: "must be 1 to 256 characters (an Azure tag value)".into(),
             });
         }
-        // Validated as a URL; kept as written (it goes into the VM's agent configuration).
-        url("bootserver-url", &flags.bootserver_url, &["http", "https"])?;
+        // Validated as URLs; kept as written (they go into the VM's agent configuration).
+        if let Some(bootserver) = &flags.bootserver_url {
+            url("bootserver-url", bootserver, &["http", "https"])?;
+        }
+        url("api-server-url", &flags.api_server_url, &["https"])?;
+        let cluster_ca_pem = std::fs::read_to_string(&flags.cluster_ca_file)
+            .map_err(|e| e.to_string())
+            .and_then(|pem| {
+                if pem.contains("-----BEGIN CERTIFICATE-----") {
+                    Ok(pem)
+                } else {
+                    Err("no PEM certificate in it".to_owned())
+                }
+            })
+            .map_err(|message| ConfigError::Invalid {
+                flag: "cluster-ca-file",
+                message: format!("{}: {message}", flags.cluster_ca_file.display()),
+            })?;
+        for (flag, seconds) in [
+            ("agent-token-seconds", flags.agent_token_seconds),
+            ("bootstrap-token-seconds", flags.bootstrap_token_seconds),
+        ] {
+            // The API server's minimum for TokenRequest is 10 minutes.
+            if !(600..=30 * 86_400).contains(&seconds) {
+                return Err(ConfigError::Invalid {
+                    flag,
+                    message: "must be between 600 and 2592000 seconds".into(),
+                });
+            }
+        }
         let agent = match (&flags.agent_url, &flags.agent_sha256) {
             (Some(u), Some(sum)) => {
                 url("agent-url", u, &["http", "https"])?;
@@ -236,6 +290,10 @@ impl Settings {
         Ok(Self {
             cluster_name,
             bootserver_url: flags.bootserver_url.clone(),
+            api_server_url: flags.api_server_url.clone(),
+            cluster_ca_pem,
+            agent_token_seconds: flags.agent_token_seconds,
+            bootstrap_token_seconds: flags.bootstrap_token_seconds,
             agent,
             identity,
             arm_endpoint: url("arm-endpoint", &flags.arm_endpoint, &["https"])?,
@@ -266,14 +324,32 @@ mod tests {
 
     use super::*;
 
+    /// A CA file for the tests of this process (its content is only checked to be PEM).
+    fn ca_file() -> &'static str {
+        static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        PATH.get_or_init(|| {
+            let path =
+                std::env::temp_dir().join(format!("unbounded-azure-ca-{}.pem", std::process::id()));
+            std::fs::write(
+                &path,
+                "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+            )
+            .unwrap();
+            path.display().to_string()
+        })
+    }
+
     fn flags(extra: &[&str]) -> Result<Flags, clap::Error> {
-        let mut args = vec![
-            "unbounded-azure",
-            "--cluster-name",
-            "prod",
-            "--bootserver-url",
-            "http://10.0.0.2:8080",
-        ];
+        let mut args = vec!["unbounded-azure", "--cluster-name", "prod"];
+        for (flag, value) in [
+            ("--api-server-url", "https://api.prod.example:6443"),
+            ("--cluster-ca-file", ca_file()),
+        ] {
+            // A case that gives the flag itself replaces the default (clap refuses both).
+            if !extra.contains(&flag) {
+                args.extend([flag, value]);
+            }
+        }
         args.extend_from_slice(extra);
         Flags::try_parse_from(args)
     }
@@ -284,6 +360,9 @@ mod tests {
         assert_eq!(s.arm_endpoint.as_str(), "https://management.azure.com/");
         assert_eq!(s.agent, AgentSource::Preinstalled);
         assert_eq!(s.identity, AmbientIdentity::Managed { client_id: None });
+        assert_eq!(s.bootserver_url, None);
+        assert_eq!(s.agent_token_seconds, 86_400);
+        assert!(s.cluster_ca_pem.starts_with("-----BEGIN CERTIFICATE-----"));
         let s = Settings::from_flags(&flags(&[]).unwrap(), true).unwrap();
         assert_eq!(s.identity, AmbientIdentity::Workload);
     }
@@ -291,7 +370,11 @@ mod tests {
     #[test]
     fn bad_values_are_refused_with_the_flag_named() {
         let sum = "A".repeat(64);
-        let cases: [(&[&str], &str); 7] = [
+        let cases: [(&[&str], &str); 11] = [
+            (&["--api-server-url", "http://api:6443"], "--api-server-url"),
+            (&["--cluster-ca-file", "/proc/version"], "--cluster-ca-file"),
+            (&["--agent-token-seconds", "60"], "--agent-token-seconds"),
+            (&["--bootserver-url", "10.0.0.2"], "--bootserver-url"),
             (
                 &["--arm-endpoint", "http://management.azure.com"],
                 "--arm-endpoint",

@@ -1,23 +1,28 @@
 //! The VM's custom data: a cloud-init `#cloud-config` that installs the agent, writes its
-//! identity and starts it, so that an Azure VM joins exactly like a PXE machine (whose kernel
-//! command line carries the same identity: `unbounded.machine`, `unbounded.bootserver`).
+//! identity and first credentials and starts it, so that an Azure VM joins exactly like a
+//! PXE machine (whose kernel command line carries the same identity: `unbounded.machine`,
+//! `unbounded.bootserver`, and whose bootserver hands out the first credentials).
 //!
-//! The contract with the agent (crate `agent/`, binary `unbounded-agent`), assumed here and
-//! kept in this one file so that it can be adjusted where the two meet:
+//! The contract with the agent (crate `agent/`, binary `unbounded-agent`):
 //! - the agent is a single static binary, downloaded from the provider's `--agent-url` and
 //!   checked against `--agent-sha256` (or already in the image, at [`AGENT_BINARY`]);
-//! - it runs as the systemd unit [`AGENT_UNIT`] with the command line of [`agent_command`]:
-//!   `unbounded-agent --machine <name> --bootserver-url <url>`;
-//! - its identity is also in the environment file [`AGENT_ENV_FILE`]
-//!   (`UNBOUNDED_MACHINE`, `UNBOUNDED_BOOTSERVER_URL`, `UNBOUNDED_PROVIDER_ID`), which the unit
-//!   loads: an agent that reads its flags from the environment also finds the provider ID,
-//!   which kubelet's `--provider-id` should carry.
+//! - it runs as the systemd unit [`AGENT_UNIT`] ([`agent_command`]) with its flags in the
+//!   environment file [`AGENT_ENV_FILE`]: `UNBOUNDED_MACHINE`, `UNBOUNDED_BOOTSERVER_URL`
+//!   (only when the provider has a `--bootserver-url`; it resolves relative node image
+//!   URLs), and `UNBOUNDED_PROVIDER_ID` for the operator's eyes;
+//! - its first credentials are the JSON file
+//!   [`unbounded_api::agent::CREDENTIALS_FILE`] (mode 0600): a token of the Machine's agent
+//!   ServiceAccount, the API server's URL and CA, and a kubelet bootstrap token. The agent
+//!   takes the file over, removes it, and renews its token itself through the TokenRequest
+//!   API (the controller's Role for it allows exactly that).
 //!
-//! The agent then does what it does on a PXE machine: fetches its configuration from the
-//! bootserver, paves the node container, and kubelet joins. Custom data is fixed when the VM
-//! is created, so it carries only the identity, never the configuration version (a repave
-//! picks up a new version as on bare metal) and never a credential (custom data is readable
-//! by anyone who can read the VM).
+//! The agent then does what it does on a PXE machine: reads its configuration version,
+//! paves the node container, and kubelet joins. Custom data is fixed when the VM is
+//! created, so it never carries the configuration version (a repave picks up a new version
+//! as on bare metal). It does carry the two short-lived credentials above, as Cluster API's
+//! Azure provider carries kubeadm's bootstrap token: Azure does not return custom data
+//! through its API, and in the VM the agent deletes the file once it has taken it over (the
+//! copy cloud-init's datasource keeps, `/var/lib/waagent/ovf-env.xml`, is root's only).
 
 use serde::Serialize;
 
@@ -49,32 +54,31 @@ pub enum AgentSource {
 pub struct AgentLaunch<'a> {
     /// The Machine's name.
     pub machine: &'a str,
-    /// The bootserver's base URL, as seen from the VM.
-    pub bootserver_url: &'a str,
+    /// The bootserver's base URL, as seen from the VM, if any.
+    pub bootserver_url: Option<&'a str>,
     /// The Machine's provider ID.
     pub provider_id: &'a str,
     /// Where the agent comes from.
     pub source: &'a AgentSource,
+    /// The agent's first credentials, as the JSON the agent reads.
+    pub credentials_json: &'a str,
 }
 
-/// The agent's command line, as the unit runs it (the variables come from
-/// [`AGENT_ENV_FILE`]). This is the one place the invocation is decided.
+/// The agent's command line, as the unit runs it: the agent reads its flags from the
+/// environment ([`AGENT_ENV_FILE`]), so that an absent bootserver is an absent variable
+/// rather than an empty argument. This is the one place the invocation is decided.
 pub fn agent_command() -> Vec<&'static str> {
-    vec![
-        AGENT_BINARY,
-        "--machine",
-        "${UNBOUNDED_MACHINE}",
-        "--bootserver-url",
-        "${UNBOUNDED_BOOTSERVER_URL}",
-    ]
+    vec![AGENT_BINARY]
 }
 
 /// The agent's environment file.
 pub fn agent_environment(launch: &AgentLaunch<'_>) -> String {
-    format!(
-        "UNBOUNDED_MACHINE={}\nUNBOUNDED_BOOTSERVER_URL={}\nUNBOUNDED_PROVIDER_ID={}\n",
-        launch.machine, launch.bootserver_url, launch.provider_id
-    )
+    let mut env = format!("UNBOUNDED_MACHINE={}\n", launch.machine);
+    if let Some(bootserver) = launch.bootserver_url {
+        env += &format!("UNBOUNDED_BOOTSERVER_URL={bootserver}\n");
+    }
+    env += &format!("UNBOUNDED_PROVIDER_ID={}\n", launch.provider_id);
+    env
 }
 
 fn agent_unit() -> String {
@@ -146,6 +150,12 @@ pub fn render(launch: &AgentLaunch<'_>) -> Result<String, RenderError> {
             permissions: "0644",
             owner: "root:root",
             content: agent_environment(launch),
+        },
+        WriteFile {
+            path: unbounded_api::agent::CREDENTIALS_FILE,
+            permissions: "0600",
+            owner: "root:root",
+            content: launch.credentials_json.to_owned(),
         },
         WriteFile {
             path: "/etc/systemd/system/unbounded-agent.service",

@@ -8,6 +8,10 @@ const SHA: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abc
 const PROVIDER_ID: &str =
     "azure:///subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/virtualMachines/web-1";
 
+/// JSON with quotes and a PEM's line breaks: YAML must carry it unchanged.
+const CREDENTIALS: &str =
+    "{\"token\":\"t\",\"certificateAuthority\":\"-----BEGIN CERTIFICATE-----\\nMIIB\\n\"}";
+
 fn parse(cloud_config: &str) -> Value {
     let body = cloud_config
         .strip_prefix("#cloud-config\n")
@@ -87,9 +91,10 @@ fn rendering_table() {
     for (case, source, expected) in cases {
         let launch = AgentLaunch {
             machine: "web-1",
-            bootserver_url: "http://10.0.0.2:8080",
+            bootserver_url: Some("http://10.0.0.2:8080"),
             provider_id: PROVIDER_ID,
             source: &source,
+            credentials_json: CREDENTIALS,
         };
         let rendered = render(&launch).unwrap();
         let doc = parse(&rendered);
@@ -102,6 +107,10 @@ fn rendering_table() {
             ),
             "{case}"
         );
+        let credentials =
+            file(&doc, unbounded_api::agent::CREDENTIALS_FILE).expect("credentials file");
+        assert_eq!(credentials["content"], CREDENTIALS, "{case}");
+        assert_eq!(credentials["permissions"], "0600", "{case}");
         let unit = file(&doc, "/etc/systemd/system/unbounded-agent.service").expect("unit");
         let unit = unit["content"].as_str().unwrap();
         assert!(
@@ -109,9 +118,7 @@ fn rendering_table() {
             "{case}: {unit}"
         );
         assert!(
-            unit.contains(
-                "ExecStart=/usr/local/bin/unbounded-agent --machine ${UNBOUNDED_MACHINE} --bootserver-url ${UNBOUNDED_BOOTSERVER_URL}\n"
-            ),
+            unit.contains("ExecStart=/usr/local/bin/unbounded-agent\n"),
             "{case}: {unit}"
         );
         let script = file(&doc, INSTALL_SCRIPT);
@@ -144,11 +151,16 @@ fn custom_data_is_base64_of_the_document() {
     use base64::Engine as _;
     let launch = AgentLaunch {
         machine: "web-1",
-        bootserver_url: "http://10.0.0.2:8080",
+        bootserver_url: None,
         provider_id: PROVIDER_ID,
         source: &AgentSource::Preinstalled,
+        credentials_json: CREDENTIALS,
     };
     let rendered = render(&launch).unwrap();
+    assert!(
+        !rendered.contains("UNBOUNDED_BOOTSERVER_URL"),
+        "no bootserver, no variable"
+    );
     let decoded = base64::engine::general_purpose::STANDARD
         .decode(encode(&rendered))
         .unwrap();
@@ -157,14 +169,5 @@ fn custom_data_is_base64_of_the_document() {
 
 #[test]
 fn the_command_line_is_the_assumed_contract() {
-    assert_eq!(
-        agent_command(),
-        [
-            "/usr/local/bin/unbounded-agent",
-            "--machine",
-            "${UNBOUNDED_MACHINE}",
-            "--bootserver-url",
-            "${UNBOUNDED_BOOTSERVER_URL}"
-        ]
-    );
+    assert_eq!(agent_command(), ["/usr/local/bin/unbounded-agent"]);
 }

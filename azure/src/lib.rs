@@ -98,17 +98,22 @@ pub fn provider(client: kube::Client, settings: &Settings) -> Result<AzureProvid
         settings.lro,
     );
     let credentials = Credentials::new(
-        client,
+        client.clone(),
         IdentityOptions::new(http, &settings.authority_host),
         &settings.identity,
     )?;
     Ok(AzureProvider::new(
         arm,
         credentials,
+        client,
         AzureSettings {
             cluster_name: settings.cluster_name.clone(),
             bootserver_url: settings.bootserver_url.clone(),
             agent: settings.agent.clone(),
+            api_server_url: settings.api_server_url.clone(),
+            cluster_ca_pem: settings.cluster_ca_pem.clone(),
+            agent_token_seconds: settings.agent_token_seconds,
+            bootstrap_token_seconds: settings.bootstrap_token_seconds,
         },
     ))
 }

@@ -18,6 +18,7 @@
 
 use std::sync::Arc;
 
+use unbounded_api::agent::{self, MintError};
 use unbounded_api::provider::{Observed, Provider, ProviderError, Step, next_step};
 use unbounded_api::well_known::{field_managers, finalizers};
 use unbounded_api::{AzureSpec, Machine, MachineProvider};
@@ -74,10 +75,18 @@ pub fn plan_create(
 pub struct AzureSettings {
     /// Written into the `unbounded-cluster` tag.
     pub cluster_name: String,
-    /// The bootserver's URL as the VMs reach it, for the agent.
-    pub bootserver_url: String,
+    /// A bootserver's URL as the VMs reach it, for relative node image URLs.
+    pub bootserver_url: Option<String>,
     /// Where the agent comes from.
     pub agent: AgentSource,
+    /// The API server as the VMs reach it.
+    pub api_server_url: String,
+    /// The cluster CA the VMs trust (PEM).
+    pub cluster_ca_pem: String,
+    /// Lifetime of a VM's first agent token.
+    pub agent_token_seconds: u64,
+    /// Lifetime of a VM's kubelet bootstrap token.
+    pub bootstrap_token_seconds: u64,
 }
 
 /// The Azure provider.
@@ -85,7 +94,22 @@ pub struct AzureSettings {
 pub struct AzureProvider {
     arm: ArmClient,
     credentials: Credentials,
+    kube: kube::Client,
     settings: AzureSettings,
+}
+
+/// A minting failure as a provider error: the ServiceAccount not existing yet is waited for.
+fn mint_failure(error: MintError) -> ProviderError {
+    match error {
+        MintError::NotReady => ProviderError::new(
+            "AgentIdentityPending",
+            "waiting for the controller to create the Machine's agent ServiceAccount",
+        ),
+        other => ProviderError::new(
+            "AgentCredentialsFailed",
+            format!("minting the VM's first agent credentials: {other}"),
+        ),
+    }
 }
 
 /// An ARM failure as a provider error (its reason and message; never a token).
@@ -117,12 +141,46 @@ const NO_CREDENTIALS: [&str; 4] = [
 
 impl AzureProvider {
     /// A provider over these clients.
-    pub fn new(arm: ArmClient, credentials: Credentials, settings: AzureSettings) -> Self {
+    pub fn new(
+        arm: ArmClient,
+        credentials: Credentials,
+        kube: kube::Client,
+        settings: AzureSettings,
+    ) -> Self {
         Self {
             arm,
             credentials,
+            kube,
             settings,
         }
+    }
+
+    /// The agent's first credentials for a VM about to be created, as the JSON it reads: a
+    /// token of the Machine's agent ServiceAccount and a kubelet bootstrap token.
+    async fn agent_credentials(&self, machine: &Machine) -> Result<String, ProviderError> {
+        let name = machine.metadata.name.as_deref().unwrap_or_default();
+        let seconds = i64::try_from(self.settings.agent_token_seconds).unwrap_or(86_400);
+        let (token, expiration_timestamp) =
+            agent::mint_service_account_token(&self.kube, name, seconds)
+                .await
+                .map_err(mint_failure)?;
+        let (bootstrap, _) = agent::create_bootstrap_token(
+            &self.kube,
+            machine,
+            self.settings.bootstrap_token_seconds,
+        )
+        .await
+        .map_err(mint_failure)?;
+        let credentials = agent::Credentials {
+            token,
+            expiration_timestamp,
+            lifetime_seconds: self.settings.agent_token_seconds,
+            server: self.settings.api_server_url.clone(),
+            certificate_authority: self.settings.cluster_ca_pem.clone(),
+            bootstrap_token: Some(bootstrap),
+        };
+        serde_json::to_string(&credentials)
+            .map_err(|e| ProviderError::new("AgentCredentialsFailed", e.to_string()))
     }
 
     /// The Machine's Azure settings, resources and credential.
@@ -155,13 +213,15 @@ impl AzureProvider {
             .map_err(arm_failure)
     }
 
-    /// Creates the NIC and the VM.
+    /// Creates the NIC and the VM; `vm_exists` when re-sending the PUT of a VM whose
+    /// provisioning failed (its custom data stays as first sent).
     async fn create_resources(
         &self,
         machine: &Machine,
         azure: &AzureSpec,
         resources: &VmResources,
         credential: &Credential,
+        vm_exists: bool,
     ) -> Result<(), ProviderError> {
         let ssh_public_key = self.credentials.ssh_public_key(azure).await?;
         let name = &resources.vm;
@@ -176,20 +236,29 @@ impl AzureProvider {
             .await
             .map_err(arm_failure)?;
         let provider_id = resources.provider_id();
-        let cloud_config = custom_data::render(&AgentLaunch {
-            machine: machine.metadata.name.as_deref().unwrap_or(name),
-            bootserver_url: &self.settings.bootserver_url,
-            provider_id: &provider_id,
-            source: &self.settings.agent,
-        })
-        .map_err(|e| ProviderError::new("SpecInvalid", e.to_string()))?;
-        let custom_data = custom_data::encode(&cloud_config);
+        let custom_data = if vm_exists {
+            None
+        } else {
+            // Minted only now, when the VM is about to be created. A create whose PUT failed
+            // outright mints again next time (the earlier tokens expire unused; the
+            // bootstrap Secret goes with the Machine).
+            let credentials_json = self.agent_credentials(machine).await?;
+            let cloud_config = custom_data::render(&AgentLaunch {
+                machine: machine.metadata.name.as_deref().unwrap_or(name),
+                bootserver_url: self.settings.bootserver_url.as_deref(),
+                provider_id: &provider_id,
+                source: &self.settings.agent,
+                credentials_json: &credentials_json,
+            })
+            .map_err(|e| ProviderError::new("SpecInvalid", e.to_string()))?;
+            Some(custom_data::encode(&cloud_config))
+        };
         let body = resources::vm_body(&VmRequest {
             azure,
             resources,
             tags: &tags,
             ssh_public_key: &ssh_public_key,
-            custom_data_base64: &custom_data,
+            custom_data_base64: custom_data.as_deref(),
         });
         self.arm
             .put(
@@ -316,7 +385,7 @@ impl Provider for AzureProvider {
                 .await
                 .map_err(arm_failure)?,
             CreatePlan::Create => {
-                self.create_resources(machine, azure, &resources, &credential)
+                self.create_resources(machine, azure, &resources, &credential, vm.is_some())
                     .await?;
             }
         }

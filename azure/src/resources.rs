@@ -213,8 +213,10 @@ pub struct VmRequest<'a> {
     pub tags: &'a BTreeMap<String, String>,
     /// The admin user's SSH public key.
     pub ssh_public_key: &'a str,
-    /// The custom data, base64-encoded (cloud-init reads it).
-    pub custom_data_base64: &'a str,
+    /// The custom data, base64-encoded (cloud-init reads it); `None` when re-sending the
+    /// PUT of a VM that exists (Azure refuses a change of custom data, and treats an absent
+    /// one as unchanged: its GET never returns it, so a GET-then-PUT must keep it).
+    pub custom_data_base64: Option<&'a str>,
 }
 
 /// The VM's PUT body.
@@ -226,7 +228,7 @@ pub fn vm_body(request: &VmRequest<'_>) -> Value {
         ssh_public_key,
         custom_data_base64,
     } = *request;
-    json!({
+    let mut body = json!({
         "location": azure.location,
         "tags": tags,
         "properties": {
@@ -243,7 +245,6 @@ pub fn vm_body(request: &VmRequest<'_>) -> Value {
             "osProfile": {
                 "computerName": computer_name(&resources.vm),
                 "adminUsername": ADMIN_USERNAME,
-                "customData": custom_data_base64,
                 "linuxConfiguration": {
                     "disablePasswordAuthentication": true,
                     "ssh": {"publicKeys": [{
@@ -257,7 +258,14 @@ pub fn vm_body(request: &VmRequest<'_>) -> Value {
                 "properties": {"primary": true, "deleteOption": "Delete"},
             }]},
         },
-    })
+    });
+    if let (Some(custom), Some(os)) = (
+        custom_data_base64,
+        body["properties"]["osProfile"].as_object_mut(),
+    ) {
+        os.insert("customData".into(), json!(custom));
+    }
+    body
 }
 
 fn image_reference(image: &AzureImage) -> Value {

@@ -140,7 +140,7 @@ fn vm_body_uses_the_documented_property_paths() {
         resources: &resources,
         tags: &tags,
         ssh_public_key: azure.ssh_public_key.as_deref().unwrap(),
-        custom_data_base64: "I2Nsb3VkLWNvbmZpZw==",
+        custom_data_base64: Some("I2Nsb3VkLWNvbmZpZw=="),
     });
     let example: Value = serde_json::from_str(CREATE_VM).unwrap();
     let documented = all_paths(&example["parameters"]["parameters"]);
@@ -187,11 +187,15 @@ fn an_image_id_replaces_the_marketplace_reference() {
         resources: &resources,
         tags: &BTreeMap::new(),
         ssh_public_key: "ssh-ed25519 AAAA",
-        custom_data_base64: "",
+        custom_data_base64: None,
     });
     assert_eq!(
         body["properties"]["storageProfile"]["imageReference"],
         json!({"id": azure.image.id.clone().unwrap()})
+    );
+    assert!(
+        body["properties"]["osProfile"].get("customData").is_none(),
+        "a re-sent PUT leaves the custom data out"
     );
 }
 

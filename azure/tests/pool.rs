@@ -95,6 +95,10 @@ async fn register_node(client: &kube::Client, name: &str) {
 async fn azure_pool_creates_and_deletes_vms_as_it_scales() {
     let cp = LocalControlPlane::shared().unwrap();
     let client = cp.client().await.unwrap();
+    // The agents' namespace: the controller creates each Machine's ServiceAccount there
+    // before the provider mints the VM's first credentials.
+    let namespace = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/namespace.yaml");
+    kubectl(cp, &["apply", "--server-side", "-f", namespace], None);
     tokio::spawn(unbounded_controller::runner::run(
         client.clone(),
         unbounded_controller::context::Settings::default(),

@@ -11,6 +11,7 @@
 
 mod common;
 
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -139,6 +140,87 @@ spec:
     all
 }
 
+/// The credentials in az-web's custom data: the agent's token reads its own Machine and
+/// renews itself (TokenRequest on its own ServiceAccount), and nothing else; the bootstrap
+/// token is a Secret of Unbounded's bootstrap group.
+fn first_credentials_reach_only_their_own_machine(cp: &LocalControlPlane, custom: &str) {
+    let doc: serde_json::Value =
+        serde_saphyr::from_str(custom.strip_prefix("#cloud-config\n").unwrap()).unwrap();
+    let file = doc["write_files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == unbounded_api::agent::CREDENTIALS_FILE)
+        .expect("a credentials file in the custom data");
+    assert_eq!(file["permissions"], "0600");
+    let credentials: unbounded_api::agent::Credentials =
+        serde_json::from_str(file["content"].as_str().unwrap()).unwrap();
+    assert_eq!(credentials.server, cp.server_url());
+    assert_eq!(credentials.lifetime_seconds, 86_400);
+    assert!(
+        credentials
+            .certificate_authority
+            .contains("BEGIN CERTIFICATE")
+    );
+    let as_agent = |args: &[&str]| {
+        let out = Command::new(&cp.binaries().kubectl)
+            .args(["--server", cp.server_url(), "--token", &credentials.token])
+            .args([
+                "--certificate-authority",
+                &cp.data_dir().join("pki/ca.crt").display().to_string(),
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (ok, out) = as_agent(&["get", "machine", "az-web", "-o", "name"]);
+    assert!(ok, "the agent reads its own Machine: {out}");
+    let (ok, out) = as_agent(&["create", "token", "-n", "unbounded-machines", "az-web"]);
+    assert!(
+        ok && out.trim().len() > 100,
+        "the agent renews its own token: {out}"
+    );
+    let (ok, out) = as_agent(&["create", "token", "-n", "unbounded-machines", "az-fail"]);
+    assert!(!ok && out.contains("forbidden"), "not another's: {out}");
+    let (ok, out) = as_agent(&["get", "machine", "az-fail"]);
+    assert!(
+        !ok && out.contains("forbidden"),
+        "nor another Machine: {out}"
+    );
+    let bootstrap = credentials.bootstrap_token.expect("a bootstrap token");
+    let (id, _) = bootstrap.split_once('.').unwrap();
+    let groups = get_ns(
+        cp,
+        "kube-system",
+        &format!("secret/bootstrap-token-{id}"),
+        "{.data.auth-extra-groups}",
+    );
+    let groups = base64::engine::general_purpose::STANDARD
+        .decode(groups)
+        .unwrap();
+    assert_eq!(groups, b"system:bootstrappers:unbounded");
+}
+
+fn get_ns(cp: &LocalControlPlane, namespace: &str, object: &str, path: &str) -> String {
+    kubectl(
+        cp,
+        &[
+            "get",
+            "-n",
+            namespace,
+            object,
+            "-o",
+            &format!("jsonpath={path}"),
+        ],
+        None,
+    )
+}
+
 fn operation(name: &str, machine: &str, operation: &str, parameters: &str) -> String {
     format!(
         r#"apiVersion: unbounded-cloud.io/v1alpha1
@@ -156,6 +238,10 @@ spec:
 async fn azure_machines_are_created_operated_reported_and_deleted() {
     let cp = LocalControlPlane::shared().unwrap();
     let client = cp.client().await.unwrap();
+    // The agents' namespace: the controller creates each Machine's ServiceAccount there
+    // before the provider mints the VM's first credentials.
+    let namespace = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/namespace.yaml");
+    kubectl(cp, &["apply", "--server-side", "-f", namespace], None);
     tokio::spawn(unbounded_controller::runner::run(
         client.clone(),
         unbounded_controller::context::Settings::default(),
@@ -241,7 +327,8 @@ async fn azure_machines_are_created_operated_reported_and_deleted() {
         "UNBOUNDED_MACHINE=az-web",
         "UNBOUNDED_BOOTSERVER_URL=http://192.0.2.1:8080",
         &format!("UNBOUNDED_PROVIDER_ID=azure://{web_id}"),
-        "--machine ${UNBOUNDED_MACHINE} --bootserver-url ${UNBOUNDED_BOOTSERVER_URL}",
+        "ExecStart=/usr/local/bin/unbounded-agent\n",
+        unbounded_api::agent::CREDENTIALS_FILE,
         AGENT_URL,
         AGENT_SHA,
         "systemctl",
@@ -251,6 +338,7 @@ async fn azure_machines_are_created_operated_reported_and_deleted() {
             "custom data lacks {words:?}:\n{custom}"
         );
     }
+    first_credentials_reach_only_their_own_machine(cp, &custom);
     assert_eq!(vm["tags"]["unbounded-machine"], "az-web");
     assert_eq!(vm["tags"]["unbounded-cluster"], "acceptance");
     assert_eq!(vm["tags"]["team"], "infra");

@@ -22,18 +22,12 @@
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use k8s_openapi::api::authentication::v1::{
-    TokenRequest, TokenRequestSpec, TokenReview, TokenReviewSpec,
-};
-use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
-use kube::api::{Api, ObjectMeta, PostParams};
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use kube::api::{Api, PostParams};
 use ring::rand::{SecureRandom, SystemRandom};
-use unbounded_api::agent::{
-    AGENT_NAMESPACE, BOOTSTRAP_GROUP, BOOTSTRAP_MACHINE_LABEL, CredentialRequest, Credentials,
-    agent_username,
-};
+use unbounded_api::agent::{self, CredentialRequest, Credentials, agent_username};
 
 /// Settings of the issuer (the `credentials` section of the configuration).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -246,21 +240,6 @@ pub fn random_hex(bytes: usize) -> Option<String> {
     Some(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// Random characters from `[a-z0-9]` (bootstrap token IDs and secrets).
-fn random_token_chars(n: usize) -> Option<String> {
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let mut buf = vec![0u8; n * 2];
-    SystemRandom::new().fill(&mut buf).ok()?;
-    // Rejection sampling keeps the distribution uniform (252 = 7 * 36).
-    let chars: String = buf
-        .iter()
-        .filter(|b| **b < 252)
-        .map(|b| char::from(ALPHABET[usize::from(*b) % ALPHABET.len()]))
-        .take(n)
-        .collect();
-    (chars.len() == n).then_some(chars)
-}
-
 /// Issues credentials.
 pub struct Issuer {
     settings: IssuerSettings,
@@ -406,39 +385,28 @@ impl Issuer {
         machine: &str,
         bootstrap: bool,
     ) -> Result<(Credentials, Option<String>), IssueError> {
-        let accounts: Api<ServiceAccount> = Api::namespaced(self.client.clone(), AGENT_NAMESPACE);
-        let request = TokenRequest {
-            spec: TokenRequestSpec {
-                audiences: Vec::new(),
-                expiration_seconds: Some(self.settings.token_seconds),
-                bound_object_ref: None,
-            },
-            ..TokenRequest::default()
-        };
-        let token = match accounts
-            .create_token_request(machine, &PostParams::default(), &request)
-            .await
-        {
-            Ok(t) => t,
-            Err(kube::Error::Api(status)) if status.code == 404 => {
-                return Err(IssueError::NotReady);
-            }
-            Err(e) => return Err(IssueError::Kube(e.to_string())),
-        };
-        let status = token
-            .status
-            .ok_or_else(|| IssueError::Kube("TokenRequest without status".into()))?;
+        let (token, expiration) =
+            agent::mint_service_account_token(&self.client, machine, self.settings.token_seconds)
+                .await
+                .map_err(mint_error)?;
         let lifetime = u64::try_from(self.settings.token_seconds).unwrap_or(3600);
         let (bootstrap_token, bootstrap_id) = if bootstrap {
-            let (token, id) = self.bootstrap_token(machine).await?;
+            let owner = Api::<unbounded_api::Machine>::all(self.client.clone())
+                .get(machine)
+                .await
+                .map_err(|e| IssueError::Kube(e.to_string()))?;
+            let seconds = u64::try_from(self.settings.bootstrap_token_seconds).unwrap_or(3600);
+            let (token, id) = agent::create_bootstrap_token(&self.client, &owner, seconds)
+                .await
+                .map_err(mint_error)?;
             (Some(token), Some(id))
         } else {
             (None, None)
         };
         Ok((
             Credentials {
-                token: status.token,
-                expiration_timestamp: status.expiration_timestamp.0.to_string(),
+                token,
+                expiration_timestamp: expiration,
                 lifetime_seconds: lifetime,
                 server: self.settings.api_server.clone(),
                 certificate_authority: self.settings.ca_pem.clone(),
@@ -447,62 +415,13 @@ impl Issuer {
             bootstrap_id,
         ))
     }
-
-    /// Creates a bootstrap token Secret for `machine`; returns (`<id>.<secret>`, id).
-    async fn bootstrap_token(&self, machine: &str) -> Result<(String, String), IssueError> {
-        let machines: Api<unbounded_api::Machine> = Api::all(self.client.clone());
-        let owner = machines
-            .get(machine)
-            .await
-            .map_err(|e| IssueError::Kube(e.to_string()))?;
-        let (Some(id), Some(secret)) = (random_token_chars(6), random_token_chars(16)) else {
-            return Err(IssueError::Kube("no randomness".into()));
-        };
-        let expiration = k8s_openapi::jiff::Timestamp::now()
-            + Duration::from_secs(
-                u64::try_from(self.settings.bootstrap_token_seconds).unwrap_or(3600),
-            );
-        let data = [
-            ("token-id", id.clone()),
-            ("token-secret", secret.clone()),
-            ("expiration", expiration.to_string()),
-            ("usage-bootstrap-authentication", "true".to_owned()),
-            ("auth-extra-groups", BOOTSTRAP_GROUP.to_owned()),
-            (
-                "description",
-                format!("kubelet bootstrap of Unbounded machine {machine}"),
-            ),
-        ];
-        let object = Secret {
-            metadata: ObjectMeta {
-                name: Some(format!("bootstrap-token-{id}")),
-                namespace: Some("kube-system".into()),
-                labels: Some([(BOOTSTRAP_MACHINE_LABEL.to_owned(), machine.to_owned())].into()),
-                owner_references: owner_reference(&owner).map(|o| vec![o]),
-                ..ObjectMeta::default()
-            },
-            type_: Some("bootstrap.kubernetes.io/token".into()),
-            string_data: Some(data.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()),
-            ..Secret::default()
-        };
-        Api::<Secret>::namespaced(self.client.clone(), "kube-system")
-            .create(&PostParams::default(), &object)
-            .await
-            .map_err(|e| IssueError::Kube(e.to_string()))?;
-        Ok((format!("{id}.{secret}"), id))
-    }
 }
 
-fn owner_reference(
-    machine: &unbounded_api::Machine,
-) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
-    use kube::Resource;
-    machine.controller_owner_ref(&()).map(|mut o| {
-        // The Machine does not control the Secret; it only takes it along when deleted.
-        o.controller = None;
-        o.block_owner_deletion = None;
-        o
-    })
+fn mint_error(error: agent::MintError) -> IssueError {
+    match error {
+        agent::MintError::NotReady => IssueError::NotReady,
+        other => IssueError::Kube(other.to_string()),
+    }
 }
 
 #[cfg(test)]
@@ -581,13 +500,7 @@ mod tests {
     }
 
     #[test]
-    fn token_characters() {
-        let id = random_token_chars(6).unwrap();
-        assert_eq!(id.len(), 6);
-        assert!(
-            id.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-        );
+    fn nonces_are_random_hex() {
         assert_ne!(random_hex(16), random_hex(16));
         assert_eq!(random_hex(16).unwrap().len(), 32);
     }

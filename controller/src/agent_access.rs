@@ -11,13 +11,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
-use unbounded_api::agent::{AGENT_NAMESPACE, AgentAccess, role_name};
+use unbounded_api::agent::{AGENT_NAMESPACE, AgentAccess, role_name, self_refresh_rules};
 use unbounded_api::well_known::{conditions, field_managers, labels};
 use unbounded_api::{HandlerKind, Machine, MachineOperation, MachineProvider, OperationState};
 
@@ -33,17 +35,18 @@ pub const FINISHED_GRACE: Duration = Duration::from_secs(600);
 pub const MANAGED_LABEL: &str = "unbounded-cloud.io/agent-access";
 
 /// Whether a Machine's agent may be running: its provider has it up (InfrastructureReady),
-/// it is `manual` (someone else runs it), or an agent has already reported.
+/// it is `manual` (someone else runs it) or `azure` (the provider mints the VM's first
+/// credentials before it creates the VM, so the ServiceAccount must exist first), or an
+/// agent has already reported.
 pub fn agent_may_run(machine: &Machine) -> bool {
     let status = machine.status.as_ref();
-    machine.spec.provider == MachineProvider::Manual
-        || status.is_some_and(|s| {
-            s.agent.is_some()
-                || unbounded_api::condition::is_true(
-                    &s.conditions,
-                    conditions::INFRASTRUCTURE_READY,
-                )
-        })
+    matches!(
+        machine.spec.provider,
+        MachineProvider::Manual | MachineProvider::Azure
+    ) || status.is_some_and(|s| {
+        s.agent.is_some()
+            || unbounded_api::condition::is_true(&s.conditions, conditions::INFRASTRUCTURE_READY)
+    })
 }
 
 /// Whether an operation is the agent's to read now, given the time in seconds since the
@@ -117,6 +120,7 @@ pub fn desired_access<'a>(
         machine: name,
         versions,
         operations: names,
+        self_refresh: machine.spec.provider != MachineProvider::Pxe,
     };
     (
         Some(access),
@@ -206,6 +210,12 @@ async fn apply(
     Api::<ClusterRole>::all(client.clone())
         .patch(&role_name, &params, &Patch::Apply(&role))
         .await?;
+    let subjects = Some(vec![Subject {
+        kind: "ServiceAccount".into(),
+        name: access.machine.clone(),
+        namespace: Some(AGENT_NAMESPACE.into()),
+        api_group: None,
+    }]);
     let binding = ClusterRoleBinding {
         metadata: meta(&role_name, None, machine),
         role_ref: RoleRef {
@@ -213,16 +223,32 @@ async fn apply(
             kind: "ClusterRole".into(),
             name: role_name.clone(),
         },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: access.machine.clone(),
-            namespace: Some(AGENT_NAMESPACE.into()),
-            api_group: None,
-        }]),
+        subjects: subjects.clone(),
     };
     Api::<ClusterRoleBinding>::all(client.clone())
         .patch(&role_name, &params, &Patch::Apply(&binding))
         .await?;
+    if access.self_refresh {
+        let role = Role {
+            metadata: meta(&role_name, Some(AGENT_NAMESPACE), machine),
+            rules: Some(self_refresh_rules(&access.machine)),
+        };
+        Api::<Role>::namespaced(client.clone(), AGENT_NAMESPACE)
+            .patch(&role_name, &params, &Patch::Apply(&role))
+            .await?;
+        let binding = RoleBinding {
+            metadata: meta(&role_name, Some(AGENT_NAMESPACE), machine),
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "Role".into(),
+                name: role_name.clone(),
+            },
+            subjects,
+        };
+        Api::<RoleBinding>::namespaced(client.clone(), AGENT_NAMESPACE)
+            .patch(&role_name, &params, &Patch::Apply(&binding))
+            .await?;
+    }
     Ok(())
 }
 
@@ -348,9 +374,17 @@ mod tests {
         let (access, _) = desired_access(&machine(MachineProvider::Pxe, false), [], 0);
         assert!(access.is_none());
         let (access, _) = desired_access(&machine(MachineProvider::Manual, false), [], 0);
+        let access = access.expect("a manual machine's agent may run at any time");
+        assert!(access.self_refresh, "a manual machine renews its own token");
+        let (access, _) = desired_access(&machine(MachineProvider::Azure, false), [], 0);
+        let access = access.expect("an Azure VM's identity exists before the VM");
+        assert!(access.self_refresh);
+        let (access, _) = desired_access(&machine(MachineProvider::Pxe, true), [], 0);
         assert!(
-            access.is_some(),
-            "a manual machine's agent may run at any time"
+            !access
+                .expect("an infrastructure-ready PXE machine")
+                .self_refresh,
+            "a PXE machine renews through the bootserver"
         );
     }
 

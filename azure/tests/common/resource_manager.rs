@@ -348,12 +348,14 @@ fn put_vm(state: &mut State, path: &str, id: &str, body: &Value, fault: Option<F
             &format!("Resource {nic} referenced by resource {path} was not found."),
         );
     }
-    let custom_data = p["osProfile"]["customData"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    // Absent custom data on an existing VM means unchanged: Azure's GET never returns it,
+    // so a GET-then-PUT must be able to leave it out.
+    let sent_custom_data = p["osProfile"]["customData"].as_str().map(str::to_owned);
+    let custom_data = sent_custom_data.clone().unwrap_or_default();
     if let Some(existing) = state.resources.get(id).cloned() {
-        if state.custom_data.get(id).is_some_and(|c| *c != custom_data) {
+        if let Some(sent) = &sent_custom_data
+            && state.custom_data.get(id).is_some_and(|c| c != sent)
+        {
             return arm_error(
                 409,
                 "PropertyChangeNotAllowed",
@@ -385,7 +387,9 @@ fn put_vm(state: &mut State, path: &str, id: &str, body: &Value, fault: Option<F
         "properties": properties,
     });
     state.resources.insert(id.to_owned(), vm.clone());
-    state.custom_data.insert(id.to_owned(), custom_data);
+    if sent_custom_data.is_some() || !state.custom_data.contains_key(id) {
+        state.custom_data.insert(id.to_owned(), custom_data);
+    }
     let headers = start_operation(state, id, Effect::Provisioned(id.to_owned()), fault, false);
     (201, headers, vm)
 }
