@@ -220,12 +220,23 @@ impl StandInKubelet {
                     let Ok(Some(m)) = machines.get_opt(name).await else {
                         continue;
                     };
+                    // A Machine being deleted is going away with its Node (drained, then
+                    // deleted): its server does not register it again.
+                    if m.metadata.deletion_timestamp.is_some() {
+                        continue;
+                    }
                     let wanted = *version.lock().unwrap();
                     let recorded = m.status.as_ref().and_then(|s| s.configuration.as_ref());
                     let repaved =
                         recorded.is_some_and(|c| c.name == configuration && c.version == wanted);
                     if repaved && matches!(nodes.get_opt(name).await, Ok(None)) {
                         tokio::time::sleep(boot).await;
+                        let deleting = machines.get_opt(name).await.map_or(true, |m| {
+                            m.is_none_or(|m| m.metadata.deletion_timestamp.is_some())
+                        });
+                        if deleting {
+                            continue;
+                        }
                         // A Node registered anew has a healthy kubelet.
                         d2.lock().unwrap().remove(name);
                         let _ = create_node_quietly(&client, name).await;
