@@ -89,6 +89,14 @@ impl MachineConfigurationSpec {
         .unwrap_or(1)
     }
 
+    /// The rolling update settings (defaults when absent).
+    pub fn rolling_update(&self) -> RollingUpdate {
+        self.update_strategy
+            .as_ref()
+            .and_then(|s| s.rolling_update.clone())
+            .unwrap_or_default()
+    }
+
     /// The update strategy type with its default applied.
     pub fn update_strategy_type(&self) -> UpdateStrategyType {
         self.update_strategy
@@ -103,7 +111,10 @@ impl MachineConfigurationSpec {
 #[serde(rename_all = "camelCase")]
 pub struct UpdateStrategy {
     /// `OnDelete` (default): a machine moves to a new version only when its Node is deleted
-    /// (repave). `RollingUpdate`: accepted, not yet carried out (reported as a condition).
+    /// (repave). `RollingUpdate`: the Machines it selects get its newest version, and the
+    /// controller repaves the out-of-date ones in batches (cordon, drain, delete the Node) that
+    /// keep at most `rollingUpdate.maxUnavailable` of them unavailable. Machines of a
+    /// MachinePool follow their pool's strategy instead.
     #[serde(rename = "type", default)]
     pub type_: UpdateStrategyType,
     /// Settings for RollingUpdate.
@@ -117,17 +128,25 @@ pub enum UpdateStrategyType {
     /// Repave only when the Node is deleted.
     #[default]
     OnDelete,
-    /// Repave machines one batch at a time (not yet carried out).
+    /// Repave machines one batch at a time.
     RollingUpdate,
 }
 
 /// Settings of a rolling update.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct RollingUpdate {
-    /// How many machines (or what percentage) may be unavailable at once.
+    /// How many machines (a number, or a percentage of the Machines rounded down, at least 1)
+    /// may be unavailable at once. Default 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("type(self) == string ? self.matches('^(100|[1-9]?[0-9])%$') : self >= 0").message("maxUnavailable must be a number of Machines (0 or more) or a percentage such as 25%"))]
     pub max_unavailable: Option<IntOrString>,
+    /// A repaved Machine not available this many seconds after its repave was requested
+    /// fails its batch, which pauses the rollout until it is available or the target changes.
+    /// Default 1800.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1").message("progressDeadlineSeconds must be 1 or more"))]
+    pub progress_deadline_seconds: Option<i64>,
 }
 
 /// Everything a configuration version captures.
@@ -292,6 +311,22 @@ pub struct MachineConfigurationStatus {
     /// The spec generation the controller last acted on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// With RollingUpdate: the Machines it governs and how far the rollout is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatus>,
+}
+
+/// How far a configuration's rolling update is.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStatus {
+    /// Machines the rollout governs (they resolve to this configuration and belong to no
+    /// MachinePool).
+    pub machines: i64,
+    /// Of them, those recording the version they resolve to.
+    pub updated: i64,
+    /// Of them, those Ready, not cordoned and not being repaved.
+    pub available: i64,
 }
 
 /// One version of a configuration, as listed in its status.

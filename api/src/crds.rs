@@ -3,7 +3,9 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::{Machine, MachineConfiguration, MachineConfigurationVersion, MachineOperation};
+use crate::{
+    Machine, MachineConfiguration, MachineConfigurationVersion, MachineOperation, MachinePool,
+};
 
 /// Errors while rendering CRDs.
 #[derive(Debug, thiserror::Error)]
@@ -25,6 +27,7 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         MachineConfiguration::crd(),
         MachineConfigurationVersion::crd(),
         MachineOperation::crd(),
+        MachinePool::crd(),
     ]
 }
 

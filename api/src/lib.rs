@@ -7,6 +7,7 @@
 //! | [`MachineConfiguration`] | `mc` | what a class of machines runs |
 //! | [`MachineConfigurationVersion`] | `mcv` | one numbered, lockable snapshot of a configuration |
 //! | [`MachineOperation`] | `mo` | a Job-like operation on one machine or many |
+//! | [`MachinePool`] | `mp` | a scalable group of Machines, with rolling updates and remediation |
 //!
 //! Validation lives in the CRD schema as CEL rules (see each field's `x_kube` attribute), so
 //! `kubectl apply` rejects a bad object with a message that says what is wrong.
@@ -21,6 +22,7 @@ pub mod crds;
 pub mod handler;
 pub mod machine;
 pub mod operation;
+pub mod pool;
 pub mod provider;
 pub mod well_known;
 
@@ -28,8 +30,8 @@ pub use configuration::{
     BindMount, BootSpec, FileSpec, ImageSpec, KubernetesSpec, MachineConfiguration,
     MachineConfigurationSpec, MachineConfigurationStatus, MachineConfigurationVersion,
     MachineConfigurationVersionSpec, MachineConfigurationVersionStatus, MachineTemplate,
-    NspawnNetwork, NspawnSpec, RollingUpdate, UpdateStrategy, UpdateStrategyType, VersionSummary,
-    version_name,
+    NspawnNetwork, NspawnSpec, RollingUpdate, RolloutStatus, UpdateStrategy, UpdateStrategyType,
+    VersionSummary, version_name,
 };
 pub use machine::{
     AgentReboot, AgentStatus, Architecture, AzureImage, AzureSpec, BmcSpec, ConfigurationRef,
@@ -39,4 +41,9 @@ pub use machine::{
 pub use operation::{
     ChildCounts, HandlerKind, MachineOperation, MachineOperationSpec, MachineOperationStatus,
     MachineRef, OperationState,
+};
+pub use pool::{
+    MachinePool, MachinePoolSpec, MachinePoolStatus, MachinePoolTemplate, PoolMachineSpec,
+    PoolPxeSpec, PoolRollingUpdate, PoolStrategy, PoolStrategyType, Remediation, TemplateMetadata,
+    UnhealthyCondition,
 };

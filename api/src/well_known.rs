@@ -13,6 +13,9 @@ pub mod labels {
     pub const CONFIGURATION: &str = "unbounded-cloud.io/configuration";
     /// On a child MachineOperation: the name of its parent (selector) operation.
     pub const PARENT_OPERATION: &str = "unbounded-cloud.io/parent-operation";
+    /// On every Machine of a MachinePool (with the pool as its controlling owner): the pool's
+    /// name.
+    pub const POOL: &str = "unbounded-cloud.io/pool";
 }
 
 /// Annotations.
@@ -24,6 +27,25 @@ pub mod annotations {
         "unbounded-cloud.io/machine-configuration-version";
     /// On a Node: the Machine it belongs to.
     pub const MACHINE: &str = "unbounded-cloud.io/machine";
+    /// On a Machine of a MachinePool: remove this one first when the pool scales down (any
+    /// value).
+    pub const DELETE_MACHINE: &str = "unbounded-cloud.io/delete-machine";
+    /// On a Machine: a request to repave it, as the RFC 3339 time of the request. The
+    /// controller cordons and drains the Machine's recorded Node (PodDisruptionBudgets
+    /// honoured, at most the drain timeout after the request), deletes it (the agent repaves
+    /// with what the Machine resolves to then), and replaces this annotation with
+    /// [`REPAVING`]. Rolling updates and remediation use it; so may a person. A Machine
+    /// without a recorded Node has nothing to drain: the request is carried out at once.
+    pub const REPAVE: &str = "unbounded-cloud.io/repave";
+    /// On a Machine with [`REPAVE`]: a MachineOperation (`powerOff`, `pxeBoot`) to create
+    /// once the Node is deleted.
+    pub const REPAVE_THEN: &str = "unbounded-cloud.io/repave-then";
+    /// On a Machine: the time of the repave request the controller carried out, until the
+    /// Machine is Running again (a rollout's progress deadline counts from it).
+    pub const REPAVING: &str = "unbounded-cloud.io/repaving";
+    /// On a PXE Machine a pool claimed: when (RFC 3339). Remediation's provisioning clock
+    /// starts no earlier.
+    pub const CLAIMED_AT: &str = "unbounded-cloud.io/claimed-at";
 }
 
 /// Finalizers.
@@ -37,6 +59,9 @@ pub mod finalizers {
     pub const PXE_PROVIDER: &str = "unbounded-cloud.io/pxe-provider";
     /// On an Azure Machine: the Azure provider deletes the VM before letting go.
     pub const AZURE_PROVIDER: &str = "unbounded-cloud.io/azure-provider";
+    /// On a MachinePool: the controller releases (pxe) or deletes (azure, manual) its
+    /// Machines before letting go.
+    pub const POOL: &str = "unbounded-cloud.io/pool";
 
     /// The finalizers by which providers hold a Machine until its infrastructure is released.
     pub const PROVIDERS: [&str; 2] = [PXE_PROVIDER, AZURE_PROVIDER];
@@ -168,6 +193,12 @@ pub mod field_managers {
     pub const AZURE_PROVIDER: &str = "unbounded-azure-provider";
     /// The agent in the booted OS.
     pub const AGENT: &str = "unbounded-agent";
+
+    /// A MachinePool's own field manager, with which it claims PXE Machines: two pools
+    /// claiming one Machine conflict on its `unbounded-cloud.io/pool` label.
+    pub fn pool(name: &str) -> String {
+        format!("unbounded-pool-{name}")
+    }
 }
 
 /// Condition types.
@@ -182,6 +213,13 @@ pub mod conditions {
     pub const NODE_READY: &str = "NodeReady";
     /// MachineConfiguration: the update strategy is carried out (controller).
     pub const UPDATE_STRATEGY_SUPPORTED: &str = "UpdateStrategySupported";
+    /// MachineConfiguration (RollingUpdate) and MachinePool: every Machine records the version
+    /// it resolves to; False while a rollout runs, is paused or waits (OnDelete).
+    pub const UP_TO_DATE: &str = "UpToDate";
+    /// MachinePool: it holds `replicas` Machines.
+    pub const SCALED: &str = "Scaled";
+    /// MachinePool: no Machine is unhealthy, or remediation is under way.
+    pub const MACHINES_HEALTHY: &str = "MachinesHealthy";
 }
 
 /// Condition reasons and Event reasons.
@@ -222,4 +260,37 @@ pub mod reasons {
     pub const OPERATION_FAILED: &str = "OperationFailed";
     /// A selector MachineOperation created its children (Event on the operation).
     pub const FANNED_OUT: &str = "FannedOut";
+
+    /// A repave was requested (Event on the Machine) or carried out.
+    pub const REPAVE_REQUESTED: &str = "RepaveRequested";
+    /// A repave annotation that cannot be read.
+    pub const INVALID_REPAVE_REQUEST: &str = "InvalidRepaveRequest";
+    /// Every Machine records the version it resolves to.
+    pub const UP_TO_DATE: &str = "UpToDate";
+    /// A rollout batch was started (Event), or batches are under way (condition).
+    pub const ROLLING_OUT: &str = "RollingOut";
+    /// A rollout batch failed its progress deadline: no new batch starts.
+    pub const BATCH_FAILED: &str = "BatchFailed";
+    /// The pool's `spec.paused` holds the rollout.
+    pub const PAUSED: &str = "Paused";
+    /// OnDelete: out-of-date Machines wait for their Node to be deleted.
+    pub const WAITING_FOR_NODE_DELETION: &str = "WaitingForNodeDeletion";
+    /// The pool holds its replicas.
+    pub const AT_REPLICAS: &str = "AtReplicas";
+    /// The pool created or claimed Machines.
+    pub const SCALING_UP: &str = "ScalingUp";
+    /// The pool deleted or released Machines.
+    pub const SCALING_DOWN: &str = "ScalingDown";
+    /// A PXE pool has fewer free Machines to claim than it needs.
+    pub const INVENTORY_SHORT: &str = "InventoryShort";
+    /// A PXE pool claimed a Machine (Event).
+    pub const CLAIMED: &str = "Claimed";
+    /// A PXE pool released a Machine to the inventory (Event).
+    pub const RELEASED: &str = "Released";
+    /// No Machine is unhealthy.
+    pub const HEALTHY: &str = "Healthy";
+    /// Unhealthy Machines are remediated (condition), or one was (Event).
+    pub const REMEDIATING: &str = "Remediating";
+    /// More Machines are unhealthy than maxUnhealthy: none is remediated.
+    pub const TOO_MANY_UNHEALTHY: &str = "TooManyUnhealthy";
 }

@@ -28,6 +28,7 @@ fn api_for(client: &kube::Client, kind: &str) -> Api<DynamicObject> {
             "machineconfigurationversions",
             "MachineConfigurationVersion",
         ),
+        "MachinePool" => ("machinepools", "MachinePool"),
         _ => ("machineoperations", "MachineOperation"),
     };
     let resource = ApiResource {
@@ -344,6 +345,22 @@ fn configuration_cases() -> Vec<(&'static str, Value, Option<&'static str>)> {
             ),
         ),
         (
+            "good rolling update",
+            configuration(
+                "c-rolling",
+                json!({"updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%", "progressDeadlineSeconds": 900}}, "template": {}}),
+            ),
+            None,
+        ),
+        (
+            "negative maxUnavailable",
+            configuration(
+                "c-neg",
+                json!({"updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": -1}}, "template": {}}),
+            ),
+            Some("maxUnavailable must be a number of Machines"),
+        ),
+        (
             "ftp kernel URL",
             configuration(
                 "c-ftp",
@@ -488,6 +505,105 @@ fn operation_cases() -> Vec<(&'static str, Value, Option<&'static str>)> {
     ]
 }
 
+fn pool(name: &str, spec: Value) -> Value {
+    json!({"apiVersion": "unbounded-cloud.io/v1alpha1", "kind": "MachinePool", "metadata": {"name": name}, "spec": spec})
+}
+
+fn pool_cases() -> Vec<(&'static str, Value, Option<&'static str>)> {
+    let pxe = json!({"provider": "pxe", "pxe": {"inventorySelector": {"matchLabels": {"rack": "r1"}}}, "configurationRef": {"name": "general"}});
+    let manual = json!({"provider": "manual"});
+    vec![
+        (
+            "good pxe pool",
+            pool(
+                "p-good",
+                json!({"replicas": 3, "template": {"metadata": {"labels": {"tier": "a"}}, "spec": pxe},
+                    "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "progressDeadlineSeconds": 600}},
+                    "remediation": {"unhealthyConditions": [{"type": "Ready", "status": "Unknown", "timeoutSeconds": 300}], "maxUnhealthy": "40%"}}),
+            ),
+            None,
+        ),
+        (
+            "good azure pool with surge",
+            pool(
+                "p-azure",
+                json!({"replicas": 2, "strategy": {"rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+                    "template": {"spec": {"provider": "azure", "azure": azure_spec(json!({}))["azure"]}}}),
+            ),
+            None,
+        ),
+        (
+            "negative replicas",
+            pool(
+                "p-neg",
+                json!({"replicas": -1, "template": {"spec": manual}}),
+            ),
+            Some("spec.replicas must be 0 or more"),
+        ),
+        (
+            "pxe without inventory",
+            pool(
+                "p-noinv",
+                json!({"template": {"spec": {"provider": "pxe"}}}),
+            ),
+            Some("spec.template.spec.pxe (with inventorySelector) is required"),
+        ),
+        (
+            "azure without azure",
+            pool(
+                "p-noaz",
+                json!({"template": {"spec": {"provider": "azure"}}}),
+            ),
+            Some("spec.template.spec.azure is required"),
+        ),
+        (
+            "surge on a pxe pool",
+            pool(
+                "p-surge",
+                json!({"strategy": {"rollingUpdate": {"maxSurge": 1}}, "template": {"spec": pxe}}),
+            ),
+            Some("maxSurge applies only to pools that create Machines"),
+        ),
+        (
+            "a percentage that is not one",
+            pool(
+                "p-pct",
+                json!({"strategy": {"rollingUpdate": {"maxUnavailable": "half"}}, "template": {"spec": manual}}),
+            ),
+            Some("maxUnavailable must be a number of Machines"),
+        ),
+        (
+            "rollingUpdate with OnDelete",
+            pool(
+                "p-ondel",
+                json!({"strategy": {"type": "OnDelete", "rollingUpdate": {"maxUnavailable": 1}}, "template": {"spec": manual}}),
+            ),
+            Some("strategy.rollingUpdate may only be set when strategy.type is RollingUpdate"),
+        ),
+        (
+            "the pool label in the template",
+            pool(
+                "p-label",
+                json!({"template": {"metadata": {"labels": {"unbounded-cloud.io/pool": "other"}}, "spec": manual}}),
+            ),
+            Some("template labels may not set unbounded-cloud.io/pool"),
+        ),
+        (
+            "a Node condition other than Ready",
+            pool(
+                "p-cond",
+                json!({"remediation": {"unhealthyConditions": [{"type": "DiskPressure", "status": "True", "timeoutSeconds": 1}]}, "template": {"spec": manual}}),
+            ),
+            Some("only the Node condition Ready is watched"),
+        ),
+        (
+            "a name too long for a label value",
+            pool(&"p".repeat(64), json!({"template": {"spec": manual}})),
+            Some("a MachinePool name may be at most 63 characters"),
+        ),
+    ]
+}
+
 async fn check_cases(cases: Vec<(&'static str, Value, Option<&'static str>)>) {
     let client = client().await;
     let mut failures = Vec::new();
@@ -517,6 +633,39 @@ async fn configuration_rules_reject_bad_and_accept_good() {
 #[tokio::test]
 async fn operation_rules_reject_bad_and_accept_good() {
     check_cases(operation_cases()).await;
+}
+
+#[tokio::test]
+async fn pool_rules_reject_bad_and_accept_good() {
+    check_cases(pool_cases()).await;
+}
+
+#[tokio::test]
+async fn pool_provider_is_immutable() {
+    let client = client().await;
+    let api = api_for(&client, "MachinePool");
+    let object: DynamicObject = serde_json::from_value(pool(
+        "immutable-pool",
+        json!({"template": {"spec": {"provider": "manual"}}}),
+    ))
+    .expect("object");
+    api.create(&PostParams::default(), &object)
+        .await
+        .expect("create");
+    let patch = json!({"spec": {"template": {"spec": {"provider": "pxe", "pxe": {"inventorySelector": {}}}}}});
+    let err = api
+        .patch(
+            "immutable-pool",
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .expect_err("provider change refused");
+    assert!(
+        err.to_string()
+            .contains("spec.template.spec.provider is immutable"),
+        "{err}"
+    );
 }
 
 /// The typed structs and the schema agree: what Rust serializes, the API server accepts.

@@ -11,12 +11,12 @@
 
 mod common;
 
-use std::io::Write as _;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
+use common::process::{AGENT_SHA, AGENT_URL, ProviderProcess, get, kubectl};
 use common::{CLIENT_ID, FakeAzure, Fault, TENANT, wait_until};
 use kube::Api;
 use unbounded_api::Machine;
@@ -26,43 +26,9 @@ const CLIENT_SECRET: &str = "acc3ptance-cl1ent-s3cret-value";
 const WRONG_SECRET: &str = "n0t-the-acceptance-s3cret";
 const SUB: &str = "5e0c1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b";
 const SUBNET: &str = "/subscriptions/5e0c1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b/resourceGroups/rg-net/providers/Microsoft.Network/virtualNetworks/vnet/subnets/nodes";
-const AGENT_URL: &str = "https://downloads.example.invalid/unbounded-agent";
-const AGENT_SHA: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
 const SSH_KEY: &str =
     "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKq7bqZ9sS0Wm7mFsJkZq0QJtqgS3D6p2mW1Zl3f7cuA ops@example";
 const WAIT: Duration = Duration::from_secs(90);
-
-fn kubectl(cp: &LocalControlPlane, args: &[&str], stdin: Option<&str>) -> String {
-    let mut child = cp
-        .kubectl()
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    if let Some(text) = stdin {
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(text.as_bytes())
-            .unwrap();
-    }
-    drop(child.stdin.take());
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn get(cp: &LocalControlPlane, kind: &str, name: &str, path: &str) -> String {
-    cp.kubectl_output(&["get", kind, name, "-o", &format!("jsonpath={path}")])
-        .unwrap_or_default()
-}
 
 fn ready(cp: &LocalControlPlane, machine: &str) -> String {
     get(
@@ -77,80 +43,6 @@ fn vm_id(group: &str, name: &str) -> String {
     format!(
         "/subscriptions/{SUB}/resourceGroups/{group}/providers/Microsoft.Compute/virtualMachines/{name}"
     )
-}
-
-/// The provider binary, logging to a file.
-struct ProviderProcess {
-    child: Child,
-    log: std::path::PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl ProviderProcess {
-    fn start(cp: &LocalControlPlane, fake: &FakeAzure) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("provider.log");
-        let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_unbounded-azure"))
-            .args([
-                "--cluster-name",
-                "acceptance",
-                "--bootserver-url",
-                "http://192.0.2.1:8080",
-                "--api-server-url",
-                cp.server_url(),
-                "--cluster-ca-file",
-                &cp.data_dir().join("pki/ca.crt").display().to_string(),
-                "--agent-url",
-                AGENT_URL,
-                "--agent-sha256",
-                AGENT_SHA,
-                "--identity",
-                "none",
-                "--arm-endpoint",
-                &fake.origin,
-                "--authority-host",
-                &fake.origin,
-                "--extra-ca-file",
-                &fake.ca_file.display().to_string(),
-                "--poll-seconds",
-                "2",
-                "--first-backoff-seconds",
-                "2",
-                "--max-backoff-seconds",
-                "5",
-                "--operation-timeout-seconds",
-                "8",
-                "--request-attempts",
-                "4",
-            ])
-            .env("KUBECONFIG", cp.kubeconfig_path())
-            // Our crates and the Azure SDK at debug level: nothing they log may hold a secret.
-            .env(
-                "RUST_LOG",
-                "info,unbounded_azure=debug,unbounded_api=debug,azure_core=debug,azure_identity=debug,typespec_client_core=debug,reqwest=debug",
-            )
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .unwrap();
-        Self {
-            child,
-            log,
-            _dir: dir,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for ProviderProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn machine(name: &str, group: &str, extra: &str) -> String {

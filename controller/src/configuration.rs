@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -22,6 +23,8 @@ use unbounded_api::{
 use crate::context::Context;
 use crate::error::{Error, is_not_found, kube_err};
 use crate::metrics::Metrics;
+use crate::rolling::Rollout;
+use crate::rollout::{RolloutState, some_names};
 use crate::versioning::{self, ExistingVersion, VersionAction};
 
 /// Reconciles one MachineConfiguration.
@@ -188,12 +191,14 @@ async fn apply(configuration: &MachineConfiguration, ctx: &Context) -> Result<Ac
         &referenced,
         configuration.spec.revision_history_limit(),
     );
+    let rollout = crate::rolling::roll(configuration, ctx).await?;
     write_status(
         configuration,
         resource_version,
         latest,
         &summaries,
         &prune,
+        rollout.as_ref(),
         ctx,
     )
     .await?;
@@ -217,7 +222,12 @@ async fn apply(configuration: &MachineConfiguration, ctx: &Context) -> Result<Ac
             Err(e) => return Err(kube_err(format!("pruning {version_object}"))(e)),
         }
     }
-    Ok(Action::requeue(ctx.settings.resync))
+    let wait = rollout
+        .and_then(|r| r.recheck)
+        .map_or(ctx.settings.resync, |r| {
+            (r + Duration::from_secs(1)).min(ctx.settings.resync)
+        });
+    Ok(Action::requeue(wait))
 }
 
 /// Creates or updates version `version` with the configuration's template (server-side
@@ -335,12 +345,58 @@ async fn patch_finalizers(
     Ok(())
 }
 
+/// The UpToDate condition of a rolling configuration.
+fn up_to_date_condition(
+    state: &RolloutState,
+    deadline_seconds: i64,
+    generation: Option<i64>,
+) -> Condition {
+    let (status, reason, message) = match state {
+        RolloutState::UpToDate => (
+            true,
+            reasons::UP_TO_DATE,
+            "every Machine records the version it resolves to".to_owned(),
+        ),
+        RolloutState::RollingOut {
+            updated,
+            total,
+            repaving,
+        } => (
+            false,
+            reasons::ROLLING_OUT,
+            if repaving.is_empty() {
+                format!("{updated} of {total} Machines up to date")
+            } else {
+                format!(
+                    "{updated} of {total} Machines up to date; repaving {}",
+                    some_names(repaving)
+                )
+            },
+        ),
+        RolloutState::Failed { machines } => (
+            false,
+            reasons::BATCH_FAILED,
+            format!(
+                "{} not available {deadline_seconds} s after their repave: the rollout is paused until they are, or until they resolve to another version (a rollback)",
+                some_names(machines)
+            ),
+        ),
+        RolloutState::Paused { outdated } | RolloutState::WaitingForNodeDeletion { outdated } => (
+            false,
+            reasons::WAITING_FOR_NODE_DELETION,
+            format!("{outdated} out-of-date Machines wait"),
+        ),
+    };
+    condition::new_condition(conditions::UP_TO_DATE, status, reason, message, generation)
+}
+
 async fn write_status(
     configuration: &MachineConfiguration,
     resource_version: Option<String>,
     latest: i64,
     summaries: &[VersionSummary],
     pruned: &[i64],
+    rollout: Option<&Rollout>,
     ctx: &Context,
 ) -> Result<(), Error> {
     let mut versions: Vec<&VersionSummary> = summaries
@@ -360,33 +416,75 @@ async fn write_status(
         ),
         UpdateStrategyType::RollingUpdate => condition::new_condition(
             conditions::UPDATE_STRATEGY_SUPPORTED,
-            false,
-            reasons::NOT_SUPPORTED,
-            "RollingUpdate is not carried out yet: Machines move to a new version only when their Node is deleted, as with OnDelete",
+            true,
+            reasons::SUPPORTED,
+            "RollingUpdate: out-of-date Machines (not in a MachinePool) are repaved in batches of at most maxUnavailable",
             generation,
         ),
     };
+    let deadline_seconds = configuration
+        .spec
+        .rolling_update()
+        .progress_deadline_seconds
+        .unwrap_or(unbounded_api::pool::DEFAULT_PROGRESS_DEADLINE_SECONDS);
+    let mut planned = vec![strategy];
+    if let Some(r) = rollout {
+        planned.push(up_to_date_condition(&r.state, deadline_seconds, generation));
+    }
     let mut merged = current.conditions.clone();
-    condition::set(&mut merged, strategy.clone());
+    for c in &planned {
+        condition::set(&mut merged, c.clone());
+    }
+    let rollout_status = rollout.map(|r| r.status.clone());
+    let failed_now = rollout.is_some_and(|r| matches!(r.state, RolloutState::Failed { .. }));
+    let failed_before = condition::find(&current.conditions, conditions::UP_TO_DATE)
+        .is_some_and(|c| c.reason == reasons::BATCH_FAILED);
+    if failed_now && !failed_before {
+        let message = planned
+            .iter()
+            .find(|c| c.type_ == conditions::UP_TO_DATE)
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        ctx.event(
+            configuration,
+            EventType::Warning,
+            reasons::BATCH_FAILED,
+            message,
+        )
+        .await;
+    }
+    let ours: Vec<&Condition> = merged
+        .iter()
+        .filter(|c| planned.iter().any(|p| p.type_ == c.type_))
+        .collect();
     let unchanged = current.latest_version == latest
         && current.versions.iter().collect::<Vec<_>>() == versions
         && current.observed_generation == generation
-        && condition::find(&current.conditions, conditions::UPDATE_STRATEGY_SUPPORTED)
-            .is_some_and(|c| condition::same_meaning(c, &strategy));
+        && current.rollout == rollout_status
+        && planned.iter().all(|p| {
+            condition::find(&current.conditions, &p.type_)
+                .is_some_and(|c| condition::same_meaning(c, p))
+        })
+        && (rollout.is_some()
+            || condition::find(&current.conditions, conditions::UP_TO_DATE).is_none());
     if unchanged {
         return Ok(());
     }
-    let body = json!({
+    let mut body = json!({
         "apiVersion": MachineConfiguration::api_version(&()),
         "kind": MachineConfiguration::kind(&()),
         "metadata": {"resourceVersion": resource_version},
         "status": {
             "latestVersion": latest,
             "versions": versions,
-            "conditions": merged.iter().filter(|c| c.type_ == conditions::UPDATE_STRATEGY_SUPPORTED).collect::<Vec<_>>(),
+            "conditions": ours,
             "observedGeneration": generation,
         },
     });
+    // Left out rather than null when there is none: the apply then drops it.
+    if let Some(r) = &rollout_status {
+        body["status"]["rollout"] = json!(r);
+    }
     let api: Api<MachineConfiguration> = Api::all(ctx.client.clone());
     let name = configuration.name_any();
     match api

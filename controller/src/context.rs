@@ -8,7 +8,9 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
-use unbounded_api::{Machine, MachineConfiguration, MachineConfigurationVersion, MachineOperation};
+use unbounded_api::{
+    Machine, MachineConfiguration, MachineConfigurationVersion, MachineOperation, MachinePool,
+};
 
 use crate::events::{EventPublisher, EventSettings};
 use crate::expectations::Expectations;
@@ -16,6 +18,7 @@ use crate::index::Shared;
 use crate::index::catalog::Catalog;
 use crate::index::machines::MachineIndex;
 use crate::index::operations::{NodeIndex, OperationIndex};
+use crate::index::pools::PoolIndex;
 use crate::metrics::Metrics;
 use crate::recount::RecountTiming;
 
@@ -32,6 +35,8 @@ pub struct Settings {
     pub configuration_concurrency: u16,
     /// MachineOperations reconciled at once.
     pub operation_concurrency: u16,
+    /// MachinePools reconciled at once.
+    pub pool_concurrency: u16,
     /// When configurations whose Machines changed are recounted.
     pub recount: RecountTiming,
     /// How events are queued and published.
@@ -46,6 +51,7 @@ impl Default for Settings {
             machine_concurrency: 32,
             configuration_concurrency: 8,
             operation_concurrency: 16,
+            pool_concurrency: 4,
             recount: RecountTiming {
                 quiet: Duration::from_secs(2),
                 max_wait: Duration::from_secs(10),
@@ -76,6 +82,10 @@ pub struct Context {
     pub nodes: Store<Node>,
     /// MachineOperations.
     pub operations: Store<MachineOperation>,
+    /// MachinePools.
+    pub pools: Store<MachinePool>,
+    /// Pools by configuration, and the short PXE pools.
+    pub pool_index: Shared<PoolIndex>,
     /// Machines by label, configuration and Node; version and phase counts.
     pub machine_index: Shared<MachineIndex>,
     /// Configurations by selector, and their versions.

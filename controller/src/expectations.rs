@@ -62,6 +62,104 @@ impl<K: Ord + Clone> InFlight<K> {
     }
 }
 
+/// A change a group's owner (a MachinePool, or a configuration's rolling update) made to
+/// one of its Machines, to be seen in the Machine watch before the owner decides again: a
+/// lagging cache would otherwise claim a second Machine for one replica, or start a second
+/// batch over a Machine whose repave request it does not see yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemberChange {
+    /// Created or claimed: the Machine carries the pool's label.
+    Joined,
+    /// Released: the Machine no longer carries the pool's label.
+    Left,
+    /// Deleted: being deleted, or gone.
+    Deleting,
+    /// A repave requested with this annotation value: the request, or its `repaving` mark.
+    RepaveRequested(String),
+}
+
+/// What the Machine watch shows of a Machine, for [`MemberExpectations::observe`].
+#[derive(Debug, Clone, Copy)]
+pub struct ObservedMachine<'a> {
+    /// The `unbounded-cloud.io/pool` label.
+    pub pool: Option<&'a str>,
+    /// Being deleted.
+    pub deleting: bool,
+    /// The `unbounded-cloud.io/repave` annotation.
+    pub repave: Option<&'a str>,
+    /// The `unbounded-cloud.io/repaving` annotation.
+    pub repaving: Option<&'a str>,
+}
+
+/// Changes to Machines that their owners made and the watch has not shown yet, by
+/// `(machine, owner)`; an owner is `pool/<name>` or `configuration/<name>`.
+#[derive(Debug, Default)]
+pub struct MemberExpectations {
+    pending: BTreeMap<(String, String), (MemberChange, Instant)>,
+}
+
+impl MemberExpectations {
+    /// `owner` changed `machine` at `now`.
+    pub fn expect(&mut self, owner: &str, machine: &str, change: MemberChange, now: Instant) {
+        self.pending
+            .insert((machine.to_owned(), owner.to_owned()), (change, now));
+    }
+
+    /// The watch shows `machine` like this (`None`: gone).
+    pub fn observe(&mut self, machine: &str, seen: Option<ObservedMachine<'_>>) {
+        let range = (machine.to_owned(), String::new())..;
+        let met: Vec<(String, String)> = self
+            .pending
+            .range(range)
+            .take_while(|((m, _), _)| m == machine)
+            .filter(|((_, owner), (change, _))| match seen {
+                None => true,
+                Some(seen) => match change {
+                    MemberChange::Joined => owner.strip_prefix("pool/") == seen.pool,
+                    MemberChange::Left => owner.strip_prefix("pool/") != seen.pool,
+                    MemberChange::Deleting => seen.deleting,
+                    MemberChange::RepaveRequested(value) => {
+                        seen.repave == Some(value.as_str()) || seen.repaving == Some(value.as_str())
+                    }
+                },
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in met {
+            self.pending.remove(&key);
+        }
+    }
+
+    /// How many of `owner`'s changes are not seen yet at `now` (older than
+    /// [`EXPECTATION_TTL`] count as lost).
+    pub fn pending_for(&self, owner: &str, now: Instant) -> usize {
+        self.pending
+            .iter()
+            .filter(|((_, o), (_, at))| {
+                o == owner && now.saturating_duration_since(*at) < EXPECTATION_TTL
+            })
+            .count()
+    }
+
+    /// Whether any owner's claim of `machine` is not seen yet.
+    pub fn joining(&self, machine: &str, now: Instant) -> bool {
+        let range = (machine.to_owned(), String::new())..;
+        self.pending
+            .range(range)
+            .take_while(|((m, _), _)| m == machine)
+            .any(|(_, (change, at))| {
+                *change == MemberChange::Joined
+                    && now.saturating_duration_since(*at) < EXPECTATION_TTL
+            })
+    }
+
+    /// Forgets expectations older than [`EXPECTATION_TTL`].
+    pub fn expire(&mut self, now: Instant) {
+        self.pending
+            .retain(|_, (_, at)| now.saturating_duration_since(*at) < EXPECTATION_TTL);
+    }
+}
+
 /// The controller's expectations.
 #[derive(Debug, Default)]
 pub struct Expectations {
@@ -69,6 +167,11 @@ pub struct Expectations {
     pub created_versions: InFlight<(String, i64)>,
     /// Versions marked deployed, by object name.
     pub locked_versions: InFlight<String>,
+    /// Nodes deleted for a repave, by UID: not the Machine's Node any more, whatever a
+    /// lagging cache shows.
+    pub deleted_nodes: InFlight<String>,
+    /// Changes owners made to their Machines.
+    pub members: MemberExpectations,
 }
 
 impl Expectations {
@@ -76,6 +179,8 @@ impl Expectations {
     pub fn expire(&mut self, now: Instant) {
         self.created_versions.expire(now);
         self.locked_versions.expire(now);
+        self.deleted_nodes.expire(now);
+        self.members.expire(now);
     }
 
     /// The versions of `configuration` created less than [`EXPECTATION_TTL`] ago that are not
@@ -133,5 +238,59 @@ mod tests {
         e.locked_versions.expire(at(30));
         assert!(e.created_versions.since.is_empty());
         assert!(e.locked_versions.since.is_empty());
+    }
+
+    #[test]
+    fn member_expectations_table() {
+        let start = Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        let seen = |pool: Option<&'static str>, repave: Option<&'static str>| ObservedMachine {
+            pool,
+            deleting: false,
+            repave,
+            repaving: None,
+        };
+        let mut e = MemberExpectations::default();
+        e.expect("pool/a", "m1", MemberChange::Joined, at(0));
+        e.expect("pool/b", "m1", MemberChange::Joined, at(0));
+        e.expect(
+            "pool/a",
+            "m2",
+            MemberChange::RepaveRequested("t1".into()),
+            at(0),
+        );
+        e.expect("pool/a", "m3", MemberChange::Left, at(0));
+        e.expect("pool/a", "m10", MemberChange::Deleting, at(0));
+        assert_eq!(e.pending_for("pool/a", at(1)), 4);
+        assert!(e.joining("m1", at(1)));
+
+        e.observe("m1", Some(seen(Some("a"), None)));
+        assert_eq!(e.pending_for("pool/a", at(1)), 3, "a's claim is seen");
+        assert_eq!(
+            e.pending_for("pool/b", at(1)),
+            1,
+            "b's is not: a won (b's claim conflicted); it expires"
+        );
+        e.observe("m2", Some(seen(None, Some("t0"))));
+        assert_eq!(e.pending_for("pool/a", at(1)), 3, "another request");
+        e.observe(
+            "m2",
+            Some(ObservedMachine {
+                repaving: Some("t1"),
+                ..seen(None, None)
+            }),
+        );
+        e.observe("m3", Some(seen(None, None)));
+        assert_eq!(e.pending_for("pool/a", at(1)), 1);
+        e.observe("m1", None);
+        assert_eq!(
+            e.pending_for("pool/a", at(1)),
+            1,
+            "m10 is not m1's neighbour"
+        );
+        assert_eq!(e.pending_for("pool/a", at(30)), 0, "expired");
+        e.observe("m10", None);
+        assert_eq!(e.pending_for("pool/a", at(1)), 0, "gone counts as deleted");
+        assert!(!e.joining("m1", at(1)));
     }
 }

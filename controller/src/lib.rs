@@ -4,9 +4,12 @@
 //! ordering, fan-out, aggregation, deadlines and TTL).
 //!
 //! Decisions are pure functions over plain data ([`selection`], [`versioning`],
-//! [`lifecycle`], [`dispatch`], [`triggers`]); the reconcilers ([`machine`],
-//! [`configuration`], [`operation`]) read reflector stores and the [`index`]es kept beside
-//! them ([`watches`]) and act on those decisions.
+//! [`lifecycle`], [`dispatch`], [`triggers`], [`rollout`], [`pool::plan`],
+//! [`pool::health`]); the reconcilers ([`machine`], [`configuration`], [`operation`],
+//! [`pool`]) read reflector stores and the [`index`]es kept beside them ([`watches`]) and act
+//! on those decisions. A MachinePool keeps a number of Machines; a rolling update (a pool's,
+//! or a configuration's with `RollingUpdate`, [`rolling`]) repaves out-of-date Machines in
+//! batches through repave requests ([`repave`]).
 
 pub mod agent_access;
 pub mod api_limits;
@@ -21,9 +24,14 @@ pub mod index;
 pub mod leader;
 pub mod lifecycle;
 pub mod machine;
+pub mod members;
 pub mod metrics;
 pub mod operation;
+pub mod pool;
 pub mod recount;
+pub mod repave;
+pub mod rolling;
+pub mod rollout;
 pub mod runner;
 pub mod selection;
 pub mod triggers;

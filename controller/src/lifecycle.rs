@@ -41,6 +41,9 @@ pub struct MachineFacts<'a> {
     pub infrastructure_ready: bool,
     /// The Node name the Machine becomes.
     pub node_name: &'a str,
+    /// A repave was requested ([`crate::repave`]): without a Node, the Machine records what
+    /// it resolves to now even if it never had one.
+    pub repave_requested: bool,
 }
 
 /// A condition the controller owns, without timestamps.
@@ -75,7 +78,9 @@ pub struct MachinePlan {
 
 /// Decides what to record for a Machine.
 pub fn plan_machine(facts: &MachineFacts<'_>) -> MachinePlan {
-    let repave = facts.recorded_node.is_some() && facts.node.is_none() && !facts.deleting;
+    let repave = (facts.recorded_node.is_some() || facts.repave_requested)
+        && facts.node.is_none()
+        && !facts.deleting;
     let kept = facts.recorded.filter(|_| !repave).cloned();
     let configuration = kept.clone().or_else(|| match facts.resolution {
         Resolution::Resolved {
@@ -272,6 +277,7 @@ mod tests {
             node,
             infrastructure_ready: false,
             node_name: "n1",
+            repave_requested: false,
         }
     }
 
@@ -396,6 +402,25 @@ mod tests {
         let recorded = cfg("general", 2);
         let resolution = resolved("general", 3);
         let plan = plan_machine(&facts(Some(&recorded), None, &resolution, None));
+        assert!(!plan.repave);
+        assert_eq!(plan.configuration, Some(cfg("general", 2)));
+    }
+
+    #[test]
+    fn a_repave_request_without_a_node_records_the_current_resolution() {
+        let recorded = cfg("general", 2);
+        let resolution = resolved("general", 1);
+        let plan = plan_machine(&MachineFacts {
+            repave_requested: true,
+            ..facts(Some(&recorded), None, &resolution, None)
+        });
+        assert!(plan.repave);
+        assert_eq!(plan.configuration, Some(cfg("general", 1)));
+        // With a Node (one registered after the request), the request changes nothing.
+        let plan = plan_machine(&MachineFacts {
+            repave_requested: true,
+            ..facts(Some(&recorded), None, &resolution, node(true))
+        });
         assert!(!plan.repave);
         assert_eq!(plan.configuration, Some(cfg("general", 2)));
     }

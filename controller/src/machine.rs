@@ -24,6 +24,7 @@ use crate::drain;
 use crate::error::{Error, kube_err};
 use crate::index::catalog::OwnedCandidate;
 use crate::lifecycle::{ConditionPlan, MachineFacts, ObservedNode, plan_machine};
+use crate::repave::{self, RepaveStep, RequestState};
 use crate::selection::{self, Resolution};
 
 /// Reconciles one Machine.
@@ -54,14 +55,22 @@ impl Context {
 }
 
 /// The Node of a Machine: by name (`spec.nodeName`, default the Machine's name), else by
-/// `spec.providerID`.
+/// `spec.providerID`; never one this controller deleted for a repave that the watch still
+/// shows.
 pub fn find_node(machine: &Machine, ctx: &Context) -> Option<Arc<Node>> {
     let by_name = ctx.nodes.get(&ObjectRef::new(&machine.node_name()));
-    by_name.or_else(|| {
+    let node = by_name.or_else(|| {
         let provider_id = machine.spec.provider_id.as_deref()?;
         let name = ctx.node_index.read().with_provider_id(provider_id)?;
         ctx.nodes.get(&ObjectRef::new(&name))
-    })
+    })?;
+    let deleted = node.metadata.uid.as_ref().is_some_and(|uid| {
+        ctx.expectations
+            .read()
+            .deleted_nodes
+            .pending(uid, Instant::now())
+    });
+    (!deleted).then_some(node)
 }
 
 fn node_is_ready(node: &Node) -> bool {
@@ -88,8 +97,27 @@ async fn apply(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
         machine.spec.configuration_ref.as_ref(),
         &candidates,
     );
-    let node = find_node(machine, ctx);
+    let mut node = find_node(machine, ctx);
     let node_name = machine.node_name();
+    let request = match repave::read_request(machine.annotations()) {
+        RequestState::Requested(request) => Some(request),
+        RequestState::Invalid(why) => {
+            ctx.event(
+                machine,
+                EventType::Warning,
+                reasons::INVALID_REPAVE_REQUEST,
+                why,
+            )
+            .await;
+            None
+        }
+        RequestState::None => None,
+    };
+    if let Some(request) = &request
+        && drain_for_repave(machine, &status, request, node.as_deref(), ctx).await?
+    {
+        node = None;
+    }
 
     let plan = plan_machine(&MachineFacts {
         deleting: false,
@@ -107,6 +135,7 @@ async fn apply(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
             conditions::INFRASTRUCTURE_READY,
         ),
         node_name: &node_name,
+        repave_requested: request.is_some(),
     });
 
     // Lock first, then record: a Machine must never run a version that can still change.
@@ -127,6 +156,14 @@ async fn apply(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
         ctx,
     )
     .await?;
+
+    if let Some(request) = &request {
+        repave::finish(machine, request, ctx).await?;
+    } else if plan.phase == MachinePhase::Running
+        && machine.annotations().contains_key(annotations::REPAVING)
+    {
+        repave::clear_repaving(machine, ctx).await?;
+    }
 
     if plan.repave {
         let note = match &plan.configuration {
@@ -175,6 +212,87 @@ async fn apply(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
         Resolution::AwaitingFirstVersion { .. } => Action::requeue(Duration::from_secs(2)),
         _ => Action::requeue(ctx.settings.resync),
     })
+}
+
+/// Drains and deletes the Machine's recorded Node for a repave request ([`repave`]);
+/// returns whether it deleted it. Waits (an error the runner retries soon) while pods
+/// remain, until the drain timeout has passed since the request.
+async fn drain_for_repave(
+    machine: &Machine,
+    status: &unbounded_api::MachineStatus,
+    request: &repave::RepaveRequest,
+    node: Option<&Node>,
+    ctx: &Context,
+) -> Result<bool, Error> {
+    let recorded_uid = status.node_ref.as_ref().and_then(|n| n.uid.as_deref());
+    let observed = node.map(|n| {
+        (
+            n.metadata.name.as_deref().unwrap_or_default(),
+            n.metadata.uid.as_deref(),
+        )
+    });
+    let step = repave::next_step(
+        request,
+        recorded_uid,
+        observed,
+        ctx.settings.drain_timeout,
+        condition::now(),
+    );
+    let RepaveStep::DrainAndDelete {
+        node: node_name,
+        timed_out,
+    } = step
+    else {
+        return Ok(false);
+    };
+    let outcome = drain::drain(&ctx.client, &node_name).await?;
+    if outcome.remaining > 0 && !timed_out {
+        ctx.event(
+            machine,
+            EventType::Normal,
+            reasons::DRAINING,
+            format!(
+                "repave requested at {}: draining Node {node_name}, {} pod(s) left",
+                request.value, outcome.remaining
+            ),
+        )
+        .await;
+        return Err(Error::Waiting(format!(
+            "Node {node_name} still has {} pod(s) to evict before its repave",
+            outcome.remaining
+        )));
+    }
+    if outcome.remaining > 0 {
+        ctx.event(
+            machine,
+            EventType::Warning,
+            reasons::DRAINING,
+            format!(
+                "drain timeout ({} s) passed with {} pod(s) left on Node {node_name}; deleting it for the repave anyway",
+                ctx.settings.drain_timeout.as_secs(),
+                outcome.remaining
+            ),
+        )
+        .await;
+    }
+    drain::delete_node(&ctx.client, &node_name).await?;
+    if let Some(uid) = recorded_uid {
+        ctx.expectations
+            .write()
+            .deleted_nodes
+            .expect(uid.to_owned(), Instant::now());
+    }
+    ctx.event(
+        machine,
+        EventType::Normal,
+        reasons::REPAVE_REQUESTED,
+        format!(
+            "drained and deleted Node {node_name} for the repave requested at {}",
+            request.value
+        ),
+    )
+    .await;
+    Ok(true)
 }
 
 fn condition_matches(current: &[Condition], plan: &ConditionPlan) -> bool {

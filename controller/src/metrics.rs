@@ -30,6 +30,15 @@ pub struct PhaseLabels {
     pub phase: String,
 }
 
+/// Labels of a pool's replica count.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    /// The MachinePool.
+    pub pool: String,
+    /// `desired`, `current`, `ready`, `available`, `updated`, `unhealthy` or `removing`.
+    pub state: String,
+}
+
 /// The controller's metrics.
 #[derive(Debug)]
 pub struct Metrics {
@@ -43,6 +52,8 @@ pub struct Metrics {
     pub machines: Family<PhaseLabels, Gauge>,
     /// Events dropped because the event queue was full.
     pub events_dropped: Counter,
+    /// MachinePool replicas by state.
+    pub pool_replicas: Family<PoolLabels, Gauge>,
 }
 
 impl Metrics {
@@ -58,6 +69,7 @@ impl Metrics {
             }),
             machines: Family::default(),
             events_dropped: Counter::default(),
+            pool_replicas: Family::default(),
         };
         let registry = registry.sub_registry_with_prefix("unbounded_controller");
         registry.register(
@@ -81,7 +93,46 @@ impl Metrics {
             "Events dropped because the event queue was full",
             metrics.events_dropped.clone(),
         );
+        registry.register(
+            "pool_replicas",
+            "MachinePool replicas by state",
+            metrics.pool_replicas.clone(),
+        );
         metrics
+    }
+
+    /// Records a pool's replicas by state.
+    pub fn set_pool(&self, pool: &str, desired: i32, counts: &crate::pool::status::Counts) {
+        for (state, value) in Self::pool_states(desired, counts) {
+            self.pool_replicas
+                .get_or_create(&PoolLabels {
+                    pool: pool.to_owned(),
+                    state: state.to_owned(),
+                })
+                .set(i64::from(value));
+        }
+    }
+
+    /// Forgets a deleted pool's series.
+    pub fn forget_pool(&self, pool: &str) {
+        for (state, _) in Self::pool_states(0, &crate::pool::status::Counts::default()) {
+            self.pool_replicas.remove(&PoolLabels {
+                pool: pool.to_owned(),
+                state: state.to_owned(),
+            });
+        }
+    }
+
+    fn pool_states(desired: i32, c: &crate::pool::status::Counts) -> [(&'static str, i32); 7] {
+        [
+            ("desired", desired),
+            ("current", c.replicas),
+            ("ready", c.ready),
+            ("available", c.available),
+            ("updated", c.updated),
+            ("unhealthy", c.unhealthy),
+            ("removing", c.removing),
+        ]
     }
 
     /// Labels for a controller.

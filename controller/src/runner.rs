@@ -15,7 +15,9 @@ use kube::api::Api;
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
-use unbounded_api::{Machine, MachineConfiguration, MachineConfigurationVersion, MachineOperation};
+use unbounded_api::{
+    Machine, MachineConfiguration, MachineConfigurationVersion, MachineOperation, MachinePool,
+};
 
 use crate::context::{Context, Settings};
 use crate::error::Error;
@@ -25,10 +27,11 @@ use crate::index::Shared;
 use crate::index::catalog::Catalog;
 use crate::index::machines::MachineIndex;
 use crate::index::operations::{NodeIndex, OperationIndex};
+use crate::index::pools::PoolIndex;
 use crate::metrics::{Metrics, PhaseLabels};
 use crate::recount::{PendingRecounts, RecountTiming};
-use crate::watches::{self, Triggers, drive};
-use crate::{configuration, machine, operation};
+use crate::watches::{self, Groups, Triggers, drive};
+use crate::{configuration, machine, operation, pool};
 
 /// Runs the Machine, MachineConfiguration and MachineOperation controllers until `shutdown`
 /// resolves.
@@ -43,6 +46,8 @@ pub async fn run(
     let (versions, version_writer) = reflector::store::<MachineConfigurationVersion>();
     let (nodes, node_writer) = reflector::store::<Node>();
     let (operations, operation_writer) = reflector::store::<MachineOperation>();
+    let (pools, pool_writer) = reflector::store::<MachinePool>();
+    let pool_index = Shared::new(PoolIndex::default());
     let machine_index = Shared::new(MachineIndex::default());
     let catalog = Shared::new(Catalog::default());
     let node_index = Shared::new(NodeIndex::default());
@@ -52,8 +57,10 @@ pub async fn run(
     let (machine_tx, machine_rx) = unbounded::<ObjectRef<Machine>>();
     let (configuration_tx, configuration_rx) = unbounded::<ObjectRef<MachineConfiguration>>();
     let (access_tx, access_rx) = unbounded::<ObjectRef<Machine>>();
+    let (pool_tx, pool_rx) = unbounded::<ObjectRef<MachinePool>>();
     let triggers = Triggers {
         access: access_tx.clone(),
+        pools: pool_tx.clone(),
         machines: machine_tx.clone(),
         configurations: configuration_tx.clone(),
         operations: operation_tx.clone(),
@@ -62,6 +69,11 @@ pub async fn run(
         machines_live: Arc::new(AtomicBool::new(false)),
     };
 
+    let groups = Groups {
+        pools: pool_index.clone(),
+        catalog: catalog.clone(),
+        expectations: expectations.clone(),
+    };
     let watches = [
         drive(
             Api::<Machine>::all(client.clone()),
@@ -71,7 +83,14 @@ pub async fn run(
                 machine_index.clone(),
                 operations.clone(),
                 operation_index.clone(),
+                groups.clone(),
             ),
+        ),
+        drive(
+            Api::<MachinePool>::all(client.clone()),
+            pool_writer,
+            watches::trim_pool,
+            triggers.on_pool(pool_index.clone()),
         ),
         drive(
             Api::<MachineOperation>::all(client.clone()),
@@ -83,19 +102,24 @@ pub async fn run(
             Api::<MachineConfiguration>::all(client.clone()),
             configuration_writer,
             watches::trim_configuration,
-            triggers.on_configuration(catalog.clone(), machine_index.clone()),
+            triggers.on_configuration(catalog.clone(), machine_index.clone(), pool_index.clone()),
         ),
         drive(
             Api::<MachineConfigurationVersion>::all(client.clone()),
             version_writer,
             watches::trim_version,
-            triggers.on_version(catalog.clone(), machine_index.clone(), expectations.clone()),
+            triggers.on_version(
+                catalog.clone(),
+                machine_index.clone(),
+                expectations.clone(),
+                pool_index.clone(),
+            ),
         ),
         drive(
             Api::<Node>::all(client.clone()),
             node_writer,
             watches::trim_node,
-            triggers.on_node(node_index.clone(), machine_index.clone()),
+            triggers.on_node(node_index.clone(), machine_index.clone(), groups),
         ),
     ];
 
@@ -121,6 +145,10 @@ pub async fn run(
         .wait_until_ready()
         .await
         .map_err(|_| Error::StoreNotReady("MachineOperation"))?;
+    pools
+        .wait_until_ready()
+        .await
+        .map_err(|_| Error::StoreNotReady("MachinePool"))?;
     // From now on every change triggers; then everything once ([`initial_pass`]), which
     // covers what changed while the stores filled.
     triggers.live.store(true, Ordering::Release);
@@ -139,6 +167,7 @@ pub async fn run(
         (operations.clone(), operation_tx.clone()),
         (machines.clone(), machine_tx.clone()),
         access_tx.clone(),
+        (pools.clone(), pool_tx.clone()),
     ));
     let recounts = send_recounts(
         triggers.recount.clone(),
@@ -166,6 +195,8 @@ pub async fn run(
         versions: versions.clone(),
         nodes,
         operations: operations.clone(),
+        pools: pools.clone(),
+        pool_index,
         machine_index: machine_index.clone(),
         catalog,
         node_index,
@@ -209,10 +240,17 @@ pub async fn run(
         .run(operation::reconcile, error_policy, ctx.clone())
         .for_each(|_| future::ready(()));
 
+    let pool_controller = Controller::for_stream(no_primary::<MachinePool>(), pools)
+        .with_config(config(settings.pool_concurrency))
+        .reconcile_on(pool_rx)
+        .graceful_shutdown_on(shutdown.clone())
+        .run(pool::reconcile, error_policy, ctx.clone())
+        .for_each(|_| future::ready(()));
+
     let phase_gauge = count_phases(machine_index, metrics);
 
     tokio::select! {
-        _ = future::join4(machine_controller, configuration_controller, operation_controller, access_controller) => {},
+        _ = future::join5(machine_controller, configuration_controller, operation_controller, access_controller, pool_controller) => {},
         _ = phase_gauge => {},
         _ = recounts => {},
     }
@@ -241,6 +279,7 @@ where
     let controller = match K::kind(&()).as_ref() {
         "Machine" => "machine",
         "MachineOperation" => "operation",
+        "MachinePool" => "pool",
         _ => "configuration",
     };
     ctx.metrics
@@ -282,6 +321,7 @@ async fn initial_pass(
     operations: Feed<MachineOperation>,
     machines: Feed<Machine>,
     access: UnboundedSender<ObjectRef<Machine>>,
+    pools: Feed<MachinePool>,
 ) {
     fn send_every<K: kube::Resource<DynamicType = ()> + Clone>((store, tx): &Feed<K>) {
         send_all(
@@ -303,6 +343,7 @@ async fn initial_pass(
     machines_live.store(true, Ordering::Release);
     send_every(&machines);
     send_every(&(machines.0.clone(), access));
+    send_every(&pools);
 }
 
 /// Sends the configurations whose Machines changed on for a recount when their batch is

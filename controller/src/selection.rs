@@ -5,13 +5,17 @@
 //! - `configurationRef` with only a name → the newest version of that configuration;
 //! - no `configurationRef` → among configurations whose `machineSelector` matches the
 //!   Machine's labels, the highest `priority` (ties: the name that sorts first), then its
-//!   newest *deployed* version, or version 1 if none is deployed yet;
+//!   newest *deployed* version, or version 1 if none is deployed yet; for a configuration
+//!   whose update strategy is `RollingUpdate`, its newest version (the rolling update moves
+//!   Machines onto it batch by batch, so the first batch is the canary);
 //! - nothing matches → [`Resolution::NoMatch`]: the Machine waits in `Pending`.
 //!
 //! Whatever version a Machine is provisioned with becomes deployed (locked); that is the
-//! caller's job. Rolling a selector-matched fleet forward therefore goes through a canary:
-//! a Machine that names the configuration gets (and locks) the newest version, after which
-//! every selector-matched Machine gets it at its next repave.
+//! caller's job. Rolling a selector-matched fleet of an `OnDelete` configuration forward
+//! therefore goes through a canary: a Machine that names the configuration gets (and locks)
+//! the newest version, after which every selector-matched Machine gets it at its next
+//! repave. A `RollingUpdate` configuration needs no canary: its rollout repaves a first
+//! batch, which locks the version, and pauses when a batch fails.
 
 use std::collections::BTreeMap;
 
@@ -35,6 +39,9 @@ pub struct Candidate<'a> {
     pub name: &'a str,
     /// Its priority.
     pub priority: i32,
+    /// Its update strategy is RollingUpdate: selector-matched Machines get its newest version
+    /// (the rollout is the canary), not its newest deployed one.
+    pub rolling: bool,
     /// Its machine selector (none: it applies only to Machines that name it).
     pub selector: Option<&'a LabelSelector>,
     /// Its existing versions, in any order.
@@ -142,7 +149,7 @@ fn resolve_by_selector(
     let newest_deployed = best
         .versions
         .iter()
-        .filter(|v| v.deployed)
+        .filter(|v| v.deployed || best.rolling)
         .map(|v| v.version)
         .max();
     // None deployed yet: version 1, or the oldest that still exists if 1 was deleted.
@@ -200,6 +207,7 @@ mod tests {
         let candidates = [Candidate {
             name: "general",
             priority: 0,
+            rolling: false,
             selector: Some(&pool),
             versions: vec![v(1, true), v(2, true), v(3, false)],
         }];
@@ -273,12 +281,14 @@ mod tests {
                     Candidate {
                         name: "low",
                         priority: 1,
+                        rolling: false,
                         selector: Some(&a),
                         versions: vec![v(1, true)],
                     },
                     Candidate {
                         name: "high",
                         priority: 9,
+                        rolling: false,
                         selector: Some(&a),
                         versions: vec![v(1, true)],
                     },
@@ -292,12 +302,14 @@ mod tests {
                     Candidate {
                         name: "zeta",
                         priority: 5,
+                        rolling: false,
                         selector: Some(&a),
                         versions: vec![v(1, true)],
                     },
                     Candidate {
                         name: "alpha",
                         priority: 5,
+                        rolling: false,
                         selector: Some(&a),
                         versions: vec![v(1, true)],
                     },
@@ -310,6 +322,7 @@ mod tests {
                 vec![Candidate {
                     name: "c",
                     priority: 0,
+                    rolling: false,
                     selector: Some(&a),
                     versions: vec![v(1, true), v(2, true), v(3, false)],
                 }],
@@ -321,6 +334,7 @@ mod tests {
                 vec![Candidate {
                     name: "c",
                     priority: 0,
+                    rolling: false,
                     selector: Some(&a),
                     versions: vec![v(1, false)],
                 }],
@@ -332,6 +346,7 @@ mod tests {
                 vec![Candidate {
                     name: "c",
                     priority: 0,
+                    rolling: false,
                     selector: Some(&a),
                     versions: vec![v(4, false), v(3, false)],
                 }],
@@ -343,6 +358,7 @@ mod tests {
                 vec![Candidate {
                     name: "c",
                     priority: 0,
+                    rolling: false,
                     selector: Some(&a),
                     versions: vec![],
                 }],
@@ -356,6 +372,7 @@ mod tests {
                 vec![Candidate {
                     name: "c",
                     priority: 0,
+                    rolling: false,
                     selector: Some(&a),
                     versions: vec![v(1, true)],
                 }],
@@ -367,6 +384,7 @@ mod tests {
                 vec![Candidate {
                     name: "c",
                     priority: 0,
+                    rolling: false,
                     selector: None,
                     versions: vec![v(1, true)],
                 }],
@@ -378,6 +396,7 @@ mod tests {
                 vec![Candidate {
                     name: "c",
                     priority: 0,
+                    rolling: false,
                     selector: Some(&everything),
                     versions: vec![v(1, true)],
                 }],
@@ -390,12 +409,14 @@ mod tests {
                     Candidate {
                         name: "gpu",
                         priority: 10,
+                        rolling: false,
                         selector: Some(&gpu),
                         versions: vec![v(1, true)],
                     },
                     Candidate {
                         name: "all",
                         priority: 0,
+                        rolling: false,
                         selector: Some(&everything),
                         versions: vec![v(1, true)],
                     },
@@ -409,18 +430,32 @@ mod tests {
                     Candidate {
                         name: "gpu",
                         priority: 10,
+                        rolling: false,
                         selector: Some(&gpu),
                         versions: vec![v(1, true)],
                     },
                     Candidate {
                         name: "all",
                         priority: 0,
+                        rolling: false,
                         selector: Some(&everything),
                         versions: vec![v(1, true)],
                     },
                 ],
                 vec![("pool", "a")],
                 resolved("all", 1),
+            ),
+            (
+                "RollingUpdate: the newest version, deployed or not",
+                vec![Candidate {
+                    name: "c",
+                    priority: 0,
+                    rolling: true,
+                    selector: Some(&a),
+                    versions: vec![v(1, true), v(2, true), v(3, false)],
+                }],
+                vec![("pool", "a")],
+                resolved("c", 3),
             ),
         ];
         for (case, candidates, machine_labels, expected) in cases {

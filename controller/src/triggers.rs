@@ -58,6 +58,8 @@ mod tests {
             provider_id: None,
             phase: MachinePhase::Pending,
             deleting: false,
+            provider: unbounded_api::MachineProvider::Manual,
+            repave: (None, None),
         }
     }
 
@@ -145,6 +147,7 @@ mod tests {
         let configuration = |priority: i32, selector: Option<LabelSelector>| ConfigurationKeys {
             selector,
             priority,
+            rolling: false,
             deleting: false,
         };
         let everything = Some(LabelSelector::default());
@@ -165,6 +168,15 @@ mod tests {
                 "selector",
                 Some(configuration(1, everything.clone())),
                 Some(configuration(1, None)),
+                true,
+            ),
+            (
+                "update strategy (RollingUpdate resolves to the newest version)",
+                Some(configuration(1, everything.clone())),
+                Some(ConfigurationKeys {
+                    rolling: true,
+                    ..configuration(1, everything.clone())
+                }),
                 true,
             ),
             ("created", None, Some(configuration(1, None)), true),

@@ -23,13 +23,18 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use unbounded_api::{Machine, MachineConfiguration, MachineConfigurationVersion, MachineOperation};
+use unbounded_api::well_known::annotations;
+use unbounded_api::{
+    Machine, MachineConfiguration, MachineConfigurationVersion, MachineOperation, MachinePool,
+    MachineProvider,
+};
 
-use crate::expectations::Expectations;
+use crate::expectations::{Expectations, ObservedMachine};
 use crate::index::Shared;
 use crate::index::catalog::{Catalog, ConfigurationKeys, VersionKeys};
 use crate::index::machines::{MachineIndex, MachineKeys};
 use crate::index::operations::{NodeIndex, OperationIndex, OperationKeys};
+use crate::index::pools::{PoolIndex, PoolKeys};
 use crate::recount::PendingRecounts;
 use crate::triggers;
 
@@ -109,6 +114,11 @@ pub fn trim_version(v: &mut MachineConfigurationVersion) {
     trim_metadata(&mut v.metadata);
 }
 
+/// Trims a MachinePool.
+pub fn trim_pool(p: &mut MachinePool) {
+    trim_metadata(&mut p.metadata);
+}
+
 /// Trims a MachineOperation.
 pub fn trim_operation(o: &mut MachineOperation) {
     trim_metadata(&mut o.metadata);
@@ -153,6 +163,8 @@ pub struct Triggers {
     pub operations: UnboundedSender<ObjectRef<MachineOperation>>,
     /// Machines whose agent access to reconcile ([`crate::agent_access`]).
     pub access: UnboundedSender<ObjectRef<Machine>>,
+    /// MachinePools to reconcile.
+    pub pools: UnboundedSender<ObjectRef<MachinePool>>,
     /// Configurations to recount, sent on in batches ([`crate::recount`]).
     pub recount: Shared<PendingRecounts>,
     /// Set once every store is complete.
@@ -184,16 +196,20 @@ impl Triggers {
         }
     }
 
-    /// The Machine handler: index, then the Machine itself, the configurations whose counts
-    /// changed, and the unfinished operations on it.
+    /// The Machine handler: expectations met and index, then the Machine itself, the
+    /// configurations whose counts changed, the unfinished operations on it, its pool (and
+    /// the short PXE pools a free Machine could serve), and the rolling configurations it
+    /// records or names.
     pub fn on_machine(
         &self,
         index: Shared<MachineIndex>,
         operations: Store<MachineOperation>,
         operation_index: Shared<OperationIndex>,
+        groups: Groups,
     ) -> impl FnMut(Seen<'_, Machine>) + Send + 'static {
         let this = self.clone();
         move |seen| {
+            observe_members(&groups.expectations, &seen);
             let changes: Vec<(String, Option<MachineKeys>, Option<MachineKeys>)> = {
                 let mut index = index.write();
                 match seen {
@@ -229,6 +245,66 @@ impl Triggers {
                     &this.operations,
                     unfinished_operations_on(&operations, &operation_index, &name),
                 );
+                this.send_groups(&groups, old.as_ref(), new.as_ref());
+            }
+        }
+    }
+
+    /// The pools and rolling configurations a Machine's change concerns.
+    fn send_groups(&self, groups: &Groups, old: Option<&MachineKeys>, new: Option<&MachineKeys>) {
+        let mut pools: BTreeSet<String> = [old, new]
+            .into_iter()
+            .flatten()
+            .filter_map(|k| k.pool().map(str::to_owned))
+            .collect();
+        if let Some(keys) = new
+            && keys.pool().is_none()
+            && keys.provider == MachineProvider::Pxe
+            && !keys.deleting
+        {
+            pools.extend(groups.pools.read().short_pools_matching(&keys.labels));
+        }
+        send(&self.pools, &pools);
+        if old == new {
+            return;
+        }
+        let catalog = groups.catalog.read();
+        let rolling: BTreeSet<&str> = [old, new]
+            .into_iter()
+            .flatten()
+            .filter(|k| k.pool().is_none())
+            .flat_map(MachineKeys::configurations)
+            .filter(|c| catalog.configuration(c).is_some_and(|k| k.rolling))
+            .collect();
+        send(&self.configurations, rolling);
+    }
+
+    /// The MachinePool handler: index, then the pool.
+    pub fn on_pool(
+        &self,
+        index: Shared<PoolIndex>,
+    ) -> impl FnMut(Seen<'_, MachinePool>) + Send + 'static {
+        let this = self.clone();
+        move |seen| {
+            let touched: Vec<String> = {
+                let mut index = index.write();
+                match seen {
+                    Seen::Applied(p) => {
+                        index.apply(&p.name_any(), PoolKeys::of(p));
+                        vec![p.name_any()]
+                    }
+                    Seen::Deleted(p) => {
+                        index.remove(&p.name_any());
+                        vec![]
+                    }
+                    Seen::Listed(present) => {
+                        index.retain(present);
+                        vec![]
+                    }
+                }
+            };
+            if this.live() {
+                send(&this.pools, touched);
             }
         }
     }
@@ -239,6 +315,7 @@ impl Triggers {
         &self,
         catalog: Shared<Catalog>,
         machines: Shared<MachineIndex>,
+        pools: Shared<PoolIndex>,
     ) -> impl FnMut(Seen<'_, MachineConfiguration>) + Send + 'static {
         let this = self.clone();
         move |seen| {
@@ -268,6 +345,7 @@ impl Triggers {
             for (name, old, new) in changes {
                 send(&this.configurations, [&name]);
                 if triggers::configuration_changes_selection(old.as_ref(), new.as_ref()) {
+                    send(&this.pools, pools.read().pools_for_configuration(&name));
                     let selectors = [old, new]
                         .into_iter()
                         .flatten()
@@ -287,6 +365,7 @@ impl Triggers {
         catalog: Shared<Catalog>,
         machines: Shared<MachineIndex>,
         expectations: Shared<Expectations>,
+        pools: Shared<PoolIndex>,
     ) -> impl FnMut(Seen<'_, MachineConfigurationVersion>) + Send + 'static {
         let this = self.clone();
         move |seen| {
@@ -329,6 +408,10 @@ impl Triggers {
                 };
                 if triggers::version_changes_selection(old.as_ref(), new.as_ref()) {
                     send(&this.configurations, [&configuration]);
+                    send(
+                        &this.pools,
+                        pools.read().pools_for_configuration(&configuration),
+                    );
                     let selector = catalog
                         .read()
                         .configuration(&configuration)
@@ -350,9 +433,15 @@ impl Triggers {
         &self,
         nodes: Shared<NodeIndex>,
         machines: Shared<MachineIndex>,
+        groups: Groups,
     ) -> impl FnMut(Seen<'_, Node>) + Send + 'static {
         let this = self.clone();
         move |seen| {
+            if let Seen::Deleted(n) = &seen
+                && let Some(uid) = &n.metadata.uid
+            {
+                groups.expectations.write().deleted_nodes.observed(uid);
+            }
             let touched: Vec<(String, Option<String>)> = {
                 let mut nodes = nodes.write();
                 match seen {
@@ -373,7 +462,12 @@ impl Triggers {
             }
             let machines = machines.read();
             for (node, provider_id) in touched {
-                this.send_machines(machines.of_node(&node, provider_id.as_deref()));
+                let of_node = machines.of_node(&node, provider_id.as_deref());
+                for name in &of_node {
+                    let keys = machines.get(name);
+                    this.send_groups(&groups, keys, None);
+                }
+                this.send_machines(of_node);
             }
         }
     }
@@ -420,6 +514,41 @@ impl Triggers {
                 }
             }
         }
+    }
+}
+
+/// What the Machine and Node handlers need to trigger pools and rolling configurations.
+#[derive(Clone, Debug)]
+pub struct Groups {
+    /// Pools by configuration, and the short PXE pools.
+    pub pools: Shared<PoolIndex>,
+    /// Configurations (which ones roll).
+    pub catalog: Shared<Catalog>,
+    /// Owners' writes to Machines not seen yet.
+    pub expectations: Shared<Expectations>,
+}
+
+/// Marks the owners' expected changes of a Machine as seen.
+fn observe_members(expectations: &Shared<Expectations>, seen: &Seen<'_, Machine>) {
+    let mut expectations = expectations.write();
+    match seen {
+        Seen::Applied(m) => {
+            let a = m.annotations();
+            expectations.members.observe(
+                &m.name_any(),
+                Some(ObservedMachine {
+                    pool: m
+                        .labels()
+                        .get(unbounded_api::well_known::labels::POOL)
+                        .map(String::as_str),
+                    deleting: m.metadata.deletion_timestamp.is_some(),
+                    repave: a.get(annotations::REPAVE).map(String::as_str),
+                    repaving: a.get(annotations::REPAVING).map(String::as_str),
+                }),
+            );
+        }
+        Seen::Deleted(m) => expectations.members.observe(&m.name_any(), None),
+        Seen::Listed(_) => {}
     }
 }
 

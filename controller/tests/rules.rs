@@ -762,24 +762,110 @@ async fn machine_deletion_waits_for_the_provider_finalizer() {
     .await;
 }
 
+/// The acceptance of RollingUpdate, with kubectl: a configuration with `maxUnavailable: 1`
+/// moves 4 Machines to a new version, never more than one of them repaving (a watch
+/// counts, at every event, the Machines with a repave requested or under way, or whose Node
+/// is absent, not Ready or cordoned). Nodes registered by the test stand in for the agent.
 #[tokio::test]
-async fn rolling_update_is_reported_not_supported() {
+async fn rolling_update_moves_machines_one_batch_at_a_time() {
+    use common::rollout::*;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
     start_controller();
     let client = client().await;
-    create_configuration(
+    let names: Vec<String> = (1..=4).map(|i| format!("rule-rolling-{i}")).collect();
+    let mut manifests = String::from(
+        r#"apiVersion: unbounded-cloud.io/v1alpha1
+kind: MachineConfiguration
+metadata: {name: rule-rolling}
+spec:
+  machineSelector: {matchLabels: {rule: rolling}}
+  updateStrategy: {type: RollingUpdate, rollingUpdate: {maxUnavailable: 1}}
+  template: {boot: {kernelURL: k1, initrdURL: initrd}}
+"#,
+    );
+    for name in &names {
+        manifests += &format!(
+            "---\napiVersion: unbounded-cloud.io/v1alpha1\nkind: Machine\nmetadata: {{name: {name}, labels: {{rule: rolling}}}}\nspec: {{provider: manual}}\n"
+        );
+    }
+    kubectl(&["apply", "-f", "-"], Some(&manifests));
+    let wanted = Arc::new(Mutex::new(1));
+    let _kubelet = StandInKubelet::start(
         &client,
+        names.clone(),
         "rule-rolling",
-        json!({"updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}, "template": template("k")}),
-    )
-    .await;
-    let c = wait_for("UpdateStrategySupported=False", || async {
+        wanted.clone(),
+        Duration::from_millis(500),
+    );
+    wait_all_running_on(&client, &names, "rule-rolling", 1, Duration::from_secs(60)).await;
+
+    let watch = UnreadyWatch::start(&client, &names);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    *wanted.lock().unwrap() = 2;
+    kubectl(
+        &[
+            "patch",
+            "mc",
+            "rule-rolling",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"template":{"boot":{"kernelURL":"k2"}}}}"#,
+        ],
+        None,
+    );
+    wait_all_running_on(&client, &names, "rule-rolling", 2, Duration::from_secs(180)).await;
+    let up_to_date = wait_for("UpToDate=True", || async {
         let mc: MachineConfiguration = Api::all(client.clone()).get("rule-rolling").await.unwrap();
-        mc.status?
+        let status = mc.status?;
+        let c = status
             .conditions
             .into_iter()
-            .find(|c| c.type_ == conditions::UPDATE_STRATEGY_SUPPORTED && c.status == "False")
+            .find(|c| c.type_ == conditions::UP_TO_DATE && c.status == "True")?;
+        Some((c, status.rollout))
     })
     .await;
-    assert_eq!(c.reason, reasons::NOT_SUPPORTED);
-    assert!(c.message.contains("RollingUpdate is not carried out yet"));
+    let rollout = up_to_date.1.unwrap();
+    assert_eq!((rollout.machines, rollout.updated), (4, 4));
+    let most = watch.most();
+    assert_eq!(
+        most.len(),
+        1,
+        "at most one Machine repaving at once, and one did: {most:?}; history {:?}",
+        watch.history()
+    );
+    assert!(
+        version(&client, "rule-rolling-v2")
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .deployed,
+        "the first batch locked v2"
+    );
+    let supported = kubectl(
+        &[
+            "get",
+            "mc",
+            "rule-rolling",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"UpdateStrategySupported\")].status}",
+        ],
+        None,
+    );
+    assert_eq!(supported, "True");
+    let reasons_seen = event_reasons(&client, "rule-rolling").await;
+    assert!(
+        reasons_seen.contains(&reasons::ROLLING_OUT.to_owned()),
+        "{reasons_seen:?}"
+    );
+    for name in &names {
+        assert!(
+            event_reasons(&client, name)
+                .await
+                .contains(&reasons::REPAVE.to_owned()),
+            "{name} was repaved"
+        );
+    }
 }

@@ -11,6 +11,7 @@ pub mod images;
 pub mod lab;
 pub mod netns;
 pub mod oci;
+pub mod pool_scenario;
 pub mod progress;
 pub mod qemu;
 pub mod scenario;

@@ -142,6 +142,10 @@ enum ScenarioName {
     Operations,
     /// All three, in that order.
     All,
+    /// A MachinePool over the lab's machines (best with `up --machines 3`): claim, roll to a
+    /// new version one machine at a time, scale down releasing the annotated machine,
+    /// remediate a machine that died, then release everything and boot it again.
+    Pool,
 }
 
 fn main() -> ExitCode {
@@ -518,6 +522,9 @@ fn run_scenario(name: ScenarioName) -> Result<(), CliError> {
                 scenario::rollback(&lab, &first, &images.node.sha256, timeout, &say)
             }
             ScenarioName::Operations => scenario::operations(&lab, timeout, &say),
+            ScenarioName::Pool => {
+                unbounded_testbed::pool_scenario::pool(&lab, &images.node.sha256, timeout, &say)
+            }
             ScenarioName::All => Ok(()),
         }
     };

@@ -3,7 +3,8 @@
 //! - **rollback**: a new configuration version pinned on one machine (a canary) and applied
 //!   by deleting its Node; then the old version pinned and applied the same way;
 //! - **operations**: `reboot` (Complete once the machine is back with a new boot ID),
-//!   `restartService` of kubelet, and `powerCycle` by selector across every machine.
+//!   `restartService` of kubelet, and `powerCycle` by selector across every machine;
+//! - **pool**: a MachinePool over the lab's machines ([`crate::pool_scenario`]).
 
 use std::time::{Duration, Instant};
 
@@ -19,14 +20,14 @@ pub trait LabAccess {
     fn machine_names(&self) -> Vec<String>;
 }
 
-type Lab = dyn LabAccess;
+pub(crate) type Lab = dyn LabAccess;
 
-fn step(message: impl Into<String>) -> LabError {
+pub(crate) fn step(message: impl Into<String>) -> LabError {
     LabError::Step(message.into())
 }
 
 /// `jsonpath` of an object, or empty.
-fn get(lab: &Lab, kind: &str, name: &str, path: &str) -> String {
+pub(crate) fn get(lab: &Lab, kind: &str, name: &str, path: &str) -> String {
     lab.kubectl(
         &["get", kind, name, "-o", &format!("jsonpath={path}")],
         None,
@@ -35,7 +36,7 @@ fn get(lab: &Lab, kind: &str, name: &str, path: &str) -> String {
 }
 
 /// Waits until `check` holds; the error names `what` and the last value seen.
-fn wait_until(
+pub(crate) fn wait_until(
     what: &str,
     timeout: Duration,
     mut check: impl FnMut() -> (bool, String),
@@ -245,7 +246,7 @@ pub fn rollback(
     Ok(())
 }
 
-fn operation(
+pub(crate) fn operation(
     lab: &Lab,
     name: &str,
     target: &str,
@@ -267,7 +268,7 @@ fn operation(
     Ok(())
 }
 
-fn wait_complete(lab: &Lab, name: &str, timeout: Duration) -> Result<(), LabError> {
+pub(crate) fn wait_complete(lab: &Lab, name: &str, timeout: Duration) -> Result<(), LabError> {
     wait_until(
         &format!("MachineOperation {name} Complete"),
         timeout,

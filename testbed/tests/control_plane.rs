@@ -26,6 +26,7 @@ async fn control_plane_serves_the_api_with_crds_installed() {
         "machineconfigurations.unbounded-cloud.io",
         "machineconfigurationversions.unbounded-cloud.io",
         "machineoperations.unbounded-cloud.io",
+        "machinepools.unbounded-cloud.io",
     ] {
         assert!(crds.contains(name), "{name} missing from {crds}");
     }
@@ -90,4 +91,10 @@ fn deploy_kustomization_applies_and_examples_pass_dry_run() {
         out.contains("machineoperation.unbounded-cloud.io/power-cycle-general"),
         "{out}"
     );
+    for pool in ["general", "azure-general"] {
+        assert!(
+            out.contains(&format!("machinepool.unbounded-cloud.io/{pool}")),
+            "{out}"
+        );
+    }
 }

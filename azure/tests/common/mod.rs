@@ -9,6 +9,7 @@
 
 mod faults;
 mod operations;
+pub mod process;
 mod resource_manager;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

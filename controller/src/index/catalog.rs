@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use unbounded_api::{MachineConfiguration, MachineConfigurationVersion};
+use unbounded_api::{MachineConfiguration, MachineConfigurationVersion, UpdateStrategyType};
 
 use super::{Narrowing, narrowing};
 use crate::selection::{Candidate, VersionInfo};
@@ -17,6 +17,8 @@ pub struct ConfigurationKeys {
     pub selector: Option<LabelSelector>,
     /// `spec.priority`.
     pub priority: i32,
+    /// `spec.updateStrategy.type` is RollingUpdate.
+    pub rolling: bool,
     /// Being deleted.
     pub deleting: bool,
 }
@@ -27,6 +29,7 @@ impl ConfigurationKeys {
         Self {
             selector: configuration.spec.machine_selector.clone(),
             priority: configuration.spec.priority,
+            rolling: configuration.spec.update_strategy_type() == UpdateStrategyType::RollingUpdate,
             deleting: configuration.metadata.deletion_timestamp.is_some(),
         }
     }
@@ -64,6 +67,8 @@ pub struct OwnedCandidate {
     pub name: String,
     /// Its priority.
     pub priority: i32,
+    /// Its update strategy is RollingUpdate.
+    pub rolling: bool,
     /// Its selector.
     pub selector: Option<LabelSelector>,
     /// Its versions that are not being deleted.
@@ -76,6 +81,7 @@ impl OwnedCandidate {
         Candidate {
             name: &self.name,
             priority: self.priority,
+            rolling: self.rolling,
             selector: self.selector.as_ref(),
             versions: self.versions.clone(),
         }
@@ -263,6 +269,7 @@ impl Catalog {
                 Some(OwnedCandidate {
                     name: name.to_owned(),
                     priority: keys.priority,
+                    rolling: keys.rolling,
                     selector: keys.selector.clone(),
                     versions: self.version_infos(name),
                 })
@@ -324,6 +331,7 @@ mod tests {
         ConfigurationKeys {
             selector,
             priority,
+            rolling: false,
             deleting: false,
         }
     }
@@ -393,6 +401,7 @@ mod tests {
                 OwnedCandidate {
                     name: n.to_owned(),
                     priority: keys.priority,
+                    rolling: keys.rolling,
                     selector: keys.selector,
                     versions: c.version_infos(n),
                 }

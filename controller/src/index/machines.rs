@@ -4,7 +4,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
-use unbounded_api::{Machine, MachinePhase};
+use unbounded_api::well_known::{annotations, labels};
+use unbounded_api::{Machine, MachinePhase, MachineProvider};
 
 use super::{LabelIndex, narrowing};
 use crate::selection::selector_matches;
@@ -26,6 +27,11 @@ pub struct MachineKeys {
     pub phase: MachinePhase,
     /// Being deleted.
     pub deleting: bool,
+    /// `spec.provider`.
+    pub provider: MachineProvider,
+    /// The `unbounded-cloud.io/repave` and `unbounded-cloud.io/repaving` annotations (a
+    /// rollout waits on them).
+    pub repave: (Option<String>, Option<String>),
 }
 
 impl MachineKeys {
@@ -48,7 +54,17 @@ impl MachineKeys {
                 .and_then(|s| s.phase)
                 .unwrap_or(MachinePhase::Pending),
             deleting: machine.metadata.deletion_timestamp.is_some(),
+            provider: machine.spec.provider,
+            repave: (
+                machine.annotations().get(annotations::REPAVE).cloned(),
+                machine.annotations().get(annotations::REPAVING).cloned(),
+            ),
         }
+    }
+
+    /// The MachinePool its label names.
+    pub fn pool(&self) -> Option<&str> {
+        self.labels.get(labels::POOL).map(String::as_str)
     }
 
     /// The versions this Machine counts towards: the one it records and the one it pins

@@ -9,6 +9,8 @@
 //!   Machine's reconcile looks only at the configurations that may match it.
 //! - [`operations::OperationIndex`]: single-machine operations by Machine and children by
 //!   parent.
+//! - [`pools::PoolIndex`]: MachinePools by the configuration they name, and the PXE pools
+//!   short of Machines.
 //!
 //! The watch drivers in [`crate::runner`] update an index from every event right after the
 //! reflector updated its store, and turn the difference between an object's old and new
@@ -18,6 +20,7 @@
 pub mod catalog;
 pub mod machines;
 pub mod operations;
+pub mod pools;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};

@@ -3,6 +3,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)] // a panic is the test failure report
 
+pub mod rollout;
+
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -32,7 +34,13 @@ pub fn spawn_controller() -> Child {
     let cp = control_plane();
     let kubeconfig = cp.kubeconfig_path().to_path_buf();
     let (tx, rx) = std::sync::mpsc::channel();
+    // Its log (tracing writes to stdout) goes to $UNBOUNDED_TEST_CONTROLLER_LOG when set.
+    let log = std::env::var_os("UNBOUNDED_TEST_CONTROLLER_LOG");
     std::thread::spawn(move || {
+        let stdout = match log {
+            Some(path) => Stdio::from(std::fs::File::create(path).expect("controller log file")),
+            None => Stdio::null(),
+        };
         let child = Command::new("setpriv")
             .args(["--pdeathsig", "KILL", "--"])
             .arg(env!("CARGO_BIN_EXE_unbounded-controller"))
@@ -45,7 +53,7 @@ pub fn spawn_controller() -> Child {
             ])
             .env("KUBECONFIG", &kubeconfig)
             .env("RUST_LOG", "info,unbounded_controller=debug")
-            .stdout(Stdio::null())
+            .stdout(stdout)
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start unbounded-controller");
