@@ -16,8 +16,12 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use unbounded_api::condition;
-use unbounded_api::well_known::{annotations, conditions, field_managers, finalizers, reasons};
-use unbounded_api::{Machine, MachineConfigurationVersion, MachinePhase, ResolvedConfiguration};
+use unbounded_api::well_known::{
+    annotations, conditions, field_managers, finalizers, operations, reasons,
+};
+use unbounded_api::{
+    Machine, MachineConfigurationVersion, MachinePhase, OperationState, ResolvedConfiguration,
+};
 
 use crate::context::Context;
 use crate::drain;
@@ -274,6 +278,26 @@ async fn drain_for_repave(
             ),
         )
         .await;
+    }
+    if request.then.as_deref() == Some(unbounded_api::well_known::operations::POWER_OFF) {
+        match repave::follow_up_state(machine, operations::POWER_OFF, request, ctx).await? {
+            Some(OperationState::Complete) => {}
+            Some(OperationState::Failed) => {
+                ctx.event(
+                    machine,
+                    EventType::Warning,
+                    reasons::REPAVE_REQUESTED,
+                    format!("powerOff failed; deleting Node {node_name} anyway (its kubelet may register it again)"),
+                )
+                .await;
+            }
+            _ => {
+                return Err(Error::Waiting(format!(
+                    "powering {} off before deleting Node {node_name}",
+                    machine.name_any()
+                )));
+            }
+        }
     }
     drain::delete_node(&ctx.client, &node_name).await?;
     if let Some(uid) = recorded_uid {

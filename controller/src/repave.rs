@@ -5,7 +5,9 @@
 //! it resolves to now and the agent repaves with it, create the follow-up operation of
 //! `unbounded-cloud.io/repave-then` if any (`powerOff` for a released PXE Machine,
 //! `pxeBoot` for a remediated one), and mark the Machine `unbounded-cloud.io/repaving` until
-//! it is Running again. Rolling updates and remediation request repaves this way; so may a
+//! it is Running again. With `powerOff` the machine is switched off *before* its Node is
+//! deleted: a running kubelet registers a deleted Node again within seconds, and on a
+//! machine that is then switched off nothing would ever remove it. Rolling updates and remediation request repaves this way; so may a
 //! person (`kubectl annotate machine m1 unbounded-cloud.io/repave=$(date -u +%FT%TZ)`).
 //!
 //! The request applies to the Node recorded in `status.nodeRef` (by UID): a Node registered
@@ -205,6 +207,24 @@ pub fn follow_up_name(machine: &str, operation: &str, request: &RepaveRequest) -
             request.requested.as_second()
         ),
     )
+}
+
+/// Creates the follow-up operation if it does not exist yet and returns its state (`None`
+/// while no handler has taken it).
+pub async fn follow_up_state(
+    machine: &Machine,
+    operation: &str,
+    request: &RepaveRequest,
+    ctx: &Context,
+) -> Result<Option<unbounded_api::OperationState>, Error> {
+    create_follow_up(machine, operation, request, ctx).await?;
+    let name = follow_up_name(&machine.name_any(), operation, request);
+    let api: Api<MachineOperation> = Api::all(ctx.client.clone());
+    let found = api
+        .get_opt(&name)
+        .await
+        .map_err(kube_err(format!("reading MachineOperation {name}")))?;
+    Ok(found.and_then(|o| o.status).and_then(|s| s.state))
 }
 
 async fn create_follow_up(

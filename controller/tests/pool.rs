@@ -277,6 +277,7 @@ spec:
         );
     }
     let all: Vec<String> = (0..4).map(|i| format!("inv-a-{i}")).collect();
+    let _power = StandInPower::start(&client);
     let _kubelet = StandInKubelet::start(
         &client,
         all.clone(),

@@ -338,3 +338,56 @@ pub async fn wait_all_running_on(
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
+
+/// A stand-in for the PXE provider's power handler: completes every `powerOff` operation
+/// (the controller powers a released machine off before it deletes its Node). Stops when
+/// dropped.
+pub struct StandInPower(tokio::task::JoinHandle<()>);
+
+impl StandInPower {
+    pub fn start(client: &Client) -> Self {
+        let client = client.clone();
+        Self(tokio::spawn(async move {
+            let api: Api<unbounded_api::MachineOperation> = Api::all(client);
+            loop {
+                if let Ok(list) = api.list(&kube::api::ListParams::default()).await {
+                    for o in list.items {
+                        let done = o
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.state.as_ref())
+                            .is_some_and(|s| {
+                                matches!(
+                                    s,
+                                    unbounded_api::OperationState::Complete
+                                        | unbounded_api::OperationState::Failed
+                                )
+                            });
+                        if o.spec.operation_name != "powerOff" || done {
+                            continue;
+                        }
+                        let patch = serde_json::json!({"status": {
+                            "state": "Complete",
+                            "message": "powered off (stand-in)",
+                            "completionTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+                        }});
+                        let _ = api
+                            .patch_status(
+                                &o.name_any(),
+                                &kube::api::PatchParams::default(),
+                                &kube::api::Patch::Merge(&patch),
+                            )
+                            .await;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }))
+    }
+}
+
+impl Drop for StandInPower {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
