@@ -239,11 +239,14 @@ pub fn tftpd_args(net: &Net, root: &Path) -> Vec<String> {
 }
 
 /// nginx as it serves static files: `sendfile`, `tcp_nopush`, `tcp_nodelay`, one worker
-/// per core, no access log, keep-alive without a request limit.
+/// per core, no access log, keep-alive without a request limit. Its workers run as root, as
+/// ours does: the files live under the bench's own directory, which may be private
+/// (`mktemp -d` makes it 0700), and www-data could not read them.
 pub fn nginx_config(net: &Net, root: &Path, run_dir: &Path) -> String {
     let run = run_dir.display();
     format!(
-        "worker_processes auto;
+        "user root;
+worker_processes auto;
 daemon off;
 pid {run}/nginx.pid;
 error_log {run}/nginx-error.log warn;
