@@ -277,7 +277,6 @@ spec:
         );
     }
     let all: Vec<String> = (0..4).map(|i| format!("inv-a-{i}")).collect();
-    let _power = StandInPower::start(&client);
     let _kubelet = StandInKubelet::start(
         &client,
         all.clone(),
@@ -285,6 +284,7 @@ spec:
         Arc::new(Mutex::new(1)),
         Duration::ZERO,
     );
+    let _power = StandInPower::start(&client, _kubelet.withheld.clone());
     wait_all_running_on(&client, &names(&claimed), "pool-pxe-mc", 1, TIMEOUT).await;
 
     // Scale down: one goes back to the inventory, drained and powered off.

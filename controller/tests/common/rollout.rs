@@ -340,12 +340,13 @@ pub async fn wait_all_running_on(
 }
 
 /// A stand-in for the PXE provider's power handler: completes every `powerOff` operation
-/// (the controller powers a released machine off before it deletes its Node). Stops when
-/// dropped.
+/// (the controller powers a released machine off before it deletes its Node) and adds the
+/// machine to `switched_off`, the stand-in kubelets' withheld set: a machine switched off
+/// registers no Node. Stops when dropped.
 pub struct StandInPower(tokio::task::JoinHandle<()>);
 
 impl StandInPower {
-    pub fn start(client: &Client) -> Self {
+    pub fn start(client: &Client, switched_off: Arc<Mutex<BTreeSet<String>>>) -> Self {
         let client = client.clone();
         Self(tokio::spawn(async move {
             let api: Api<unbounded_api::MachineOperation> = Api::all(client);
@@ -365,6 +366,9 @@ impl StandInPower {
                             });
                         if o.spec.operation_name != "powerOff" || done {
                             continue;
+                        }
+                        if let Some(target) = &o.spec.machine_ref {
+                            switched_off.lock().unwrap().insert(target.name.clone());
                         }
                         let patch = serde_json::json!({"status": {
                             "state": "Complete",
