@@ -309,8 +309,15 @@ pub fn import(store: &Store, path: &Path) -> Result<bool, CredentialError> {
         }
     };
     let credentials: Credentials = serde_json::from_slice(&bytes).map_err(|e| {
-        // serde's message names a position and what was expected, never the value.
-        CredentialError::Malformed(format!("credentials file {}: {e}", path.display()))
+        // Only the position and the kind of error: serde's own message may quote a value,
+        // and this file holds tokens.
+        CredentialError::Malformed(format!(
+            "credentials file {}: not the expected JSON ({:?} error at line {}, column {})",
+            path.display(),
+            e.classify(),
+            e.line(),
+            e.column()
+        ))
     })?;
     store.save(&credentials, true, true)?;
     if let Some(token) = &credentials.bootstrap_token {
@@ -542,9 +549,17 @@ mod tests {
             .mode();
         assert_eq!(mode & 0o777, 0o600);
 
-        fs::write(&file, b"{\"token\": 5}").unwrap();
+        fs::write(
+            &file,
+            b"{\"token\": \"tok\", \"lifetimeSeconds\": \"s3cret-value\"}",
+        )
+        .unwrap();
         let error = import(&store, &file).unwrap_err().to_string();
         assert!(error.contains("credentials file"), "{error}");
+        assert!(
+            !error.contains("s3cret-value"),
+            "no value in the error: {error}"
+        );
         assert!(
             file.exists(),
             "a file that was not understood is left for the operator"

@@ -874,10 +874,20 @@ async fn obtain_with_backoff(
         match credentials::obtain(http, identity, store, bootstrap).await {
             Ok(c) => return c,
             Err(error) => {
-                let wait = backoff(attempt, Duration::from_secs(1), Duration::from_secs(60));
+                let max = Duration::from_secs(60);
+                // What cannot succeed without a new credential (a spent nonce, an expired
+                // token) is not retried quickly: it is said once a minute.
+                let wait = if error.is_retryable() {
+                    backoff(attempt, Duration::from_secs(1), max)
+                } else {
+                    max
+                };
                 attempt += 1;
                 // On the console too: a machine that cannot authenticate must say why.
-                println!("unbounded-agent: {error}; retrying in {} s", wait.as_secs());
+                println!(
+                    "unbounded-agent: {error}; trying again in {} s",
+                    wait.as_secs()
+                );
                 tokio::time::sleep(wait).await;
             }
         }

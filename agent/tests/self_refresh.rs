@@ -2,7 +2,7 @@
 //! A machine that is not network-booted (an Azure VM) against a real control plane: the
 //! agent takes over the credentials file it was given, removes it, and renews its token
 //! through the TokenRequest API with the Role the controller gives it (made here from the
-//! same rules); an expired token is reported as such, not retried forever.
+//! same rules); an expired token is reported as such and marked as not worth a quick retry.
 
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding, RoleRef, Subject};
