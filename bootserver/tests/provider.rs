@@ -32,30 +32,8 @@ const IPMI_MAC: &str = "52:54:00:00:03:02";
 const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
 
 fn kubectl(cp: &LocalControlPlane, args: &[&str], stdin: Option<&str>) -> String {
-    use std::io::Write as _;
-    let mut command = cp.kubectl();
-    command
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let mut child = command.spawn().unwrap();
-    if let Some(text) = stdin {
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(text.as_bytes())
-            .unwrap();
-    }
-    drop(child.stdin.take());
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    cp.kubectl_with_input(args, stdin)
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)

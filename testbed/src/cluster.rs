@@ -589,20 +589,16 @@ impl LocalControlPlane {
 
     /// Runs kubectl and returns its stdout, or its stderr as the error.
     pub fn kubectl_output(&self, args: &[&str]) -> Result<String, ClusterError> {
-        let output = self
-            .kubectl()
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(io_err("running kubectl"))?;
-        if output.status.success() {
-            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-        } else {
-            Err(ClusterError::Command {
-                what: format!("kubectl {}", args.join(" ")),
-                output: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
-            })
-        }
+        run_kubectl(self.kubectl(), args, None)
+    }
+
+    /// Runs kubectl with `stdin` as its input (`apply -f -`); stdout, or stderr as the error.
+    pub fn kubectl_with_input(
+        &self,
+        args: &[&str],
+        stdin: Option<&str>,
+    ) -> Result<String, ClusterError> {
+        run_kubectl(self.kubectl(), args, stdin)
     }
 
     /// A new Kubernetes client for the current tokio runtime, as the admin user.
@@ -645,6 +641,41 @@ impl Drop for LocalControlPlane {
         if self.lifetime == Lifetime::TiedToThread {
             let _ = fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+/// Runs a kubectl `command` (already pointed at a cluster) with `args` and optional input:
+/// its stdout, or its stderr as the error.
+pub fn run_kubectl(
+    mut command: Command,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Result<String, ClusterError> {
+    command
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command.spawn().map_err(io_err("running kubectl"))?;
+    if let (Some(mut input), Some(text)) = (child.stdin.take(), stdin) {
+        input
+            .write_all(text.as_bytes())
+            .map_err(io_err("writing kubectl's input"))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(io_err("waiting for kubectl"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(ClusterError::Command {
+            what: format!("kubectl {}", args.join(" ")),
+            output: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        })
     }
 }
 

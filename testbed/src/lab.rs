@@ -700,33 +700,8 @@ fn kubectl(
     run_kubectl(plane.kubectl(), args, stdin)
 }
 
-fn run_kubectl(
-    mut command: Command,
-    args: &[&str],
-    stdin: Option<&str>,
-) -> Result<String, LabError> {
-    command
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = command.spawn().map_err(|e| step(format!("kubectl: {e}")))?;
-    if let (Some(mut input), Some(text)) = (child.stdin.take(), stdin) {
-        input
-            .write_all(text.as_bytes())
-            .map_err(|e| step(format!("kubectl stdin: {e}")))?;
-    }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| step(format!("kubectl: {e}")))?;
-    if !out.status.success() {
-        return Err(step(format!(
-            "kubectl {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+fn run_kubectl(command: Command, args: &[&str], stdin: Option<&str>) -> Result<String, LabError> {
+    crate::cluster::run_kubectl(command, args, stdin).map_err(|e| step(e.to_string()))
 }
 
 /// A kubeconfig for a ServiceAccount of `unbounded-system`, with a token that does not

@@ -1,8 +1,7 @@
 //! The provider binary and kubectl, for the tests that run the provider against the local
 //! control plane and the fake.
 
-use std::io::Write as _;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 
 use unbounded_testbed::cluster::LocalControlPlane;
 
@@ -12,30 +11,8 @@ pub const AGENT_URL: &str = "https://downloads.example.invalid/unbounded-agent";
 pub const AGENT_SHA: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
 
 pub fn kubectl(cp: &LocalControlPlane, args: &[&str], stdin: Option<&str>) -> String {
-    let mut child = cp
-        .kubectl()
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    if let Some(text) = stdin {
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(text.as_bytes())
-            .unwrap();
-    }
-    drop(child.stdin.take());
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    cp.kubectl_with_input(args, stdin)
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 pub fn get(cp: &LocalControlPlane, kind: &str, name: &str, path: &str) -> String {

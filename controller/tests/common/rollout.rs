@@ -3,8 +3,6 @@
 //! the controller has recorded a Machine's repave.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write as _;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,30 +18,9 @@ use super::*;
 
 /// Runs kubectl with `stdin`; panics with its stderr on failure.
 pub fn kubectl(args: &[&str], stdin: Option<&str>) -> String {
-    let mut child = control_plane()
-        .kubectl()
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kubectl");
-    if let Some(text) = stdin {
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(text.as_bytes())
-            .unwrap();
-    }
-    drop(child.stdin.take());
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    control_plane()
+        .kubectl_with_input(args, stdin)
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[derive(Default, Debug)]
