@@ -117,19 +117,26 @@ pub fn facts_of(ctx: &Context, machine: &Machine, target: Option<ResolvedConfigu
             .get(key)
             .and_then(|v| v.parse::<Timestamp>().ok())
     };
-    let unready_transition = condition::find(&status.conditions, conditions::NODE_READY)
+    let node_condition = condition::find(&status.conditions, conditions::NODE_READY);
+    let unready_transition = node_condition
         .filter(|c| c.status != "True")
         .map(|c| c.last_transition_time.0);
-    let unready_since = [
-        created,
-        stamp(annotations::CLAIMED_AT),
-        repaving_since,
-        unready_transition,
-    ]
-    .into_iter()
-    .flatten()
-    .max()
-    .unwrap_or(Timestamp::UNIX_EPOCH);
+    // The Machine still says Ready while its Node is gone or not Ready: the Machine handler
+    // has not dated the change yet, and the last repave or claim must not stand in for it
+    // (a Node deleted minutes after its repave would be remediated at once).
+    let unrecorded = !node_ready && node_condition.is_some_and(|c| c.status == "True");
+    let unready_since = (!unrecorded).then(|| {
+        [
+            created,
+            stamp(annotations::CLAIMED_AT),
+            repaving_since,
+            unready_transition,
+        ]
+        .into_iter()
+        .flatten()
+        .max()
+        .unwrap_or(Timestamp::UNIX_EPOCH)
+    });
     Facts {
         member: Member {
             name: machine.name_any(),

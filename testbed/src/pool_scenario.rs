@@ -368,10 +368,11 @@ pub fn pool(
         .map_or(0, |d| d.as_secs());
     let kill = format!("tb-pool-kill-{run}");
     let before = operations_on(lab, &victim);
+    // The machine stops being Ready no earlier than this.
+    let killed = Instant::now();
     operation(lab, &kill, &victim, "powerOff", "")?;
     wait_complete(lab, &kill, Duration::from_secs(180))?;
     lab.kubectl(&["delete", "node", &victim, "--wait=true"], None)?;
-    let killed = Instant::now();
     wait_until(
         &format!("{POOL} to remediate {victim} with a pxeBoot"),
         Duration::from_secs(PROVISIONING_TIMEOUT_SECONDS + 180),
@@ -383,10 +384,20 @@ pub fn pool(
             (remediated, format!("{now:?}"))
         },
     )?;
+    let after = killed.elapsed();
     say(&format!(
-        "pool: {victim} remediated (pxeBoot) {:.0} s after it died",
-        killed.elapsed().as_secs_f64()
+        "pool: {victim} remediated (pxeBoot) {:.0} s after it was powered off",
+        after.as_secs_f64()
     ));
+    // The clock starts when the machine stopped being Ready, not at its last repave: sooner
+    // means the pool repaved a machine the provisioning timeout still covered.
+    if after < Duration::from_secs(PROVISIONING_TIMEOUT_SECONDS - 5) {
+        return Err(step(format!(
+            "{victim} was remediated {} s after it was powered off, before the provisioning \
+             timeout of {PROVISIONING_TIMEOUT_SECONDS} s",
+            after.as_secs()
+        )));
+    }
     wait_running(lab, &kept, &next, timeout)?;
     wait_until("MachinesHealthy=True", Duration::from_secs(60), || {
         let c = pool_condition(lab, "MachinesHealthy");

@@ -36,8 +36,10 @@ pub struct HealthFacts {
     pub ready: bool,
     /// Since when the Machine has been without a Ready Node at the latest: the latest of its
     /// creation, its claim, its last repave request, and its NodeReady condition turning
-    /// False.
-    pub unready_since: Timestamp,
+    /// False. `None`: its Node stopped being Ready (or went away) after the Machine last
+    /// recorded it Ready, so the clock starts now; the Machine's own condition, written
+    /// shortly, then dates it.
+    pub unready_since: Option<Timestamp>,
 }
 
 /// The verdict on one Machine.
@@ -56,6 +58,7 @@ pub fn assess(facts: &HealthFacts, rules: &Rules, now: Timestamp) -> Health {
     if facts.ready {
         return Health::Healthy;
     }
+    let unready_since = facts.unready_since.unwrap_or(now);
     let mut soonest: Option<Duration> = None;
     let mut consider = |timeout: Duration, since: Timestamp, why: String| -> Option<Health> {
         let passed = elapsed(since, now);
@@ -68,7 +71,7 @@ pub fn assess(facts: &HealthFacts, rules: &Rules, now: Timestamp) -> Health {
     };
     if let Some((status, since)) = &facts.node_ready {
         // A Node that stopped being Ready before a repave or claim is judged from then.
-        let since = (*since).max(facts.unready_since);
+        let since = (*since).max(unready_since);
         for rule in rules.node.iter().filter(|r| &r.status == status) {
             let why = format!(
                 "its Node has been Ready={status} for more than {} s",
@@ -83,7 +86,7 @@ pub fn assess(facts: &HealthFacts, rules: &Rules, now: Timestamp) -> Health {
         "it has had no Ready Node for more than {} s",
         rules.provisioning_timeout.as_secs()
     );
-    if let Some(verdict) = consider(rules.provisioning_timeout, facts.unready_since, why) {
+    if let Some(verdict) = consider(rules.provisioning_timeout, unready_since, why) {
         return verdict;
     }
     soonest.map_or(Health::Healthy, Health::UnhealthyIn)
@@ -126,7 +129,12 @@ mod tests {
         let facts = |node: Option<(&str, i64)>, ready: bool, unready_since: i64| HealthFacts {
             node_ready: node.map(|(s, t)| (s.to_owned(), at(t))),
             ready,
-            unready_since: at(unready_since),
+            unready_since: Some(at(unready_since)),
+        };
+        let unrecorded = |node: Option<(&str, i64)>| HealthFacts {
+            node_ready: node.map(|(s, t)| (s.to_owned(), at(t))),
+            ready: false,
+            unready_since: None,
         };
         let cases = [
             (
@@ -170,6 +178,18 @@ mod tests {
                 facts(None, false, 1000),
                 1800,
                 Health::UnhealthyIn(Duration::from_secs(1000)),
+            ),
+            (
+                "Node deleted, the Machine still records it Ready: the clock starts now",
+                unrecorded(None),
+                5000,
+                Health::UnhealthyIn(Duration::from_secs(1800)),
+            ),
+            (
+                "Node NotReady for long, the Machine still records it Ready: judged from now",
+                unrecorded(Some(("False", 0))),
+                5000,
+                Health::UnhealthyIn(Duration::from_secs(300)),
             ),
         ];
         for (case, facts, now, expected) in cases {
