@@ -45,6 +45,7 @@
 //! six-byte MAC), with the echoed options appended by [`reply`].
 
 pub mod allocate;
+pub mod commit;
 pub mod decide;
 pub mod reply;
 pub mod serve;
@@ -69,6 +70,9 @@ pub enum DhcpError {
     /// that the process restarts and reads the log again, rather than guess.
     #[error("the lease store cannot answer any more: {0}")]
     LeaseStore(#[source] crate::leases::LeaseError),
+    /// The thread that makes leases durable could not be started.
+    #[error("starting the DHCP lease commit thread: {0}")]
+    CommitThread(#[source] std::io::Error),
 }
 
 /// Why a datagram got no reply. Each variant is a metric label (`dhcp_dropped{reason}`).

@@ -14,6 +14,7 @@ use futures::FutureExt;
 use tokio::net::UdpSocket;
 use tokio::sync::Semaphore;
 
+use super::commit::{Committer, QueueFull};
 use super::decide::{Decision, Responder};
 use super::reply::Reply;
 use super::{DhcpError, DropReason, now_unix, wire};
@@ -25,6 +26,8 @@ use crate::metrics::{Metrics, Service};
 pub const DECLINE_HOLD: Duration = Duration::from_secs(600);
 /// Replies (with their lease commits) in flight at once, per socket.
 pub const MAX_IN_FLIGHT: usize = 1024;
+/// The receive buffer asked for on each DHCP socket.
+pub const RECV_BUFFER_BYTES: usize = 4 << 20;
 /// The longest wait for a lease to become durable before the ACK is given up. Clients
 /// retransmit after about 4 s.
 pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -56,6 +59,15 @@ pub fn open_socket(settings: &Settings, port: u16) -> Result<UdpSocket, DhcpErro
         socket
             .bind_device(Some(interface.as_bytes()))
             .map_err(err)?;
+    }
+    // The default buffer (~200 KiB, a few hundred datagrams) overflows within milliseconds
+    // when a burst of clients meets a busy core. With CAP_NET_ADMIN the size is forced past
+    // net.core.rmem_max; without, the kernel caps it there.
+    let enlarged =
+        rustix::net::sockopt::set_socket_recv_buffer_size_force(&socket, RECV_BUFFER_BYTES)
+            .or_else(|_| socket.set_recv_buffer_size(RECV_BUFFER_BYTES));
+    if let Err(error) = enlarged {
+        tracing::warn!(%error, %what, "could not enlarge the DHCP receive buffer");
     }
     socket.set_nonblocking(true).map_err(err)?;
     let addr = SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
@@ -110,6 +122,8 @@ pub async fn serve(
 ) -> Result<(), DhcpError> {
     let socket = Arc::new(socket);
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let committer =
+        Committer::start(leases.clone(), MAX_IN_FLIGHT).map_err(DhcpError::CommitThread)?;
     let mut buf = vec![0u8; 1500];
     loop {
         let (len, from) = match socket.recv_from(&mut buf).await {
@@ -164,22 +178,26 @@ pub async fn serve(
                     metrics.dhcp_dropped(DropReason::Overloaded);
                     continue;
                 };
-                let (socket, leases, task_metrics) =
-                    (socket.clone(), leases.clone(), metrics.clone());
+                // The lease is queued now, in the order the requests came.
+                let durable = match commit.map(|lease| committer.submit(lease)).transpose() {
+                    Ok(durable) => durable,
+                    Err(QueueFull) => {
+                        metrics.dhcp_dropped(DropReason::Overloaded);
+                        continue;
+                    }
+                };
+                let (socket, task_metrics) = (socket.clone(), metrics.clone());
                 // Each reply in its own task: concurrent ACKs share one durable write.
                 let task = async move {
-                    if let Some(lease) = commit {
-                        let stored = tokio::time::timeout(
-                            COMMIT_TIMEOUT,
-                            tokio::task::spawn_blocking(move || leases.commit(lease)),
-                        )
-                        .await;
+                    if let Some(durable) = durable {
+                        let stored = tokio::time::timeout(COMMIT_TIMEOUT, durable).await;
                         let failed = match stored {
                             Ok(Ok(Ok(()))) => None,
-                            Ok(Ok(Err(error))) => {
-                                Some((DropReason::CommitFailed, error.to_string()))
-                            }
-                            Ok(Err(join)) => Some((DropReason::CommitFailed, join.to_string())),
+                            Ok(Ok(Err(error))) => Some((DropReason::CommitFailed, error)),
+                            Ok(Err(_)) => Some((
+                                DropReason::CommitFailed,
+                                "the commit thread stopped".to_owned(),
+                            )),
                             Err(_) => Some((DropReason::CommitTimeout, "timed out".to_owned())),
                         };
                         if let Some((reason, error)) = failed {
@@ -219,5 +237,39 @@ async fn send(socket: &UdpSocket, reply: &Reply, to: SocketAddrV4, metrics: &Met
     match socket.send_to(&bytes, to).await {
         Ok(_) => metrics.dhcp_sent(reply.kind()),
         Err(error) => tracing::warn!(%error, %to, "sending a DHCP reply failed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn dhcp_sockets_get_a_large_receive_buffer() {
+        let settings = Settings::parse(
+            "serverAddress: 10.99.0.1\ndhcp:\n  subnets:\n    - {subnet: 10.99.0.0/24, pool: [10.99.0.100, 10.99.0.199]}\n",
+        )
+        .unwrap();
+        let socket = open_socket(&settings, 0).unwrap();
+        let size = socket2::SockRef::from(&socket).recv_buffer_size().unwrap();
+        let rmem_max: usize = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // Forced past rmem_max with CAP_NET_ADMIN (root here); capped at it otherwise.
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let root = status
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
+        let expected = if root {
+            RECV_BUFFER_BYTES
+        } else {
+            RECV_BUFFER_BYTES.min(rmem_max)
+        };
+        assert!(
+            size >= expected,
+            "receive buffer {size} bytes, expected at least {expected}"
+        );
     }
 }

@@ -190,14 +190,22 @@ impl FileStore {
 
     /// Applies a record in memory, queues it, and returns once it is durable.
     fn append(&self, record: Record) -> Result<(), LeaseError> {
+        self.append_all(std::iter::once(record))
+    }
+
+    /// Applies records in memory, queues them, and returns once they are durable (one write
+    /// and one sync, unless a flush is already under way).
+    fn append_all(&self, records: impl IntoIterator<Item = Record>) -> Result<(), LeaseError> {
         let mut log = self.lock()?;
-        self.index
-            .write()
-            .map_err(|_| LeaseError::Poisoned)?
-            .apply(&record);
-        record.encode_v2(&mut log.queued);
-        log.queued_records += 1;
-        log.queued_seq += 1;
+        {
+            let mut index = self.index.write().map_err(|_| LeaseError::Poisoned)?;
+            for record in records {
+                index.apply(&record);
+                record.encode_v2(&mut log.queued);
+                log.queued_records += 1;
+                log.queued_seq += 1;
+            }
+        }
         let mine = log.queued_seq;
         loop {
             if log.durable_seq >= mine {
@@ -343,6 +351,9 @@ impl LeaseStore for FileStore {
     }
     fn commit(&self, lease: Lease) -> Result<(), LeaseError> {
         self.append(Record::Commit(lease))
+    }
+    fn commit_all(&self, leases: Vec<Lease>) -> Result<(), LeaseError> {
+        self.append_all(leases.into_iter().map(Record::Commit))
     }
     fn release(&self, key: &ClientKey) -> Result<(), LeaseError> {
         self.append(Record::Release(key.clone()))

@@ -138,6 +138,11 @@ pub trait LeaseStore: Send + Sync {
     /// Stores a lease durably (replacing the client's previous one, and taking the address
     /// from whoever held it).
     fn commit(&self, lease: Lease) -> Result<(), LeaseError>;
+    /// Stores several leases, in order, with as few durable writes as the store can (one,
+    /// for the file store); an error means none may be taken as durable.
+    fn commit_all(&self, leases: Vec<Lease>) -> Result<(), LeaseError> {
+        leases.into_iter().try_for_each(|lease| self.commit(lease))
+    }
     /// Removes a client's lease durably.
     fn release(&self, key: &ClientKey) -> Result<(), LeaseError>;
     /// Holds an address out of the pool until `until_unix`, durably.
