@@ -9,7 +9,8 @@
 //!    state into a [`decide::Decision`] (addresses come from [`allocate`]; replies are built
 //!    and encoded by [`reply`]), in memory only;
 //! 3. [`mod@serve`] is the socket loop: it does the I/O and makes a lease durable before it
-//!    sends the ACK that promises it.
+//!    sends the ACK that promises it ([`commit`]: one thread per socket writes and syncs
+//!    every lease queued meanwhile at once).
 //!
 //! The fuzz target (`bootserver/fuzz`, `dhcp`) runs 1 and 2 and the encoding exactly as the
 //! server does.
