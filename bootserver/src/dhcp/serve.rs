@@ -14,7 +14,7 @@ use futures::FutureExt;
 use tokio::net::UdpSocket;
 use tokio::sync::Semaphore;
 
-use super::commit::{Committer, QueueFull};
+use super::commit::Committer;
 use super::decide::{Decision, Responder};
 use super::reply::Reply;
 use super::{DhcpError, DropReason, now_unix, wire};
@@ -173,38 +173,57 @@ pub async fn serve(
                     }
                 });
             }
-            Decision::Reply { reply, to, commit } => {
+            Decision::Reply {
+                reply,
+                to,
+                commit: None,
+            } => {
+                // Nothing to wait for (an OFFER, an INFORM's ACK, a NAK): answered in line,
+                // without a task of its own (the send waits only if the socket's send buffer
+                // is full).
+                if let Err(panic) = AssertUnwindSafe(send(&socket, &reply, to, &metrics))
+                    .catch_unwind()
+                    .await
+                {
+                    tracing::error!(
+                        panic = panic_message(panic.as_ref()),
+                        "DHCP: a panic while sending a reply"
+                    );
+                    metrics.panic(Service::Dhcp);
+                    metrics.dhcp_dropped(DropReason::Panic);
+                }
+            }
+            Decision::Reply {
+                reply,
+                to,
+                commit: Some(lease),
+            } => {
                 let Ok(permit) = in_flight.clone().try_acquire_owned() else {
                     metrics.dhcp_dropped(DropReason::Overloaded);
                     continue;
                 };
                 // The lease is queued now, in the order the requests came.
-                let durable = match commit.map(|lease| committer.submit(lease)).transpose() {
-                    Ok(durable) => durable,
-                    Err(QueueFull) => {
-                        metrics.dhcp_dropped(DropReason::Overloaded);
-                        continue;
-                    }
+                let Ok(durable) = committer.submit(lease) else {
+                    metrics.dhcp_dropped(DropReason::Overloaded);
+                    continue;
                 };
                 let (socket, task_metrics) = (socket.clone(), metrics.clone());
-                // Each reply in its own task: concurrent ACKs share one durable write.
+                // Each ACK in a task of its own, waiting for the commit thread.
                 let task = async move {
-                    if let Some(durable) = durable {
-                        let stored = tokio::time::timeout(COMMIT_TIMEOUT, durable).await;
-                        let failed = match stored {
-                            Ok(Ok(Ok(()))) => None,
-                            Ok(Ok(Err(error))) => Some((DropReason::CommitFailed, error)),
-                            Ok(Err(_)) => Some((
-                                DropReason::CommitFailed,
-                                "the commit thread stopped".to_owned(),
-                            )),
-                            Err(_) => Some((DropReason::CommitTimeout, "timed out".to_owned())),
-                        };
-                        if let Some((reason, error)) = failed {
-                            tracing::error!(%error, "storing a lease failed; no ACK sent");
-                            task_metrics.dhcp_dropped(reason);
-                            return;
-                        }
+                    let stored = tokio::time::timeout(COMMIT_TIMEOUT, durable).await;
+                    let failed = match stored {
+                        Ok(Ok(Ok(()))) => None,
+                        Ok(Ok(Err(error))) => Some((DropReason::CommitFailed, error)),
+                        Ok(Err(_)) => Some((
+                            DropReason::CommitFailed,
+                            "the commit thread stopped".to_owned(),
+                        )),
+                        Err(_) => Some((DropReason::CommitTimeout, "timed out".to_owned())),
+                    };
+                    if let Some((reason, error)) = failed {
+                        tracing::error!(%error, "storing a lease failed; no ACK sent");
+                        task_metrics.dhcp_dropped(reason);
+                        return;
                     }
                     send(&socket, &reply, to, &task_metrics).await;
                 };
