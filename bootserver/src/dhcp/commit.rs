@@ -7,11 +7,12 @@
 //! idled out, and the server's CPU went to creating them and to futex wake-ups (`perf`:
 //! a third of the server's samples in the DHCP benchmark).
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::leases::{Lease, LeaseStore};
+use crate::leases::{Lease, LeaseError, LeaseStore};
 
 /// Leases taken into one durable write at most.
 const MAX_BATCH: usize = 4096;
@@ -49,7 +50,12 @@ impl Committer {
                     }
                     let (ready, answers): (Vec<Lease>, Vec<oneshot::Sender<Durable>>) =
                         batch.drain(..).unzip();
-                    let result = leases.commit_all(ready).map_err(|e| e.to_string());
+                    // A panic fails this batch only: a dead thread would leave the server
+                    // answering DISCOVERs but never ACKing.
+                    let result =
+                        std::panic::catch_unwind(AssertUnwindSafe(|| leases.commit_all(ready)))
+                            .unwrap_or(Err(LeaseError::Panicked))
+                            .map_err(|e| e.to_string());
                     for answer in answers {
                         // The ACK's task may have given up (timeout): nothing to tell.
                         let _ = answer.send(result.clone());
@@ -138,7 +144,8 @@ mod tests {
             self.inner.active(now_unix)
         }
         fn commit(&self, lease: Lease) -> Result<(), crate::leases::LeaseError> {
-            let _ = self.go.lock().unwrap().recv();
+            // The test dropped its sender: the disk "fails" by panicking.
+            self.go.lock().unwrap().recv().expect("released");
             self.inner.commit(lease)
         }
         fn release(&self, key: &ClientKey) -> Result<(), crate::leases::LeaseError> {
@@ -172,6 +179,25 @@ mod tests {
                 assert_eq!(ticket.await.unwrap(), Ok(()));
                 assert_eq!(store.by_client(&lease(n).key).unwrap(), Some(lease(n)));
             }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panic_while_storing_fails_that_batch_and_the_thread_goes_on() {
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        drop(go);
+        let store = Arc::new(Stalled {
+            inner: crate::leases::MemoryStore::default(),
+            go: std::sync::Mutex::new(wait),
+        });
+        let committer = Committer::start(store, 16).unwrap();
+        for n in 1..=2 {
+            let answer = committer.submit(lease(n)).unwrap().await;
+            assert_eq!(
+                answer,
+                Ok(Err(LeaseError::Panicked.to_string())),
+                "lease {n}: an error, from a thread still running"
+            );
         }
     }
 }

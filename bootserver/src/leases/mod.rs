@@ -125,6 +125,9 @@ pub enum LeaseError {
     /// the log is read again (a restart).
     #[error("the lease store's lock is poisoned (a thread panicked while holding it)")]
     Poisoned,
+    /// Storing panicked; nothing of that call may be taken as durable.
+    #[error("storing leases panicked")]
+    Panicked,
 }
 
 /// What the DHCP server needs from a lease store.
