@@ -230,6 +230,15 @@ fn run_bench(mode: BenchMode, smoke: bool, out: Option<PathBuf>) -> Result<(), C
     );
     let say = |line: String| eprintln!("bench: {line}");
     say(format!("report folder: {}", out.display()));
+    // Stopped by a signal, no destructor runs: the namespaces would outlive the run. (The
+    // servers and clients inside them die with this process: PR_SET_PDEATHSIG.)
+    std::thread::spawn(|| {
+        if wait_for_termination() {
+            eprintln!("bench: stopped by a signal; deleting its network namespaces");
+            unbounded_testbed::netns::delete_all_live();
+            std::process::exit(130);
+        }
+    });
     let mut report = Report::default();
     let mut charts = Vec::new();
     let network = if smoke {
@@ -460,24 +469,25 @@ fn serve(options: LabOptions, stage_timeout: u64) -> Result<(), CliError> {
     Ok(())
 }
 
-fn wait_for_termination() {
+/// Blocks until SIGTERM or SIGINT; false if the signals could not be watched.
+fn wait_for_termination() -> bool {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build();
     let Ok(runtime) = runtime else {
-        return;
+        return false;
     };
     runtime.block_on(async {
         let mut term =
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
                 Ok(s) => s,
-                Err(_) => return,
+                Err(_) => return false,
             };
         tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => true,
+            r = tokio::signal::ctrl_c() => r.is_ok(),
         }
-    });
+    })
 }
 
 fn down() -> Result<(), CliError> {

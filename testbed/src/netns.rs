@@ -3,6 +3,7 @@
 //! touches the host's own interfaces; everything is deleted when the value is dropped.
 
 use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Errors of namespace plumbing.
@@ -44,6 +45,23 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}{}x{n}", std::process::id() % 100_000)
 }
 
+/// Namespaces this process created and has not deleted yet.
+static LIVE: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn live() -> std::sync::MutexGuard<'static, Vec<String>> {
+    // A panic while holding it leaves a plain list of names: still usable.
+    LIVE.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Deletes every namespace this process created and still holds (their veths go with
+/// them). For a process ending on a signal, where no destructor runs.
+pub fn delete_all_live() {
+    for name in live().drain(..) {
+        let _ = run(&["ip", "netns", "del", &name]);
+    }
+}
+
 /// One network namespace, deleted on drop.
 #[derive(Debug)]
 pub struct Netns {
@@ -55,6 +73,7 @@ impl Netns {
     pub fn new(prefix: &str) -> Result<Self, NetnsError> {
         let name = unique(prefix);
         run(&["ip", "netns", "add", &name])?;
+        live().push(name.clone());
         let ns = Self { name };
         ns.ip(&["link", "set", "lo", "up"])?;
         Ok(ns)
@@ -97,6 +116,7 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
+        live().retain(|n| n != &self.name);
         let _ = run(&["ip", "netns", "del", &self.name]);
     }
 }

@@ -60,8 +60,10 @@ fn system_uuid(i: usize) -> String {
     format!("5b000000-0000-4000-8000-{i:012}")
 }
 
-/// sushy-emulator's configuration: the fake driver with one powered-off system per Machine.
-pub fn sushy_config(machines: usize) -> String {
+/// sushy-emulator's configuration: the fake driver with one powered-off system per Machine,
+/// its state (power, boot override) kept in `state_dir` so that no earlier run's systems are
+/// found powered on (the default is a fixed path under /tmp shared by every run).
+pub fn sushy_config(machines: usize, state_dir: &Path) -> String {
     let systems: Vec<String> = (0..machines)
         .map(|i| {
             format!(
@@ -73,9 +75,52 @@ pub fn sushy_config(machines: usize) -> String {
         })
         .collect();
     format!(
-        "SUSHY_EMULATOR_FAKE_DRIVER = True\nSUSHY_EMULATOR_FAKE_SYSTEMS = [\n  {}\n]\n",
+        "SUSHY_EMULATOR_FAKE_DRIVER = True\nSUSHY_EMULATOR_STATE_DIR = {:?}\nSUSHY_EMULATOR_FAKE_SYSTEMS = [\n  {}\n]\n",
+        state_dir.display().to_string(),
         systems.join(",\n  ")
     )
+}
+
+/// Asks sushy-emulator for its systems once, before any load, and checks it has `expected`.
+///
+/// The fake driver is built lazily by the first request, and every request that arrives
+/// before it is built builds one of its own: two SQLite connections per system each, freed
+/// only by Python's cycle collector. With 1,000 systems and the bootserver's first burst
+/// that ran sushy-emulator out of file descriptors and answered HTTP 500 to every request
+/// (measured: 20,000 descriptors within 15 s). One request first builds it once.
+async fn warm_up_sushy(port: u16, expected: usize) -> Result<(), String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        stream
+            .write_all(b"GET /redfish/v1/Systems HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .await?;
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await?;
+        Ok::<_, std::io::Error>(response)
+    };
+    let response = tokio::time::timeout(Duration::from_secs(300), exchange)
+        .await
+        .map_err(|_| "sushy-emulator: no answer to GET /redfish/v1/Systems in 300 s".to_string())?
+        .map_err(|e| format!("sushy-emulator: GET /redfish/v1/Systems: {e}"))?;
+    let text = String::from_utf8_lossy(&response);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("sushy-emulator: not an HTTP response: {text:.200}"))?;
+    if !head.lines().next().is_some_and(|l| l.contains(" 200 ")) {
+        return Err(format!(
+            "sushy-emulator: GET /redfish/v1/Systems: {head:.200}"
+        ));
+    }
+    let count = serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["Members@odata.count"].as_u64());
+    if count != Some(expected as u64) {
+        return Err(format!(
+            "sushy-emulator lists {count:?} systems, expected {expected}"
+        ));
+    }
+    Ok(())
 }
 
 /// A TCP proxy on loopback that counts the connections it accepts.
@@ -182,7 +227,11 @@ pub async fn run(
 
     let bin = crate::bmc::emulators_bin().map_err(|e| e.to_string())?;
     let sushy_conf = dir.join("sushy.conf");
-    std::fs::write(&sushy_conf, sushy_config(plan.machines)).map_err(|e| e.to_string())?;
+    std::fs::write(
+        &sushy_conf,
+        sushy_config(plan.machines, &dir.join("sushy-state")),
+    )
+    .map_err(|e| e.to_string())?;
     let sushy_port = free_port()?;
     let sushy_log = dir.join("sushy.log");
     let mut command = Command::new("setpriv");
@@ -202,6 +251,7 @@ pub async fn run(
     sushy
         .wait_listening(sushy_port, false, Duration::from_secs(60))
         .map_err(|e| e.to_string())?;
+    warm_up_sushy(sushy_port, plan.machines).await?;
     let proxy = CountingProxy::start(sushy_port)
         .await
         .map_err(|e| e.to_string())?;
@@ -403,8 +453,9 @@ mod tests {
 
     #[test]
     fn one_fake_system_per_machine() {
-        let config = sushy_config(3);
+        let config = sushy_config(3, Path::new("/run/bench/sushy-state"));
         assert!(config.starts_with("SUSHY_EMULATOR_FAKE_DRIVER = True\n"));
+        assert!(config.contains("SUSHY_EMULATOR_STATE_DIR = \"/run/bench/sushy-state\"\n"));
         assert_eq!(config.matches("'uuid'").count(), 3);
         assert!(config.contains(&system_uuid(2)));
         assert!(config.contains("'power_state': 'Off'"));
