@@ -13,6 +13,7 @@
 //! `scripts/fuzz`).
 
 pub mod backend;
+pub mod bmc_secrets;
 pub mod boot;
 pub mod config;
 pub mod credentials;

@@ -9,16 +9,17 @@
 //! - operations `powerOn`, `powerOff`, `powerCycle` and `pxeBoot` (one-time PXE, then a
 //!   power cycle; or power on when off).
 //!
-//! Credentials are read from the Machine's Secret (keys `username` and `password`) at each
-//! call, so a rotated password takes effect at once; they are never logged or written
-//! anywhere. Calls to one BMC are serialised (BMCs handle concurrent sessions badly);
-//! different BMCs run in parallel.
+//! Credentials come from the Machine's Secret (keys `username` and `password`), read from a
+//! watch of its namespace ([`crate::bmc_secrets`]), so a rotated password takes effect as
+//! soon as the watch delivers it; they are never logged or written anywhere. A Machine's
+//! driver (for Redfish, its HTTP client) is built once and kept until the Machine's BMC
+//! address, TLS settings or Secret change. Calls to one BMC are serialised (BMCs handle
+//! concurrent sessions badly); different BMCs run in parallel.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -30,6 +31,7 @@ use unbounded_api::{
     Firmware, HandlerKind, Machine, MachineOperation, MachineProvider, PowerState,
 };
 
+use crate::bmc_secrets::BmcSecrets;
 use crate::power::{
     Backoff, Bmc, BmcAddress, Credentials, Power, PowerDriver, PowerError, Tls, with_retries,
 };
@@ -61,9 +63,20 @@ impl Default for PowerSettings {
 /// The PXE provider.
 #[allow(missing_debug_implementations)] // holds a kube Client
 pub struct PxeProvider {
-    client: Client,
+    secrets: BmcSecrets,
     settings: PowerSettings,
     per_bmc: Mutex<HashMap<BmcAddress, Arc<Semaphore>>>,
+    drivers: Mutex<HashMap<String, (DriverKey, Arc<Bmc>)>>,
+}
+
+/// What a Machine's driver was built from: a different key, a new driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct DriverKey {
+    address: String,
+    secret_uid: String,
+    secret_version: String,
+    insecure_skip_verify: bool,
+    ca_bundle: Option<String>,
 }
 
 fn failure(reason: &str, message: impl Into<String>) -> ProviderError {
@@ -78,14 +91,25 @@ impl PxeProvider {
     /// A provider using `client` for Secrets.
     pub fn new(client: Client, settings: PowerSettings) -> Self {
         Self {
-            client,
+            secrets: BmcSecrets::new(client),
             settings,
             per_bmc: Mutex::new(HashMap::new()),
+            drivers: Mutex::new(HashMap::new()),
         }
     }
 
+    fn drivers(&self) -> std::sync::MutexGuard<'_, HashMap<String, (DriverKey, Arc<Bmc>)>> {
+        // The map holds plain values: usable after a panic elsewhere.
+        self.drivers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// The Machine's BMC with its credentials, and whether it boots UEFI.
-    async fn bmc_of(&self, machine: &Machine) -> Result<(Bmc, BmcAddress, bool), ProviderError> {
+    async fn bmc_of(
+        &self,
+        machine: &Machine,
+    ) -> Result<(Arc<Bmc>, BmcAddress, bool), ProviderError> {
         let pxe = machine
             .spec
             .pxe
@@ -99,10 +123,11 @@ impl PxeProvider {
         })?;
         let address = BmcAddress::parse(&bmc.address).map_err(power_failure)?;
         let reference = &bmc.credentials_secret_ref;
-        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &reference.namespace);
-        let secret = secrets
-            .get_opt(&reference.name)
+        let secret = self
+            .secrets
+            .get(&reference.namespace, &reference.name)
             .await
+            .map(|(secret, _source)| secret)
             .map_err(|e| {
                 failure(
                     "CredentialsUnavailable",
@@ -121,7 +146,7 @@ impl PxeProvider {
                     ),
                 )
             })?;
-        let key = |name: &str| -> Result<String, ProviderError> {
+        let value_of = |name: &str| -> Result<String, ProviderError> {
             secret
                 .data
                 .as_ref()
@@ -148,14 +173,40 @@ impl PxeProvider {
                     )
                 })
         };
-        let credentials = Credentials::new(key("username")?, key("password")?);
-        let tls = Tls {
+        let uefi = pxe.firmware == Firmware::Uefi;
+        let machine_name = machine.metadata.name.clone().unwrap_or_default();
+        let key = DriverKey {
+            address: bmc.address.clone(),
+            secret_uid: secret.metadata.uid.clone().unwrap_or_default(),
+            secret_version: secret.metadata.resource_version.clone().unwrap_or_default(),
             insecure_skip_verify: bmc.insecure_skip_verify.unwrap_or(false),
             ca_bundle: bmc.ca_bundle.clone(),
         };
-        let driver =
-            Bmc::new(&address, credentials, &tls, self.settings.timeout).map_err(power_failure)?;
-        Ok((driver, address, pxe.firmware == Firmware::Uefi))
+        if let Some((built_from, driver)) = self.drivers().get(&machine_name)
+            && *built_from == key
+        {
+            return Ok((driver.clone(), address, uefi));
+        }
+        let credentials = Credentials::new(value_of("username")?, value_of("password")?);
+        let tls = Tls {
+            insecure_skip_verify: key.insecure_skip_verify,
+            ca_bundle: key.ca_bundle.clone(),
+        };
+        let driver = Arc::new(
+            Bmc::new(&address, credentials, &tls, self.settings.timeout).map_err(power_failure)?,
+        );
+        // Without a resourceVersion a change could not be told apart: build anew each call.
+        if !key.secret_version.is_empty() {
+            self.drivers().insert(machine_name, (key, driver.clone()));
+        }
+        Ok((driver, address, uefi))
+    }
+
+    /// Forgets a deleted Machine's driver.
+    fn forget(&self, machine: &Machine) {
+        if let Some(name) = &machine.metadata.name {
+            self.drivers().remove(name);
+        }
     }
 
     /// The one-at-a-time gate of a BMC.
@@ -276,7 +327,9 @@ impl Provider for PxeProvider {
         if machine.spec.pxe.as_ref().is_some_and(|p| p.bmc.is_none()) {
             return Ok(()); // nothing we can power off
         }
-        self.act(machine, PowerAction::Off).await.map(drop)
+        self.act(machine, PowerAction::Off).await?;
+        self.forget(machine);
+        Ok(())
     }
 }
 

@@ -268,6 +268,31 @@ async fn pxe_machines_are_powered_booted_cycled_and_powered_off_through_their_bm
         .await;
     }
 
+    // Secrets changed afterwards are used without a restart (the provider reads them from a
+    // watch): the missing key added and the missing Secret created, both with a password
+    // the BMC refuses, so the reasons move on to the BMC's refusal.
+    let late_secrets = ["pv-bmc-nokey", "pv-absent"]
+        .map(|name| {
+            format!(
+                "apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: default}}\nstringData: {{username: admin, password: {WRONG_PASSWORD}}}\n"
+            )
+        })
+        .join("---\n");
+    kubectl(cp, &["apply", "-f", "-"], Some(&late_secrets));
+    for machine in ["pv-no-key", "pv-no-secret"] {
+        let path = "{.status.conditions[?(@.type==\"InfrastructureReady\")]}";
+        wait_until(
+            &format!("{machine}: BmcAuthenticationFailed once its Secret has a password"),
+            Duration::from_secs(60),
+            || async {
+                let condition = get(cp, "machine", machine, path);
+                condition.contains("BmcAuthenticationFailed")
+                    && condition.contains("refused the credentials")
+            },
+        )
+        .await;
+    }
+
     // powerCycle by selector: both machines boot once more.
     kubectl(
         cp,

@@ -81,19 +81,13 @@ pub fn sushy_config(machines: usize, state_dir: &Path) -> String {
     )
 }
 
-/// Asks sushy-emulator for its systems once, before any load, and checks it has `expected`.
-///
-/// The fake driver is built lazily by the first request, and every request that arrives
-/// before it is built builds one of its own: two SQLite connections per system each, freed
-/// only by Python's cycle collector. With 1,000 systems and the bootserver's first burst
-/// that ran sushy-emulator out of file descriptors and answered HTTP 500 to every request
-/// (measured: 20,000 descriptors within 15 s). One request first builds it once.
-async fn warm_up_sushy(port: u16, expected: usize) -> Result<(), String> {
+/// `GET path` from sushy-emulator: the body of a 200 answer, as JSON.
+async fn sushy_get(port: u16, path: &str) -> Result<serde_json::Value, String> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let exchange = async {
         let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
         stream
-            .write_all(b"GET /redfish/v1/Systems HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
             .await?;
         let mut response = Vec::new();
         stream.read_to_end(&mut response).await?;
@@ -101,25 +95,34 @@ async fn warm_up_sushy(port: u16, expected: usize) -> Result<(), String> {
     };
     let response = tokio::time::timeout(Duration::from_secs(300), exchange)
         .await
-        .map_err(|_| "sushy-emulator: no answer to GET /redfish/v1/Systems in 300 s".to_string())?
-        .map_err(|e| format!("sushy-emulator: GET /redfish/v1/Systems: {e}"))?;
+        .map_err(|_| format!("sushy-emulator: no answer to GET {path} in 300 s"))?
+        .map_err(|e| format!("sushy-emulator: GET {path}: {e}"))?;
     let text = String::from_utf8_lossy(&response);
     let (head, body) = text
         .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("sushy-emulator: not an HTTP response: {text:.200}"))?;
+        .ok_or_else(|| format!("sushy-emulator: GET {path}: not an HTTP response: {text:.200}"))?;
     if !head.lines().next().is_some_and(|l| l.contains(" 200 ")) {
-        return Err(format!(
-            "sushy-emulator: GET /redfish/v1/Systems: {head:.200}"
-        ));
+        return Err(format!("sushy-emulator: GET {path}: {head:.200}"));
     }
-    let count = serde_json::from_str::<serde_json::Value>(body)
-        .ok()
-        .and_then(|v| v["Members@odata.count"].as_u64());
+    serde_json::from_str(body).map_err(|e| format!("sushy-emulator: GET {path}: {e}"))
+}
+
+/// Asks sushy-emulator for its systems and for one system, before any load, and checks it
+/// has `expected`.
+///
+/// Its drivers (systems, indicators, ...) are built lazily by the first request that needs
+/// them, and every request arriving before one is built builds one of its own: for the fake
+/// driver, two SQLite accesses per system each. Under the bootserver's first burst at 1,000
+/// systems that herd alone exhausted the emulator's descriptors. One request each first.
+async fn warm_up_sushy(port: u16, expected: usize) -> Result<(), String> {
+    let systems = sushy_get(port, "/redfish/v1/Systems").await?;
+    let count = systems["Members@odata.count"].as_u64();
     if count != Some(expected as u64) {
         return Err(format!(
             "sushy-emulator lists {count:?} systems, expected {expected}"
         ));
     }
+    sushy_get(port, &format!("/redfish/v1/Systems/{}", system_uuid(0))).await?;
     Ok(())
 }
 
@@ -234,10 +237,13 @@ pub async fn run(
     .map_err(|e| e.to_string())?;
     let sushy_port = free_port()?;
     let sushy_log = dir.join("sushy.log");
+    // sushy-emulator through a launcher that closes its SQLite connections (see the script).
+    let launcher = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/sushy-emulator-closing.py");
     let mut command = Command::new("setpriv");
     command
         .args(["--pdeathsig", "KILL", "--"])
-        .arg(bin.join("sushy-emulator"))
+        .arg(bin.join("python"))
+        .arg(&launcher)
         .arg("--config")
         .arg(&sushy_conf)
         .args([
