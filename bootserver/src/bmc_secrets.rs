@@ -46,7 +46,7 @@ impl Drop for BmcSecrets {
     }
 }
 
-/// Where a Secret was read from (for tests and metrics).
+/// Where a Secret was read from (the tests check that the watch answers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
     /// The namespace's watch.

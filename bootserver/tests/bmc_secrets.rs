@@ -24,21 +24,20 @@ fn password(secret: &Secret) -> String {
         .unwrap_or_default()
 }
 
-/// Reads until `done` holds for the answer, or panics after 30 s.
-async fn read_until(
-    secrets: &BmcSecrets,
-    namespace: &str,
-    name: &str,
-    what: &str,
-    done: impl Fn(&Option<std::sync::Arc<Secret>>, Source) -> bool,
-) {
+/// Reads `bmcs-watched/rack-1` until the answer comes from the watch with the password
+/// `expected` (`None`: no such Secret), or panics after 30 s.
+async fn watch_shows(secrets: &BmcSecrets, expected: Option<&str>) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let (secret, source) = secrets.get(namespace, name).await.expect("read");
-        if done(&secret, source) {
+        let (secret, source) = secrets.get("bmcs-watched", "rack-1").await.expect("read");
+        let seen = secret.as_deref().map(password);
+        if source == Source::Watch && seen.as_deref() == expected {
             return;
         }
-        assert!(Instant::now() < deadline, "{what}: last read {source:?}");
+        assert!(
+            Instant::now() < deadline,
+            "waiting for {expected:?} from the watch: last read {seen:?} by {source:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -89,38 +88,17 @@ subjects: [{kind: ServiceAccount, name: get-only, namespace: bmcs-get-only}]
     let secrets = BmcSecrets::new(admin.clone());
     let (first, _) = secrets.get("bmcs-watched", "rack-1").await.expect("read");
     assert_eq!(first.as_deref().map(password).as_deref(), Some("first"));
-    read_until(
-        &secrets,
-        "bmcs-watched",
-        "rack-1",
-        "from the watch",
-        |s, src| src == Source::Watch && s.as_deref().map(password).as_deref() == Some("first"),
-    )
-    .await;
+    watch_shows(&secrets, Some("first")).await;
     kubectl(
         cp,
         "apiVersion: v1\nkind: Secret\nmetadata: {name: rack-1, namespace: bmcs-watched}\nstringData: {username: admin, password: rotated}\n",
     );
-    read_until(
-        &secrets,
-        "bmcs-watched",
-        "rack-1",
-        "the rotation",
-        |s, src| src == Source::Watch && s.as_deref().map(password).as_deref() == Some("rotated"),
-    )
-    .await;
+    watch_shows(&secrets, Some("rotated")).await;
     let api: Api<Secret> = Api::namespaced(admin.clone(), "bmcs-watched");
     api.delete("rack-1", &DeleteParams::default())
         .await
         .expect("delete");
-    read_until(
-        &secrets,
-        "bmcs-watched",
-        "rack-1",
-        "the deletion",
-        |s, src| src == Source::Watch && s.is_none(),
-    )
-    .await;
+    watch_shows(&secrets, None).await;
     let again: Secret = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "rack-1"},
         "stringData": {"username": "admin", "password": "again"}
@@ -129,14 +107,7 @@ subjects: [{kind: ServiceAccount, name: get-only, namespace: bmcs-get-only}]
     api.create(&PostParams::default(), &again)
         .await
         .expect("create");
-    read_until(
-        &secrets,
-        "bmcs-watched",
-        "rack-1",
-        "the re-creation",
-        |s, src| src == Source::Watch && s.as_deref().map(password).as_deref() == Some("again"),
-    )
-    .await;
+    watch_shows(&secrets, Some("again")).await;
     let (absent, source) = secrets.get("bmcs-watched", "no-such").await.expect("read");
     assert!(absent.is_none());
     assert_eq!(source, Source::Watch);

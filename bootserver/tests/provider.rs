@@ -54,6 +54,25 @@ fn get(cp: &LocalControlPlane, kind: &str, name: &str, path: &str) -> String {
         .unwrap_or_default()
 }
 
+/// Waits until the Machine's `InfrastructureReady` condition has `reason` and `words`.
+async fn wait_for_infrastructure_reason(
+    cp: &LocalControlPlane,
+    machine: &str,
+    reason: &str,
+    words: &str,
+) {
+    let path = "{.status.conditions[?(@.type==\"InfrastructureReady\")]}";
+    wait_until(
+        &format!("{machine}: {reason}"),
+        Duration::from_secs(60),
+        || async {
+            let condition = get(cp, "machine", machine, path);
+            condition.contains(reason) && condition.contains(words)
+        },
+    )
+    .await;
+}
+
 fn machines_yaml(redfish: &str, ipmi: &str, closed_port: u16) -> String {
     format!(
         r#"apiVersion: v1
@@ -256,16 +275,7 @@ async fn pxe_machines_are_powered_booted_cycled_and_powered_off_through_their_bm
         ("pv-no-key", "CredentialsMissing", "pv-bmc-nokey has no key"),
         ("pv-unreachable", "BmcUnreachable", "ipmi://127.0.0.1"),
     ] {
-        let path = "{.status.conditions[?(@.type==\"InfrastructureReady\")]}";
-        wait_until(
-            &format!("{machine}: {reason}"),
-            Duration::from_secs(60),
-            || async {
-                let condition = get(cp, "machine", machine, path);
-                condition.contains(reason) && condition.contains(words)
-            },
-        )
-        .await;
+        wait_for_infrastructure_reason(cp, machine, reason, words).await;
     }
 
     // Secrets changed afterwards are used without a restart (the provider reads them from a
@@ -280,15 +290,11 @@ async fn pxe_machines_are_powered_booted_cycled_and_powered_off_through_their_bm
         .join("---\n");
     kubectl(cp, &["apply", "-f", "-"], Some(&late_secrets));
     for machine in ["pv-no-key", "pv-no-secret"] {
-        let path = "{.status.conditions[?(@.type==\"InfrastructureReady\")]}";
-        wait_until(
-            &format!("{machine}: BmcAuthenticationFailed once its Secret has a password"),
-            Duration::from_secs(60),
-            || async {
-                let condition = get(cp, "machine", machine, path);
-                condition.contains("BmcAuthenticationFailed")
-                    && condition.contains("refused the credentials")
-            },
+        wait_for_infrastructure_reason(
+            cp,
+            machine,
+            "BmcAuthenticationFailed",
+            "refused the credentials",
         )
         .await;
     }
