@@ -167,6 +167,9 @@ impl<E: Execute> OperationHandler<E> {
     }
 
     /// Watches, claims, executes and finishes operations until the watch fails for good.
+    ///
+    /// The operations it runs are tasks owned by this future: dropping it (a provider that
+    /// stops leading) stops them too, so no BMC or VM call is made after that.
     pub async fn run(self) -> Result<(), HandlerError> {
         let this = Arc::new(self);
         let config = watcher::Config::default().labels(&this.label_selector);
@@ -174,40 +177,50 @@ impl<E: Execute> OperationHandler<E> {
             .default_backoff()
             .applied_objects()
             .boxed();
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(operation) => this.clone().consider(operation),
-                Err(error) => tracing::warn!(%error, "MachineOperation watch error; retrying"),
+        let mut running = tokio::task::JoinSet::new();
+        loop {
+            tokio::select! {
+                event = stream.next() => match event {
+                    Some(Ok(operation)) => {
+                        if let Some(work) = this.clone().consider(operation) {
+                            running.spawn(work);
+                        }
+                    }
+                    Some(Err(error)) => tracing::warn!(%error, "MachineOperation watch error; retrying"),
+                    None => break,
+                },
+                Some(_) = running.join_next(), if !running.is_empty() => {}
             }
         }
         Err(HandlerError::WatchEnded)
     }
 
-    /// Starts work on one observed operation when it is ours to claim or to resume.
-    fn consider(self: Arc<Self>, operation: MachineOperation) {
+    /// The work on one observed operation, when it is ours to claim or to resume.
+    fn consider(
+        self: Arc<Self>,
+        operation: MachineOperation,
+    ) -> Option<impl Future<Output = ()> + Send + 'static> {
         let executor = self.executor.clone();
         let claim = claimable(&operation, self.kind, |m, n| executor.handles(m, n));
         let resume = resumable(&operation, &self.field_manager);
         if !claim && !resume {
-            return;
+            return None;
         }
         let name = operation.name_any();
         {
-            let Ok(mut running) = self.running.lock() else {
-                return;
-            };
+            let mut running = self.running.lock().ok()?;
             if !running.insert(name.clone()) {
-                return;
+                return None;
             }
         }
-        tokio::spawn(async move {
+        Some(async move {
             if let Err(error) = self.work(operation, resume).await {
                 tracing::warn!(%error, operation = %name, "operation handling failed");
             }
             if let Ok(mut running) = self.running.lock() {
                 running.remove(&name);
             }
-        });
+        })
     }
 
     async fn work(&self, operation: MachineOperation, resumed: bool) -> Result<(), HandlerError> {

@@ -97,6 +97,10 @@ pub struct Flags {
     /// Log as JSON lines.
     #[arg(long)]
     pub log_json: bool,
+    /// Leader election: only the replica that holds the Lease `unbounded-azure-provider`
+    /// acts on Machines.
+    #[command(flatten)]
+    pub election: unbounded_runtime::leader::ElectionFlags,
 }
 
 /// The provider's validated settings.

@@ -1,9 +1,15 @@
-//! `unbounded-azure`: the Azure provider (see the crate documentation and the README).
+//! `unbounded-azure`: the Azure provider (see the crate documentation and the README). It
+//! acts only while it leads the Lease `unbounded-azure-provider` (`unbounded_runtime::leader`),
+//! and exits non-zero the moment it stops leading, so that its restart rejoins as a follower.
 
 use std::process::ExitCode;
 
 use clap::Parser;
 use unbounded_azure::config::{Flags, Settings};
+use unbounded_runtime::leader::{Elector, name_user_agent};
+
+/// The Lease the Azure provider's replicas elect their leader with.
+const LEASE_NAME: &str = "unbounded-azure-provider";
 
 fn main() -> ExitCode {
     let flags = Flags::parse();
@@ -23,6 +29,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let election = match flags.election.config(LEASE_NAME) {
+        Ok(e) => e,
+        Err(error) => {
+            eprintln!("unbounded-azure: {error}");
+            return ExitCode::from(2);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -34,7 +47,20 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async {
-        let client = match kube::Client::try_default().await {
+        let identity = flags.election.identity();
+        let clients = async {
+            let mut config = kube::Config::infer().await.map_err(|e| e.to_string())?;
+            name_user_agent(&mut config, "unbounded-azure", &identity);
+            let lease_config = flags
+                .election
+                .lease_api_config(&config)
+                .await
+                .map_err(|e| e.to_string())?;
+            let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
+            let lease_client = kube::Client::try_from(lease_config).map_err(|e| e.to_string())?;
+            Ok::<_, String>((client, lease_client))
+        };
+        let (client, lease_client) = match clients.await {
             Ok(c) => c,
             Err(error) => {
                 eprintln!("unbounded-azure: connecting to the cluster: {error}");
@@ -46,15 +72,45 @@ fn main() -> ExitCode {
             cluster = %settings.cluster_name,
             "Azure provider starting"
         );
-        tokio::select! {
-            result = unbounded_azure::run(client, settings) => match result {
-                Ok(()) => ExitCode::FAILURE, // the loops never end on their own
-                Err(error) => {
-                    eprintln!("unbounded-azure: {error}");
-                    ExitCode::FAILURE
+        let mut elector = match election {
+            Some(election) => {
+                let mut elector = Elector::new(lease_client, election);
+                tracing::info!(lease = %elector.lease_name(), %identity, "waiting to become leader");
+                tokio::select! {
+                    () = elector.acquire() => {}
+                    _ = tokio::signal::ctrl_c() => return ExitCode::SUCCESS,
                 }
-            },
-            _ = tokio::signal::ctrl_c() => ExitCode::SUCCESS,
+                Some(elector)
+            }
+            None => None,
+        };
+        let provider = async {
+            tokio::select! {
+                result = unbounded_azure::run(client, settings) => match result {
+                    Ok(()) => ExitCode::FAILURE, // the loops never end on their own
+                    Err(error) => {
+                        eprintln!("unbounded-azure: {error}");
+                        ExitCode::FAILURE
+                    }
+                },
+                _ = tokio::signal::ctrl_c() => ExitCode::SUCCESS,
+            }
+        };
+        let Some(elector) = elector.as_mut() else {
+            return provider.await;
+        };
+        match elector.lead(provider).await {
+            Ok(code) => {
+                elector.release().await;
+                code
+            }
+            Err(lost) => {
+                // The provider loop and its operations have been dropped; exiting makes sure
+                // nothing else of this process acts, and the restart rejoins as a follower.
+                tracing::error!(%lost, "stopped leading");
+                eprintln!("unbounded-azure: lost leadership: {lost}");
+                ExitCode::FAILURE
+            }
         }
     })
 }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use common::process::{AGENT_SHA, AGENT_URL, ProviderProcess, get, kubectl};
+use common::process::{AGENT_SHA, AGENT_URL, IDENTITY, ProviderProcess, get, kubectl};
 use common::{CLIENT_ID, FakeAzure, Fault, TENANT, wait_until};
 use kube::Api;
 use unbounded_api::Machine;
@@ -285,6 +285,16 @@ async fn azure_machines_are_created_operated_reported_and_deleted() {
     });
     let provider = ProviderProcess::start(cp, &fake);
     let logs = || format!("provider log:\n{}", provider.log());
+    // It acts as the leader of its Lease.
+    wait_until("the provider to lead", WAIT, logs, || async {
+        get(
+            cp,
+            "lease",
+            "unbounded-azure-provider",
+            "{.spec.holderIdentity}",
+        ) == IDENTITY
+    })
+    .await;
 
     kubectl(cp, &["apply", "-f", "-"], Some(&manifests()));
 

@@ -1,4 +1,7 @@
-//! `unbounded-bootserver --config <file>`: DHCP/ProxyDHCP, TFTP and HTTP/iPXE.
+//! `unbounded-bootserver --config <file>`: DHCP/ProxyDHCP, TFTP and HTTP/iPXE, and with the
+//! Kubernetes backend the PXE provider. DHCP, TFTP and HTTP serve on every replica; the PXE
+//! provider runs only on the replica that leads the Lease `unbounded-pxe-provider`
+//! (`unbounded_runtime::leader`), so that two bootservers never drive one BMC.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,6 +12,10 @@ use unbounded_bootserver::backend::{MachineBackend, StaticBackend};
 use unbounded_bootserver::config::{BackendKind, Settings};
 use unbounded_bootserver::kube_backend::KubeBackend;
 use unbounded_bootserver::server::Background;
+use unbounded_runtime::leader::{ElectionFlags, Elector, lead_repeatedly, name_user_agent};
+
+/// The Lease the PXE providers of every bootserver elect their leader with.
+const LEASE_NAME: &str = "unbounded-pxe-provider";
 
 /// Network-boots machines: DHCP or ProxyDHCP, TFTP and HTTP (iPXE).
 #[derive(Debug, Parser)]
@@ -20,6 +27,9 @@ struct Args {
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
+    /// Leader election of the PXE provider (with the Kubernetes backend and `power.enabled`).
+    #[command(flatten)]
+    election: ElectionFlags,
 }
 
 fn main() -> ExitCode {
@@ -45,6 +55,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let election = match args.election.config(LEASE_NAME) {
+        Ok(e) => e,
+        Err(error) => {
+            eprintln!("unbounded-bootserver: {error}");
+            return ExitCode::from(2);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -61,14 +78,29 @@ fn main() -> ExitCode {
     let mut issuer = None;
     let backend: Arc<dyn MachineBackend> = match settings.backend {
         BackendKind::File => Arc::new(StaticBackend::new(settings.machines.clone())),
-        BackendKind::Kubernetes => match runtime.block_on(kube::Client::try_default()) {
-            Ok(client) => {
+        BackendKind::Kubernetes => match runtime.block_on(api_clients(&args.election)) {
+            Ok((client, lease_client)) => {
                 if settings.power_enabled {
-                    let (client, power) = (client.clone(), settings.power);
-                    background.spawn(async move {
-                        unbounded_bootserver::pxe_provider::run(client, power).await;
-                        "PXE provider"
-                    });
+                    let power = settings.power;
+                    let provider_client = client.clone();
+                    let provider = move || {
+                        unbounded_bootserver::pxe_provider::run(provider_client.clone(), power)
+                    };
+                    match election {
+                        Some(election) => {
+                            let mut elector = Elector::new(lease_client, election);
+                            background.spawn(async move {
+                                lead_repeatedly(&mut elector, provider).await;
+                                "PXE provider"
+                            });
+                        }
+                        None => {
+                            background.spawn(async move {
+                                provider().await;
+                                "PXE provider"
+                            });
+                        }
+                    }
                 }
                 issuer = settings.credentials.clone().map(|c| {
                     Arc::new(unbounded_bootserver::credentials::Issuer::new(
@@ -97,4 +129,18 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The bootserver's API client and the Lease's (a connection pool of its own), both naming
+/// this replica in their `User-Agent`.
+async fn api_clients(election: &ElectionFlags) -> Result<(kube::Client, kube::Client), String> {
+    let mut config = kube::Config::infer().await.map_err(|e| e.to_string())?;
+    name_user_agent(&mut config, "unbounded-bootserver", &election.identity());
+    let lease_config = election
+        .lease_api_config(&config)
+        .await
+        .map_err(|e| e.to_string())?;
+    let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
+    let lease_client = kube::Client::try_from(lease_config).map_err(|e| e.to_string())?;
+    Ok((client, lease_client))
 }

@@ -1,7 +1,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
 //! The Kubernetes backend against a real API server: a `provider: pxe` Machine and its
 //! resolved configuration version become a DHCP reservation and an iPXE script; when the API
-//! server goes away, the cached machines keep booting.
+//! server goes away (every connection cut), the cached machines keep booting and the PXE
+//! provider stops leading; when it is back, the bootserver catches up.
 //!
 //! The bootserver runs in the test's namespace and reaches the local API server on the host's
 //! loopback through a forwarder. The test writes the Machine's `status.configuration` and the
@@ -59,16 +60,43 @@ async fn machines_from_the_cluster_get_addresses_and_scripts_and_survive_an_api_
     );
     let config = config[..config.find("machines:").unwrap()].to_owned();
     let kubeconfig_env = kubeconfig.display().to_string();
+    // The PXE provider elects its leader as in a cluster (a short lease, in `default`).
     let server = Bootserver::start_with_env(
         &link.server,
         &config,
-        &[("KUBECONFIG", kubeconfig_env.as_str())],
+        &[
+            ("KUBECONFIG", kubeconfig_env.as_str()),
+            ("POD_NAME", "kb-bootserver"),
+            ("UNBOUNDED_LEADER_ELECTION_NAMESPACE", "default"),
+            ("UNBOUNDED_LEADER_ELECTION_LEASE_DURATION", "6s"),
+            ("UNBOUNDED_LEADER_ELECTION_RENEW_DEADLINE", "4s"),
+            ("UNBOUNDED_LEADER_ELECTION_RETRY_PERIOD", "1s"),
+        ],
     );
     wait_until("the machine caches to sync", || {
         link.server
             .exec(&["curl", "-sf", &format!("http://{SERVER}:8080/readyz")])
             .is_ok()
     });
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "default");
+    let holder = || async {
+        leases
+            .get_opt("unbounded-pxe-provider")
+            .await
+            .unwrap()
+            .and_then(|l| l.spec?.holder_identity)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while holder().await.as_deref() != Some("kb-bootserver") {
+        assert!(
+            Instant::now() < deadline,
+            "the PXE provider never took its Lease:\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(server.log().contains("became leader"), "{}", server.log());
 
     let versions: Api<MachineConfigurationVersion> = Api::all(client.clone());
     let version: MachineConfigurationVersion = serde_json::from_value(json!({
@@ -131,12 +159,26 @@ async fn machines_from_the_cluster_get_addresses_and_scripts_and_survive_an_api_
     );
     assert_eq!(get(&env, "hostname"), Some("kb-node-1"));
 
-    // The API server goes away: the cache keeps answering.
+    // The API server goes away, established connections (the watches) included. Once the
+    // bootserver has noticed (its watch fails to reconnect, and its PXE provider, which can
+    // no longer renew its Lease, stops), the cache keeps answering.
+    let watch_errors = |log: &str| log.matches("Machine watch error; retrying").count();
+    let errors_before = watch_errors(&server.log());
     drop(forward);
+    wait_until("the bootserver to notice the outage", || {
+        let log = server.log();
+        watch_errors(&log) > errors_before && log.contains("stopped leading")
+    });
     let (env, out) = udhcpc(&link.client, &[]);
     assert_eq!(get(&env, "ip"), Some("10.99.0.31"), "{out}");
+    let text = script(&link, "52:54:00:00:0b:01");
+    assert!(
+        text.contains("unbounded.configuration=kb-general unbounded.version=1"),
+        "{text}"
+    );
 
-    // Back, and the Machine deleted: the bootserver forgets it.
+    // Back, and the Machine deleted: the bootserver forgets it, and its provider leads again.
+    let leading_before = server.log().matches("became leader").count();
     let _forward = LoopbackForward::new(&link.server, 6443, &api_server_target(cp)).unwrap();
     machines
         .delete("kb-node-1", &DeleteParams::default())
@@ -147,6 +189,9 @@ async fn machines_from_the_cluster_get_addresses_and_scripts_and_survive_an_api_
         .unwrap();
     wait_until("the deleted Machine to be forgotten", || {
         script(&link, "52:54:00:00:0b:01").contains("belongs to no Machine")
+    });
+    wait_until("the PXE provider to lead again", || {
+        server.log().matches("became leader").count() > leading_before
     });
     let log = server.log();
     assert!(!log.contains("panicked"), "{log}");

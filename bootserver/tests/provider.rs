@@ -8,11 +8,13 @@
 //!
 //! The controller (configuration resolution, operation routing) and the provider run in
 //! this test's process; the bootserver binary serves DHCP, TFTP and HTTP in the test's
-//! namespace.
+//! namespace. The provider is the process that holds the passwords, so this process's own
+//! log (every crate at debug level, as `RUST_LOG=debug` would show it) is captured and
+//! scanned; a decoy secret logged into the same capture shows that the scan sees it.
 
 mod common;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -26,10 +28,63 @@ use unbounded_testbed::netns::LoopbackForward;
 use unbounded_testbed::qemu::marker_image;
 
 const PASSWORD: &str = "pr0vider-bmc-s3cret";
+/// Logged on purpose from a provider task: the scan must find it, or it is blind.
+const DECOY: &str = "decoy-s3cret-in-the-log";
 const WRONG_PASSWORD: &str = "not-the-pr0vider-password";
 const REDFISH_MAC: &str = "52:54:00:00:03:01";
 const IPMI_MAC: &str = "52:54:00:00:03:02";
 const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
+
+/// This process's log, kept in memory: every thread's events (tracing's global subscriber).
+#[derive(Clone, Default)]
+struct CapturedLog(Arc<Mutex<Vec<u8>>>);
+
+impl CapturedLog {
+    /// Installs the capture as the process's subscriber: every crate at debug level, except
+    /// ipmi-rs, which the bootserver binary keeps at warn whatever `RUST_LOG` says.
+    fn install() -> Self {
+        let log = Self::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("debug,ipmi_rs=warn"))
+            .with_ansi(false)
+            .with_writer(log.clone())
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
+        log
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for CapturedLog {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CapturedLog {
+    type Writer = CapturedLog;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+/// The secrets found in `text`.
+fn leaked<'a>(text: &str, secrets: &[&'a str]) -> Vec<&'a str> {
+    secrets
+        .iter()
+        .copied()
+        .filter(|s| text.contains(s))
+        .collect()
+}
 
 fn kubectl(cp: &LocalControlPlane, args: &[&str], stdin: Option<&str>) -> String {
     cp.kubectl_with_input(args, stdin)
@@ -171,6 +226,7 @@ spec:
 
 #[tokio::test(flavor = "multi_thread")]
 async fn pxe_machines_are_powered_booted_cycled_and_powered_off_through_their_bmcs() {
+    let own_log = CapturedLog::install();
     let cp = LocalControlPlane::shared().unwrap();
     let client = cp.client().await.unwrap();
 
@@ -197,6 +253,12 @@ async fn pxe_machines_are_powered_booted_cycled_and_powered_off_through_their_bm
     settings.loop_settings.first_backoff = Duration::from_secs(2);
     settings.loop_settings.max_backoff = Duration::from_secs(10);
     tokio::spawn(pxe_provider::run(client.clone(), settings));
+    // The decoy, from another task of the runtime, under the provider's target.
+    tokio::spawn(async {
+        tracing::debug!(target: "unbounded_bootserver::pxe_provider", "decoy credential {DECOY}");
+    })
+    .await
+    .unwrap();
 
     // The provisioning network, the bootserver (Kubernetes backend) and the BMCs.
     let images = marker_image().unwrap();
@@ -362,24 +424,31 @@ async fn pxe_machines_are_powered_booted_cycled_and_powered_off_through_their_bm
     assert_eq!(redfish_vm.state(), "shut off", "{}", logs());
     assert_eq!(ipmi_vm.state(), "shut off", "{}", logs());
 
-    // No password anywhere a person or a log collector looks.
+    // No password anywhere a person or a log collector looks: the objects, the Events, the
+    // bootserver's log and the log of this process, where the provider read the Secrets.
+    let provider_log = own_log.text();
+    // The capture holds the provider's own lines (a BMC that refused the credentials)...
+    assert!(
+        provider_log.contains("provider reconcile failed")
+            && provider_log.contains("BmcAuthenticationFailed"),
+        "the provider's log is captured:\n{provider_log}"
+    );
+    // ...and the scan finds a secret that was logged.
+    assert_eq!(leaked(&provider_log, &[DECOY, PASSWORD]), [DECOY]);
     let everything = [
         kubectl(cp, &["get", "machines", "-o", "yaml"], None),
         kubectl(cp, &["get", "machineoperations", "-o", "yaml"], None),
         kubectl(cp, &["get", "events", "-A", "-o", "yaml"], None),
         bootserver.log(),
+        provider_log,
     ]
     .join("\n");
     assert!(
         everything.contains("refused the credentials"),
         "the events are there"
     );
-    for secret in [PASSWORD, WRONG_PASSWORD] {
-        assert!(
-            !everything.contains(secret),
-            "a password leaked:\n{everything}"
-        );
-    }
+    let found = leaked(&everything, &[PASSWORD, WRONG_PASSWORD]);
+    assert!(found.is_empty(), "{found:?} leaked:\n{everything}");
 
     kubectl(
         cp,

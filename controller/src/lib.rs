@@ -21,7 +21,6 @@ pub mod error;
 pub mod events;
 pub mod expectations;
 pub mod index;
-pub mod leader;
 pub mod lifecycle;
 pub mod machine;
 pub mod members;

@@ -1,5 +1,7 @@
 //! `unbounded-controller`: runs the controllers against the cluster of `KUBECONFIG` (or the
-//! in-cluster configuration), as the leader of its Lease.
+//! in-cluster configuration), as the leader of its Lease (`unbounded_runtime::leader`): it
+//! reconciles only while it leads, and exits non-zero the moment it stops leading, so that
+//! its restart rejoins as a follower.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,10 +16,13 @@ use clap::Parser;
 use prometheus_client::registry::Registry;
 use unbounded_controller::api_limits::RateLimitLayer;
 use unbounded_controller::events::EventSettings;
-use unbounded_controller::leader::{LeaderElector, LeaseSettings};
 use unbounded_controller::metrics::Metrics;
 use unbounded_controller::recount::RecountTiming;
 use unbounded_controller::{Settings, run};
+use unbounded_runtime::leader::{ElectionFlags, Elector, name_user_agent};
+
+/// The Lease the controller's replicas elect their leader with.
+const LEASE_NAME: &str = "unbounded-controller";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -29,22 +34,8 @@ struct Flags {
     /// Address of the metrics and health endpoint (/metrics, /healthz).
     #[arg(long, env = "UNBOUNDED_METRICS_ADDR", default_value = "127.0.0.1:8080")]
     metrics_addr: SocketAddr,
-    /// Namespace of the leader-election Lease.
-    #[arg(
-        long,
-        env = "UNBOUNDED_LEADER_ELECTION_NAMESPACE",
-        default_value = "unbounded-system"
-    )]
-    leader_election_namespace: String,
-    /// Name of the leader-election Lease.
-    #[arg(long, default_value = "unbounded-controller")]
-    lease_name: String,
-    /// This replica's identity in the Lease (default: $POD_NAME, else the host name and pid).
-    #[arg(long, env = "POD_NAME")]
-    identity: Option<String>,
-    /// Run without leader election (one replica only; tests).
-    #[arg(long)]
-    no_leader_election: bool,
+    #[command(flatten)]
+    election: ElectionFlags,
     /// How long draining a Node may take before it is deleted anyway, in seconds.
     #[arg(long, default_value_t = 300)]
     drain_timeout_seconds: u64,
@@ -107,13 +98,14 @@ async fn main() -> anyhow::Result<()> {
         }
     });
 
-    let config = kube::Config::infer()
+    let election = flags.election.config(LEASE_NAME)?;
+    let identity = flags.election.identity();
+    let mut config = kube::Config::infer()
         .await
         .context("reading the Kubernetes API configuration (KUBECONFIG or in-cluster)")?;
-    // The Lease gets a client of its own, so that renewing it never queues behind the
-    // rate limit of the reconcilers' requests.
-    let lease_client =
-        kube::Client::try_from(config.clone()).context("building the Kubernetes API client")?;
+    // The audit log then says which replica made each request.
+    name_user_agent(&mut config, "unbounded-controller", &identity);
+    let lease_config = flags.election.lease_api_config(&config).await?;
     let client = kube::client::ClientBuilder::try_from(config)
         .context("building the Kubernetes API client")?
         .with_layer(&RateLimitLayer::new(flags.api_qps, flags.api_burst))
@@ -135,35 +127,35 @@ async fn main() -> anyhow::Result<()> {
         ..Settings::default()
     };
 
-    let shutdown = async {
+    let shutdown = futures::FutureExt::shared(Box::pin(async {
         let _ = tokio::signal::ctrl_c().await;
         tracing::info!("shutting down");
-    };
-    if flags.no_leader_election {
+    }));
+    let Some(election) = election else {
         return run(client, settings, metrics, shutdown)
             .await
             .context("controller");
-    }
-    let identity = flags.identity.unwrap_or_else(|| {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-        format!("{}-{}", host.trim(), std::process::id())
-    });
-    let elector = LeaderElector::new(
-        lease_client,
-        LeaseSettings {
-            namespace: flags.leader_election_namespace,
-            name: flags.lease_name,
-            identity,
-            duration: Duration::from_secs(15),
-        },
-    );
-    tracing::info!("waiting to become leader");
-    elector.acquire().await.context("leader election")?;
+    };
+    // The Lease gets a client of its own, so that renewing it never queues behind the
+    // rate limit of the reconcilers' requests.
+    let lease_client =
+        kube::Client::try_from(lease_config).context("building the Lease's API client")?;
+    let mut elector = Elector::new(lease_client, election);
+    tracing::info!(lease = %elector.lease_name(), %identity, "waiting to become leader");
     tokio::select! {
-        result = run(client, settings, metrics, shutdown) => result.context("controller"),
-        () = elector.keep_renewing() => {
-            // Another replica may lead now: stop at once rather than act twice.
-            anyhow::bail!("lost leadership")
+        () = elector.acquire() => {}
+        () = shutdown.clone() => return Ok(()),
+    }
+    match elector.lead(run(client, settings, metrics, shutdown)).await {
+        Ok(result) => {
+            elector.release().await;
+            result.context("controller")
+        }
+        Err(lost) => {
+            // Every reconciler has been dropped already; exiting makes sure nothing else of
+            // this process writes, and the restart rejoins as a follower.
+            tracing::error!(%lost, "stopped leading");
+            Err(anyhow::Error::new(lost).context("lost leadership"))
         }
     }
 }

@@ -33,8 +33,26 @@ use crate::recount::{PendingRecounts, RecountTiming};
 use crate::watches::{self, Groups, Triggers, drive};
 use crate::{configuration, machine, operation, pool};
 
+/// Tasks that end when their owner is dropped: [`run`] is the leadership's work, and dropping
+/// it must stop everything it started (the Event publisher writes).
+struct AbortOnDrop(Vec<tokio::task::AbortHandle>);
+
+impl AbortOnDrop {
+    fn add<T>(&mut self, task: &tokio::task::JoinHandle<T>) {
+        self.0.push(task.abort_handle());
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
 /// Runs the Machine, MachineConfiguration and MachineOperation controllers until `shutdown`
-/// resolves.
+/// resolves. Dropping the returned future stops everything it started.
 pub async fn run(
     client: Client,
     settings: Settings,
@@ -122,6 +140,10 @@ pub async fn run(
             triggers.on_node(node_index.clone(), machine_index.clone(), groups),
         ),
     ];
+    let mut tasks = AbortOnDrop(Vec::new());
+    for watch in &watches {
+        tasks.add(watch);
+    }
 
     // Decisions need complete stores: a Node missing from a half-filled store would look
     // deleted and trigger a repave.
@@ -169,6 +191,7 @@ pub async fn run(
         access_tx.clone(),
         (pools.clone(), pool_tx.clone()),
     ));
+    tasks.add(&initial);
     let recounts = send_recounts(
         triggers.recount.clone(),
         configuration_tx.clone(),
@@ -183,6 +206,7 @@ pub async fn run(
         metrics.events_dropped.clone(),
     );
     let event_worker = tokio::spawn(event_worker.run());
+    tasks.add(&event_worker);
     let access_ctx = Arc::new(crate::agent_access::AccessContext::new(
         client.clone(),
         operations.clone(),
@@ -254,11 +278,7 @@ pub async fn run(
         _ = phase_gauge => {},
         _ = recounts => {},
     }
-    for watch in watches {
-        watch.abort();
-    }
-    event_worker.abort();
-    initial.abort();
+    drop(tasks);
     Ok(())
 }
 

@@ -271,6 +271,26 @@ pub struct DetachedState {
     pub processes: Vec<(String, u32, PathBuf)>,
 }
 
+/// What a control plane is started with, beyond the defaults.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PlaneOptions {
+    /// Write an audit log of every write request (metadata only: who, what, when, the
+    /// user agent and the answer), one JSON object a line, at
+    /// [`LocalControlPlane::audit_log_path`].
+    pub audit_log: bool,
+}
+
+/// The audit policy of [`PlaneOptions::audit_log`]: writes at the Metadata level, once each
+/// (when the answer has been sent), nothing else.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    verbs: [create, update, patch, delete, deletecollection]
+  - level: None
+";
+
 /// A running etcd + kube-apiserver + kube-controller-manager.
 #[derive(Debug)]
 pub struct LocalControlPlane {
@@ -280,6 +300,7 @@ pub struct LocalControlPlane {
     binaries: Binaries,
     children: Vec<(String, Child)>,
     lifetime: Lifetime,
+    options: PlaneOptions,
 }
 
 static SHARED: OnceLock<Result<LocalControlPlane, String>> = OnceLock::new();
@@ -289,6 +310,12 @@ impl LocalControlPlane {
     /// (blocking: a few seconds when the binaries are cached). Its processes are killed when
     /// the test binary exits.
     pub fn shared() -> Result<&'static LocalControlPlane, ClusterError> {
+        Self::shared_with(PlaneOptions::default())
+    }
+
+    /// [`LocalControlPlane::shared`], started with `options` if this is the first call of
+    /// the test binary (later calls get the same control plane whatever they ask).
+    pub fn shared_with(options: PlaneOptions) -> Result<&'static LocalControlPlane, ClusterError> {
         let result = SHARED.get_or_init(|| {
             // A thread that lives as long as the process: the processes are tied to it with
             // PR_SET_PDEATHSIG, so they die with the test binary, not with the first test.
@@ -296,8 +323,8 @@ impl LocalControlPlane {
             let spawned = thread::Builder::new()
                 .name("local-control-plane".into())
                 .spawn(move || {
-                    let started =
-                        LocalControlPlane::start(Lifetime::TiedToThread).map_err(|e| e.to_string());
+                    let started = LocalControlPlane::start_with(Lifetime::TiedToThread, options)
+                        .map_err(|e| e.to_string());
                     let _ = tx.send(started);
                     loop {
                         thread::park();
@@ -318,6 +345,11 @@ impl LocalControlPlane {
 
     /// Starts a new control plane in a fresh directory and installs the CRDs and policies.
     pub fn start(lifetime: Lifetime) -> Result<Self, ClusterError> {
+        Self::start_with(lifetime, PlaneOptions::default())
+    }
+
+    /// [`LocalControlPlane::start`] with `options`.
+    pub fn start_with(lifetime: Lifetime, options: PlaneOptions) -> Result<Self, ClusterError> {
         let binaries = Binaries::ensure()?;
         find_program(
             "openssl",
@@ -331,6 +363,7 @@ impl LocalControlPlane {
             binaries,
             children: Vec::new(),
             lifetime,
+            options,
         };
         plane.boot()?;
         Ok(plane)
@@ -386,7 +419,7 @@ impl LocalControlPlane {
         let etcd = self.binaries.etcd.clone();
         self.spawn("etcd", &etcd, &etcd_args)?;
 
-        let apiserver_args: Vec<String> = vec![
+        let mut apiserver_args: Vec<String> = vec![
             format!("--etcd-servers={etcd_url}"),
             "--bind-address=127.0.0.1".into(),
             "--advertise-address=127.0.0.1".into(),
@@ -412,6 +445,17 @@ impl LocalControlPlane {
             "--allow-privileged=true".into(),
             "--profiling=false".into(),
         ];
+        if self.options.audit_log {
+            let policy = self.dir.join("audit-policy.yaml");
+            fs::write(&policy, AUDIT_POLICY)
+                .map_err(io_err(format!("writing {}", policy.display())))?;
+            apiserver_args.extend([
+                format!("--audit-policy-file={}", policy.display()),
+                format!("--audit-log-path={}", self.dir.join("audit.log").display()),
+                "--audit-log-format=json".into(),
+                "--audit-log-mode=blocking".into(),
+            ]);
+        }
         let apiserver = self.binaries.kube_apiserver.clone();
         self.spawn("kube-apiserver", &apiserver, &apiserver_args)?;
         self.wait_ready("kube-apiserver", || {
@@ -555,6 +599,12 @@ impl LocalControlPlane {
     /// The admin kubeconfig.
     pub fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig
+    }
+
+    /// The API server's audit log (JSON lines), when started with
+    /// [`PlaneOptions::audit_log`].
+    pub fn audit_log_path(&self) -> Option<PathBuf> {
+        self.options.audit_log.then(|| self.dir.join("audit.log"))
     }
 
     /// The API server's URL.

@@ -294,7 +294,13 @@ impl Lab {
             "bootserver",
             Some(&ns),
             &options.bootserver,
-            &["--config".into(), config.display().to_string()],
+            &[
+                "--config".into(),
+                config.display().to_string(),
+                // Elects the PXE provider as in a cluster (deploy/'s RBAC allows its Lease).
+                "--leader-election-identity".into(),
+                "testbed-bootserver".into(),
+            ],
             &[
                 ("KUBECONFIG", bootserver_kubeconfig.display().to_string()),
                 ("RUST_LOG", "info".into()),
@@ -310,7 +316,7 @@ impl Lab {
             &[
                 "--metrics-addr".into(),
                 format!("127.0.0.1:{metrics_port}"),
-                "--identity".into(),
+                "--leader-election-identity".into(),
                 "testbed".into(),
             ],
             &[

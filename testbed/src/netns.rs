@@ -2,6 +2,7 @@
 //! "server" and a "client" namespace (a veth pair), or a tap device for a QEMU VM. Nothing
 //! touches the host's own interfaces; everything is deleted when the value is dropped.
 
+use std::os::unix::process::CommandExt as _;
 use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -175,7 +176,8 @@ impl Link {
 
 /// A TCP port inside a namespace that reaches a TCP address of the host's loopback (the
 /// local API server), through a Unix socket: one `socat` listens in the namespace, one in
-/// the host connects. Both are killed on drop.
+/// the host connects. Both are killed on drop, with every connection they forwarded: what
+/// was reached through it is cut off at once.
 #[derive(Debug)]
 pub struct LoopbackForward {
     children: Vec<std::process::Child>,
@@ -196,8 +198,12 @@ impl LoopbackForward {
             message: e.to_string(),
         })?;
         let socket = dir.path().join("forward.sock");
+        // Each socat leads a process group of its own, which holds the children it forks
+        // per connection: dropping the forward kills the groups, established connections
+        // included (a real outage, not only no new connections).
         let spawn = |command: &mut Command| {
             command
+                .process_group(0)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -245,6 +251,13 @@ impl LoopbackForward {
 impl Drop for LoopbackForward {
     fn drop(&mut self) {
         for child in &mut self.children {
+            // The whole group: the listener and every connection it forked.
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &format!("-{}", child.id())])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
             let _ = child.kill();
             let _ = child.wait();
         }

@@ -8,6 +8,8 @@ use unbounded_testbed::cluster::LocalControlPlane;
 use super::FakeAzure;
 
 pub const AGENT_URL: &str = "https://downloads.example.invalid/unbounded-agent";
+/// The provider's identity in its Lease.
+pub const IDENTITY: &str = "azure-acceptance";
 pub const AGENT_SHA: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
 
 pub fn kubectl(cp: &LocalControlPlane, args: &[&str], stdin: Option<&str>) -> String {
@@ -64,6 +66,11 @@ impl ProviderProcess {
                 "8",
                 "--request-attempts",
                 "4",
+                // Elected as in a cluster, its Lease in `default`.
+                "--leader-election-namespace",
+                "default",
+                "--leader-election-identity",
+                IDENTITY,
             ])
             .env("KUBECONFIG", cp.kubeconfig_path())
             // Our crates and the Azure SDK at debug level: nothing they log may hold a secret.

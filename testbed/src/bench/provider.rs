@@ -351,6 +351,8 @@ pub async fn run(
         .arg(bootserver)
         .arg("--config")
         .arg(&config)
+        // Elected as in a cluster; a fixed identity takes its own Lease back at once.
+        .args(["--leader-election-identity", "bench-bootserver"])
         .env("KUBECONFIG", plane.kubeconfig_path())
         .env("RUST_LOG", "warn");
     let started = Instant::now();

@@ -1,0 +1,241 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
+//! The elector against a real API server: a leader whose route to it stalls (a TCP proxy that
+//! stops forwarding without closing anything) drops its work before the follower's work
+//! starts, and campaigns again; a leader that releases the Lease hands over at once.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use unbounded_runtime::leader::{ElectionConfig, Elector, Timing, lead_repeatedly};
+use unbounded_testbed::cluster::{LocalControlPlane, client_from_kubeconfig};
+use unbounded_testbed::proxy::StallingProxy;
+
+fn timing() -> Timing {
+    Timing::new(
+        Duration::from_secs(6),
+        Duration::from_secs(4),
+        Duration::from_secs(1),
+    )
+    .unwrap()
+}
+
+fn config(lease: &str, identity: &str) -> ElectionConfig {
+    ElectionConfig {
+        namespace: "default".into(),
+        lease_name: lease.into(),
+        identity: identity.into(),
+        timing: timing(),
+    }
+}
+
+/// What the replicas' work did, in order, with this process's monotonic clock.
+#[derive(Clone, Default)]
+struct Activity(Arc<Mutex<Vec<(String, &'static str, Instant)>>>);
+
+impl Activity {
+    fn record(&self, who: &str, what: &'static str) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((who.to_owned(), what, Instant::now()));
+    }
+
+    fn when(&self, who: &str, what: &str, nth: usize) -> Option<Instant> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(w, e, _)| w == who && *e == what)
+            .nth(nth)
+            .map(|(_, _, at)| *at)
+    }
+
+    /// Work that runs until dropped, recording both ends.
+    fn work(&self, who: &str) -> impl Future<Output = ()> + use<> {
+        struct Stopped(Activity, String);
+        impl Drop for Stopped {
+            fn drop(&mut self) {
+                self.0.record(&self.1, "stopped");
+            }
+        }
+        let activity = self.clone();
+        let who = who.to_owned();
+        async move {
+            activity.record(&who, "started");
+            let _stopped = Stopped(activity.clone(), who);
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// This process's log, kept in memory, so that a test can wait for what a replica said.
+#[derive(Clone, Default)]
+struct CapturedLog(Arc<Mutex<Vec<u8>>>);
+
+impl CapturedLog {
+    fn get() -> &'static CapturedLog {
+        static LOG: std::sync::OnceLock<CapturedLog> = std::sync::OnceLock::new();
+        LOG.get_or_init(|| {
+            let log = CapturedLog::default();
+            let subscriber = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new("unbounded_runtime=debug"))
+                .with_ansi(false)
+                .with_writer(log.clone())
+                .finish();
+            tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
+            log
+        })
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for CapturedLog {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CapturedLog {
+    type Writer = CapturedLog;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn holder(client: &kube::Client, lease: &str) -> Option<String> {
+    Api::<Lease>::namespaced(client.clone(), "default")
+        .get_opt(lease)
+        .await
+        .unwrap()
+        .and_then(|l| l.spec?.holder_identity)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stalled_leader_stops_before_the_follower_starts_and_campaigns_again() {
+    let log = CapturedLog::get();
+    let cp = LocalControlPlane::shared().unwrap();
+    let client = cp.client().await.unwrap();
+    let proxy = StallingProxy::start(
+        cp.server_url()
+            .trim_start_matches("https://")
+            .parse()
+            .unwrap(),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("proxied.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        std::fs::read_to_string(cp.kubeconfig_path())
+            .unwrap()
+            .replace(
+                cp.server_url(),
+                &format!("https://127.0.0.1:{}", proxy.addr().port()),
+            ),
+    )
+    .unwrap();
+    let client_a = client_from_kubeconfig(&kubeconfig).await.unwrap();
+    let lease = "rt-stall";
+    let activity = Activity::default();
+
+    let mut a = Elector::new(client_a, config(lease, "rt-a"));
+    let work_a = activity.clone();
+    let replica_a =
+        tokio::spawn(async move { lead_repeatedly(&mut a, || work_a.work("rt-a")).await });
+    wait_for("rt-a to lead", || {
+        activity.when("rt-a", "started", 0).is_some()
+    })
+    .await;
+    let mut b = Elector::new(client.clone(), config(lease, "rt-b"));
+    let work_b = activity.clone();
+    let replica_b =
+        tokio::spawn(async move { lead_repeatedly(&mut b, || work_b.work("rt-b")).await });
+
+    // rt-a's route stalls: it stops (its work dropped) before rt-b starts.
+    let stalled = Instant::now();
+    proxy.stall();
+    wait_for("rt-b to lead", || {
+        activity.when("rt-b", "started", 0).is_some()
+    })
+    .await;
+    let a_stopped = activity.when("rt-a", "stopped", 0).expect("rt-a stopped");
+    let b_started = activity.when("rt-b", "started", 0).unwrap();
+    assert!(a_stopped > stalled);
+    assert!(
+        a_stopped < b_started,
+        "rt-a stopped {:?} after rt-b started",
+        a_stopped - b_started
+    );
+    assert_eq!(holder(&client, lease).await.as_deref(), Some("rt-b"));
+    eprintln!(
+        "rt-a stopped {:.1} s after the stall, rt-b started {:.1} s after that",
+        (a_stopped - stalled).as_secs_f64(),
+        (b_started - a_stopped).as_secs_f64()
+    );
+
+    // The route back: rt-a campaigns again but rt-b renews. rt-b then dies without a word
+    // (its task aborted, no release): rt-a leads again once the lease has expired for it.
+    proxy.resume();
+    wait_for("rt-a to see rt-b's lease", || {
+        log.text().contains("following: the lease is held by rt-b")
+    })
+    .await;
+    assert!(
+        activity.when("rt-a", "started", 1).is_none(),
+        "rt-a took a held lease"
+    );
+    replica_b.abort();
+    wait_for("rt-a to lead again", || {
+        activity.when("rt-a", "started", 1).is_some()
+    })
+    .await;
+    let b_stopped = activity.when("rt-b", "stopped", 0).expect("rt-b stopped");
+    assert!(b_stopped < activity.when("rt-a", "started", 1).unwrap());
+    assert_eq!(holder(&client, lease).await.as_deref(), Some("rt-a"));
+    replica_a.abort();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_released_lease_is_taken_at_once() {
+    CapturedLog::get();
+    let cp = LocalControlPlane::shared().unwrap();
+    let client = cp.client().await.unwrap();
+    let lease = "rt-release";
+    let mut a = Elector::new(client.clone(), config(lease, "rt-c"));
+    a.acquire().await;
+    assert_eq!(a.lead(async { "done" }).await, Ok("done"));
+    a.release().await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let spec = leases.get(lease).await.unwrap().spec.unwrap();
+    assert_eq!(spec.holder_identity, None);
+
+    // A newcomer takes a released lease at its first read, not a lease duration later.
+    let mut b = Elector::new(client.clone(), config(lease, "rt-d"));
+    let started = Instant::now();
+    tokio::time::timeout(timing().retry_period(), b.acquire())
+        .await
+        .expect("taken at the first attempt");
+    eprintln!("taken {:?} after the release", started.elapsed());
+    let spec = leases.get(lease).await.unwrap().spec.unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some("rt-d"));
+    assert_eq!(spec.lease_duration_seconds, Some(6));
+}
