@@ -30,9 +30,12 @@ fn config(lease: &str, identity: &str) -> ElectionConfig {
     }
 }
 
-/// What the replicas' work did, in order, with this process's monotonic clock.
+/// Who did what when: a replica's work `started` or `stopped`, by this process's clock.
+type Entry = (String, &'static str, Instant);
+
+/// What the replicas' work did, in order.
 #[derive(Clone, Default)]
-struct Activity(Arc<Mutex<Vec<(String, &'static str, Instant)>>>);
+struct Activity(Arc<Mutex<Vec<Entry>>>);
 
 impl Activity {
     fn record(&self, who: &str, what: &'static str) {
@@ -80,7 +83,9 @@ impl CapturedLog {
         LOG.get_or_init(|| {
             let log = CapturedLog::default();
             let subscriber = tracing_subscriber::fmt()
-                .with_env_filter(tracing_subscriber::EnvFilter::new("unbounded_runtime=debug"))
+                .with_env_filter(tracing_subscriber::EnvFilter::new(
+                    "unbounded_runtime=debug",
+                ))
                 .with_ansi(false)
                 .with_writer(log.clone())
                 .finish();

@@ -164,19 +164,29 @@ fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
         .collect();
     let mut lease: Option<Stored> = None;
     let mut next_version = 1;
-    // In flight, keyed by (real ms, sequence): to the server, and back to a replica.
-    let mut to_server: BTreeMap<(u64, u64), (usize, u64, Request, Option<u32>)> = BTreeMap::new();
-    let mut answers: BTreeMap<(u64, u64), (usize, u64, Answer)> = BTreeMap::new();
-    let mut sequence = 0u64;
+    let mut network = Network {
+        timeout,
+        ..Network::default()
+    };
     let mut outcome = Outcome::default();
     let mut holder_before: Option<String> = None;
 
     let mut t = 0;
     while t <= HORIZON_MS {
         // The server, in arrival order.
-        let due: Vec<_> = to_server.range(..(t + 1, 0)).map(|(k, _)| *k).collect();
+        let due: Vec<_> = network
+            .to_server
+            .range(..(t + 1, 0))
+            .map(|(k, _)| *k)
+            .collect();
         for key in due {
-            let Some((from, attempt, request, back)) = to_server.remove(&key) else {
+            let Some(InFlight {
+                from,
+                attempt,
+                request,
+                back,
+            }) = network.to_server.remove(&key)
+            else {
                 continue;
             };
             let answer = match request {
@@ -229,18 +239,20 @@ fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
                 }
             }
             if let Some(back) = back {
-                sequence += 1;
-                answers.insert((t + u64::from(back), sequence), (from, attempt, answer));
+                network.sequence += 1;
+                network
+                    .answers
+                    .insert((t + back, network.sequence), (from, attempt, answer));
             }
         }
 
-        for index in 0..replicas.len() {
-            let now = replicas[index].local(t);
+        for (index, replica) in replicas.iter_mut().enumerate() {
+            let now = replica.local(t);
             // A dead process comes back with nothing but its identity.
-            if let Process::Dead { restarts_at } = replicas[index].process {
+            if let Process::Dead { restarts_at } = replica.process {
                 if t >= restarts_at {
-                    let identity = replicas[index].identity.clone();
-                    replicas[index].process = Process::Alive {
+                    let identity = replica.identity.clone();
+                    replica.process = Process::Alive {
                         candidate: Candidate::new(identity, timing),
                         shell: Shell::Sleeping { until: now },
                     };
@@ -248,7 +260,6 @@ fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
                     continue;
                 }
             }
-            let replica = &mut replicas[index];
             let Process::Alive { candidate, shell } = &mut replica.process else {
                 continue;
             };
@@ -259,13 +270,14 @@ fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
                 *shell = Shell::Sleeping { until: now };
             }
             // Answers that arrived by now, for the attempt still waiting.
-            let arrived: Vec<_> = answers
+            let arrived: Vec<_> = network
+                .answers
                 .range(..(t + 1, 0))
                 .filter(|(_, (to, _, _))| *to == index)
                 .map(|(k, _)| *k)
                 .collect();
             for key in arrived {
-                let Some((_, attempt_id, answer)) = answers.remove(&key) else {
+                let Some((_, attempt_id, answer)) = network.answers.remove(&key) else {
                     continue;
                 };
                 match (*shell, answer) {
@@ -320,16 +332,7 @@ fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
                                     replica.next_fate += 1;
                                     f
                                 };
-                                match send(
-                                    fate,
-                                    t,
-                                    index,
-                                    attempt,
-                                    request,
-                                    &mut to_server,
-                                    &mut sequence,
-                                    timeout,
-                                ) {
+                                match network.send(fate, t, index, attempt, request) {
                                     Some(restarts_at) => {
                                         replica.process = Process::Dead { restarts_at };
                                         break;
@@ -363,7 +366,6 @@ fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
                     _ => {}
                 }
             }
-            let replica = &mut replicas[index];
             let Process::Alive { shell, .. } = &mut replica.process else {
                 continue;
             };
@@ -378,16 +380,7 @@ fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
                     replica.attempts += 1;
                     let attempt = replica.attempts;
                     let fate = replica.fate();
-                    match send(
-                        fate,
-                        t,
-                        index,
-                        attempt,
-                        Request::Get,
-                        &mut to_server,
-                        &mut sequence,
-                        timeout,
-                    ) {
+                    match network.send(fate, t, index, attempt, Request::Get) {
                         Some(restarts_at) => replica.process = Process::Dead { restarts_at },
                         None => {
                             if let Process::Alive { shell, .. } = &mut replica.process {
@@ -417,36 +410,54 @@ fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
     Ok(outcome)
 }
 
-/// Puts a request on the wire according to its fate; `Some(restart time)` if the process
-/// died instead.
-fn send(
-    fate: Fate,
-    t: u64,
+/// A request on its way to the server.
+#[derive(Debug)]
+struct InFlight {
     from: usize,
     attempt: u64,
     request: Request,
-    to_server: &mut BTreeMap<(u64, u64), (usize, u64, Request, Option<u32>)>,
-    sequence: &mut u64,
+    /// When its answer arrives after it was served (ms), if ever.
+    back: Option<u64>,
+}
+
+/// What is in flight, keyed by (real ms, sequence): to the server, and back to a replica.
+#[derive(Debug, Default)]
+struct Network {
+    to_server: BTreeMap<(u64, u64), InFlight>,
+    answers: BTreeMap<(u64, u64), (usize, u64, Answer)>,
+    sequence: u64,
     timeout: Duration,
-) -> Option<u64> {
-    *sequence += 1;
-    let scaled =
-        |permille: u32| u64::try_from(timeout.as_millis()).unwrap() * u64::from(permille) / 1000;
-    match fate {
-        Fate::Delivered { to, back } => {
-            let back = u32::try_from(scaled(back)).unwrap();
-            to_server.insert(
-                (t + scaled(to), *sequence),
-                (from, attempt, request, Some(back)),
-            );
-            None
-        }
-        Fate::AnswerLost { to } => {
-            to_server.insert((t + scaled(to), *sequence), (from, attempt, request, None));
-            None
-        }
-        Fate::Stalled => None,
-        Fate::Crash { after } => Some(t + u64::from(after)),
+}
+
+impl Network {
+    /// Puts a request on the wire according to its fate; `Some(restart time)` if the process
+    /// died instead.
+    fn send(
+        &mut self,
+        fate: Fate,
+        t: u64,
+        from: usize,
+        attempt: u64,
+        request: Request,
+    ) -> Option<u64> {
+        self.sequence += 1;
+        let timeout_ms = u64::try_from(self.timeout.as_millis()).unwrap();
+        let scaled = |permille: u32| timeout_ms * u64::from(permille) / 1000;
+        let (to, back) = match fate {
+            Fate::Delivered { to, back } => (to, Some(scaled(back))),
+            Fate::AnswerLost { to } => (to, None),
+            Fate::Stalled => return None,
+            Fate::Crash { after } => return Some(t + u64::from(after)),
+        };
+        let request = InFlight {
+            from,
+            attempt,
+            request,
+            back,
+        };
+        self.to_server
+            .insert((t + scaled(to), self.sequence), request);
+        None
     }
 }
 
