@@ -171,6 +171,9 @@ async fn machines_from_the_cluster_get_addresses_and_scripts_and_survive_an_api_
     });
     let (env, out) = udhcpc(&link.client, &[]);
     assert_eq!(get(&env, "ip"), Some("10.99.0.31"), "{out}");
+    link.client
+        .ip(&["addr", "add", "10.99.0.2/24", "dev", "eth0"])
+        .unwrap();
     let text = script(&link, "52:54:00:00:0b:01");
     assert!(
         text.contains("unbounded.configuration=kb-general unbounded.version=1"),
@@ -183,9 +186,6 @@ async fn machines_from_the_cluster_get_addresses_and_scripts_and_survive_an_api_
     machines
         .delete("kb-node-1", &DeleteParams::default())
         .await
-        .unwrap();
-    link.client
-        .ip(&["addr", "add", "10.99.0.2/24", "dev", "eth0"])
         .unwrap();
     wait_until("the deleted Machine to be forgotten", || {
         script(&link, "52:54:00:00:0b:01").contains("belongs to no Machine")
