@@ -27,6 +27,17 @@ struct Recorder {
     ran: Arc<Mutex<Vec<(String, bool)>>>,
     /// Holds each execution until released (for the ordering and resume tests).
     gate: Option<Arc<tokio::sync::Semaphore>>,
+    /// The executions that ended, finished or dropped.
+    ended: Arc<Mutex<Vec<String>>>,
+}
+
+/// Records an execution's end, however it ends.
+struct Ended(Arc<Mutex<Vec<String>>>, String);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        self.0.lock().unwrap().push(std::mem::take(&mut self.1));
+    }
 }
 
 impl Recorder {
@@ -36,6 +47,7 @@ impl Recorder {
             outcome,
             ran: Arc::default(),
             gate: None,
+            ended: Arc::default(),
         }
     }
 
@@ -60,6 +72,7 @@ impl Execute for Recorder {
                 .lock()
                 .unwrap()
                 .push((operation.name_any(), resumed));
+            let _ended = Ended(this.ended.clone(), operation.name_any());
             if let Some(gate) = &this.gate {
                 gate.acquire().await.unwrap().forget();
             }
@@ -601,6 +614,35 @@ async fn a_restarted_handler_resumes_its_in_progress_operation() {
     assert_eq!(message(&done), "back with a new boot ID");
     assert_eq!(second.ran(), vec![("op-resume".to_owned(), true)]);
     task.abort();
+}
+
+/// A handler that stops (a provider that lost its leadership drops it) stops the operations
+/// it runs: none goes on driving a BMC or a VM behind the new leader's back.
+#[tokio::test]
+async fn a_dropped_handler_stops_the_operations_it_runs() {
+    start_controller();
+    let client = client().await;
+    create_machine(&client, "op-drop-m", json!({}), json!({})).await;
+    let mut held = Recorder::new("op-drop", Outcome::Complete("never".into()));
+    held.gate = Some(Arc::new(tokio::sync::Semaphore::new(0)));
+    let task = spawn_handler(&client, HandlerKind::Agent, "test-agent-drop", held.clone());
+    create_operation(
+        &client,
+        "op-drop",
+        json!({"machineRef": {"name": "op-drop-m"}, "operationName": "reboot"}),
+    )
+    .await;
+    wait_for("the execution to start", || async {
+        (!held.ran().is_empty()).then_some(())
+    })
+    .await;
+    assert!(held.ended.lock().unwrap().is_empty());
+    task.abort();
+    let _ = task.await;
+    wait_for("the execution to be dropped with its handler", || async {
+        (held.ended.lock().unwrap().as_slice() == ["op-drop"]).then_some(())
+    })
+    .await;
 }
 
 /// The acceptance as a person sees it: applied and watched with kubectl.
