@@ -16,3 +16,4 @@ pub mod progress;
 pub mod qemu;
 pub mod scenario;
 pub mod setup;
+pub mod stall;
