@@ -303,8 +303,15 @@ async fn machine_credentials(
         }
         Err(error) => {
             tracing::warn!(machine = %machine.name, %peer, reason = error.reason(), %error, "credentials refused");
-            let code = StatusCode::from_u16(error.status()).unwrap_or(StatusCode::FORBIDDEN);
-            reply(code, error.to_string())
+            let code =
+                StatusCode::from_u16(error.status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+            let mut response = reply(code, error.to_string());
+            if let Some(seconds) = error.retry_after() {
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, header::HeaderValue::from(seconds));
+            }
+            response
         }
     }
 }

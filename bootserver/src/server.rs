@@ -66,6 +66,9 @@ pub async fn run(
     let settings = Arc::new(settings);
     let mut registry = Registry::default();
     let metrics = Arc::new(Metrics::register(&mut registry));
+    if let Some(issuer) = &issuer {
+        issuer.register_metrics(&mut registry);
+    }
     let lease_log = match settings.dhcp_mode {
         DhcpMode::Full => Some(Arc::new(FileStore::open(&settings.lease_file)?)),
         DhcpMode::Proxy | DhcpMode::Off => None,
