@@ -8,6 +8,15 @@
 //!   data, a `manual` machine): [`import`] takes it over and removes it; the agent then
 //!   renews its token itself through the TokenRequest API (its Role allows exactly that, on
 //!   its own ServiceAccount), and its kubelet joins with the bootstrap token from the file.
+//!
+//! What an answer of the bootserver means is decided by [`classify`], a pure function of
+//! the status, `Retry-After` and the kind of proof sent: 429 and 5xx are **retry** (after
+//! `Retry-After`: the nonce's mint is still under way, the API server is slow, the
+//! ServiceAccount is not there yet), 401/403 to a nonce is **spent** (never sent again),
+//! anything else is **fatal** for that request (said on the console, tried again once a
+//! minute). A request waits [`REQUEST_TIMEOUT`] for its answer, longer than the
+//! bootserver's own deadline for the API server (`credentials.mintTimeoutSeconds`, at most
+//! 25 s), so a slow mint comes back as 503 rather than as a request the agent abandoned.
 
 use std::fs;
 use std::io::Write;
@@ -31,7 +40,25 @@ pub enum CredentialError {
         /// Why (no token or nonce is ever in it).
         message: String,
     },
-    /// The bootserver refused.
+    /// The bootserver asked to try again later (busy, not ready, slow, rate limited).
+    #[error("the bootserver cannot issue credentials now ({status}): {message}")]
+    RetryLater {
+        /// HTTP status.
+        status: u16,
+        /// How long it asked to wait.
+        after: Duration,
+        /// What it said.
+        message: String,
+    },
+    /// The bootserver refused this boot's nonce for good; it is marked spent.
+    #[error("the bootserver refused this boot's nonce ({status}): {message}")]
+    NonceRefused {
+        /// HTTP status.
+        status: u16,
+        /// What it said.
+        message: String,
+    },
+    /// The bootserver refused in a way that trying the same request again does not fix.
     #[error("the bootserver refused credentials ({status}): {message}")]
     Refused {
         /// HTTP status.
@@ -79,16 +106,91 @@ pub enum CredentialError {
     },
 }
 
+/// When to try again after an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryHint {
+    /// After exactly this long (the bootserver said so).
+    After(Duration),
+    /// Soon, backing off (a network error, a full disk).
+    Backoff,
+    /// Only slowly: nothing changes without someone acting (a spent nonce, an expired
+    /// token, a refusal).
+    Slowly,
+}
+
 impl CredentialError {
-    /// Whether trying again later may help.
-    pub fn is_retryable(&self) -> bool {
+    /// When trying again may help.
+    pub fn retry_hint(&self) -> RetryHint {
         match self {
-            Self::Unreachable { .. } | Self::Store { .. } => true,
-            // 503: the controller has not created the ServiceAccount yet; 429: rate limited.
-            Self::Refused { status, .. } => *status == 503 || *status == 429 || *status >= 500,
-            Self::Renewal { retryable, .. } => *retryable,
-            Self::Exhausted | Self::Expired | Self::NoSource | Self::Malformed(_) => false,
+            Self::RetryLater { after, .. } => RetryHint::After(*after),
+            Self::Unreachable { .. } | Self::Store { .. } => RetryHint::Backoff,
+            Self::Renewal { retryable, .. } if *retryable => RetryHint::Backoff,
+            Self::Renewal { .. }
+            | Self::NonceRefused { .. }
+            | Self::Refused { .. }
+            | Self::Exhausted
+            | Self::Expired
+            | Self::NoSource
+            | Self::Malformed(_) => RetryHint::Slowly,
         }
+    }
+
+    /// Whether trying again soon may help.
+    pub fn is_retryable(&self) -> bool {
+        self.retry_hint() != RetryHint::Slowly
+    }
+}
+
+/// How long one credential request waits for its answer: longer than the bootserver's
+/// deadline for the API server (at most 25 s), so that the bootserver answers first.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the agent waits when the bootserver says "retry" without a usable `Retry-After`.
+pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(5);
+
+/// The longest `Retry-After` the agent honours (a larger value is taken as this).
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+
+/// What an answer of the bootserver means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Credentials were issued.
+    Issued,
+    /// Nothing was spent: ask again after this long.
+    RetryAfter(Duration),
+    /// The nonce was refused for good (spent, replaced by a newer boot's, expired, or not
+    /// for this address): it must never be sent again.
+    Spent,
+    /// Refused in a way that the same request again does not fix (a token refused, a bad
+    /// request, an unknown machine, a bootserver without credentials).
+    Fatal,
+}
+
+/// Which kind of proof a request carried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProofKind {
+    /// This boot's nonce.
+    Nonce,
+    /// A token.
+    Token,
+}
+
+/// Decides what the bootserver's answer means: 200 issued; 429, 408 and 5xx retry (after
+/// `Retry-After`, in seconds, within 1 s–5 min); 401/403 to a nonce spent; everything else
+/// fatal. A 401/403 to a token leaves the token alone: it is still what the Kubernetes
+/// client authenticates with, until it expires.
+pub fn classify(status: u16, retry_after: Option<&str>, proof: ProofKind) -> Verdict {
+    match status {
+        200 => Verdict::Issued,
+        408 | 429 | 500..=599 => Verdict::RetryAfter(
+            retry_after
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map_or(DEFAULT_RETRY_AFTER, |s| {
+                    Duration::from_secs(s).clamp(Duration::from_secs(1), MAX_RETRY_AFTER)
+                }),
+        ),
+        401 | 403 if proof == ProofKind::Nonce => Verdict::Spent,
+        _ => Verdict::Fatal,
     }
 }
 
@@ -408,7 +510,7 @@ pub async fn obtain(
     )
     .ok_or(CredentialError::Exhausted)?;
     let url = format!("{bootserver}/machines/{}/credentials", identity.machine);
-    let mut request = http.post(&url).timeout(Duration::from_secs(30));
+    let mut request = http.post(&url).timeout(REQUEST_TIMEOUT);
     let body = match &proof {
         Proof::Nonce(nonce) => CredentialRequest {
             nonce: Some(nonce.clone()),
@@ -431,7 +533,17 @@ pub async fn obtain(
             message: e.without_url().to_string(),
         })?;
     let status = response.status().as_u16();
-    if status != 200 {
+    let kind = match proof {
+        Proof::Nonce(_) => ProofKind::Nonce,
+        Proof::Token(_) => ProofKind::Token,
+    };
+    let retry_after = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let verdict = classify(status, retry_after.as_deref(), kind);
+    if verdict != Verdict::Issued {
         let message: String = response
             .text()
             .await
@@ -439,13 +551,18 @@ pub async fn obtain(
             .chars()
             .take(300)
             .collect();
-        // A nonce the bootserver has consumed or refused for good must not be sent again.
-        if matches!(proof, Proof::Nonce(_)) && (status == 401 || status == 403) {
-            store.mark_nonce_used()?;
-        }
-        return Err(CredentialError::Refused {
-            status,
-            message: message.trim().to_owned(),
+        let message = message.trim().to_owned();
+        return Err(match verdict {
+            Verdict::RetryAfter(after) => CredentialError::RetryLater {
+                status,
+                after,
+                message,
+            },
+            Verdict::Spent => {
+                store.mark_nonce_used()?;
+                CredentialError::NonceRefused { status, message }
+            }
+            Verdict::Fatal | Verdict::Issued => CredentialError::Refused { status, message },
         });
     }
     let credentials: Credentials = response
@@ -463,6 +580,81 @@ pub async fn obtain(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn answers_are_retry_spent_or_fatal() {
+        use ProofKind::{Nonce, Token};
+        let s = Duration::from_secs;
+        let cases = [
+            (200, None, Nonce, Verdict::Issued),
+            (200, None, Token, Verdict::Issued),
+            // Busy (a mint under way), not ready, slow API server: retry, nonce kept.
+            (503, Some("2"), Nonce, Verdict::RetryAfter(s(2))),
+            (503, Some(" 7 "), Token, Verdict::RetryAfter(s(7))),
+            (429, Some("40"), Nonce, Verdict::RetryAfter(s(40))),
+            (503, None, Nonce, Verdict::RetryAfter(DEFAULT_RETRY_AFTER)),
+            (
+                503,
+                Some("Wed, 21 Oct 2015 07:28:00 GMT"),
+                Nonce,
+                Verdict::RetryAfter(DEFAULT_RETRY_AFTER),
+            ),
+            (503, Some("0"), Nonce, Verdict::RetryAfter(s(1))),
+            (
+                503,
+                Some("86400"),
+                Nonce,
+                Verdict::RetryAfter(MAX_RETRY_AFTER),
+            ),
+            (
+                503,
+                Some("-3"),
+                Nonce,
+                Verdict::RetryAfter(DEFAULT_RETRY_AFTER),
+            ),
+            (500, None, Nonce, Verdict::RetryAfter(DEFAULT_RETRY_AFTER)),
+            (502, None, Nonce, Verdict::RetryAfter(DEFAULT_RETRY_AFTER)),
+            (504, Some("3"), Token, Verdict::RetryAfter(s(3))),
+            (408, None, Nonce, Verdict::RetryAfter(DEFAULT_RETRY_AFTER)),
+            // A nonce refused for good.
+            (403, None, Nonce, Verdict::Spent),
+            (401, None, Nonce, Verdict::Spent),
+            (403, Some("5"), Nonce, Verdict::Spent),
+            // A refused token is not thrown away: the API client still uses it.
+            (401, None, Token, Verdict::Fatal),
+            (403, None, Token, Verdict::Fatal),
+            // Configuration or client errors: nothing spent, no quick retry.
+            (400, None, Nonce, Verdict::Fatal),
+            (404, None, Nonce, Verdict::Fatal),
+            (405, None, Token, Verdict::Fatal),
+            (201, None, Nonce, Verdict::Fatal),
+            (302, None, Nonce, Verdict::Fatal),
+        ];
+        for (status, retry_after, proof, expected) in cases {
+            assert_eq!(
+                classify(status, retry_after, proof),
+                expected,
+                "{status} {retry_after:?} {proof:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_a_refused_nonce_is_spent_and_busy_is_retried_as_told() {
+        let busy = CredentialError::RetryLater {
+            status: 503,
+            after: Duration::from_secs(2),
+            message: "busy".into(),
+        };
+        assert_eq!(busy.retry_hint(), RetryHint::After(Duration::from_secs(2)));
+        assert!(busy.is_retryable());
+        let spent = CredentialError::NonceRefused {
+            status: 403,
+            message: "spent".into(),
+        };
+        assert_eq!(spent.retry_hint(), RetryHint::Slowly);
+        assert_eq!(CredentialError::Exhausted.retry_hint(), RetryHint::Slowly);
+    }
 
     #[test]
     fn refresh_happens_at_seventy_percent_or_two_minutes_before() {

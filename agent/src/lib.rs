@@ -9,8 +9,9 @@
 //!    bootstrap token with an expiry.
 //! 3. **Decide** ([`plan`]): from the Machine, its Node and what is on this host, whether to
 //!    pave, start, wait or do nothing.
-//! 4. **Pave** ([`rootfs`], [`render`], [`systemd`]): fetch the node image, verify its
-//!    SHA-256 while unpacking it into a staging directory, write kubelet's files and the
+//! 4. **Pave** ([`rootfs`], [`render`], [`container_root`], [`systemd`]): fetch the node
+//!    image (size-capped), verify its SHA-256, only then unpack it into a staging
+//!    directory (off the async workers, as all filesystem work), write kubelet's files and the
 //!    configuration's files into it, replace the old container with it, write
 //!    `/etc/systemd/nspawn/<node>.nspawn` and start `systemd-nspawn@<node>.service` through
 //!    systemd's D-Bus API. kubelet inside TLS-bootstraps and the Node joins.
@@ -22,11 +23,14 @@
 //! Progress goes to the console (`unbounded-agent: …` lines) and to the Machine's status
 //! (`status.agent`, condition `BootstrapReady`).
 
+pub mod container_root;
+pub mod credential_upkeep;
 pub mod credentials;
 pub mod identity;
 pub mod operations;
 pub mod plan;
 pub mod render;
+pub mod retry;
 pub mod rootfs;
 pub mod run;
 pub mod state;

@@ -13,6 +13,8 @@ use std::collections::BTreeMap;
 use unbounded_api::AgentReboot;
 use unbounded_api::well_known::operations as names;
 
+use crate::status::{Reported, SkipReason};
+
 /// A checked operation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
@@ -107,6 +109,25 @@ pub fn reboot_step(operation: &str, recorded: Option<&AgentReboot>, boot_id: &st
     }
 }
 
+/// What to do once the reboot record was reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterRecord {
+    /// The Machine shows the record: reboot.
+    Reboot,
+    /// The record is not on the Machine: do not reboot yet (the agent of the next boot
+    /// would not know the reboot happened, and would reboot again); the operation stays
+    /// InProgress and is resumed on the agent's next pass.
+    Postpone(SkipReason),
+}
+
+/// Reboots only when the record is on the Machine (written now or earlier).
+pub fn after_record(reported: Reported) -> AfterRecord {
+    match reported {
+        Reported::Written | Reported::Unchanged => AfterRecord::Reboot,
+        Reported::Skipped(reason) => AfterRecord::Postpone(reason),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,6 +197,16 @@ mod tests {
                 (got, expected) => panic!("{name}: {got:?} vs {expected:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_reboot_waits_for_its_record() {
+        assert_eq!(after_record(Reported::Written), AfterRecord::Reboot);
+        assert_eq!(after_record(Reported::Unchanged), AfterRecord::Reboot);
+        assert_eq!(
+            after_record(Reported::Skipped(SkipReason::ReadinessUnknown)),
+            AfterRecord::Postpone(SkipReason::ReadinessUnknown)
+        );
     }
 
     #[test]

@@ -1,19 +1,38 @@
 //! The node container's root file system: the node image fetched over HTTP, verified
-//! (SHA-256) and unpacked into a staging directory while it streams, moved into place only
-//! when the digest matches; files written into it without following symlinks out of it.
+//! (SHA-256) and only then unpacked into a staging directory, moved into place by the
+//! caller; files written into it without following symlinks out of it.
 //!
-//! A wrong digest, a truncated download or a broken archive leaves nothing behind but an
-//! error: the staging directory is removed and the previous container, if any, is untouched
-//! (it is removed only after a new root is ready).
+//! **Verify, then write.** The archive is downloaded into an unnamed file (`O_TMPFILE`) in
+//! the directory that holds the container roots (the same file system: on a
+//! network-booted host that is RAM, so the archive costs its size until it is unpacked,
+//! and an agent that dies mid-download leaves nothing behind). Its SHA-256 is computed
+//! while it is written; only when it matches the configuration's `image.sha256` is the
+//! staging directory created and the archive unpacked from that file, with owners, modes
+//! and xattrs. Nothing from an unverified archive ever lands in the staging directory: a
+//! wrong digest, a truncated download or an oversized one leaves no staging directory,
+//! and the previous container, if any, is untouched (it is removed only after a new root
+//! is ready). The image may come over plain HTTP: the digest, not the transport, is what
+//! makes it trusted.
+//!
+//! **Bounded.** A download larger than the configuration's `image.maxSizeBytes` (default
+//! [`DEFAULT_MAX_IMAGE_BYTES`], 4 GiB) is refused: before its body is read when the server
+//! announces its length, else as soon as the bytes received pass the limit.
+//!
+//! Writing, hashing and unpacking are blocking work and run on tokio's blocking pool, off
+//! the agent's two async worker threads.
 
 use std::fs;
-use std::io::{Read, Write};
+use std::io::{Seek, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use bytes::Bytes;
 use futures::StreamExt;
 use tokio::sync::mpsc;
+
+/// The largest node image downloaded when the configuration names no `maxSizeBytes`:
+/// 4 GiB (the node image the testbed builds is about 100 MB compressed).
+pub const DEFAULT_MAX_IMAGE_BYTES: u64 = 4 << 30;
 
 /// Errors of the root file system work.
 #[derive(Debug, thiserror::Error)]
@@ -26,9 +45,21 @@ pub enum RootfsError {
         /// Why.
         message: String,
     },
+    /// The image is larger than allowed.
+    #[error(
+        "the node image from {url} is larger than the limit of {limit} bytes ({seen}); nothing was unpacked. If the image is meant to be this large, raise the configuration's image.maxSizeBytes"
+    )]
+    TooLarge {
+        /// Where from.
+        url: String,
+        /// The limit.
+        limit: u64,
+        /// What showed it: the announced length or the bytes received.
+        seen: String,
+    },
     /// The digest does not match the configuration's `image.sha256`.
     #[error(
-        "the node image from {url} has SHA-256 {actual}, but the configuration expects {expected}; nothing was changed"
+        "the node image from {url} has SHA-256 {actual}, but the configuration expects {expected}; nothing was unpacked"
     )]
     Checksum {
         /// Where from.
@@ -67,6 +98,7 @@ impl RootfsError {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::Download { .. } => "ImageDownloadFailed",
+            Self::TooLarge { .. } => "ImageTooLarge",
             Self::Checksum { .. } => "ImageChecksumMismatch",
             Self::Unpack { .. } => "ImageUnpackFailed",
             Self::Io { .. } => "FilesystemError",
@@ -97,30 +129,27 @@ pub fn image_url(url: &str, bootserver: Option<&str>) -> Option<String> {
     }
 }
 
-/// Reads the chunks the download task sends.
-struct ChannelReader {
-    rx: mpsc::Receiver<Bytes>,
-    current: Bytes,
+/// The download limit from the configuration's `image.maxSizeBytes` (the CRD allows only
+/// 1 or more), else [`DEFAULT_MAX_IMAGE_BYTES`].
+pub fn size_limit(configured: Option<i64>) -> u64 {
+    configured
+        .and_then(|b| u64::try_from(b).ok())
+        .filter(|b| *b > 0)
+        .unwrap_or(DEFAULT_MAX_IMAGE_BYTES)
 }
 
-impl Read for ChannelReader {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        while self.current.is_empty() {
-            match self.rx.blocking_recv() {
-                Some(chunk) => self.current = chunk,
-                None => return Ok(0),
-            }
-        }
-        let n = buf.len().min(self.current.len());
-        let chunk = self.current.split_to(n);
-        buf.get_mut(..n)
-            .ok_or_else(|| std::io::Error::other("buffer"))?
-            .copy_from_slice(&chunk);
-        Ok(n)
-    }
+/// The node image to fetch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageSource {
+    /// Where from.
+    pub url: String,
+    /// The expected SHA-256 (lower-case hex).
+    pub sha256: String,
+    /// The most bytes to download.
+    pub max_bytes: u64,
 }
 
-fn unpack(reader: impl Read, into: &Path) -> std::io::Result<()> {
+fn unpack(reader: impl std::io::Read, into: &Path) -> std::io::Result<()> {
     let decoder = zstd::stream::read::Decoder::new(reader)?;
     let mut archive = tar::Archive::new(decoder);
     archive.set_preserve_permissions(true);
@@ -128,43 +157,73 @@ fn unpack(reader: impl Read, into: &Path) -> std::io::Result<()> {
     archive.set_preserve_mtime(true);
     archive.set_unpack_xattrs(true);
     archive.set_overwrite(true);
-    archive.unpack(into)?;
-    // Whatever follows the archive's end (a truncated or padded download) is read so that
-    // the digest covers every byte that was sent.
-    let mut rest = archive.into_inner();
-    std::io::copy(&mut rest, &mut std::io::sink())?;
-    Ok(())
+    archive.unpack(into)
 }
 
-/// Downloads `url`, unpacks it into `staging` as it streams and verifies its SHA-256 against
-/// `expected` (hex). On any failure `staging` is removed.
-pub async fn fetch_and_unpack(
-    http: &reqwest::Client,
+/// Runs blocking work on tokio's blocking pool.
+async fn off_workers<T: Send + 'static>(
     url: &str,
-    expected: &str,
+    work: impl FnOnce() -> Result<T, RootfsError> + Send + 'static,
+) -> Result<T, RootfsError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| RootfsError::Unpack {
+            url: url.to_owned(),
+            message: format!("the blocking task failed: {e}"),
+        })?
+}
+
+/// Downloads the image into an unnamed file beside `staging`, checks its size limit and
+/// its SHA-256, and only then unpacks it into `staging` (created here; a leftover one is
+/// removed first). On any failure `staging` does not exist afterwards. Returns the
+/// archive's size.
+pub async fn fetch_verify_unpack(
+    http: &reqwest::Client,
+    image: &ImageSource,
     staging: &Path,
 ) -> Result<u64, RootfsError> {
-    let result = fetch_and_unpack_inner(http, url, expected, staging).await;
+    let result = fetch_verify_unpack_inner(http, image, staging).await;
     if result.is_err() {
-        let _ = fs::remove_dir_all(staging);
+        let staging = staging.to_path_buf();
+        let _ = tokio::task::spawn_blocking(move || {
+            if staging.exists() {
+                let _ = fs::remove_dir_all(&staging);
+            }
+        })
+        .await;
     }
     result
 }
 
-async fn fetch_and_unpack_inner(
+async fn fetch_verify_unpack_inner(
     http: &reqwest::Client,
-    url: &str,
-    expected: &str,
+    image: &ImageSource,
     staging: &Path,
 ) -> Result<u64, RootfsError> {
+    let url = image.url.as_str();
     let download = |message: String| RootfsError::Download {
         url: url.to_owned(),
         message,
     };
-    if staging.exists() {
-        fs::remove_dir_all(staging).map_err(io_err("removing", staging))?;
-    }
-    fs::create_dir_all(staging).map_err(io_err("creating", staging))?;
+    let too_large = |seen: String| RootfsError::TooLarge {
+        url: url.to_owned(),
+        limit: image.max_bytes,
+        seen,
+    };
+    let parent = staging
+        .parent()
+        .map_or_else(|| PathBuf::from("/"), Path::to_path_buf);
+    let leftover = staging.to_path_buf();
+    // An unnamed file in the roots' directory: gone when closed, or when the agent dies.
+    let archive = off_workers(url, move || {
+        if leftover.exists() {
+            fs::remove_dir_all(&leftover).map_err(io_err("removing", &leftover))?;
+        }
+        fs::create_dir_all(&parent).map_err(io_err("creating", &parent))?;
+        tempfile::tempfile_in(&parent).map_err(io_err("creating a download file in", &parent))
+    })
+    .await?;
+
     let response = http
         .get(url)
         .send()
@@ -173,57 +232,78 @@ async fn fetch_and_unpack_inner(
     if !response.status().is_success() {
         return Err(download(format!("HTTP {}", response.status())));
     }
-    let (tx, rx) = mpsc::channel::<Bytes>(16);
-    let target = staging.to_owned();
-    let unpacker = tokio::task::spawn_blocking(move || {
-        unpack(
-            ChannelReader {
-                rx,
-                current: Bytes::new(),
-            },
-            &target,
-        )
+    if let Some(length) = response.content_length()
+        && length > image.max_bytes
+    {
+        return Err(too_large(format!("the server announced {length} bytes")));
+    }
+
+    // Writing and hashing happen on a blocking thread; this task only moves bytes to it
+    // and counts them against the limit.
+    let (tx, mut rx) = mpsc::channel::<Bytes>(16);
+    let writer = tokio::task::spawn_blocking(move || {
+        let mut archive = archive;
+        let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
+        while let Some(chunk) = rx.blocking_recv() {
+            digest.update(&chunk);
+            archive.write_all(&chunk)?;
+        }
+        Ok::<_, std::io::Error>((archive, digest.finish()))
     });
-    let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
     let mut total = 0u64;
     let mut stream = response.bytes_stream();
-    let mut stream_error = None;
+    let mut failure = None;
     while let Some(chunk) = stream.next().await {
         match chunk {
             Ok(chunk) => {
-                digest.update(&chunk);
                 total += chunk.len() as u64;
+                if total > image.max_bytes {
+                    failure = Some(too_large(format!("received {total} bytes so far")));
+                    break;
+                }
                 if tx.send(chunk).await.is_err() {
-                    // The unpacker stopped (a broken archive): its error says why.
+                    // The writer stopped (a full disk): its error says why.
                     break;
                 }
             }
             Err(e) => {
-                stream_error = Some(e.without_url().to_string());
+                failure = Some(download(e.without_url().to_string()));
                 break;
             }
         }
     }
     drop(tx);
-    let unpacked = unpacker.await.map_err(|e| RootfsError::Unpack {
+    let written = writer.await.map_err(|e| RootfsError::Unpack {
         url: url.to_owned(),
-        message: e.to_string(),
+        message: format!("the download writer failed: {e}"),
     })?;
-    if let Some(message) = stream_error {
-        return Err(download(message));
+    if let Some(error) = failure {
+        return Err(error);
     }
-    let actual = hex(digest.finish().as_ref());
-    if actual != expected {
+    let (mut archive, digest) = written.map_err(io_err("writing the download beside", staging))?;
+    let actual = hex(digest.as_ref());
+    if actual != image.sha256 {
         return Err(RootfsError::Checksum {
             url: url.to_owned(),
-            expected: expected.to_owned(),
+            expected: image.sha256.clone(),
             actual,
         });
     }
-    unpacked.map_err(|e| RootfsError::Unpack {
-        url: url.to_owned(),
-        message: e.to_string(),
-    })?;
+
+    // Verified: only now does anything land in the staging directory.
+    let target = staging.to_path_buf();
+    let source = url.to_owned();
+    off_workers(url, move || {
+        archive
+            .rewind()
+            .map_err(io_err("rewinding the download for", &target))?;
+        fs::create_dir(&target).map_err(io_err("creating", &target))?;
+        unpack(archive, &target).map_err(|e| RootfsError::Unpack {
+            url: source,
+            message: e.to_string(),
+        })
+    })
+    .await?;
     Ok(total)
 }
 

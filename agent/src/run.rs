@@ -4,7 +4,7 @@
 //! here ends the process except a lost identity.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,14 +23,17 @@ use unbounded_api::{
     ResolvedConfiguration,
 };
 
+use crate::container_root::{self, ContainerRootError};
+use crate::credential_upkeep::{obtain_until_issued, refresh_forever};
 use crate::credentials::{self, CredentialError, Store};
 use crate::identity::Identity;
-use crate::operations::{self, RebootStep, Request, Scope};
+use crate::operations::{self, AfterRecord, RebootStep, Request, Scope};
 use crate::plan::{self, Action, ContainerState, Facts, PaveReason, Paved};
 use crate::render::{self, KubeletInput};
+use crate::retry::{backoff, loop_until};
 use crate::rootfs::{self, RootfsError};
 use crate::state::{LocalState, StateFile};
-use crate::status::{self, Readiness};
+use crate::status::{self, Readiness, Reporter};
 use crate::systemd::{self, Systemd, SystemdError};
 
 /// Where the agent keeps things on the host.
@@ -104,12 +107,8 @@ enum PaveError {
     Systemd(#[from] SystemdError),
     #[error("the credentials carried no bootstrap token")]
     NoBootstrapToken,
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Root(#[from] ContainerRootError),
 }
 
 impl PaveError {
@@ -121,33 +120,9 @@ impl PaveError {
             Self::Rootfs(e) => e.reason(),
             Self::Credentials(_) | Self::NoBootstrapToken => status::reasons::CREDENTIALS_FAILED,
             Self::Systemd(_) => status::reasons::CONTAINER_FAILED,
-            Self::Io { .. } => "FilesystemError",
+            Self::Root(e) => e.reason(),
         }
     }
-}
-
-fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> PaveError {
-    let what = what.into();
-    move |source| PaveError::Io { what, source }
-}
-
-/// Exponential backoff with jitter, from `base` up to `max`.
-pub fn backoff(attempt: u32, base: Duration, max: Duration) -> Duration {
-    let exp = base.saturating_mul(1u32 << attempt.min(16)).min(max);
-    // Up to 25 % less, so that many agents restarted together spread out.
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let jitter = exp.mul_f64(f64::from(nanos % 1000) / 4000.0);
-    exp.saturating_sub(jitter)
-}
-
-/// The agent's status as last written, so that a write happens only on change.
-#[derive(Debug, Default)]
-struct Reported {
-    agent: AgentStatus,
-    readiness: Option<Readiness>,
-    written: Option<(AgentStatus, Readiness)>,
 }
 
 /// What the loop and the operation tasks share.
@@ -156,45 +131,14 @@ struct Shared {
     node: String,
     boot_id: String,
     paths: Paths,
-    machines: Api<Machine>,
     nodes: Api<Node>,
     operations: Api<MachineOperation>,
     host: Systemd,
-    reported: tokio::sync::Mutex<Reported>,
+    reporter: Reporter,
     running_operations: Mutex<BTreeSet<String>>,
 }
 
 impl Shared {
-    /// Writes the agent's status when it changed.
-    async fn report(
-        &self,
-        change: impl FnOnce(&mut AgentStatus),
-        readiness: Option<Readiness>,
-    ) -> Result<(), kube::Error> {
-        let mut reported = self.reported.lock().await;
-        change(&mut reported.agent);
-        if let Some(r) = readiness {
-            reported.readiness = Some(r);
-        }
-        let Some(readiness) = reported.readiness.clone() else {
-            return Ok(());
-        };
-        let current = (reported.agent.clone(), readiness);
-        if reported.written.as_ref() == Some(&current) {
-            return Ok(());
-        }
-        status::apply(
-            &self.machines,
-            &self.identity.machine,
-            &current.0,
-            &current.1,
-            None,
-        )
-        .await?;
-        reported.written = Some(current);
-        Ok(())
-    }
-
     fn bus_socket(&self) -> String {
         self.paths
             .bus
@@ -220,7 +164,7 @@ pub async fn run(identity: Identity, paths: Paths) -> Result<(), AgentError> {
             paths.credentials_file.display()
         );
     }
-    let credentials = obtain_with_backoff(&http, &identity, &store, false).await;
+    let credentials = obtain_until_issued(&http, &identity, &store, false).await;
     println!(
         "unbounded-agent: credentials obtained for {}",
         identity.machine
@@ -245,19 +189,19 @@ pub async fn run(identity: Identity, paths: Paths) -> Result<(), AgentError> {
         node: node.clone(),
         boot_id: boot_id.clone(),
         paths: paths.clone(),
-        machines: machines.clone(),
         nodes: Api::all(client.clone()),
         operations: Api::all(client.clone()),
         host,
-        reported: tokio::sync::Mutex::new(Reported {
-            agent: AgentStatus {
+        reporter: Reporter::new(
+            machines.clone(),
+            &identity.machine,
+            AgentStatus {
                 version: Some(env!("CARGO_PKG_VERSION").to_owned()),
                 boot_id: Some(boot_id.clone()),
                 reboot: recorded_reboot,
                 ..AgentStatus::default()
             },
-            ..Reported::default()
-        }),
+        ),
         running_operations: Mutex::default(),
         identity: identity.clone(),
     });
@@ -424,7 +368,10 @@ impl LoopState {
                     configuration.version,
                     reason.as_str()
                 );
-                let _ = shared.report(|_| {}, Some(readiness.clone())).await;
+                let _ = shared
+                    .reporter
+                    .report(|_| {}, Some(readiness.clone()))
+                    .await;
                 match self
                     .pave(shared, machine, configuration, &version, *reason)
                     .await
@@ -496,6 +443,7 @@ impl LoopState {
         };
         let paved = self.local.paved.as_ref().map(|p| p.configuration.clone());
         if let Err(error) = shared
+            .reporter
             .report(
                 |agent| {
                     agent.container_state = Some(container.as_str().to_owned());
@@ -567,8 +515,13 @@ impl LoopState {
             .join(format!(".{}.staging", shared.node));
         let url = rootfs::image_url(&image.url, shared.identity.bootserver.as_deref())
             .ok_or_else(|| PaveError::RelativeImage(image.url.clone()))?;
+        let source = rootfs::ImageSource {
+            url,
+            sha256: image.sha256.clone(),
+            max_bytes: rootfs::size_limit(image.max_size_bytes),
+        };
         let started = Instant::now();
-        let bytes = rootfs::fetch_and_unpack(&self.http, &url, &image.sha256, &staging).await?;
+        let bytes = rootfs::fetch_verify_unpack(&self.http, &source, &staging).await?;
         println!(
             "unbounded-agent: node image {} MB fetched, verified and unpacked in {:.1} s",
             bytes / 1_000_000,
@@ -603,36 +556,29 @@ impl LoopState {
                 0o644,
             ),
         ];
-        for (path, content, mode) in &rendered {
-            rootfs::write_file(&staging, path, content.as_bytes(), *mode)?;
-        }
-        for (path, content, mode) in &files {
-            rootfs::write_file(&staging, path, content.as_bytes(), *mode)?;
-        }
+        let writes = rendered
+            .into_iter()
+            .map(|(path, content, mode)| (path.to_owned(), content.into_bytes(), mode))
+            .chain(
+                files
+                    .into_iter()
+                    .map(|(path, content, mode)| (path, content.into_bytes(), mode)),
+            )
+            .collect();
+        container_root::write_files(&staging, writes).await?;
         let root = shared.paths.machines.join(&shared.node);
-        // The Node's identity survives a repave: kubelet's client certificate (it rotates
-        // itself) and kubeconfig move into the new root, so it joins again without a new
-        // bootstrap token and as the same Node user.
-        preserve_kubelet_identity(&root, &staging)?;
+        // The Node's identity survives a repave (kubelet's client certificate and
+        // kubeconfig), so it joins again without a new bootstrap token, as the same Node user.
+        container_root::carry_kubelet_identity(&root, &staging).await?;
         // The new root is ready: only now does the old container go.
         let unit = systemd::container_unit(&shared.node);
         shared.host.stop(&unit, Duration::from_secs(120)).await?;
         if reason == PaveReason::NodeDeleted {
             remove_reregistered_node(&shared.nodes, &shared.node).await;
         }
-        if root.exists() {
-            std::fs::remove_dir_all(&root).map_err(io(format!("removing {}", root.display())))?;
-        }
-        std::fs::rename(&staging, &root)
-            .map_err(io(format!("moving the new root to {}", root.display())))?;
-        std::fs::create_dir_all(&shared.paths.nspawn)
-            .map_err(io("creating the nspawn directory"))?;
-        std::fs::write(
-            shared.paths.nspawn.join(format!("{}.nspawn", shared.node)),
-            nspawn,
-        )
-        .map_err(io("writing the nspawn settings"))?;
-        reset_dir(&bus_dir)?;
+        container_root::replace(&staging, &root).await?;
+        container_root::write_settings(&shared.paths.nspawn, &shared.node, nspawn, &bus_dir)
+            .await?;
         self.local.paved = Some(Paved {
             container: shared.node.clone(),
             configuration: configuration.clone(),
@@ -665,55 +611,6 @@ async fn remove_reregistered_node(nodes: &Api<Node>, name: &str) {
             "unbounded-agent: could not remove the re-registered Node {name} ({error}); its labels and taints stay as the old kubelet left them"
         ),
     }
-}
-
-/// What of kubelet's state identifies the Node (relative to a container root).
-const KUBELET_IDENTITY: [&str; 2] = ["var/lib/kubelet/pki", "var/lib/kubelet/kubeconfig"];
-
-fn preserve_kubelet_identity(old_root: &Path, new_root: &Path) -> Result<(), PaveError> {
-    for relative in KUBELET_IDENTITY {
-        let from = old_root.join(relative);
-        if !from.exists() {
-            continue;
-        }
-        let to = new_root.join(relative);
-        if let Some(parent) = to.parent() {
-            std::fs::create_dir_all(parent)
-                .map_err(io(format!("creating {}", parent.display())))?;
-        }
-        copy_tree(&from, &to)?;
-    }
-    Ok(())
-}
-
-fn copy_tree(from: &Path, to: &Path) -> Result<(), PaveError> {
-    let meta =
-        std::fs::symlink_metadata(from).map_err(io(format!("reading {}", from.display())))?;
-    if meta.file_type().is_symlink() {
-        // kubelet-client-current.pem is a symlink to the dated certificate beside it.
-        let target = std::fs::read_link(from).map_err(io(format!("reading {}", from.display())))?;
-        let _ = std::fs::remove_file(to);
-        std::os::unix::fs::symlink(&target, to).map_err(io(format!("linking {}", to.display())))
-    } else if meta.is_dir() {
-        std::fs::create_dir_all(to).map_err(io(format!("creating {}", to.display())))?;
-        let entries = std::fs::read_dir(from).map_err(io(format!("reading {}", from.display())))?;
-        for entry in entries {
-            let entry = entry.map_err(io(format!("reading {}", from.display())))?;
-            copy_tree(&entry.path(), &to.join(entry.file_name()))?;
-        }
-        Ok(())
-    } else {
-        std::fs::copy(from, to)
-            .map(|_| ())
-            .map_err(io(format!("copying {}", from.display())))
-    }
-}
-
-fn reset_dir(dir: &Path) -> Result<(), PaveError> {
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).map_err(io(format!("clearing {}", dir.display())))?;
-    }
-    std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))
 }
 
 /// Starts work on the operations the role routes to this agent.
@@ -796,7 +693,10 @@ async fn handle_operation(
         Ok(Request::Reboot) => {
             match operations::reboot_step(name, recorded_reboot, &shared.boot_id) {
                 RebootStep::Done { from } => {
-                    let _ = shared.report(|agent| agent.reboot = None, None).await;
+                    let _ = shared
+                        .reporter
+                        .report(|agent| agent.reboot = None, None)
+                        .await;
                     Outcome::Complete(format!(
                         "the machine rebooted (boot ID {from} → {})",
                         shared.boot_id
@@ -807,14 +707,20 @@ async fn handle_operation(
                         operation: name.to_owned(),
                         from_boot_id: shared.boot_id.clone(),
                     };
-                    match shared
+                    let reported = shared
+                        .reporter
                         .report(|agent| agent.reboot = Some(record), None)
-                        .await
-                    {
+                        .await;
+                    match reported.map(operations::after_record) {
                         Err(error) => Outcome::Failed(format!(
                             "could not record the reboot before rebooting: {error}"
                         )),
-                        Ok(()) => {
+                        Ok(AfterRecord::Postpone(reason)) => {
+                            // Still InProgress under our field manager: the next pass resumes it.
+                            println!("unbounded-agent: {name}: reboot postponed: {reason}");
+                            return Ok(());
+                        }
+                        Ok(AfterRecord::Reboot) => {
                             println!("unbounded-agent: rebooting for {name}");
                             match shared.host.reboot().await {
                                 Err(error) => Outcome::Failed(error.to_string()),
@@ -863,71 +769,6 @@ fn kube_client(server: &str, store: &Store) -> Result<Client, AgentError> {
     Client::try_from(config).map_err(|e| err(e.to_string()))
 }
 
-async fn obtain_with_backoff(
-    http: &reqwest::Client,
-    identity: &Identity,
-    store: &Store,
-    bootstrap: bool,
-) -> unbounded_api::agent::Credentials {
-    let mut attempt = 0;
-    loop {
-        match credentials::obtain(http, identity, store, bootstrap).await {
-            Ok(c) => return c,
-            Err(error) => {
-                let max = Duration::from_secs(60);
-                // What cannot succeed without a new credential (a spent nonce, an expired
-                // token) is not retried quickly: it is said once a minute.
-                let wait = if error.is_retryable() {
-                    backoff(attempt, Duration::from_secs(1), max)
-                } else {
-                    max
-                };
-                attempt += 1;
-                // On the console too: a machine that cannot authenticate must say why.
-                println!(
-                    "unbounded-agent: {error}; trying again in {} s",
-                    wait.as_secs()
-                );
-                tokio::time::sleep(wait).await;
-            }
-        }
-    }
-}
-
-async fn refresh_forever(http: reqwest::Client, identity: Identity, store: Store) {
-    loop {
-        let now = credentials::now_unix();
-        let at = store.meta().map_or(now + 60, |m| {
-            credentials::refresh_at(m.expires_unix, m.lifetime_seconds)
-        });
-        tokio::time::sleep(Duration::from_secs(at.saturating_sub(now).max(5))).await;
-        let _ = obtain_with_backoff(&http, &identity, &store, false).await;
-        tracing::info!("credentials refreshed");
-    }
-}
-
-async fn loop_until<T, F, Fut>(what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, kube::Error>>,
-{
-    let mut attempt = 0;
-    loop {
-        match f().await {
-            Ok(v) => return v,
-            Err(error) => {
-                let wait = backoff(attempt, Duration::from_secs(1), Duration::from_secs(30));
-                attempt += 1;
-                println!(
-                    "unbounded-agent: {what}: {error}; retrying in {} s",
-                    wait.as_secs()
-                );
-                tokio::time::sleep(wait).await;
-            }
-        }
-    }
-}
-
 /// Watches one object by name; the receiver holds it (or `None` while it does not exist).
 fn watch_named<K>(api: Api<K>, name: String) -> watch::Receiver<Option<Arc<K>>>
 where
@@ -956,55 +797,4 @@ where
         }
     });
     rx
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kubelet_identity_moves_into_the_new_root() {
-        let dir = tempfile::tempdir().unwrap();
-        let (old, new) = (dir.path().join("old"), dir.path().join("new"));
-        let pki = old.join("var/lib/kubelet/pki");
-        std::fs::create_dir_all(&pki).unwrap();
-        std::fs::write(pki.join("kubelet-client-2026.pem"), "cert").unwrap();
-        std::os::unix::fs::symlink(
-            "kubelet-client-2026.pem",
-            pki.join("kubelet-client-current.pem"),
-        )
-        .unwrap();
-        std::fs::write(old.join("var/lib/kubelet/kubeconfig"), "kc").unwrap();
-        std::fs::write(old.join("var/lib/kubelet/other"), "not identity").unwrap();
-        std::fs::create_dir_all(&new).unwrap();
-        preserve_kubelet_identity(&old, &new).unwrap();
-        let moved = new.join("var/lib/kubelet/pki/kubelet-client-current.pem");
-        assert_eq!(std::fs::read_to_string(&moved).unwrap(), "cert");
-        assert!(
-            std::fs::symlink_metadata(&moved)
-                .unwrap()
-                .file_type()
-                .is_symlink()
-        );
-        assert_eq!(
-            std::fs::read_to_string(new.join("var/lib/kubelet/kubeconfig")).unwrap(),
-            "kc"
-        );
-        assert!(!new.join("var/lib/kubelet/other").exists());
-        preserve_kubelet_identity(&dir.path().join("absent"), &new).unwrap();
-    }
-
-    #[test]
-    fn backoff_grows_and_is_capped() {
-        let base = Duration::from_secs(1);
-        let max = Duration::from_secs(60);
-        for attempt in 0..20 {
-            let d = backoff(attempt, base, max);
-            let ceiling = base.saturating_mul(1 << attempt.min(16)).min(max);
-            assert!(
-                d <= ceiling && d >= ceiling.mul_f64(0.74),
-                "{attempt}: {d:?}"
-            );
-        }
-    }
 }

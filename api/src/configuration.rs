@@ -208,6 +208,12 @@ pub struct ImageSpec {
     #[schemars(length(max = 64))]
     #[x_kube(validation = Rule::new("self.matches('^[0-9a-f]{64}$')").message("image.sha256 must be 64 lower-case hex digits"))]
     pub sha256: String,
+    /// The most bytes the agent downloads (the archive as served, before it is
+    /// unpacked); a larger image is refused before anything of it is unpacked. Default
+    /// 4 GiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1").message("image.maxSizeBytes must be 1 or more"))]
+    pub max_size_bytes: Option<i64>,
 }
 
 /// Kubernetes settings of the Node.

@@ -377,6 +377,22 @@ fn configuration_cases() -> Vec<(&'static str, Value, Option<&'static str>)> {
             Some("image.sha256 must be 64 lower-case hex digits"),
         ),
         (
+            "image size limit",
+            configuration(
+                "c-maxsize",
+                json!({"template": {"image": {"url": "images/node.tar.zst", "sha256": "0".repeat(64), "maxSizeBytes": 2_147_483_648_i64}}}),
+            ),
+            None,
+        ),
+        (
+            "image size limit zero",
+            configuration(
+                "c-maxsize0",
+                json!({"template": {"image": {"url": "images/node.tar.zst", "sha256": "0".repeat(64), "maxSizeBytes": 0}}}),
+            ),
+            Some("image.maxSizeBytes must be 1 or more"),
+        ),
+        (
             "bad kubernetes version",
             configuration(
                 "c-kver",

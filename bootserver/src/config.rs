@@ -30,6 +30,7 @@
 //!   tokenSeconds: 3600            # ServiceAccount token lifetime (600–86400)
 //!   bootstrapTokenSeconds: 3600   # kubelet bootstrap token lifetime
 //!   nonceSeconds: 1800            # how long a boot script's nonce stays valid
+//!   mintTimeoutSeconds: 20        # API server wait per request, then 503 + Retry-After (1–25)
 //! machines:                       # standalone mode (no cluster): the machines we boot
 //!   - name: node-1
 //!     macs: ["52:54:00:00:00:01"]
@@ -137,6 +138,7 @@ struct CredentialsFile {
     token_seconds: Option<i64>,
     bootstrap_token_seconds: Option<i64>,
     nonce_seconds: Option<u64>,
+    mint_timeout_seconds: Option<u64>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -448,12 +450,21 @@ fn validate_credentials(
             "nonceSeconds must be between 60 and 86400, not {nonce_seconds}"
         )));
     }
+    // The agent gives up on a request after 30 s: the answer (503 + Retry-After) must come
+    // before that, or the agent retries while its nonce is still reserved.
+    let mint_timeout_seconds = c.mint_timeout_seconds.unwrap_or(20);
+    if !(1..=25).contains(&mint_timeout_seconds) {
+        return Err(invalid(format!(
+            "mintTimeoutSeconds must be between 1 and 25 (below the agent's 30 s request timeout), not {mint_timeout_seconds}"
+        )));
+    }
     Ok(crate::credentials::IssuerSettings {
         api_server: c.api_server.trim_end_matches('/').to_owned(),
         ca_pem,
         token_seconds: seconds("tokenSeconds", c.token_seconds, 3600)?,
         bootstrap_token_seconds: seconds("bootstrapTokenSeconds", c.bootstrap_token_seconds, 3600)?,
         nonce_seconds,
+        mint_timeout: Duration::from_secs(mint_timeout_seconds),
     })
 }
 
@@ -649,6 +660,36 @@ machines:
         for (case, text, expected) in cases {
             let err = Settings::parse(text).expect_err(case).to_string();
             assert!(err.contains(expected), "{case}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_mint_deadline_stays_below_the_agent_s_request_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.crt");
+        std::fs::write(&ca, "-----BEGIN CERTIFICATE-----\n").unwrap();
+        let config = |extra: &str| {
+            format!(
+                "serverAddress: 10.0.0.1\nbackend: kubernetes\ndhcp: {{mode: proxy}}\ncredentials:\n  apiServer: https://10.0.0.1:6443\n  caFile: {}\n{extra}",
+                ca.display()
+            )
+        };
+        let mint_timeout = |extra: &str| {
+            Settings::parse(&config(extra))
+                .map(|s| s.credentials.map(|c| c.mint_timeout))
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(mint_timeout(""), Ok(Some(Duration::from_secs(20))));
+        assert_eq!(
+            mint_timeout("  mintTimeoutSeconds: 8\n"),
+            Ok(Some(Duration::from_secs(8)))
+        );
+        for bad in ["0", "26", "30"] {
+            let error = mint_timeout(&format!("  mintTimeoutSeconds: {bad}\n")).unwrap_err();
+            assert!(
+                error.contains("mintTimeoutSeconds must be between 1 and 25"),
+                "{bad}: {error}"
+            );
         }
     }
 }

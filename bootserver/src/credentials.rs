@@ -18,14 +18,28 @@
 //! controller's (`unbounded_api::agent`); until they exist the answer is 503 and the agent
 //! retries, with the nonce still valid. Neither tokens nor nonces are ever logged: log lines
 //! name the machine, the peer, the kind of request and the bootstrap token's public ID.
+//!
+//! **Busy is not refused.** What the agent may retry is answered 503 or 429 with
+//! `Retry-After`, never 401/403 (which the agent takes as "this nonce is spent"): a nonce
+//! whose mint is still under way (a second request while the API server is slow), a mint
+//! that did not finish within `credentials.mintTimeoutSeconds` (default 20 s, below the
+//! agent's 30 s request timeout, so that the agent hears the answer instead of giving up
+//! while its nonce is reserved), a ServiceAccount that does not exist yet, an API server
+//! error, too many requests. A nonce is spent only by a mint that succeeded; a mint that
+//! failed, timed out or was abandoned (its client went away and the request was dropped)
+//! releases it, so the agent can present it again.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::{Api, PostParams};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use ring::rand::{SecureRandom, SystemRandom};
 use unbounded_api::agent::{self, CredentialRequest, Credentials, agent_username};
 
@@ -42,6 +56,9 @@ pub struct IssuerSettings {
     pub bootstrap_token_seconds: i64,
     /// How long a nonce stays valid after its script was served.
     pub nonce_seconds: u64,
+    /// How long one request may wait for the API server (token review and mint) before it
+    /// is answered 503 with `Retry-After`: below the agent's request timeout.
+    pub mint_timeout: Duration,
 }
 
 /// Why a credential request was refused.
@@ -60,24 +77,54 @@ pub enum IssueError {
     #[error("the presented token does not belong to this machine or is no longer valid")]
     BadToken,
     /// Too many requests for one machine.
-    #[error("too many credential requests for this machine; retry in a minute")]
-    RateLimited,
+    #[error("too many credential requests for this machine; retry in {retry_after} s")]
+    RateLimited {
+        /// Seconds until the next window.
+        retry_after: u64,
+    },
     /// The ServiceAccount does not exist yet (the controller creates it).
     #[error("the machine's ServiceAccount does not exist yet; retry shortly")]
     NotReady,
+    /// The API server did not answer in time; nothing was spent.
+    #[error("the API server did not answer within {0} s; retry shortly")]
+    TimedOut(u64),
     /// Kubernetes refused or failed.
     #[error("the API server failed: {0}")]
     Kube(String),
 }
 
+/// What the agent is told to wait before it retries a request that the bootserver could
+/// not answer now (`Retry-After`, seconds).
+pub mod retry_after {
+    /// A nonce whose mint is under way: it ends (issued or released) within the mint
+    /// timeout.
+    pub const BUSY: u64 = 2;
+    /// The ServiceAccount is not there yet, the API server failed or was too slow.
+    pub const UNAVAILABLE: u64 = 5;
+}
+
 impl IssueError {
-    /// The HTTP status for this refusal.
+    /// The HTTP status for this refusal: 401/403 only for what no retry of the same
+    /// request can change (the agent marks a nonce refused that way as spent); 429/503 for
+    /// what it should retry.
     pub fn status(&self) -> u16 {
         match self {
+            Self::Nonce(NonceRefusal::Busy) => 503,
             Self::WrongAddress | Self::Nonce(_) => 403,
             Self::Unauthenticated | Self::BadToken => 401,
-            Self::RateLimited => 429,
-            Self::NotReady | Self::Kube(_) => 503,
+            Self::RateLimited { .. } => 429,
+            Self::NotReady | Self::TimedOut(_) | Self::Kube(_) => 503,
+        }
+    }
+
+    /// Seconds the client should wait before it retries (`Retry-After`), for the answers
+    /// that say "retry"; `None` for refusals.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            Self::Nonce(NonceRefusal::Busy) => Some(retry_after::BUSY),
+            Self::RateLimited { retry_after } => Some(*retry_after),
+            Self::NotReady | Self::TimedOut(_) | Self::Kube(_) => Some(retry_after::UNAVAILABLE),
+            Self::WrongAddress | Self::Nonce(_) | Self::Unauthenticated | Self::BadToken => None,
         }
     }
 
@@ -86,10 +133,12 @@ impl IssueError {
         match self {
             Self::WrongAddress => "wrong_address",
             Self::Unauthenticated => "unauthenticated",
+            Self::Nonce(NonceRefusal::Busy) => "nonce_busy",
             Self::Nonce(_) => "nonce_refused",
             Self::BadToken => "bad_token",
-            Self::RateLimited => "rate_limited",
+            Self::RateLimited { .. } => "rate_limited",
             Self::NotReady => "not_ready",
+            Self::TimedOut(_) => "api_timeout",
             Self::Kube(_) => "api_error",
         }
     }
@@ -153,7 +202,14 @@ impl Nonces {
     }
 
     /// Checks a presented nonce and reserves it (so that two requests cannot both use it).
-    pub fn reserve(&self, machine: &str, presented: &str, now: u64) -> Result<(), NonceRefusal> {
+    /// The reservation is released when it is dropped unless it was spent: a mint that
+    /// failed, timed out or was abandoned leaves the nonce usable.
+    pub fn reserve(
+        &self,
+        machine: &str,
+        presented: &str,
+        now: u64,
+    ) -> Result<Reservation<'_>, NonceRefusal> {
         let mut entries = self.entries.lock().map_err(|_| NonceRefusal::Busy)?;
         let entry = entries.get_mut(machine).ok_or(NonceRefusal::NoneIssued)?;
         if !constant_time_eq(entry.value.as_bytes(), presented.as_bytes()) {
@@ -167,23 +223,64 @@ impl Nonces {
             return Err(NonceRefusal::Busy);
         }
         entry.reserved = true;
-        Ok(())
+        Ok(Reservation {
+            nonces: self,
+            machine: machine.to_owned(),
+            value: entry.value.clone(),
+            spent: false,
+        })
     }
 
-    /// Spends a reserved nonce.
-    pub fn spend(&self, machine: &str) {
-        if let Ok(mut entries) = self.entries.lock() {
-            entries.remove(machine);
-        }
-    }
-
-    /// Releases a reservation (minting failed): the nonce may be presented again.
-    pub fn release(&self, machine: &str) {
+    /// Applies `change` to `machine`'s entry if it still holds `value` (a newer boot script
+    /// may have replaced it while a mint was under way: that one is left alone).
+    fn with_entry(
+        &self,
+        machine: &str,
+        value: &str,
+        change: impl FnOnce(&mut HashMap<String, NonceEntry>),
+    ) {
         if let Ok(mut entries) = self.entries.lock()
-            && let Some(entry) = entries.get_mut(machine)
+            && entries.get(machine).is_some_and(|e| e.value == value)
         {
-            entry.reserved = false;
+            change(&mut entries);
         }
+    }
+}
+
+/// A nonce reserved for one request: [`Reservation::spend`] once credentials were minted;
+/// dropped otherwise (the mint failed or timed out, or the request was abandoned when its
+/// client went away), it releases the nonce, which may then be presented again.
+#[derive(Debug)]
+pub struct Reservation<'a> {
+    nonces: &'a Nonces,
+    machine: String,
+    value: String,
+    spent: bool,
+}
+
+impl Reservation<'_> {
+    /// Spends the nonce: it is never accepted again.
+    pub fn spend(mut self) {
+        self.spent = true;
+        self.nonces
+            .with_entry(&self.machine, &self.value, |entries| {
+                entries.remove(&self.machine);
+            });
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if self.spent {
+            return;
+        }
+        let machine = self.machine.clone();
+        self.nonces
+            .with_entry(&self.machine, &self.value, |entries| {
+                if let Some(entry) = entries.get_mut(&machine) {
+                    entry.reserved = false;
+                }
+            });
     }
 }
 
@@ -227,6 +324,36 @@ impl RateLimit {
 /// Credential requests per machine per minute.
 const REQUESTS_PER_MINUTE: u32 = 20;
 
+/// The issuer's metrics (registered beside the server's, same prefix).
+#[derive(Debug, Default)]
+struct IssuerMetrics {
+    /// Requests waiting for the API server (token review, mint) right now.
+    in_flight: Gauge,
+    /// Requests answered with an error, by reason ([`IssueError::reason`]).
+    refused: Family<RefusalLabel, Counter>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct RefusalLabel {
+    reason: &'static str,
+}
+
+/// Counts a request waiting for the API server while it lives.
+struct InFlight<'a>(&'a Gauge);
+
+impl<'a> InFlight<'a> {
+    fn new(gauge: &'a Gauge) -> Self {
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 fn now_unix() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -248,6 +375,7 @@ pub struct Issuer {
     rate: RateLimit,
     /// Where each machine's last credentials went (refreshes come from there in proxy mode).
     last_ip: Mutex<HashMap<String, Ipv4Addr>>,
+    metrics: IssuerMetrics,
 }
 
 impl std::fmt::Debug for Issuer {
@@ -278,7 +406,24 @@ impl Issuer {
             nonces: Nonces::default(),
             rate: RateLimit::default(),
             last_ip: Mutex::default(),
+            metrics: IssuerMetrics::default(),
         }
+    }
+
+    /// Registers the issuer's metrics: `unbounded_bootserver_credential_requests_in_flight`
+    /// (waiting for the API server) and `unbounded_bootserver_credentials_refused{reason}`.
+    pub fn register_metrics(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("unbounded_bootserver");
+        r.register(
+            "credential_requests_in_flight",
+            "Credential requests waiting for the API server (token review, mint)",
+            self.metrics.in_flight.clone(),
+        );
+        r.register(
+            "credentials_refused",
+            "Credential requests answered with an error, by reason",
+            self.metrics.refused.clone(),
+        );
     }
 
     /// A new nonce for `machine`'s boot script served to `origin`, or `None` when that
@@ -305,9 +450,30 @@ impl Issuer {
         bearer: Option<&str>,
         request: &CredentialRequest,
     ) -> Result<Credentials, IssueError> {
+        let result = self.issue(machine, origin, bearer, request).await;
+        if let Err(error) = &result {
+            self.metrics
+                .refused
+                .get_or_create(&RefusalLabel {
+                    reason: error.reason(),
+                })
+                .inc();
+        }
+        result
+    }
+
+    async fn issue(
+        &self,
+        machine: &str,
+        origin: Origin,
+        bearer: Option<&str>,
+        request: &CredentialRequest,
+    ) -> Result<Credentials, IssueError> {
         let now = now_unix();
         if !self.rate.allow(machine, now, REQUESTS_PER_MINUTE) {
-            return Err(IssueError::RateLimited);
+            return Err(IssueError::RateLimited {
+                retry_after: 60 - now % 60,
+            });
         }
         let bound = match (&request.nonce, bearer) {
             (Some(_), _) => self.nonces.bound_ip(machine),
@@ -326,24 +492,35 @@ impl Issuer {
         ) {
             return Err(IssueError::WrongAddress);
         }
-        let kind = if let Some(nonce) = &request.nonce {
-            self.nonces
-                .reserve(machine, nonce, now)
-                .map_err(IssueError::Nonce)?;
+        let reservation = match &request.nonce {
+            Some(nonce) => Some(
+                self.nonces
+                    .reserve(machine, nonce, now)
+                    .map_err(IssueError::Nonce)?,
+            ),
+            None => None,
+        };
+        let kind = if reservation.is_some() {
             "nonce"
         } else {
-            let token = bearer.ok_or(IssueError::Unauthenticated)?;
-            self.review(machine, token).await?;
             "refresh"
         };
-        let minted = self.mint(machine, request.bootstrap_token).await;
-        if request.nonce.is_some() {
-            match &minted {
-                Ok(_) => self.nonces.spend(machine),
-                Err(_) => self.nonces.release(machine),
+        let _in_flight = InFlight::new(&self.metrics.in_flight);
+        let deadline = self.settings.mint_timeout;
+        let (credentials, bootstrap_id) = tokio::time::timeout(deadline, async {
+            if reservation.is_none() {
+                let token = bearer.ok_or(IssueError::Unauthenticated)?;
+                self.review(machine, token).await?;
             }
+            self.mint(machine, request.bootstrap_token).await
+        })
+        .await
+        .map_err(|_| IssueError::TimedOut(deadline.as_secs()))??;
+        // Only a successful mint spends the nonce; every other way out of here (an error,
+        // the timeout, the request being dropped) releases it.
+        if let Some(reservation) = reservation {
+            reservation.spend();
         }
-        let (credentials, bootstrap_id) = minted?;
         if let Ok(mut last) = self.last_ip.lock() {
             last.insert(machine.to_owned(), origin.peer);
         }
@@ -434,38 +611,91 @@ mod tests {
         let ip = Ipv4Addr::new(10, 99, 0, 21);
         nonces.insert("m", "aaaa".into(), ip, 100);
         assert_eq!(nonces.bound_ip("m"), Some(ip));
-        assert_eq!(nonces.reserve("m", "bbbb", 50), Err(NonceRefusal::Mismatch));
         assert_eq!(
-            nonces.reserve("other", "aaaa", 50),
-            Err(NonceRefusal::NoneIssued)
+            nonces.reserve("m", "bbbb", 50).err(),
+            Some(NonceRefusal::Mismatch)
         );
-        assert_eq!(nonces.reserve("m", "aaaa", 50), Ok(()));
         assert_eq!(
-            nonces.reserve("m", "aaaa", 50),
-            Err(NonceRefusal::Busy),
+            nonces.reserve("other", "aaaa", 50).err(),
+            Some(NonceRefusal::NoneIssued)
+        );
+        let reservation = nonces.reserve("m", "aaaa", 50).unwrap();
+        assert_eq!(
+            nonces.reserve("m", "aaaa", 50).err(),
+            Some(NonceRefusal::Busy),
             "reserved"
         );
-        nonces.release("m");
-        assert_eq!(
-            nonces.reserve("m", "aaaa", 50),
-            Ok(()),
-            "released after a failed mint"
+        drop(reservation);
+        let reservation = nonces.reserve("m", "aaaa", 50).expect(
+            "released when the reservation is dropped (a failed, timed-out or abandoned mint)",
         );
-        nonces.spend("m");
+        reservation.spend();
         assert_eq!(
-            nonces.reserve("m", "aaaa", 50),
-            Err(NonceRefusal::NoneIssued),
+            nonces.reserve("m", "aaaa", 50).err(),
+            Some(NonceRefusal::NoneIssued),
             "spent"
         );
         nonces.insert("m", "cccc".into(), ip, 100);
-        assert_eq!(nonces.reserve("m", "cccc", 100), Err(NonceRefusal::Expired));
+        assert_eq!(
+            nonces.reserve("m", "cccc", 100).err(),
+            Some(NonceRefusal::Expired)
+        );
         nonces.insert("m", "dddd".into(), ip, 100);
         nonces.insert("m", "eeee".into(), ip, 100);
         assert_eq!(
-            nonces.reserve("m", "dddd", 50),
-            Err(NonceRefusal::Mismatch),
+            nonces.reserve("m", "dddd", 50).err(),
+            Some(NonceRefusal::Mismatch),
             "replaced"
         );
+    }
+
+    #[test]
+    fn a_newer_script_s_nonce_survives_the_end_of_an_older_mint() {
+        let nonces = Nonces::default();
+        let ip = Ipv4Addr::new(10, 99, 0, 21);
+        nonces.insert("m", "old".into(), ip, 100);
+        let reservation = nonces.reserve("m", "old", 50).unwrap();
+        // The machine rebooted and fetched a new script while the old mint ran.
+        nonces.insert("m", "new".into(), ip, 100);
+        reservation.spend();
+        let reservation = nonces
+            .reserve("m", "new", 50)
+            .expect("not spent by the old mint");
+        nonces.insert("m", "newer".into(), ip, 100);
+        drop(reservation);
+        assert!(nonces.reserve("m", "newer", 50).is_ok());
+    }
+
+    #[test]
+    fn busy_and_unavailable_say_retry_refusals_do_not() {
+        use NonceRefusal as N;
+        let cases = [
+            (IssueError::Nonce(N::Busy), 503, Some(retry_after::BUSY)),
+            (IssueError::NotReady, 503, Some(retry_after::UNAVAILABLE)),
+            (
+                IssueError::TimedOut(20),
+                503,
+                Some(retry_after::UNAVAILABLE),
+            ),
+            (
+                IssueError::Kube("x".into()),
+                503,
+                Some(retry_after::UNAVAILABLE),
+            ),
+            (IssueError::RateLimited { retry_after: 17 }, 429, Some(17)),
+            (IssueError::Nonce(N::NoneIssued), 403, None),
+            (IssueError::Nonce(N::Mismatch), 403, None),
+            (IssueError::Nonce(N::Expired), 403, None),
+            (IssueError::WrongAddress, 403, None),
+            (IssueError::Unauthenticated, 401, None),
+            (IssueError::BadToken, 401, None),
+        ];
+        for (error, status, retry) in cases {
+            assert_eq!(error.status(), status, "{error}");
+            assert_eq!(error.retry_after(), retry, "{error}");
+            // What the agent may retry never comes as 401/403 (it would spend its nonce).
+            assert_eq!(retry.is_some(), !matches!(status, 401 | 403), "{error}");
+        }
     }
 
     #[test]

@@ -45,9 +45,33 @@ pub struct InlineFile {
     seek: Option<io::Result<u64>>,
 }
 
+/// An error of opening or reading the metadata of a path the client chose: `NotFound` (a
+/// 404 from `ServeDir`) when the name itself is the cause (too long, through a file, a loop
+/// of links, not allowed), so that no request path can make the server answer 500;
+/// failures of the server (`EIO`, `EMFILE`, ...) stay what they are.
+fn client_path_error(error: io::Error) -> io::Error {
+    let named_badly = matches!(
+        error.kind(),
+        io::ErrorKind::InvalidInput
+            | io::ErrorKind::InvalidFilename
+            | io::ErrorKind::NotADirectory
+            | io::ErrorKind::IsADirectory
+            | io::ErrorKind::PermissionDenied
+    ) || matches!(
+        error.raw_os_error(),
+        Some(code) if code == rustix::io::Errno::NAMETOOLONG.raw_os_error()
+            || code == rustix::io::Errno::LOOP.raw_os_error()
+    );
+    if named_badly {
+        io::Error::new(io::ErrorKind::NotFound, error)
+    } else {
+        error
+    }
+}
+
 /// The metadata of `path` if it is a regular file or a directory; `NotFound` otherwise.
 fn servable(path: &PathBuf) -> io::Result<Metadata> {
-    let metadata = std::fs::metadata(path)?;
+    let metadata = std::fs::metadata(path).map_err(client_path_error)?;
     if metadata.is_file() || metadata.is_dir() {
         Ok(metadata)
     } else {
@@ -62,7 +86,8 @@ fn open(path: &PathBuf) -> io::Result<InlineFile> {
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
-        .open(path)?;
+        .open(path)
+        .map_err(client_path_error)?;
     let metadata = file.metadata()?;
     if !(metadata.is_file() || metadata.is_dir()) {
         return Err(io::Error::new(

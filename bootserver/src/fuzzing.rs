@@ -9,9 +9,10 @@ use std::sync::{Arc, OnceLock};
 
 use crate::backend::{MachineBackend, StaticBackend};
 use crate::config::Settings;
+use crate::dhcp::invariants::Ledger;
 use crate::dhcp::wire::{self, code};
 use crate::dhcp::{Decision, DropReason, Responder};
-use crate::leases::{LeaseStore, MemoryStore};
+use crate::leases::{Leases, Record};
 use crate::tftp;
 
 /// Separates datagrams in one DHCP fuzz input (a session of several requests).
@@ -88,10 +89,11 @@ fn reply_options(bytes: &[u8]) -> Vec<(u8, &[u8])> {
 
 /// DHCP: the first byte picks full or proxy mode and port 67 or 4011; the rest is one or
 /// more datagrams (split by [`DATAGRAM_SEPARATOR`]) that go through [`wire::parse`],
-/// [`Responder::decide`] and the reply encoding as in the server, over a memory lease store
-/// and a static backend. Checks: nothing panics, the store always answers, every reply
-/// encodes, is a BOOTREPLY for the request's transaction and MAC, and echoes option 82
-/// unchanged as its last option and option 61 unchanged.
+/// [`Responder::decide`] and the reply encoding as in the server, over leases in memory
+/// and a static backend. Checks: nothing panics, the book always answers and keeps its
+/// invariants, every reply encodes, is a BOOTREPLY for the request's transaction and MAC,
+/// and echoes option 82 unchanged as its last option and option 61 unchanged; and no
+/// address is offered or acknowledged to two clients ([`Ledger`]).
 pub fn dhcp(data: &[u8]) {
     let fixture = dhcp_fixture();
     let Some((&control, rest)) = data.split_first() else {
@@ -107,8 +109,14 @@ pub fn dhcp(data: &[u8]) {
     } else {
         settings.proxy_port
     };
-    let leases = Arc::new(MemoryStore::default());
-    let responder = Responder::new(settings, fixture.backend.clone(), leases.clone());
+    let leases = Arc::new(Leases::in_memory());
+    let responder = Responder::new(settings.clone(), fixture.backend.clone(), leases.clone());
+    let mut ledger = Ledger::new(
+        settings
+            .machines
+            .iter()
+            .filter_map(|m| m.ipv4.map(|ip| (ip, m.macs.clone()))),
+    );
     let from = SocketAddrV4::new(Ipv4Addr::new(10, 99, 0, 50), 68);
     let mut now = 1_700_000_000;
     let mut rest = rest;
@@ -118,7 +126,12 @@ pub fn dhcp(data: &[u8]) {
             None => (rest, None),
         };
         if let Ok(request) = wire::parse(datagram) {
-            match responder.decide(&request, from, port, now) {
+            let decision = responder.decide(&request, from, port, now);
+            if let Err(broken) = ledger.decided(&decision, &request.client_key(), request.mac, now)
+            {
+                panic!("address invariant: {broken}");
+            }
+            match decision {
                 Decision::Reply { reply, commit, .. } => {
                     let bytes = match reply.encode() {
                         Ok(b) => b,
@@ -139,27 +152,45 @@ pub fn dhcp(data: &[u8]) {
                     if let Some(id) = request.client_id.as_deref().filter(|id| id.len() <= 255) {
                         assert!(options.contains(&(code::CLIENT_ID, id)));
                     }
-                    if let Some(lease) = commit
-                        && let Err(error) = leases.commit(lease)
-                    {
-                        panic!("commit: {error}");
+                    if let Some((lease, ticket)) = commit {
+                        match leases.persist(&[(Record::Commit(lease.clone()), Some(ticket))]) {
+                            Ok(taken) if taken == [true] => {
+                                if let Err(broken) = ledger.acknowledged(&lease, now) {
+                                    panic!("address invariant: {broken}");
+                                }
+                            }
+                            Ok(_) => ledger.not_acknowledged(&lease),
+                            Err(error) => panic!("commit: {error}"),
+                        }
                     }
                 }
-                Decision::Release(key) => {
-                    if let Err(error) = leases.release(&key) {
+                Decision::Release { key, ip } => {
+                    if let Err(error) = leases.persist(&[(Record::Release { key, ip }, None)]) {
                         panic!("release: {error}");
                     }
                 }
-                Decision::Decline(ip) => {
-                    if let Err(error) = leases.decline(ip, now + 600) {
+                Decision::Decline { ip, until } => {
+                    if let Err(error) = leases.persist(&[(
+                        Record::Decline {
+                            ip,
+                            until_unix: until,
+                        },
+                        None,
+                    )]) {
                         panic!("decline: {error}");
                     }
+                    ledger.decline_written(ip);
                 }
                 Decision::Drop(reason) => {
                     assert_ne!(reason, DropReason::LeaseStore);
                     assert_ne!(reason, DropReason::Panic);
                 }
             }
+        }
+        match leases.book().map(|b| b.check()) {
+            Ok(Ok(())) => {}
+            Ok(Err(broken)) => panic!("address book: {broken}"),
+            Err(error) => panic!("address book: {error}"),
         }
         now += 7;
         match next {
@@ -265,7 +296,7 @@ fn http_fixture() -> &'static Http {
         let router = crate::http::router(crate::http::AppState {
             settings: Arc::new(settings),
             backend: fixture.backend.clone(),
-            leases: Arc::new(MemoryStore::default()),
+            leases: Arc::new(Leases::in_memory()),
             metrics,
             registry: Arc::new(registry),
             issuer: None,

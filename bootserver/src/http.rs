@@ -28,7 +28,7 @@ use crate::boot;
 use crate::config::{DhcpMode, Settings, UnknownMachines};
 use crate::credentials::{Issuer, Origin};
 use crate::files::{self, InlineFs};
-use crate::leases::{Binding, LeaseStore};
+use crate::leases::Leases;
 use crate::metrics::{Metrics, Service};
 
 /// What the handlers share.
@@ -39,7 +39,7 @@ pub struct AppState {
     /// Machines.
     pub backend: Arc<dyn MachineBackend>,
     /// Leases, to know which address a machine has.
-    pub leases: Arc<dyn LeaseStore>,
+    pub leases: Arc<Leases>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// The registry `/metrics` renders.
@@ -225,11 +225,11 @@ fn holds_address(state: &AppState, machine: &MachineRecord, peer: Ipv4Addr) -> b
     if machine.ipv4 == Some(peer) {
         return true;
     }
-    match state.leases.by_ip(peer) {
-        Ok(Some(Binding::Leased(lease))) => machine.macs.contains(&lease.mac),
-        Ok(_) => false,
+    match state.leases.lease_at(peer) {
+        Ok(Some(lease)) => machine.macs.contains(&lease.mac),
+        Ok(None) => false,
         Err(error) => {
-            tracing::error!(%error, "the lease store cannot answer; refusing");
+            tracing::error!(%error, "the address book cannot answer; refusing");
             false
         }
     }
@@ -303,22 +303,35 @@ async fn machine_credentials(
         }
         Err(error) => {
             tracing::warn!(machine = %machine.name, %peer, reason = error.reason(), %error, "credentials refused");
-            let code = StatusCode::from_u16(error.status()).unwrap_or(StatusCode::FORBIDDEN);
-            reply(code, error.to_string())
+            let code =
+                StatusCode::from_u16(error.status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+            let mut response = reply(code, error.to_string());
+            if let Some(seconds) = error.retry_after() {
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, header::HeaderValue::from(seconds));
+            }
+            response
         }
     }
 }
 
 async fn ready(State(state): State<AppState>) -> Response {
-    if state.backend.is_ready() {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
-        (
+    if !state.backend.is_ready() {
+        return (
             StatusCode::SERVICE_UNAVAILABLE,
             "machine cache not synced\n",
         )
-            .into_response()
+            .into_response();
     }
+    if state.leases.log_health().0 {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the lease log cannot be written (disk full?): no DHCP ACK until it can\n",
+        )
+            .into_response();
+    }
+    (StatusCode::OK, "ready\n").into_response()
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
@@ -329,6 +342,12 @@ async fn metrics(State(state): State<AppState>) -> Response {
         .metrics
         .active_leases
         .set(i64::try_from(state.leases.active(now).unwrap_or(0)).unwrap_or(i64::MAX));
+    let (failing, failed_writes) = state.leases.log_health();
+    state.metrics.dhcp_lease_log_failing.set(i64::from(failing));
+    state
+        .metrics
+        .dhcp_lease_log_failed_writes
+        .set(i64::try_from(failed_writes).unwrap_or(i64::MAX));
     let mut text = String::new();
     if prometheus_client::encoding::text::encode(&mut text, &state.registry).is_err() {
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();

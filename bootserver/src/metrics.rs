@@ -71,6 +71,14 @@ pub struct Metrics {
     pub panics: Family<ServiceLabel, Counter>,
     /// Leases that have not expired.
     pub active_leases: Gauge,
+    /// Offers taken back from a client that never requested them, because its pool ran out
+    /// (a flood of DISCOVERs): what was shed.
+    pub dhcp_offers_reclaimed: Counter,
+    /// 1 while the lease log's last write failed (a full disk): no ACK goes out until a
+    /// write succeeds again.
+    pub dhcp_lease_log_failing: Gauge,
+    /// Writes of the lease log that failed (nothing of them became durable).
+    pub dhcp_lease_log_failed_writes: Gauge,
     /// TFTP transfers started.
     pub tftp_transfers: Counter,
     /// TFTP requests refused, by reason (missing file, hostile path, malformed, busy).
@@ -114,6 +122,21 @@ impl Metrics {
             "dhcp_active_leases",
             "Leases not expired",
             m.active_leases.clone(),
+        );
+        r.register(
+            "dhcp_offers_reclaimed",
+            "DHCP offers taken back from clients that never requested them (pool exhausted)",
+            m.dhcp_offers_reclaimed.clone(),
+        );
+        r.register(
+            "dhcp_lease_log_failing",
+            "1 while the lease log's last write failed (no ACK until one succeeds)",
+            m.dhcp_lease_log_failing.clone(),
+        );
+        r.register(
+            "dhcp_lease_log_failed_writes",
+            "Lease log writes that failed since the start",
+            m.dhcp_lease_log_failed_writes.clone(),
         );
         r.register(
             "tftp_transfers",

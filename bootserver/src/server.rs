@@ -17,7 +17,7 @@ use crate::backend::MachineBackend;
 use crate::config::{DhcpMode, Settings};
 use crate::dhcp::{self, DhcpError, Responder};
 use crate::http::{self, AppState};
-use crate::leases::{FileStore, LeaseError, LeaseStore, MemoryStore};
+use crate::leases::{FileStore, LeaseError, Leases};
 use crate::metrics::Metrics;
 use crate::tftp::{self, TftpError};
 
@@ -66,10 +66,17 @@ pub async fn run(
     let settings = Arc::new(settings);
     let mut registry = Registry::default();
     let metrics = Arc::new(Metrics::register(&mut registry));
-    let leases: Arc<dyn LeaseStore> = match settings.dhcp_mode {
-        DhcpMode::Full => Arc::new(FileStore::open(&settings.lease_file)?),
-        DhcpMode::Proxy | DhcpMode::Off => Arc::new(MemoryStore::default()),
+    if let Some(issuer) = &issuer {
+        issuer.register_metrics(&mut registry);
+    }
+    let lease_log = match settings.dhcp_mode {
+        DhcpMode::Full => Some(Arc::new(FileStore::open(&settings.lease_file)?)),
+        DhcpMode::Proxy | DhcpMode::Off => None,
     };
+    let leases = Arc::new(match &lease_log {
+        Some(log) => Leases::open(log.clone())?,
+        None => Leases::in_memory(),
+    });
     let responder = Arc::new(Responder::new(
         settings.clone(),
         backend.clone(),
@@ -98,12 +105,16 @@ pub async fn run(
         }
         DhcpMode::Off => {}
     }
+    // One commit thread for every socket: records reach the log in the order decided.
+    let committer = dhcp::commit::Committer::start(leases.clone(), dhcp::serve::MAX_IN_FLIGHT)
+        .map_err(dhcp::DhcpError::CommitThread)?;
     for port in ports {
         let socket = dhcp::open_socket(&settings, port)?;
         tracing::info!(port, interface = ?settings.interface, mode = ?settings.dhcp_mode, "DHCP listening");
         let (responder, leases, metrics) = (responder.clone(), leases.clone(), metrics.clone());
+        let committer = committer.clone();
         tasks.spawn(async move {
-            dhcp::serve(socket, port, responder, leases, metrics).await?;
+            dhcp::serve(socket, port, responder, leases, committer, metrics).await?;
             Ok("DHCP")
         });
     }

@@ -5,19 +5,28 @@
 //! machine's objects (its role from the controller, the admission policy on top), never
 //! another machine's; an expired token is refused; a refresh needs a valid token of the same
 //! machine; a bootstrap token joins the bootstrappers group; nothing secret is logged.
+//! And when the API server is slow, the agent (its own credential code, run at the
+//! machine's address) is told to retry, never that its nonce is spent, and gets its
+//! credentials once the API server answers.
 
 mod common;
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use common::*;
 use unbounded_testbed::cluster::{LocalControlPlane, deploy_dir};
 use unbounded_testbed::netns::{Link, LoopbackForward};
+use unbounded_testbed::stall::StallableForward;
 
 const MAC_A: &str = "52:54:00:00:0a:01";
 const MAC_B: &str = "52:54:00:00:0b:01";
+const MAC_SLOW: &str = "52:54:00:00:0c:01";
+
+/// The tests share the control plane of this binary and each runs a controller: one at a
+/// time.
+static SERIAL: Mutex<()> = Mutex::new(());
 
 fn kubectl(cp: &LocalControlPlane, args: &[&str], stdin: Option<&str>) -> (bool, String) {
     use std::io::Write as _;
@@ -203,39 +212,34 @@ fn wait_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
     }
 }
 
-fn machines_yaml() -> String {
-    format!(
-        r#"apiVersion: unbounded-cloud.io/v1alpha1
+/// The configuration and, for each (name, MAC, address), a Machine and its Node.
+fn machines_yaml(machines: &[(&str, &str, &str)]) -> String {
+    let mut yaml = r#"apiVersion: unbounded-cloud.io/v1alpha1
 kind: MachineConfiguration
-metadata: {{name: cr-config}}
+metadata: {name: cr-config}
 spec:
-  machineSelector: {{matchLabels: {{lab: credentials}}}}
+  machineSelector: {matchLabels: {lab: credentials}}
   template:
-    boot: {{kernelURL: vmlinuz, initrdURL: initrd.img}}
----
-apiVersion: unbounded-cloud.io/v1alpha1
-kind: Machine
-metadata: {{name: cr-a, labels: {{lab: credentials}}}}
-spec:
-  provider: pxe
-  pxe: {{macAddresses: ["{MAC_A}"], ipv4: 10.99.0.21, firmware: bios}}
----
-apiVersion: unbounded-cloud.io/v1alpha1
-kind: Machine
-metadata: {{name: cr-b, labels: {{lab: credentials}}}}
-spec:
-  provider: pxe
-  pxe: {{macAddresses: ["{MAC_B}"], ipv4: 10.99.0.22, firmware: bios}}
----
-apiVersion: v1
-kind: Node
-metadata: {{name: cr-a}}
----
-apiVersion: v1
-kind: Node
-metadata: {{name: cr-b}}
+    boot: {kernelURL: vmlinuz, initrdURL: initrd.img}
 "#
-    )
+    .to_owned();
+    for (name, mac, ip) in machines {
+        yaml.push_str(&format!(
+            r#"---
+apiVersion: unbounded-cloud.io/v1alpha1
+kind: Machine
+metadata: {{name: {name}, labels: {{lab: credentials}}}}
+spec:
+  provider: pxe
+  pxe: {{macAddresses: ["{mac}"], ipv4: {ip}, firmware: bios}}
+---
+apiVersion: v1
+kind: Node
+metadata: {{name: {name}}}
+"#
+        ));
+    }
+    yaml
 }
 
 /// Marks a Machine's infrastructure ready, as its provider would.
@@ -280,90 +284,85 @@ fn token_kubeconfig(cp: &LocalControlPlane, dir: &Path, token: &str) -> std::pat
     path
 }
 
-#[test]
-fn a_machine_gets_only_its_own_credentials_and_they_reach_only_its_own_objects() {
-    let cp = LocalControlPlane::shared().unwrap();
-    // deploy/'s namespaces and RBAC: the bootserver runs as its own ServiceAccount.
-    let deploy = deploy_dir();
-    ok(
-        cp,
-        &[
-            "apply",
-            "--server-side",
-            "-f",
-            &deploy.join("namespace.yaml").display().to_string(),
-        ],
-        None,
-    );
-    ok(
-        cp,
-        &[
-            "apply",
-            "--server-side",
-            "-f",
-            &deploy.join("rbac").display().to_string(),
-        ],
-        None,
-    );
+/// A provisioning site on the shared control plane: `deploy/`'s namespaces and RBAC, the
+/// controller (it gives each Machine's agent its ServiceAccount and role), the Machines
+/// (configuration resolved, infrastructure ready), and the bootserver running as its own
+/// ServiceAccount on a provisioning link whose client side is the first Machine at its
+/// reserved address. The bootserver reaches the API server at `api_target` (the API
+/// server itself, or a forwarder in front of it).
+struct Site {
+    /// Runs the controller.
+    _runtime: tokio::runtime::Runtime,
+    link: Link,
+    _forward: LoopbackForward,
+    bootserver: Bootserver,
+    bootserver_token: String,
+    _images: tempfile::TempDir,
+    _dir: tempfile::TempDir,
+}
 
-    // The controller (it gives each Machine's agent its ServiceAccount and role).
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let client = runtime.block_on(cp.client()).unwrap();
-    runtime.spawn(unbounded_controller::runner::run(
-        client,
-        unbounded_controller::context::Settings::default(),
-        Arc::new(unbounded_controller::metrics::Metrics::new(
-            &mut prometheus_client::registry::Registry::default(),
-        )),
-        std::future::pending(),
-    ));
-    ok(cp, &["apply", "-f", "-"], Some(&machines_yaml()));
-    for m in ["cr-a", "cr-b"] {
-        infrastructure_ready(cp, m);
-    }
-    wait_until("agent ServiceAccounts", Duration::from_secs(60), || {
-        kubectl(
-            cp,
-            &[
-                "get",
-                "serviceaccount",
-                "-n",
-                "unbounded-machines",
-                "cr-a",
-                "cr-b",
-            ],
-            None,
-        )
-        .0
-    });
-    wait_until("configurations resolved", Duration::from_secs(60), || {
-        kubectl(
-            cp,
-            &[
-                "get",
-                "machine",
-                "cr-a",
-                "-o",
-                "jsonpath={.status.configuration.version}",
-            ],
-            None,
-        )
-        .1 == "1"
-    });
+impl Site {
+    fn start(
+        cp: &'static LocalControlPlane,
+        machines: &[(&str, &str, &str)],
+        api_target: &str,
+        credentials_extra: &str,
+    ) -> Self {
+        let deploy = deploy_dir();
+        for part in ["namespace.yaml", "rbac"] {
+            let path = deploy.join(part).display().to_string();
+            ok(cp, &["apply", "--server-side", "-f", &path], None);
+        }
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let client = runtime.block_on(cp.client()).unwrap();
+        runtime.spawn(unbounded_controller::runner::run(
+            client,
+            unbounded_controller::context::Settings::default(),
+            Arc::new(unbounded_controller::metrics::Metrics::new(
+                &mut prometheus_client::registry::Registry::default(),
+            )),
+            std::future::pending(),
+        ));
+        ok(cp, &["apply", "-f", "-"], Some(&machines_yaml(machines)));
+        for (name, _, _) in machines {
+            infrastructure_ready(cp, name);
+        }
+        let names: Vec<&str> = machines.iter().map(|(name, _, _)| *name).collect();
+        wait_until("agent ServiceAccounts", Duration::from_secs(60), || {
+            let mut args = vec!["get", "serviceaccount", "-n", "unbounded-machines"];
+            args.extend(&names);
+            kubectl(cp, &args, None).0
+        });
+        for name in &names {
+            wait_until("configurations resolved", Duration::from_secs(60), || {
+                kubectl(
+                    cp,
+                    &[
+                        "get",
+                        "machine",
+                        name,
+                        "-o",
+                        "jsonpath={.status.configuration.version}",
+                    ],
+                    None,
+                )
+                .1 == "1"
+            });
+        }
 
-    // The bootserver, as its ServiceAccount, on the provisioning link; the "machine" cr-a
-    // at its reserved address on the other end.
-    let images = fake_images();
-    let link = Link::new(&format!("{SERVER}/24"), MAC_A).unwrap();
-    link.client
-        .ip(&["addr", "add", "10.99.0.21/24", "dev", "eth0"])
-        .unwrap();
-    let _forward = LoopbackForward::new(&link.server, 6443, &api_server_target(cp)).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let bootserver_token = service_account_token(cp, "unbounded-system", "unbounded-bootserver");
-    let kubeconfig = token_kubeconfig(cp, dir.path(), &bootserver_token);
-    let config = format!(
-        r#"interface: pxe0
+        let (_, mac, ip) = machines[0];
+        let images = fake_images();
+        let link = Link::new(&format!("{SERVER}/24"), mac).unwrap();
+        link.client
+            .ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"])
+            .unwrap();
+        let forward = LoopbackForward::new(&link.server, 6443, api_target).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let bootserver_token =
+            service_account_token(cp, "unbounded-system", "unbounded-bootserver");
+        let kubeconfig = token_kubeconfig(cp, dir.path(), &bootserver_token);
+        let config = format!(
+            r#"interface: pxe0
 serverAddress: {SERVER}
 routerAdvertisements: false
 backend: kubernetes
@@ -378,50 +377,83 @@ credentials:
   apiServer: {server}
   caFile: "{ca}"
   tokenSeconds: 600
-"#,
-        images = images.path().display(),
-        server = cp.server_url(),
-        ca = cp.data_dir().join("pki/ca.crt").display(),
+{credentials_extra}"#,
+            images = images.path().display(),
+            server = cp.server_url(),
+            ca = cp.data_dir().join("pki/ca.crt").display(),
+        );
+        let kubeconfig_env = kubeconfig.display().to_string();
+        let bootserver = Bootserver::start_with_env(
+            &link.server,
+            &config,
+            &[("KUBECONFIG", kubeconfig_env.as_str())],
+        );
+        wait_until("bootserver synced", Duration::from_secs(60), || {
+            curl(&link, &[&format!("http://{SERVER}:8080/readyz")]).0 == 200
+        });
+        Self {
+            _runtime: runtime,
+            link,
+            _forward: forward,
+            bootserver,
+            bootserver_token,
+            _images: images,
+            _dir: dir,
+        }
+    }
+
+    /// The nonce in `mac`'s boot script, fetched from the client side.
+    fn nonce(&self, mac: &str) -> String {
+        let url = format!("http://{SERVER}:8080/boot.ipxe?mac={mac}");
+        let mut script = String::new();
+        wait_until("the machine's script", Duration::from_secs(60), || {
+            script = curl(&self.link, &[&url]).1;
+            script.contains("unbounded.nonce=")
+        });
+        nonce_from_script(&script)
+    }
+
+    fn metrics(&self) -> String {
+        self.bootserver.metrics(&self.link.server)
+    }
+}
+
+#[test]
+fn a_machine_gets_only_its_own_credentials_and_they_reach_only_its_own_objects() {
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let cp = LocalControlPlane::shared().unwrap();
+    let site = Site::start(
+        cp,
+        &[("cr-a", MAC_A, "10.99.0.21"), ("cr-b", MAC_B, "10.99.0.22")],
+        &api_server_target(cp),
+        "",
     );
-    let kubeconfig_env = kubeconfig.display().to_string();
-    let bootserver = Bootserver::start_with_env(
-        &link.server,
-        &config,
-        &[("KUBECONFIG", kubeconfig_env.as_str())],
-    );
-    wait_until("bootserver synced", Duration::from_secs(60), || {
-        curl(&link, &[&format!("http://{SERVER}:8080/readyz")]).0 == 200
-    });
+    let (link, bootserver, bootserver_token) =
+        (&site.link, &site.bootserver, &site.bootserver_token);
 
     // The boot script carries a nonce; a script fetched for another MAC from here does not
     // (this address is not that machine's).
     let script_url = |mac: &str| format!("http://{SERVER}:8080/boot.ipxe?mac={mac}");
-    wait_until("cr-a's script", Duration::from_secs(60), || {
-        curl(&link, &[&script_url(MAC_A)])
-            .1
-            .contains("unbounded.nonce=")
-    });
-    let (_, script_b) = curl(&link, &[&script_url(MAC_B)]);
+    let nonce = site.nonce(MAC_A);
+    let (_, script_b) = curl(link, &[&script_url(MAC_B)]);
     assert!(!script_b.contains("unbounded.nonce="), "{script_b}");
-    let (_, script) = curl(&link, &[&script_url(MAC_A)]);
-    let nonce = nonce_from_script(&script);
 
     // Refused: another machine's name, a wrong nonce, no proof at all.
     let body = |nonce: &str| format!(r#"{{"nonce":"{nonce}","bootstrapToken":true}}"#);
-    let (code, text) = post_credentials(&link, "cr-b", &body(&nonce), None);
+    let (code, text) = post_credentials(link, "cr-b", &body(&nonce), None);
     assert_eq!(code, 403, "another machine's credentials: {text}");
     let (code, text) = post_credentials(
-        &link,
+        link,
         "cr-a",
         &body("00112233445566778899aabbccddeeff"),
         None,
     );
     assert_eq!(code, 403, "a wrong nonce: {text}");
-    let (code, _) = post_credentials(&link, "cr-a", "{}", None);
+    let (code, _) = post_credentials(link, "cr-a", "{}", None);
     assert_eq!(code, 401, "no proof");
 
     // The machine's own nonce works once.
-    let (code, text) = post_credentials(&link, "cr-a", &body(&nonce), None);
+    let (code, text) = post_credentials(link, "cr-a", &body(&nonce), None);
     assert_eq!(code, 200, "{text}");
     let credentials: unbounded_api::agent::Credentials = serde_json::from_str(&text).unwrap();
     let token = credentials.token.clone();
@@ -434,7 +466,7 @@ credentials:
             .certificate_authority
             .contains("BEGIN CERTIFICATE")
     );
-    let (code, _) = post_credentials(&link, "cr-a", &body(&nonce), None);
+    let (code, _) = post_credentials(link, "cr-a", &body(&nonce), None);
     assert_eq!(code, 403, "a spent nonce");
 
     // What the token reaches: its own Machine, Node and role, nothing else.
@@ -517,9 +549,9 @@ credentials:
     refused(&["get", "machineoperations"]);
 
     // A refresh needs this machine's valid token; garbage is refused.
-    let (code, text) = post_credentials(&link, "cr-a", "{}", Some(&token));
+    let (code, text) = post_credentials(link, "cr-a", "{}", Some(&token));
     assert_eq!(code, 200, "refresh: {text}");
-    let (code, _) = post_credentials(&link, "cr-a", "{}", Some("not-a-token"));
+    let (code, _) = post_credentials(link, "cr-a", "{}", Some("not-a-token"));
     assert_eq!(code, 401);
 
     // An expired token is refused, by the API server and by the bootserver; the same token
@@ -550,7 +582,7 @@ credentials:
     assert!(success, "a valid self-signed token: {out}");
     let (success, out) = as_token(cp, &expired, &["get", "machine", "cr-a"], None);
     assert!(!success && out.contains("Unauthorized"), "expired: {out}");
-    let (code, _) = post_credentials(&link, "cr-a", "{}", Some(&expired));
+    let (code, _) = post_credentials(link, "cr-a", "{}", Some(&expired));
     assert_eq!(code, 401, "an expired token buys no refresh");
 
     // The bootstrap token authenticates as a bootstrapper of Unbounded's group.
@@ -563,7 +595,7 @@ credentials:
     // The bootserver may create only bootstrap tokens in kube-system.
     let (success, out) = as_token(
         cp,
-        &bootserver_token,
+        bootserver_token,
         &[
             "create",
             "secret",
@@ -603,4 +635,136 @@ credentials:
         ],
         None,
     );
+}
+
+/// `curl -i` from the machine's namespace: (HTTP status, headers and body).
+fn post_nonce_with_headers(link: &Link, machine: &str, nonce: &str) -> (u16, String) {
+    let url = format!("http://{SERVER}:8080/machines/{machine}/credentials");
+    let body = format!(r#"{{"nonce":"{nonce}"}}"#);
+    curl(
+        link,
+        &[
+            "-i",
+            "-X",
+            "POST",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            &body,
+            &url,
+        ],
+    )
+}
+
+#[test]
+fn a_slow_mint_is_retried_and_the_agent_gets_its_credentials() {
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let cp = LocalControlPlane::shared().unwrap();
+    // The bootserver reaches the API server through a forwarder that the test stalls: a
+    // real API server that does not answer for a while.
+    let api = StallableForward::start(&api_server_target(cp)).unwrap();
+    let site = Site::start(
+        cp,
+        &[("cr-slow", MAC_SLOW, "10.99.0.23")],
+        &api.address(),
+        "  mintTimeoutSeconds: 8\n",
+    );
+    let nonce = site.nonce(MAC_SLOW);
+    let gauge = |site: &Site| {
+        metric(
+            &site.metrics(),
+            "unbounded_bootserver_credential_requests_in_flight",
+            "",
+        )
+    };
+    let refused = |site: &Site, reason: &str| {
+        metric(
+            &site.metrics(),
+            "unbounded_bootserver_credentials_refused_total",
+            &format!("reason=\"{reason}\""),
+        )
+    };
+
+    // The agent's own credential code, run at the machine's address with this boot's nonce.
+    api.stall();
+    let state = tempfile::tempdir().unwrap();
+    let state_dir = state.path().to_path_buf();
+    let identity = unbounded_agent::identity::Identity {
+        machine: "cr-slow".into(),
+        bootserver: Some(format!("http://{SERVER}:8080")),
+        nonce: Some(nonce.clone()),
+    };
+    let agent = site
+        .link
+        .client
+        .spawn_inside(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let http = reqwest::Client::new();
+                let store = unbounded_agent::credentials::Store::new(&state_dir).unwrap();
+                unbounded_agent::credential_upkeep::obtain_until_issued(
+                    &http, &identity, &store, false,
+                )
+                .await
+            })
+        })
+        .unwrap();
+
+    // Its request waits for the stalled API server.
+    wait_until(
+        "the agent's request at the API server",
+        Duration::from_secs(30),
+        || gauge(&site) >= 1.0 && api.holding() > 0,
+    );
+    // Meanwhile the same nonce again (an agent restarted mid-request) is busy: retry, not
+    // refused.
+    let (code, answer) = post_nonce_with_headers(&site.link, "cr-slow", &nonce);
+    assert_eq!(code, 503, "a nonce whose mint is under way: {answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("retry-after: 2"),
+        "{answer}"
+    );
+    assert!(answer.contains("being redeemed"), "{answer}");
+    // The bootserver stops waiting for the API server before the agent would have, and
+    // says "retry" then too; the nonce is not spent.
+    wait_until("the mint deadline", Duration::from_secs(30), || {
+        refused(&site, "api_timeout") >= 1.0
+    });
+    let store = unbounded_agent::credentials::Store::new(state.path()).unwrap();
+    assert!(
+        !store.meta().is_some_and(|m| m.nonce_used),
+        "the agent took a busy or slow bootserver for a refusal and marked its nonce spent"
+    );
+
+    // The API server answers again: the agent's next attempt gets its credentials.
+    api.resume();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !agent.is_finished() {
+        assert!(
+            Instant::now() < deadline,
+            "the agent did not get its credentials; its store says {:?}",
+            store.meta()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let credentials = agent.join().unwrap().unwrap();
+    let (success, out) = as_token(cp, &credentials.token, &["get", "machine", "cr-slow"], None);
+    assert!(success, "the agent's token reads its Machine: {out}");
+    assert!(store.meta().is_some_and(|m| m.nonce_used));
+    assert!(refused(&site, "nonce_busy") >= 1.0, "{}", site.metrics());
+    // Spent by the mint that succeeded, refused for good now.
+    let (code, answer) = post_nonce_with_headers(&site.link, "cr-slow", &nonce);
+    assert_eq!(code, 403, "{answer}");
+    assert!(
+        !site.bootserver.log().contains(&nonce),
+        "a nonce in the log"
+    );
+    assert!(
+        !site.bootserver.log().contains(&credentials.token),
+        "a token in the log"
+    );
+    ok(cp, &["delete", "machines", "cr-slow", "--wait=false"], None);
 }

@@ -49,12 +49,41 @@ fn http_seeds_and_regressions_pass() {
 }
 
 /// The datagram that stopped the bootserver before issue 11 (`hlen` 200): dropped as
-/// malformed, in every mode and port.
+/// malformed (`hlen`), in every mode and port, by the same handler the socket loop runs.
 #[test]
 fn the_hlen_above_16_datagram_is_dropped() {
+    use std::sync::Arc;
+    use unbounded_bootserver::backend::StaticBackend;
+    use unbounded_bootserver::config::{DhcpMode, Settings};
+    use unbounded_bootserver::dhcp::wire::Malformed;
+    use unbounded_bootserver::dhcp::{Decision, DropReason, Responder, serve};
+    use unbounded_bootserver::leases::Leases;
+
     let mut packet = vec![0u8; 236];
     packet[..4].copy_from_slice(&[1, 1, 200, 0]);
     packet.extend_from_slice(&[99, 130, 83, 99, 53, 1, 1, 255]);
+    let base = Settings::parse(
+        "serverAddress: 10.99.0.1\ndhcp:\n  subnets:\n    - {subnet: 10.99.0.0/24, pool: [10.99.0.100, 10.99.0.199]}\n",
+    )
+    .unwrap();
+    let from = "10.99.0.50:68".parse().unwrap();
+    for mode in [DhcpMode::Full, DhcpMode::Proxy] {
+        let mut settings = base.clone();
+        settings.dhcp_mode = mode;
+        let settings = Arc::new(settings);
+        let backend = Arc::new(StaticBackend::new(Vec::new()));
+        let responder = Responder::new(settings.clone(), backend, Arc::new(Leases::in_memory()));
+        for port in [settings.dhcp_port, settings.proxy_port] {
+            let (kind, decision) = serve::handle(&responder, &packet, from, port, 1_700_000_000);
+            assert_eq!(kind, None, "{mode:?} {port}");
+            assert_eq!(
+                decision,
+                Decision::Drop(DropReason::Malformed(Malformed::HardwareLength)),
+                "{mode:?} {port}"
+            );
+        }
+    }
+    // And through the fuzz target's body, which must not panic on it.
     for control in 0..4u8 {
         let mut input = vec![control];
         input.extend_from_slice(&packet);

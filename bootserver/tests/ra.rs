@@ -8,7 +8,8 @@ use common::*;
 use unbounded_testbed::netns::Link;
 
 /// The first router advertisement tcpdump sees on the client's side within `seconds`, in
-/// tcpdump's verbose words, or `None`.
+/// tcpdump's verbose words, or `None`. Fails the test when tcpdump did not start listening
+/// (silence from a capture that never ran proves nothing).
 fn first_advertisement(link: &Link, seconds: u32) -> Option<String> {
     let out = link
         .client
@@ -18,6 +19,17 @@ fn first_advertisement(link: &Link, seconds: u32) -> Option<String> {
         .arg("icmp6 and ip6[40] == 134")
         .output()
         .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("listening on eth0"),
+        "tcpdump did not capture: {stderr}"
+    );
+    // `timeout` ends an idle capture with 124; anything else is tcpdump failing.
+    assert!(
+        out.status.success() || out.status.code() == Some(124),
+        "tcpdump: {:?} {stderr}",
+        out.status
+    );
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     text.contains("router advertisement").then_some(text)
 }

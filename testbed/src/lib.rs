@@ -17,3 +17,4 @@ pub mod proxy;
 pub mod qemu;
 pub mod scenario;
 pub mod setup;
+pub mod stall;

@@ -106,6 +106,36 @@ impl Netns {
         run(&full)
     }
 
+    /// Runs `work` on a new thread of this process that has joined the namespace (its
+    /// network namespace only): every socket the thread opens lives there, so in-process
+    /// code can act as a client on the namespace's link (a machine at its own address).
+    pub fn spawn_inside<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<std::thread::JoinHandle<Result<T, NetnsError>>, NetnsError> {
+        let name = self.name.clone();
+        let path = format!("/run/netns/{name}");
+        let failed = move |message: String| NetnsError::Command {
+            command: format!("setns /run/netns/{name}"),
+            message,
+        };
+        let file = std::fs::File::open(&path).map_err(|e| failed(e.to_string()))?;
+        std::thread::Builder::new()
+            .name(format!("in-{}", self.name))
+            .spawn(move || {
+                rustix::thread::move_into_link_name_space(
+                    std::os::fd::AsFd::as_fd(&file),
+                    Some(rustix::thread::LinkNameSpaceType::Network),
+                )
+                .map_err(|e| failed(e.to_string()))?;
+                Ok(work())
+            })
+            .map_err(|e| NetnsError::Command {
+                command: "spawning a thread".into(),
+                message: e.to_string(),
+            })
+    }
+
     /// Creates a tap device (for QEMU) with an address, up.
     pub fn tap(&self, name: &str, address_cidr: &str) -> Result<(), NetnsError> {
         self.ip(&["tuntap", "add", "dev", name, "mode", "tap"])?;

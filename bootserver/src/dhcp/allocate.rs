@@ -1,8 +1,12 @@
 //! Which address a client gets: its reservation, its lease, the address it was offered,
-//! the address it asks for, or the next free one of the pool; and the offers held meanwhile.
+//! the address it asks for, or the next free one of the pool, read from the
+//! [`AddressBook`], the one owner of who holds what.
 //!
-//! Every answer reads the lease store, whose reads can fail: an error goes up to the
-//! decision, which drops the request rather than guess that an address is free.
+//! A Machine's reservation is its own unless the book holds it for another client (a lease
+//! made before the reservation): then the Machine is given a pool address until that lease
+//! ends, rather than the same address as someone else (as Kea does). When a pool is
+//! exhausted by offers nobody requested (a flood of DISCOVERs from made-up MACs), the oldest
+//! such offer is reclaimed for the new client.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
@@ -10,61 +14,21 @@ use std::time::Duration;
 
 use crate::backend::{MacAddr, MachineBackend, MachineRecord};
 use crate::config::Subnet;
-use crate::leases::{ClientKey, LeaseError, LeaseStore};
+use crate::leases::book::Slot;
+use crate::leases::{AddressBook, ClientKey};
 
 /// How long an offered address is held for the client that was offered it.
 pub const OFFER_HOLD: Duration = Duration::from_secs(30);
 
-/// Addresses offered but not yet requested (or requested and being made durable).
+/// Where each pool's next scan starts, so that allocation is O(1) amortised, and when a
+/// whole scan last found nothing. Hints only: who holds an address is the book's.
 #[derive(Debug, Default)]
-pub struct Offers {
-    by_key: HashMap<ClientKey, (Ipv4Addr, u64)>,
-    by_ip: HashMap<Ipv4Addr, ClientKey>,
-    /// Per subnet: where the next pool scan starts, so that allocation is O(1) amortised.
-    cursor: HashMap<Ipv4Addr, u32>,
-    /// Holds made, to sweep expired ones periodically.
-    holds: u64,
-}
-
-impl Offers {
-    /// Holds `ip` for `key` until `until`.
-    pub fn hold(&mut self, key: &ClientKey, ip: Ipv4Addr, until: u64, now: u64) {
-        self.forget(key);
-        self.by_key.insert(key.clone(), (ip, until));
-        self.by_ip.insert(ip, key.clone());
-        self.holds += 1;
-        // Expired holds are swept now and then: amortised O(1) per hold.
-        if self.holds.is_multiple_of(4096) {
-            self.by_key.retain(|_, (_, until)| *until > now);
-            let by_key = &self.by_key;
-            self.by_ip.retain(|_, key| by_key.contains_key(key));
-        }
-    }
-
-    /// Drops the client's hold.
-    pub fn forget(&mut self, key: &ClientKey) {
-        if let Some((ip, _)) = self.by_key.remove(key) {
-            self.by_ip.remove(&ip);
-        }
-    }
-
-    /// The address held for a client, if the hold has not expired.
-    pub fn held_for(&self, key: &ClientKey, now: u64) -> Option<Ipv4Addr> {
-        self.by_key
-            .get(key)
-            .filter(|(_, until)| *until > now)
-            .map(|(ip, _)| *ip)
-    }
-
-    fn held_by_other(&self, ip: Ipv4Addr, key: &ClientKey, now: u64) -> bool {
-        self.by_ip.get(&ip).is_some_and(|holder| {
-            holder != key
-                && self
-                    .by_key
-                    .get(holder)
-                    .is_some_and(|(_, until)| *until > now)
-        })
-    }
+pub struct Cursors {
+    next: HashMap<Ipv4Addr, u32>,
+    /// The second a scan of the whole pool last came back empty: within that second the
+    /// next request goes straight to reclaiming an offer (a flood of DISCOVERs would
+    /// otherwise scan the whole pool each time).
+    exhausted_at: HashMap<Ipv4Addr, u64>,
 }
 
 /// The client asking.
@@ -78,16 +42,34 @@ pub struct Client<'a> {
     pub machine: Option<&'a MachineRecord>,
 }
 
+/// An address for an OFFER.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offer {
+    /// Free, or already the client's.
+    Free(Ipv4Addr),
+    /// Taken back from the oldest offer nobody requested (the pool was exhausted).
+    Reclaimed(Ipv4Addr),
+}
+
+impl Offer {
+    /// The address.
+    pub fn ip(self) -> Ipv4Addr {
+        match self {
+            Self::Free(ip) | Self::Reclaimed(ip) => ip,
+        }
+    }
+}
+
 /// One subnet's pool, as seen by one request.
 pub struct Pool<'a> {
     /// The subnet.
     pub subnet: &'a Subnet,
-    /// Leases.
-    pub leases: &'a dyn LeaseStore,
+    /// Who holds what.
+    pub book: &'a mut AddressBook,
     /// Machines (reservations).
     pub backend: &'a dyn MachineBackend,
-    /// Offers held.
-    pub offers: &'a mut Offers,
+    /// Where scans start.
+    pub cursors: &'a mut Cursors,
     /// Seconds since the Unix epoch.
     pub now: u64,
 }
@@ -107,89 +89,143 @@ impl Pool<'_> {
             .is_some_and(|m| !m.macs.contains(&mac))
     }
 
-    /// The Machine's reservation, when it lies on this subnet: a Machine moved to another
-    /// network gets an address of the network it is on, never one it cannot use.
+    /// Whether `ip` may be the client's now: nobody else holds it and it is not another
+    /// Machine's reservation.
+    fn open_to(&self, ip: Ipv4Addr, client: &Client<'_>) -> bool {
+        !self.book.taken_from(ip, client.key, self.now) && !self.reserved_for_other(ip, client.mac)
+    }
+
+    /// The Machine's reservation, when it lies on this subnet and no other client holds it
+    /// (another identity of the same Machine does not count: its firmware and its OS send
+    /// different client identifiers). A Machine moved to another network gets an address
+    /// of the network it is on.
     fn reservation(&self, client: &Client<'_>) -> Option<Ipv4Addr> {
-        client
-            .machine
-            .and_then(|m| m.ipv4)
-            .filter(|ip| self.subnet.contains(*ip))
+        let machine = client.machine?;
+        let ip = machine.ipv4.filter(|ip| self.subnet.contains(*ip))?;
+        let same_machine = matches!(
+            self.book.slot(ip),
+            Some(Slot::Held(h)) if machine.macs.contains(&h.mac)
+        );
+        (same_machine || !self.book.taken_from(ip, client.key, self.now)).then_some(ip)
     }
 
-    /// Whether `ip` may be given to the client now.
-    fn usable(&self, ip: Ipv4Addr, client: &Client<'_>) -> Result<bool, LeaseError> {
-        let taken = self
-            .leases
-            .by_ip(ip)?
-            .is_some_and(|b| b.blocks(client.key, self.now));
-        Ok(!taken
-            && !self.offers.held_by_other(ip, client.key, self.now)
-            && !self.reserved_for_other(ip, client.mac))
-    }
-
-    /// What we know the client holds on this subnet: its reservation, its lease (even
-    /// expired, while nobody else took the address), or the address it was offered.
-    pub fn record(&self, client: &Client<'_>) -> Result<Option<Ipv4Addr>, LeaseError> {
-        if let Some(ip) = self.reservation(client) {
-            return Ok(Some(ip));
-        }
-        if let Some(lease) = self.leases.by_client(client.key)?
-            && self.subnet.contains(lease.ip)
+    /// Before `ip` is offered or acknowledged to the client: a reservation held under
+    /// another identity of the same Machine passes to this one.
+    pub fn take_reservation(&mut self, client: &Client<'_>, ip: Ipv4Addr) {
+        if let Some(machine) = client.machine
+            && machine.ipv4 == Some(ip)
         {
-            return Ok(Some(lease.ip));
+            self.book
+                .hand_over(ip, client.key, |mac| machine.macs.contains(&mac));
         }
-        Ok(self
-            .offers
-            .held_for(client.key, self.now)
-            .filter(|ip| self.subnet.contains(*ip)))
     }
 
-    /// The address for a client: its reservation, its current lease, the address held for
-    /// it, the address it asks for, or the next free one of the pool.
-    pub fn choose(
+    /// What the client holds on this subnet: its reservation, its lease (even expired,
+    /// while nobody else took the address), or the address claimed for it.
+    pub fn record(&self, client: &Client<'_>) -> Option<Ipv4Addr> {
+        self.reservation(client)
+            .or_else(|| {
+                self.book
+                    .lease_of(client.key)
+                    .map(|l| l.ip)
+                    .filter(|ip| self.subnet.contains(*ip))
+            })
+            .or_else(|| {
+                self.book
+                    .claim_of(client.key, self.now)
+                    .filter(|ip| self.subnet.contains(*ip))
+            })
+    }
+
+    /// The address the client should have, if it has one already: its reservation, its
+    /// lease, or the address claimed for it (each only while it is still open to it).
+    fn current(&self, client: &Client<'_>) -> Option<Ipv4Addr> {
+        if let Some(ip) = self.reservation(client) {
+            return Some(ip);
+        }
+        let lease = self.book.lease_of(client.key).map(|l| l.ip);
+        let claim = self.book.claim_of(client.key, self.now);
+        [lease, claim]
+            .into_iter()
+            .flatten()
+            .find(|ip| self.subnet.contains(*ip) && self.open_to(*ip, client))
+    }
+
+    /// Whether a REQUEST for `asked` may be acknowledged: it is the address the client
+    /// has, or (having none) a free address of the pool.
+    pub fn acceptable(&self, client: &Client<'_>, asked: Ipv4Addr) -> bool {
+        if !self.subnet.contains(asked) {
+            return false;
+        }
+        match self.current(client) {
+            Some(ip) => ip == asked,
+            None => self.subnet.in_pool(asked) && self.open_to(asked, client),
+        }
+    }
+
+    /// The address to offer: the client's own, the one it asks for, the next free one of
+    /// the pool, or the oldest offer nobody requested.
+    pub fn choose_offer(
         &mut self,
         client: &Client<'_>,
         requested: Option<Ipv4Addr>,
-    ) -> Result<Option<Ipv4Addr>, LeaseError> {
-        if let Some(ip) = self.reservation(client) {
-            return Ok(Some(ip));
+    ) -> Option<Offer> {
+        if let Some(ip) = self.current(client) {
+            return Some(Offer::Free(ip));
         }
-        if let Some(lease) = self.leases.by_client(client.key)?
-            && self.subnet.contains(lease.ip)
-            && !self.reserved_for_other(lease.ip, client.mac)
-            && !self.offers.held_by_other(lease.ip, client.key, self.now)
-        {
-            return Ok(Some(lease.ip));
-        }
-        if let Some(ip) = self.offers.held_for(client.key, self.now)
+        if let Some(ip) = client.machine.and_then(|m| m.ipv4)
             && self.subnet.contains(ip)
         {
-            return Ok(Some(ip));
+            tracing::warn!(%ip, client = %client.key, "a Machine's reservation is held by another client; offering a pool address until that ends");
         }
         if let Some(ip) = requested
             && self.subnet.in_pool(ip)
-            && self.usable(ip, client)?
+            && self.open_to(ip, client)
         {
-            return Ok(Some(ip));
+            return Some(Offer::Free(ip));
         }
+        let network = self.subnet.network;
+        let scanned_empty = self.cursors.exhausted_at.get(&network) == Some(&self.now);
+        if !scanned_empty {
+            if let Some(ip) = self.scan(client) {
+                return Some(Offer::Free(ip));
+            }
+            self.cursors.exhausted_at.insert(network, self.now);
+        }
+        let mac = client.mac;
+        let backend = self.backend;
+        let others_reservation = |ip| {
+            backend
+                .reserved_by(ip)
+                .is_some_and(|m| !m.macs.contains(&mac))
+        };
+        self.book
+            .reclaim_oldest_offer(self.subnet.pool.0, self.subnet.pool.1, |ip| {
+                !others_reservation(ip)
+            })
+            .map(Offer::Reclaimed)
+    }
+
+    /// The next address of the pool open to the client, from where the last scan ended.
+    fn scan(&mut self, client: &Client<'_>) -> Option<Ipv4Addr> {
         let (first, last) = (u32::from(self.subnet.pool.0), u32::from(self.subnet.pool.1));
         let size = last - first + 1;
         let start = self
-            .offers
-            .cursor
+            .cursors
+            .next
             .get(&self.subnet.network)
             .copied()
             .unwrap_or(first);
         for step in 0..size {
             let candidate = first + (start.saturating_sub(first) + step) % size;
             let ip = Ipv4Addr::from(candidate);
-            if self.usable(ip, client)? {
-                self.offers
-                    .cursor
+            if self.open_to(ip, client) {
+                self.cursors
+                    .next
                     .insert(self.subnet.network, candidate.wrapping_add(1));
-                return Ok(Some(ip));
+                return Some(ip);
             }
         }
-        Ok(None)
+        None
     }
 }

@@ -1,41 +1,52 @@
-//! Group commit of leases off the async runtime: one thread per socket makes every lease
-//! queued while it was writing durable with one write and one sync, then answers each
-//! waiting ACK.
+//! Group commit of leases off the async runtime: one thread for the server makes every
+//! record queued while it was writing durable with one write and one sync, tells the
+//! address book, then answers each waiting ACK. Records (commits, releases, declines) reach
+//! the log in the order they were queued, which is the order they were decided.
 //!
 //! Before this, each ACK blocked a thread of tokio's blocking pool until the shared sync
 //! finished. At 10,000 ACKs per second the pool held hundreds of threads, replaced as they
 //! idled out, and the server's CPU went to creating them and to futex wake-ups (`perf`:
 //! a third of the server's samples in the DHCP benchmark).
 
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::leases::{Lease, LeaseError, LeaseStore};
+use crate::leases::{Lease, Leases, Record, Ticket};
 
-/// Leases taken into one durable write at most.
+/// Records taken into one durable write at most.
 const MAX_BATCH: usize = 4096;
 
-/// The answer for one lease: durable, or why not (the store's error, as text: the same
-/// error goes to every lease of the batch).
-pub type Durable = Result<(), String>;
+/// The answer for one lease: durable and still the client's (send the ACK), or why not.
+pub type Durable = Result<(), NoAck>;
 
-/// Queues leases for the commit thread.
-#[derive(Debug)]
-pub struct Committer {
-    queue: mpsc::Sender<(Lease, oneshot::Sender<Durable>)>,
+/// Why a lease's ACK must not be sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoAck {
+    /// The write failed (the log's error, as text: the same error goes to every record of
+    /// the batch, which was one write).
+    Failed(String),
+    /// Written, but the client released or declined the address meanwhile.
+    Withdrawn,
 }
 
-/// The queue is full: the lease was not taken.
+type Queued = ((Record, Option<Ticket>), Option<oneshot::Sender<Durable>>);
+
+/// Queues records for the commit thread, in the order they were decided.
+#[derive(Debug, Clone)]
+pub struct Committer {
+    queue: mpsc::Sender<Queued>,
+}
+
+/// The queue is full: the record was not taken.
 #[derive(Debug)]
 pub struct QueueFull;
 
 impl Committer {
-    /// Starts the commit thread over `leases`, with room for `capacity` waiting leases. The
-    /// thread ends once the committer is dropped and the queue is empty.
-    pub fn start(leases: Arc<dyn LeaseStore>, capacity: usize) -> std::io::Result<Self> {
-        let (queue, mut waiting) = mpsc::channel::<(Lease, oneshot::Sender<Durable>)>(capacity);
+    /// Starts the commit thread over `leases`, with room for `capacity` waiting records.
+    /// The thread ends once every committer is dropped and the queue is empty.
+    pub fn start(leases: Arc<Leases>, capacity: usize) -> std::io::Result<Self> {
+        let (queue, mut waiting) = mpsc::channel::<Queued>(capacity);
         std::thread::Builder::new()
             .name("dhcp-commit".into())
             .spawn(move || {
@@ -48,30 +59,49 @@ impl Committer {
                             Err(_) => break,
                         }
                     }
-                    let (ready, answers): (Vec<Lease>, Vec<oneshot::Sender<Durable>>) =
+                    let (records, answers): (Vec<(Record, Option<Ticket>)>, Vec<_>) =
                         batch.drain(..).unzip();
-                    // A panic fails this batch only: a dead thread would leave the server
-                    // answering DISCOVERs but never ACKing.
-                    let result =
-                        std::panic::catch_unwind(AssertUnwindSafe(|| leases.commit_all(ready)))
-                            .unwrap_or(Err(LeaseError::Panicked))
-                            .map_err(|e| e.to_string());
-                    for answer in answers {
+                    // One write for the batch, and the book told before any ACK goes out.
+                    // `persist` catches a panic of the log: a dead thread would leave the
+                    // server answering DISCOVERs but never ACKing.
+                    let result = leases.persist(&records);
+                    if let Err(error) = &result {
+                        tracing::error!(%error, records = records.len(), "making leases durable failed; no ACK for them");
+                    }
+                    for (i, answer) in answers.into_iter().enumerate() {
+                        let Some(answer) = answer else { continue };
+                        let outcome = match &result {
+                            Ok(taken) if taken.get(i) == Some(&true) => Ok(()),
+                            Ok(_) => Err(NoAck::Withdrawn),
+                            Err(error) => Err(NoAck::Failed(error.to_string())),
+                        };
                         // The ACK's task may have given up (timeout): nothing to tell.
-                        let _ = answer.send(result.clone());
+                        let _ = answer.send(outcome);
                     }
                 }
             })?;
         Ok(Self { queue })
     }
 
-    /// Queues `lease`; the receiver answers once it is durable.
-    pub fn submit(&self, lease: Lease) -> Result<oneshot::Receiver<Durable>, QueueFull> {
+    /// Queues `lease`, accepted in the book with `ticket`; the receiver answers once it is
+    /// durable (or is not).
+    pub fn submit(
+        &self,
+        lease: Lease,
+        ticket: Ticket,
+    ) -> Result<oneshot::Receiver<Durable>, QueueFull> {
         let (answer, durable) = oneshot::channel();
         self.queue
-            .try_send((lease, answer))
+            .try_send(((Record::Commit(lease), Some(ticket)), Some(answer)))
             .map_err(|_| QueueFull)?;
         Ok(durable)
+    }
+
+    /// Queues a release or a decline; nobody waits for it (the book changed already).
+    pub fn record(&self, record: Record) -> Result<(), QueueFull> {
+        self.queue
+            .try_send(((record, None), None))
+            .map_err(|_| QueueFull)
     }
 }
 
@@ -81,7 +111,7 @@ mod tests {
 
     use super::*;
     use crate::backend::MacAddr;
-    use crate::leases::{ClientKey, FileStore};
+    use crate::leases::{ClientKey, FileStore, LeaseLog, MemoryLog};
 
     fn lease(n: u8) -> Lease {
         let mac = MacAddr([2, 0, 0, 0, 0, n]);
@@ -93,15 +123,28 @@ mod tests {
         }
     }
 
+    /// Accepts the REQUEST in the book, as the decision does before queueing it.
+    fn begin(leases: &Leases, lease: &Lease) -> Ticket {
+        leases
+            .book()
+            .unwrap()
+            .begin_commit(&lease.key, lease.mac, lease.ip, 0)
+            .unwrap()
+    }
+
     #[tokio::test]
     async fn leases_queued_together_share_one_sync_and_survive_a_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("leases.log");
         let store = Arc::new(FileStore::open(&path).unwrap());
-        let committer = Committer::start(store.clone(), 1024).unwrap();
+        let leases = Arc::new(Leases::open(store.clone()).unwrap());
+        let committer = Committer::start(leases.clone(), 1024).unwrap();
         let before = store.syncs();
         let tickets: Vec<_> = (1..=200)
-            .map(|n| committer.submit(lease(n)).unwrap())
+            .map(|n| {
+                let ticket = begin(&leases, &lease(n));
+                committer.submit(lease(n), ticket).unwrap()
+            })
             .collect();
         for ticket in tickets {
             assert_eq!(ticket.await.unwrap(), Ok(()));
@@ -111,61 +154,107 @@ mod tests {
             (1..200).contains(&syncs),
             "200 leases took {syncs} syncs: not grouped"
         );
-        drop(committer);
-        drop(store);
-        let reopened = FileStore::open(&path).unwrap();
         for n in 1..=200 {
             assert_eq!(
-                reopened.by_client(&lease(n).key).unwrap(),
+                leases.book().unwrap().lease_of(&lease(n).key),
+                Some(lease(n))
+            );
+        }
+        drop(committer);
+        drop(leases);
+        drop(store);
+        let reopened = FileStore::open(&path).unwrap().durable().unwrap();
+        for n in 1..=200 {
+            assert_eq!(
+                reopened.by_client(&lease(n).key),
                 Some(lease(n)),
                 "lease {n}"
             );
         }
     }
 
-    /// A store whose disk hangs until the test lets it go (a real disk cannot be made to
-    /// hang on demand).
+    /// A batch that fails is reported to its own waiters even when the next one succeeds,
+    /// and the book never shows its leases.
+    #[tokio::test]
+    async fn each_waiter_gets_its_own_batchs_result() {
+        let log = Arc::new(MemoryLog::default());
+        let leases = Arc::new(Leases::open(log.clone()).unwrap());
+        let committer = Committer::start(leases.clone(), 16).unwrap();
+        log.set_failing(true);
+        let ticket = begin(&leases, &lease(1));
+        let failed = committer.submit(lease(1), ticket).unwrap().await.unwrap();
+        assert!(matches!(failed, Err(NoAck::Failed(_))), "{failed:?}");
+        log.set_failing(false);
+        let ticket = begin(&leases, &lease(2));
+        assert_eq!(
+            committer.submit(lease(2), ticket).unwrap().await.unwrap(),
+            Ok(())
+        );
+        let book = leases.book().unwrap();
+        assert_eq!(book.lease_of(&lease(1).key), None);
+        assert!(book.slot(lease(1).ip).is_none(), "the failed claim is gone");
+        assert_eq!(book.lease_of(&lease(2).key), Some(lease(2)));
+        assert_eq!(log.durable().unwrap().by_client(&lease(1).key), None);
+    }
+
+    /// A client that releases its address while its REQUEST is being written gets no ACK.
+    #[tokio::test]
+    async fn a_lease_released_while_being_written_gets_no_ack() {
+        let leases = Arc::new(Leases::in_memory());
+        let committer = Committer::start(leases.clone(), 16).unwrap();
+        let ticket = begin(&leases, &lease(1));
+        assert_eq!(
+            committer.submit(lease(1), ticket).unwrap().await.unwrap(),
+            Ok(())
+        );
+        let ticket = begin(&leases, &lease(1));
+        assert!(leases.book().unwrap().release(&lease(1).key, lease(1).ip));
+        assert_eq!(
+            committer.submit(lease(1), ticket).unwrap().await.unwrap(),
+            Err(NoAck::Withdrawn)
+        );
+        assert!(leases.book().unwrap().slot(lease(1).ip).is_none());
+    }
+
+    /// A log whose disk hangs until the test lets it go, or panics (a real disk cannot be
+    /// made to hang or panic on demand).
+    #[derive(Debug)]
     struct Stalled {
-        inner: crate::leases::MemoryStore,
+        inner: MemoryLog,
         go: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
     }
 
-    impl LeaseStore for Stalled {
-        fn by_client(&self, key: &ClientKey) -> Result<Option<Lease>, crate::leases::LeaseError> {
-            self.inner.by_client(key)
+    impl LeaseLog for Stalled {
+        fn durable(&self) -> Result<crate::leases::Index, crate::leases::LeaseError> {
+            self.inner.durable()
         }
-        fn by_ip(
-            &self,
-            ip: Ipv4Addr,
-        ) -> Result<Option<crate::leases::Binding>, crate::leases::LeaseError> {
-            self.inner.by_ip(ip)
-        }
-        fn active(&self, now_unix: u64) -> Result<usize, crate::leases::LeaseError> {
-            self.inner.active(now_unix)
-        }
-        fn commit(&self, lease: Lease) -> Result<(), crate::leases::LeaseError> {
+        fn append(&self, records: &[Record]) -> Result<(), crate::leases::LeaseError> {
             // The test dropped its sender: the disk "fails" by panicking.
             self.go.lock().unwrap().recv().expect("released");
-            self.inner.commit(lease)
+            self.inner.append(records)
         }
-        fn release(&self, key: &ClientKey) -> Result<(), crate::leases::LeaseError> {
-            self.inner.release(key)
-        }
-        fn decline(&self, ip: Ipv4Addr, until_unix: u64) -> Result<(), crate::leases::LeaseError> {
-            self.inner.decline(ip, until_unix)
-        }
+    }
+
+    fn stalled() -> (std::sync::mpsc::Sender<()>, Arc<Leases>) {
+        let (go, wait) = std::sync::mpsc::channel();
+        let log = Arc::new(Stalled {
+            inner: MemoryLog::default(),
+            go: std::sync::Mutex::new(wait),
+        });
+        (go, Arc::new(Leases::open(log).unwrap()))
     }
 
     #[tokio::test]
     async fn a_full_queue_refuses_instead_of_growing() {
-        let (go, wait) = std::sync::mpsc::channel();
-        let store = Arc::new(Stalled {
-            inner: crate::leases::MemoryStore::default(),
-            go: std::sync::Mutex::new(wait),
-        });
-        let committer = Committer::start(store.clone(), 1).unwrap();
+        let (go, leases) = stalled();
+        let committer = Committer::start(leases.clone(), 1).unwrap();
         // The thread holds at most one batch at the hanging disk and the queue one more.
-        let submitted: Vec<_> = (1..=3).map(|n| (n, committer.submit(lease(n)))).collect();
+        let submitted: Vec<_> = (1..=3)
+            .map(|n| {
+                let ticket = begin(&leases, &lease(n));
+                (n, committer.submit(lease(n), ticket))
+            })
+            .collect();
         let refused = submitted.iter().filter(|(_, t)| t.is_err()).count();
         assert!(
             refused >= 1,
@@ -177,27 +266,30 @@ mod tests {
         for (n, ticket) in submitted {
             if let Ok(ticket) = ticket {
                 assert_eq!(ticket.await.unwrap(), Ok(()));
-                assert_eq!(store.by_client(&lease(n).key).unwrap(), Some(lease(n)));
+                assert_eq!(
+                    leases.book().unwrap().lease_of(&lease(n).key),
+                    Some(lease(n))
+                );
             }
         }
     }
 
     #[tokio::test]
     async fn a_panic_while_storing_fails_that_batch_and_the_thread_goes_on() {
-        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let (go, leases) = stalled();
         drop(go);
-        let store = Arc::new(Stalled {
-            inner: crate::leases::MemoryStore::default(),
-            go: std::sync::Mutex::new(wait),
-        });
-        let committer = Committer::start(store, 16).unwrap();
+        let committer = Committer::start(leases.clone(), 16).unwrap();
         for n in 1..=2 {
-            let answer = committer.submit(lease(n)).unwrap().await;
+            let ticket = begin(&leases, &lease(n));
+            let answer = committer.submit(lease(n), ticket).unwrap().await;
             assert_eq!(
                 answer,
-                Ok(Err(LeaseError::Panicked.to_string())),
+                Ok(Err(NoAck::Failed(
+                    crate::leases::LeaseError::Panicked.to_string()
+                ))),
                 "lease {n}: an error, from a thread still running"
             );
+            assert!(leases.book().unwrap().slot(lease(n).ip).is_none());
         }
     }
 }

@@ -1,21 +1,35 @@
-//! The decision: from one validated [`Request`] plus the machine backend, the lease store
-//! and the offers held, what to do: reply (and which lease to make durable first), release,
-//! decline, or drop with a [`DropReason`]. Pure apart from reading those stores; the fuzz
-//! target calls this same function.
+//! The decision: from one validated [`Request`] plus the machine backend and the address
+//! book, what to do: reply (and which lease to make durable first), release, decline, or
+//! drop with a [`DropReason`]. The book's transitions happen here, under its lock, so that
+//! one decision sees and leaves a consistent book; nothing else is written (the socket loop
+//! persists what was decided). The fuzz target and the property test call this function.
+//!
+//! Invariants it keeps (checked by `dhcp/invariants.rs` over random interleavings):
+//! - no address is offered to a client while another client holds it (a lease that has not
+//!   expired, an offer that has not lapsed or was not reclaimed, a REQUEST being made
+//!   durable, a decline), nor while it is another Machine's reservation;
+//! - a REQUEST is acknowledged only for the address the client holds (its reservation,
+//!   lease or claim) or, holding none, for a free address of the pool; the ACK waits for
+//!   the lease to be durable, and the address stays the client's meanwhile.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use dhcproto::v4::{DhcpOption, MessageType};
 
 use super::DropReason;
-use super::allocate::{Client, OFFER_HOLD, Offers, Pool};
+use super::allocate::{Client, Cursors, OFFER_HOLD, Offer, Pool};
 use super::reply::{self, Reply};
 use super::wire::Request;
 use crate::backend::{MachineBackend, MachineRecord};
 use crate::boot::{self, ClientKind};
 use crate::config::{DhcpMode, Settings, Subnet, UnknownMachines};
-use crate::leases::{ClientKey, Lease, LeaseError, LeaseStore};
+use crate::leases::book::Refused;
+use crate::leases::{ClientKey, Lease, LeaseError, Leases, Ticket};
+
+/// How long a declined address (in use by someone unknown) is kept out of the pool.
+pub const DECLINE_HOLD: Duration = Duration::from_secs(600);
 
 /// What to do with one request.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,13 +42,28 @@ pub enum Decision {
         reply: Reply,
         /// Where to.
         to: SocketAddrV4,
-        /// A lease to make durable before sending (ACK).
-        commit: Option<Lease>,
+        /// A lease to make durable before sending (ACK), and the ticket the book gave its
+        /// REQUEST: the book holds the address for the client until the commit thread
+        /// answers.
+        commit: Option<(Lease, Ticket)>,
+        /// The offered address was taken back from the oldest offer nobody requested.
+        reclaimed: bool,
     },
-    /// Release the client's lease (RELEASE).
-    Release(ClientKey),
-    /// Keep an address out of the pool (DECLINE).
-    Decline(Ipv4Addr),
+    /// The client gave its lease back (RELEASE): the book has it free; persist it.
+    Release {
+        /// The client.
+        key: ClientKey,
+        /// The address.
+        ip: Ipv4Addr,
+    },
+    /// An address is in use by someone unknown (DECLINE): the book keeps it out of the pool
+    /// until `until`; persist it.
+    Decline {
+        /// The address.
+        ip: Ipv4Addr,
+        /// Seconds since the Unix epoch.
+        until: u64,
+    },
 }
 
 /// The state of a REQUEST (RFC 2131 §4.3.2), from its fields.
@@ -82,8 +111,8 @@ impl Context<'_> {
 pub struct Responder {
     settings: Arc<Settings>,
     backend: Arc<dyn MachineBackend>,
-    leases: Arc<dyn LeaseStore>,
-    offers: Mutex<Offers>,
+    leases: Arc<Leases>,
+    cursors: Mutex<Cursors>,
 }
 
 impl std::fmt::Debug for Responder {
@@ -93,8 +122,15 @@ impl std::fmt::Debug for Responder {
 }
 
 fn store_failed(error: LeaseError) -> DropReason {
-    tracing::error!(%error, "the lease store cannot answer; request dropped");
+    tracing::error!(%error, "the address book cannot answer; request dropped");
     DropReason::LeaseStore
+}
+
+fn refused(refusal: Refused) -> DropReason {
+    match refusal {
+        Refused::Taken => DropReason::PoolExhausted,
+        Refused::CommitInFlight => DropReason::CommitInFlight,
+    }
 }
 
 impl Responder {
@@ -102,13 +138,13 @@ impl Responder {
     pub fn new(
         settings: Arc<Settings>,
         backend: Arc<dyn MachineBackend>,
-        leases: Arc<dyn LeaseStore>,
+        leases: Arc<Leases>,
     ) -> Self {
         Self {
             settings,
             backend,
             leases,
-            offers: Mutex::default(),
+            cursors: Mutex::default(),
         }
     }
 
@@ -218,6 +254,7 @@ impl Responder {
             reply: nak,
             to,
             commit: None,
+            reclaimed: false,
         }
     }
 
@@ -230,32 +267,43 @@ impl Responder {
             return Err(DropReason::UnknownBootClient);
         }
         let subnet = self.subnet_for(request)?;
-        // Offers are holds, not the truth (the lease store is): after a panic caught while
-        // the lock was held, the maps are still whole, so go on with them.
-        let mut offers = self
-            .offers
+        let mut book = self.leases.book().map_err(store_failed)?;
+        book.sweep(context.now);
+        // Scan cursors are hints: after a panic caught while the lock was held, go on.
+        let mut cursors = self
+            .cursors
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut pool = Pool {
             subnet,
-            leases: self.leases.as_ref(),
+            book: &mut book,
             backend: self.backend.as_ref(),
-            offers: &mut offers,
+            cursors: &mut cursors,
             now: context.now,
         };
         let client = context.client();
-        let hold_until = context.now + OFFER_HOLD.as_secs();
+        let key = &context.key;
+        let now = context.now;
         match request.message_type {
             MessageType::Discover => {
-                let ip = pool
-                    .choose(&client, request.requested_ip)
-                    .map_err(store_failed)?
+                let offer = pool
+                    .choose_offer(&client, request.requested_ip)
                     .ok_or(DropReason::PoolExhausted)?;
-                pool.offers.hold(&context.key, ip, hold_until, context.now);
+                pool.take_reservation(&client, offer.ip());
+                pool.book
+                    .offer(
+                        key,
+                        request.mac,
+                        offer.ip(),
+                        now,
+                        now + OFFER_HOLD.as_secs(),
+                    )
+                    .map_err(refused)?;
                 Ok(Decision::Reply {
-                    reply: self.grant(context, MessageType::Offer, subnet, ip),
+                    reply: self.grant(context, MessageType::Offer, subnet, offer.ip()),
                     to: reply::destination(request, self.settings.dhcp_port),
                     commit: None,
+                    reclaimed: matches!(offer, Offer::Reclaimed(_)),
                 })
             }
             MessageType::Request => {
@@ -266,7 +314,7 @@ impl Responder {
                     RequestState::Selecting => {
                         if request.server_id != Some(self.settings.server_address) {
                             // The client chose another server's offer.
-                            pool.offers.forget(&context.key);
+                            pool.book.withdraw_offer(key);
                             return Err(DropReason::OtherServer);
                         }
                         request
@@ -289,51 +337,60 @@ impl Responder {
                             ));
                         }
                         // Without a record of this client, another server may own it.
-                        if pool.record(&client).map_err(store_failed)?.is_none() {
+                        if pool.record(&client).is_none() {
                             return Err(DropReason::UnknownClient);
                         }
                         ip
                     }
                 };
-                let expected = pool.choose(&client, Some(asked)).map_err(store_failed)?;
-                if expected != Some(asked) || !subnet.contains(asked) {
-                    return Ok(self.nak(
-                        request,
-                        format!("{asked} is not available to {}", context.key),
-                    ));
+                if !pool.acceptable(&client, asked) {
+                    return Ok(self.nak(request, format!("{asked} is not available to {key}")));
                 }
-                // Keep holding the address while the lease is being made durable (the
-                // index learns it only then): no other client may be offered it meanwhile.
-                pool.offers
-                    .hold(&context.key, asked, hold_until, context.now);
+                // The address is the client's until the commit thread answers: no other
+                // client may be offered it while the lease is being made durable.
+                pool.take_reservation(&client, asked);
+                let ticket = match pool.book.begin_commit(key, request.mac, asked, now) {
+                    Ok(ticket) => ticket,
+                    Err(Refused::Taken) => {
+                        return Ok(self.nak(request, format!("{asked} is not available to {key}")));
+                    }
+                    Err(Refused::CommitInFlight) => return Err(DropReason::CommitInFlight),
+                };
                 Ok(Decision::Reply {
                     reply: self.grant(context, MessageType::Ack, subnet, asked),
                     to: reply::destination(request, self.settings.dhcp_port),
-                    commit: Some(Lease {
-                        key: context.key.clone(),
-                        mac: request.mac,
-                        ip: asked,
-                        expires_unix: context.now + u64::from(subnet.lease_seconds),
-                    }),
+                    commit: Some((
+                        Lease {
+                            key: key.clone(),
+                            mac: request.mac,
+                            ip: asked,
+                            expires_unix: now + u64::from(subnet.lease_seconds),
+                        },
+                        ticket,
+                    )),
+                    reclaimed: false,
                 })
             }
             MessageType::Release => {
-                let lease = self.leases.by_client(&context.key).map_err(store_failed)?;
-                if lease.is_none_or(|l| l.ip != request.ciaddr) {
+                let ip = request.ciaddr;
+                if !pool.book.release(key, ip) {
                     return Err(DropReason::NotHeld);
                 }
-                pool.offers.forget(&context.key);
-                Ok(Decision::Release(context.key.clone()))
+                Ok(Decision::Release {
+                    key: key.clone(),
+                    ip,
+                })
             }
             MessageType::Decline => {
                 // Only the address the client was given: nobody else may knock addresses
                 // out of the pool.
                 let ip = request.requested_ip.ok_or(DropReason::NotHeld)?;
-                if pool.record(&client).map_err(store_failed)? != Some(ip) || !subnet.in_pool(ip) {
+                if pool.record(&client) != Some(ip) || !subnet.in_pool(ip) {
                     return Err(DropReason::NotHeld);
                 }
-                pool.offers.forget(&context.key);
-                Ok(Decision::Decline(ip))
+                let until = now + DECLINE_HOLD.as_secs();
+                pool.book.decline(ip, until);
+                Ok(Decision::Decline { ip, until })
             }
             MessageType::Inform => {
                 let mut reply = self.reply(request, MessageType::Ack);
@@ -343,6 +400,7 @@ impl Responder {
                     reply,
                     to: reply::destination(request, self.settings.dhcp_port),
                     commit: None,
+                    reclaimed: false,
                 })
             }
             _ => Err(DropReason::MessageType),
@@ -377,6 +435,7 @@ impl Responder {
             reply,
             to,
             commit: None,
+            reclaimed: false,
         })
     }
 
@@ -402,6 +461,7 @@ impl Responder {
             reply,
             to: from,
             commit: None,
+            reclaimed: false,
         })
     }
 }

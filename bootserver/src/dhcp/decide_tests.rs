@@ -10,7 +10,7 @@ use super::decide::{Decision, Responder};
 use super::wire::{self, Request};
 use crate::backend::{MacAddr, StaticBackend};
 use crate::config::Settings;
-use crate::leases::{ClientKey, LeaseStore, MemoryStore};
+use crate::leases::{ClientKey, Leases, Record};
 
 const CONFIG: &str = r#"
 serverAddress: 10.99.0.1
@@ -33,13 +33,17 @@ const SERVER: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
 
 struct Server {
     responder: Responder,
-    leases: Arc<MemoryStore>,
+    leases: Arc<Leases>,
 }
 
 fn server() -> Server {
-    let settings = Settings::parse(CONFIG).unwrap();
+    server_with(CONFIG)
+}
+
+fn server_with(config: &str) -> Server {
+    let settings = Settings::parse(config).unwrap();
     let backend = Arc::new(StaticBackend::new(settings.machines.clone()));
-    let leases = Arc::new(MemoryStore::default());
+    let leases = Arc::new(Leases::in_memory());
     Server {
         responder: Responder::new(Arc::new(settings), backend, leases.clone()),
         leases,
@@ -100,23 +104,43 @@ impl Packet {
 }
 
 impl Server {
-    /// Decides, and applies what the socket loop would (commit, release, decline).
+    /// Decides, and persists what the socket loop would (commit, release, decline).
     fn ask(&self, p: &Packet) -> Decision {
+        self.ask_at(p, NOW)
+    }
+
+    fn ask_at(&self, p: &Packet, now: u64) -> Decision {
         let decision = self.responder.decide(
             &p.parse(),
             SocketAddrV4::new(Ipv4Addr::new(10, 99, 0, 50), 68),
             67,
-            NOW,
+            now,
         );
-        match &decision {
+        let write = match &decision {
             Decision::Reply {
-                commit: Some(lease),
+                commit: Some((lease, ticket)),
                 ..
-            } => self.leases.commit(lease.clone()).unwrap(),
-            Decision::Release(key) => self.leases.release(key).unwrap(),
-            Decision::Decline(ip) => self.leases.decline(*ip, NOW + 600).unwrap(),
-            _ => {}
+            } => Some((Record::Commit(lease.clone()), Some(*ticket))),
+            Decision::Release { key, ip } => Some((
+                Record::Release {
+                    key: key.clone(),
+                    ip: *ip,
+                },
+                None,
+            )),
+            Decision::Decline { ip, until } => Some((
+                Record::Decline {
+                    ip: *ip,
+                    until_unix: *until,
+                },
+                None,
+            )),
+            _ => None,
+        };
+        if let Some(write) = write {
+            assert_eq!(self.leases.persist(&[write]).unwrap(), [true]);
         }
+        self.leases.book().unwrap().check().unwrap();
         decision
     }
 
@@ -231,8 +255,9 @@ fn the_client_identifier_keys_the_lease_and_is_echoed() {
     assert_ne!(yiaddr(&s.ask(&packet(1, 0x31))), ip);
     assert_eq!(
         s.leases
-            .by_client(&ClientKey::Id(Box::from(&id[..])))
+            .book()
             .unwrap()
+            .lease_of(&ClientKey::Id(Box::from(&id[..])))
             .map(|l| l.mac),
         Some(MacAddr([0x52, 0x54, 0, 0, 0, 0x32]))
     );
@@ -360,11 +385,14 @@ fn only_the_holder_may_decline_or_release_an_address() {
     let release = packet(7, 0x62).ciaddr(ip.octets());
     assert_eq!(s.ask(&release), Decision::Drop(DropReason::NotHeld));
     let release = packet(7, 0x61).ciaddr(ip.octets());
-    assert!(matches!(s.ask(&release), Decision::Release(_)));
+    assert!(matches!(s.ask(&release), Decision::Release { .. }));
     let ip = s.lease(packet(1, 0x61));
     assert_eq!(
         s.ask(&packet(4, 0x61).requested(ip.octets())),
-        Decision::Decline(ip)
+        Decision::Decline {
+            ip,
+            until: NOW + super::decide::DECLINE_HOLD.as_secs()
+        }
     );
     // A declined address is not offered again.
     assert_ne!(yiaddr(&s.ask(&packet(1, 0x63))), ip);
@@ -386,4 +414,149 @@ fn a_server_id_of_another_server_is_not_ours_to_answer() {
         reply.message.opts().get(OptionCode::Message),
         Some(DhcpOption::Message(m)) if m.contains("not on this network")
     ));
+}
+
+/// A REQUEST for the address offered to `mac`, as a client in SELECTING sends it.
+fn select(mac: u8, ip: Ipv4Addr) -> Packet {
+    packet(3, mac).server_id().requested(ip.octets())
+}
+
+/// The defect seen with raw packets: client 1's offer lapses, client 2 is offered the
+/// address, client 1 comes back and is offered another one (which erased 2's hold), a third
+/// client was then offered 2's address too, and both REQUESTs were acknowledged.
+#[test]
+fn a_lapsed_offer_never_leads_to_two_acks_for_one_address() {
+    let s = server_with(
+        r#"
+serverAddress: 10.99.0.1
+dhcp:
+  subnets:
+    - subnet: 10.99.0.0/24
+      pool: [10.99.0.100, 10.99.0.102]
+"#,
+    );
+    let hold = super::allocate::OFFER_HOLD.as_secs();
+    let first = yiaddr(&s.ask_at(&packet(1, 1), NOW));
+    // 1's offer lapses; 2 is offered the same address.
+    let t = NOW + hold + 1;
+    let second = yiaddr(&s.ask_at(&packet(1, 2).requested(first.octets()), t));
+    assert_eq!(second, first);
+    // 1 comes back and is offered another address.
+    let again = yiaddr(&s.ask_at(&packet(1, 1), t + 1));
+    assert_ne!(again, first);
+    // A third client must not be offered 2's address.
+    let third = yiaddr(&s.ask_at(&packet(1, 3).requested(first.octets()), t + 2));
+    assert_ne!(third, first, "2's offer still holds {first}");
+    // Both REQUESTs for that address: only the holder's is acknowledged.
+    assert_eq!(
+        kind(&s.ask_at(&select(2, first), t + 3)),
+        Some(MessageType::Ack)
+    );
+    assert_eq!(
+        kind(&s.ask_at(&select(3, first), t + 3)),
+        Some(MessageType::Nak)
+    );
+    assert_eq!(
+        kind(&s.ask_at(&select(1, first), t + 3)),
+        Some(MessageType::Nak)
+    );
+}
+
+/// A Machine's reservation inside the pool is never given to another client, whatever it
+/// asks for, and the Machine gets it.
+#[test]
+fn a_reservation_inside_the_pool_is_only_the_machines() {
+    let s = server_with(
+        r#"
+serverAddress: 10.99.0.1
+dhcp:
+  subnets:
+    - subnet: 10.99.0.0/24
+      pool: [10.99.0.100, 10.99.0.101]
+machines:
+  - name: reserved
+    macs: ["52:54:00:00:00:01"]
+    ipv4: 10.99.0.100
+"#,
+    );
+    let reserved = Ipv4Addr::new(10, 99, 0, 100);
+    // Others are offered the rest of the pool, never the reservation, even when asking
+    // for it (a third client gets the second's offer, reclaimed: the pool ran out).
+    let other = Ipv4Addr::new(10, 99, 0, 101);
+    assert_eq!(yiaddr(&s.ask(&packet(1, 2))), other);
+    assert_eq!(
+        yiaddr(&s.ask(&packet(1, 3).requested(reserved.octets()))),
+        other
+    );
+    s.lease(packet(1, 3));
+    assert_eq!(
+        s.ask(&packet(1, 4).requested(reserved.octets())),
+        Decision::Drop(DropReason::PoolExhausted)
+    );
+    assert_eq!(kind(&s.ask(&select(3, reserved))), Some(MessageType::Nak));
+    // INIT-REBOOT with it, as if it had it before: no record, no answer.
+    assert_eq!(
+        s.ask(&packet(3, 5).requested(reserved.octets())),
+        Decision::Drop(DropReason::UnknownClient)
+    );
+    assert_eq!(s.lease(packet(1, 1)), reserved);
+}
+
+/// A flood of DISCOVERs from made-up MACs exhausts the pool with offers nobody requests: a
+/// new client still gets an address (the oldest offer is reclaimed, and counted), and a
+/// Machine with a reservation is always answered.
+#[test]
+fn a_discover_flood_does_not_starve_real_clients() {
+    let s = server_with(
+        r#"
+serverAddress: 10.99.0.1
+dhcp:
+  subnets:
+    - subnet: 10.99.0.0/24
+      pool: [10.99.0.100, 10.99.0.109]
+machines:
+  - name: reserved
+    macs: ["52:54:00:00:00:01"]
+    ipv4: 10.99.0.21
+"#,
+    );
+    let mut reclaimed = 0;
+    for n in 0..200u8 {
+        let mut flood = packet(1, 0);
+        flood.mac = [0x02, 0xff, 0, 0, n, 7];
+        if let Decision::Reply {
+            reclaimed: true, ..
+        } = s.ask(&flood)
+        {
+            reclaimed += 1;
+        }
+    }
+    assert_eq!(
+        reclaimed, 190,
+        "every offer past the pool's ten reclaimed one"
+    );
+    let ip = s.lease(packet(1, 0x33));
+    assert!((100..=109).contains(&ip.octets()[3]), "{ip}");
+    assert_eq!(s.lease(packet(1, 1)), Ipv4Addr::new(10, 99, 0, 21));
+    // A lease is not an offer: once every address is leased, nothing is reclaimed.
+    for n in 0..9u8 {
+        s.lease(packet(1, 0x80 + n));
+    }
+    assert_eq!(
+        s.ask(&packet(1, 0x90)),
+        Decision::Drop(DropReason::PoolExhausted)
+    );
+}
+
+/// The largest datagram a client may send (far past 1,500 bytes, as option 57 allows) is
+/// read whole and answered.
+#[test]
+fn a_long_request_is_answered() {
+    let s = server();
+    let mut big = packet(1, 0x21);
+    for _ in 0..30 {
+        big = big.option(250, &[7u8; 200]);
+    }
+    let offer = s.ask(&big);
+    assert_eq!(kind(&offer), Some(MessageType::Offer));
 }

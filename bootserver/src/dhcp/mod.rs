@@ -5,12 +5,13 @@
 //!
 //! 1. [`wire::parse`] validates the bytes and decodes them into one [`wire::Request`]
 //!    (malformed datagrams are dropped and counted by [`wire::Malformed`] reason);
-//! 2. [`decide::Responder::decide`] turns the request, the machine backend and the lease
-//!    state into a [`decide::Decision`] (addresses come from [`allocate`]; replies are built
-//!    and encoded by [`reply`]), in memory only;
+//! 2. [`decide::Responder::decide`] turns the request, the machine backend and the address
+//!    book ([`crate::leases::AddressBook`], the one owner of who holds what) into a
+//!    [`decide::Decision`], changing the book as it decides (addresses come from
+//!    [`allocate`]; replies are built and encoded by [`reply`]), in memory only;
 //! 3. [`mod@serve`] is the socket loop: it does the I/O and makes a lease durable before it
-//!    sends the ACK that promises it ([`commit`]: one thread per socket writes and syncs
-//!    every lease queued meanwhile at once).
+//!    sends the ACK that promises it ([`commit`]: one thread writes and syncs every record
+//!    queued meanwhile at once, then tells the book).
 //!
 //! The fuzz target (`bootserver/fuzz`, `dhcp`) runs 1 and 2 and the encoding exactly as the
 //! server does.
@@ -48,6 +49,8 @@
 pub mod allocate;
 pub mod commit;
 pub mod decide;
+#[doc(hidden)]
+pub mod invariants;
 pub mod reply;
 pub mod serve;
 pub mod wire;
@@ -67,9 +70,9 @@ pub enum DhcpError {
         #[source]
         source: std::io::Error,
     },
-    /// The lease store can no longer answer (a panic poisoned it): the service stops so
+    /// The address book can no longer answer (a panic poisoned it): the service stops so
     /// that the process restarts and reads the log again, rather than guess.
-    #[error("the lease store cannot answer any more: {0}")]
+    #[error("the address book cannot answer any more: {0}")]
     LeaseStore(#[source] crate::leases::LeaseError),
     /// The thread that makes leases durable could not be started.
     #[error("starting the DHCP lease commit thread: {0}")]
@@ -102,7 +105,7 @@ pub enum DropReason {
     UnknownClient,
     /// A DECLINE or RELEASE for an address the client does not hold.
     NotHeld,
-    /// The lease store could not answer.
+    /// The address book could not answer.
     LeaseStore,
     /// Deciding panicked (caught; the request is dropped, the service goes on).
     Panic,
@@ -112,6 +115,11 @@ pub enum DropReason {
     CommitFailed,
     /// Making the lease durable took too long: no ACK (the client retransmits).
     CommitTimeout,
+    /// The client's REQUEST for another address is still being made durable.
+    CommitInFlight,
+    /// The lease was made durable, but the client released or declined the address
+    /// meanwhile: no ACK.
+    Withdrawn,
     /// The reply could not be encoded.
     Encode,
 }
@@ -136,6 +144,8 @@ impl DropReason {
             Self::Overloaded => "overloaded",
             Self::CommitFailed => "commit_failed",
             Self::CommitTimeout => "commit_timeout",
+            Self::CommitInFlight => "commit_in_flight",
+            Self::Withdrawn => "withdrawn",
             Self::Encode => "encode",
         }
     }

@@ -1,8 +1,14 @@
 //! The socket loop: receive, validate ([`wire::parse`]), decide ([`Responder::decide`]),
 //! act. A panic while deciding is caught, logged and counted, and only that request is
 //! dropped. Replies that wait for a durable lease run as tasks, at most
-//! [`MAX_IN_FLIGHT`] at once; beyond that requests are shed (counted), and a lease commit
-//! that takes longer than [`COMMIT_TIMEOUT`] sends no ACK (the client retransmits).
+//! [`MAX_IN_FLIGHT`] at once; beyond that requests are shed (counted, and the address the
+//! book held for them is given back), and a lease commit that takes longer than
+//! [`COMMIT_TIMEOUT`] sends no ACK (the client retransmits; the book keeps the address for
+//! it until the commit thread answers).
+//!
+//! The receive buffer holds the largest UDP datagram there is ([`MAX_DATAGRAM`]): a client
+//! may announce (option 57) and send messages far beyond 1,500 bytes, over jumbo frames or
+//! fragmented, and a datagram is never cut short silently.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::panic::AssertUnwindSafe;
@@ -14,16 +20,16 @@ use futures::FutureExt;
 use tokio::net::UdpSocket;
 use tokio::sync::Semaphore;
 
-use super::commit::Committer;
+use super::commit::{Committer, NoAck};
 use super::decide::{Decision, Responder};
 use super::reply::Reply;
 use super::{DhcpError, DropReason, now_unix, wire};
 use crate::config::Settings;
-use crate::leases::{LeaseError, LeaseStore};
+use crate::leases::{LeaseError, Leases, Record};
 use crate::metrics::{Metrics, Service};
 
-/// How long a declined address (in use by someone unknown) is kept out of the pool.
-pub const DECLINE_HOLD: Duration = Duration::from_secs(600);
+/// The largest UDP payload over IPv4 (65,535 bytes less the IP and UDP headers).
+pub const MAX_DATAGRAM: usize = 65_507;
 /// Replies (with their lease commits) in flight at once, per socket.
 pub const MAX_IN_FLIGHT: usize = 1024;
 /// The receive buffer asked for on each DHCP socket.
@@ -112,19 +118,20 @@ pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
         .unwrap_or("(not a string)")
 }
 
-/// Answers DHCP on one socket. Returns only when the lease store can no longer answer.
+/// Answers DHCP on one socket. Returns only when the address book can no longer answer.
+/// Every socket of a server shares one `committer`, so that records reach the log in the
+/// order they were decided.
 pub async fn serve(
     socket: UdpSocket,
     port: u16,
     responder: Arc<Responder>,
-    leases: Arc<dyn LeaseStore>,
+    leases: Arc<Leases>,
+    committer: Committer,
     metrics: Arc<Metrics>,
 ) -> Result<(), DhcpError> {
     let socket = Arc::new(socket);
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
-    let committer =
-        Committer::start(leases.clone(), MAX_IN_FLIGHT).map_err(DhcpError::CommitThread)?;
-    let mut buf = vec![0u8; 1500];
+    let mut buf = vec![0u8; MAX_DATAGRAM];
     loop {
         let (len, from) = match socket.recv_from(&mut buf).await {
             Ok(x) => x,
@@ -155,29 +162,34 @@ pub async fn serve(
                 metrics.dhcp_dropped(reason);
                 tracing::debug!(%from, reason = reason.as_str(), "DHCP request not answered");
             }
-            Decision::Release(key) => {
-                let leases = leases.clone();
-                tokio::task::spawn_blocking(move || {
-                    if let Err(error) = leases.release(&key) {
-                        tracing::warn!(%error, %key, "releasing a lease failed");
-                    }
-                });
+            Decision::Release { key, ip } => {
+                if committer.record(Record::Release { key, ip }).is_err() {
+                    // The book has the address free already; on disk the lease stays until
+                    // it expires (after a restart it is held a little longer: safe).
+                    tracing::warn!(%ip, "the commit queue is full; a release was not written");
+                }
             }
-            Decision::Decline(ip) => {
-                let leases = leases.clone();
-                let until = now_unix() + DECLINE_HOLD.as_secs();
+            Decision::Decline { ip, until } => {
                 tracing::warn!(%ip, "client declined an address: it is in use by someone else");
-                tokio::task::spawn_blocking(move || {
-                    if let Err(error) = leases.decline(ip, until) {
-                        tracing::warn!(%error, %ip, "recording a declined address failed");
-                    }
-                });
+                if committer
+                    .record(Record::Decline {
+                        ip,
+                        until_unix: until,
+                    })
+                    .is_err()
+                {
+                    tracing::warn!(%ip, "the commit queue is full; a decline was not written");
+                }
             }
             Decision::Reply {
                 reply,
                 to,
                 commit: None,
+                reclaimed,
             } => {
+                if reclaimed {
+                    metrics.dhcp_offers_reclaimed.inc();
+                }
                 // Nothing to wait for (an OFFER, an INFORM's ACK, a NAK): answered in line,
                 // without a task of its own (the send waits only if the socket's send buffer
                 // is full).
@@ -196,15 +208,23 @@ pub async fn serve(
             Decision::Reply {
                 reply,
                 to,
-                commit: Some(lease),
+                commit: Some((lease, ticket)),
+                ..
             } => {
-                let Ok(permit) = in_flight.clone().try_acquire_owned() else {
-                    metrics.dhcp_dropped(DropReason::Overloaded);
-                    continue;
+                // The lease is queued now, in the order the requests came. Shed, the book's
+                // hold for it is given back at once.
+                let queued = match in_flight.clone().try_acquire_owned() {
+                    Ok(permit) => committer
+                        .submit(lease.clone(), ticket)
+                        .map(|durable| (permit, durable))
+                        .ok(),
+                    Err(_) => None,
                 };
-                // The lease is queued now, in the order the requests came.
-                let Ok(durable) = committer.submit(lease) else {
+                let Some((permit, durable)) = queued else {
                     metrics.dhcp_dropped(DropReason::Overloaded);
+                    if let Err(error) = leases.abandon(&lease, ticket) {
+                        tracing::error!(%error, "the address book cannot answer");
+                    }
                     continue;
                 };
                 let (socket, task_metrics) = (socket.clone(), metrics.clone());
@@ -213,7 +233,14 @@ pub async fn serve(
                     let stored = tokio::time::timeout(COMMIT_TIMEOUT, durable).await;
                     let failed = match stored {
                         Ok(Ok(Ok(()))) => None,
-                        Ok(Ok(Err(error))) => Some((DropReason::CommitFailed, error)),
+                        Ok(Ok(Err(NoAck::Withdrawn))) => {
+                            // Released or declined while being written: not the client's.
+                            task_metrics.dhcp_dropped(DropReason::Withdrawn);
+                            return;
+                        }
+                        Ok(Ok(Err(NoAck::Failed(error)))) => {
+                            Some((DropReason::CommitFailed, error))
+                        }
                         Ok(Err(_)) => Some((
                             DropReason::CommitFailed,
                             "the commit thread stopped".to_owned(),

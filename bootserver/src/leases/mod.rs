@@ -1,5 +1,5 @@
-//! The DHCP lease store: every lease indexed in memory (by client and by address), made
-//! durable in an append-only log with group commit ([`FileStore`]).
+//! Address state of the DHCP server: who holds which address ([`book::AddressBook`], the
+//! one owner, in memory) and the lease log that makes leases durable ([`FileStore`]).
 //!
 //! **Who a lease belongs to.** A lease is keyed by a [`ClientKey`]: the client identifier
 //! (option 61) when the client sends one (RFC 2131 §4.2), else its hardware address. An
@@ -8,26 +8,36 @@
 //! client, as RFC 2132 §9.14 suggests. Each lease also records the MAC (`chaddr`) of the
 //! request that made it, which is what reservations and the HTTP configuration route check.
 //!
-//! **Reads fail closed.** Reads return `Result`: a store that cannot answer (its lock
-//! poisoned by a panic elsewhere) makes the DHCP server drop the request and count it; it
-//! never guesses that an address is free.
+//! **One owner.** The DHCP decision reads and changes the [`book::AddressBook`] only; the
+//! log persists what the book decided. [`Leases`] holds both: [`Leases::persist`] writes
+//! records and only then tells the book that a lease is durable (or that it is not), so the
+//! book shows a lease only once it is on disk, and the ACK that promises it is sent after
+//! that. Releases and declines change the book first (the safe direction: an address freed
+//! too early on disk comes back as held after a restart, never the other way round).
 //!
-//! Durability: [`LeaseStore::commit`] returns only after the record is on disk
-//! (`fdatasync`), and the server sends the ACK only after that, so no acknowledged lease is
-//! lost by a crash (`kill -9`, power loss) and a restarted server never offers a leased
-//! address to someone else. The log format is in [`record`].
+//! **Reads fail closed.** A panic while the book's lock is held may have left it half
+//! changed: the lock is poisoned and every call answers [`LeaseError::Poisoned`]; the DHCP
+//! service stops so that the process restarts and reads the log again, rather than guess.
+//!
+//! **Durable means durable.** [`LeaseLog::append`] returns only after the records are on
+//! disk (`fdatasync`), and each call gets the result of its own records. A write that fails
+//! leaves the log as it was (truncated back to its last whole record). The log format and
+//! how a damaged log is replayed are in [`record`] and [`FileStore`].
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::backend::MacAddr;
 
+pub mod book;
 mod file;
 pub mod record;
 
+pub use book::{AddressBook, Ticket};
 pub use file::FileStore;
-use record::Record;
+pub use record::Record;
 
 /// Who a lease belongs to.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -107,7 +117,7 @@ impl Binding {
     }
 }
 
-/// Errors of the lease store.
+/// Errors of the lease log and the address book.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
     /// The log could not be read or written.
@@ -121,46 +131,190 @@ pub enum LeaseError {
         #[source]
         source: std::io::Error,
     },
-    /// A thread panicked while holding the store's lock: the index cannot be trusted until
-    /// the log is read again (a restart).
-    #[error("the lease store's lock is poisoned (a thread panicked while holding it)")]
+    /// A write failed and the log could not be cut back to its last whole record: nothing
+    /// is appended until it can be (every append tries again first).
+    #[error("lease log {path} holds a partial record that could not be cut off: {source}")]
+    Damaged {
+        /// The log.
+        path: std::path::PathBuf,
+        /// Why the cut failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A thread panicked while holding the book's or the log's lock: the state cannot be
+    /// trusted until the log is read again (a restart).
+    #[error("the lease state's lock is poisoned (a thread panicked while holding it)")]
     Poisoned,
     /// Storing panicked; nothing of that call may be taken as durable.
     #[error("storing leases panicked")]
     Panicked,
 }
 
-/// What the DHCP server needs from a lease store.
-pub trait LeaseStore: Send + Sync {
-    /// The lease of a client.
-    fn by_client(&self, key: &ClientKey) -> Result<Option<Lease>, LeaseError>;
-    /// What holds an address.
-    fn by_ip(&self, ip: Ipv4Addr) -> Result<Option<Binding>, LeaseError>;
-    /// How many leases have not expired at `now_unix`.
-    fn active(&self, now_unix: u64) -> Result<usize, LeaseError>;
-    /// Stores a lease durably (replacing the client's previous one, and taking the address
-    /// from whoever held it).
-    fn commit(&self, lease: Lease) -> Result<(), LeaseError>;
-    /// Stores several leases, in order, with as few durable writes as the store can (one,
-    /// for the file store); an error means none may be taken as durable.
-    fn commit_all(&self, leases: Vec<Lease>) -> Result<(), LeaseError> {
-        leases.into_iter().try_for_each(|lease| self.commit(lease))
-    }
-    /// Removes a client's lease durably.
-    fn release(&self, key: &ClientKey) -> Result<(), LeaseError>;
-    /// Holds an address out of the pool until `until_unix`, durably.
-    fn decline(&self, ip: Ipv4Addr, until_unix: u64) -> Result<(), LeaseError>;
+/// Where leases are made durable: an append-only log of [`Record`]s.
+pub trait LeaseLog: Send + Sync + std::fmt::Debug {
+    /// What the log holds now (every record applied in order).
+    fn durable(&self) -> Result<Index, LeaseError>;
+    /// Appends `records` in order and returns once they are durable. An error means none of
+    /// them is (the log is left as it was), and is this call's own: never another caller's.
+    fn append(&self, records: &[Record]) -> Result<(), LeaseError>;
 }
 
-/// The in-memory index.
+/// A log kept in memory, for ProxyDHCP (which keeps no leases), tests and fuzzing. It can be
+/// told to fail appends (a full disk, on demand; the real one is tested with a small tmpfs).
 #[derive(Debug, Default)]
-pub(crate) struct Index {
+pub struct MemoryLog {
+    index: Mutex<Index>,
+    failing: std::sync::atomic::AtomicBool,
+}
+
+impl MemoryLog {
+    /// Makes every append fail (`true`) or succeed again.
+    pub fn set_failing(&self, failing: bool) {
+        self.failing
+            .store(failing, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl LeaseLog for MemoryLog {
+    fn durable(&self) -> Result<Index, LeaseError> {
+        Ok(self.index.lock().map_err(|_| LeaseError::Poisoned)?.clone())
+    }
+    fn append(&self, records: &[Record]) -> Result<(), LeaseError> {
+        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(LeaseError::Io {
+                action: "appending to",
+                path: "(memory)".into(),
+                source: std::io::Error::from(std::io::ErrorKind::StorageFull),
+            });
+        }
+        let mut index = self.index.lock().map_err(|_| LeaseError::Poisoned)?;
+        for record in records {
+            index.apply(record);
+        }
+        Ok(())
+    }
+}
+
+/// The address book and the log that persists it, shared by the DHCP sockets, the commit
+/// thread and the HTTP routes.
+#[derive(Debug)]
+pub struct Leases {
+    book: Mutex<AddressBook>,
+    log: Arc<dyn LeaseLog>,
+    health: LogHealth,
+}
+
+/// How the log's writes went, for metrics and readiness.
+#[derive(Debug, Default)]
+struct LogHealth {
+    /// The last write failed.
+    failing: AtomicBool,
+    /// Writes that failed.
+    failed_writes: AtomicU64,
+}
+
+impl Leases {
+    /// The book of what `log` holds.
+    pub fn open(log: Arc<dyn LeaseLog>) -> Result<Self, LeaseError> {
+        let book = AddressBook::from_durable(&log.durable()?);
+        Ok(Self {
+            book: Mutex::new(book),
+            log,
+            health: LogHealth::default(),
+        })
+    }
+
+    /// Leases kept in memory only (ProxyDHCP, tests).
+    pub fn in_memory() -> Self {
+        Self {
+            book: Mutex::default(),
+            log: Arc::new(MemoryLog::default()),
+            health: LogHealth::default(),
+        }
+    }
+
+    /// The book, locked.
+    pub fn book(&self) -> Result<MutexGuard<'_, AddressBook>, LeaseError> {
+        self.book.lock().map_err(|_| LeaseError::Poisoned)
+    }
+
+    /// The log.
+    pub fn log(&self) -> &Arc<dyn LeaseLog> {
+        &self.log
+    }
+
+    /// Writes `records` durably, then tells the book whether each commit among them is
+    /// durable: the result is this call's own. On success, says for each record whether the
+    /// book took it: a commit is refused when the client released or declined the address
+    /// while it was being written (its ACK must not go out).
+    ///
+    /// Each commit carries the ticket its REQUEST got from [`AddressBook::begin_commit`].
+    pub fn persist(&self, writes: &[(Record, Option<Ticket>)]) -> Result<Vec<bool>, LeaseError> {
+        let records: Vec<Record> = writes.iter().map(|(r, _)| r.clone()).collect();
+        let written =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.log.append(&records)))
+                .unwrap_or(Err(LeaseError::Panicked));
+        self.health
+            .failing
+            .store(written.is_err(), Ordering::Relaxed);
+        if written.is_err() {
+            self.health.failed_writes.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut book = self.book()?;
+        let taken = writes
+            .iter()
+            .map(|(record, ticket)| match (record, ticket) {
+                (Record::Commit(lease), Some(ticket)) if written.is_ok() => {
+                    book.committed(lease, *ticket)
+                }
+                (Record::Commit(lease), Some(ticket)) => {
+                    book.commit_failed(lease, *ticket);
+                    false
+                }
+                // A commit without a ticket was accepted by no REQUEST: nothing to tell.
+                (Record::Commit(_), None) => false,
+                (Record::Release { .. } | Record::Decline { .. }, _) => true,
+            })
+            .collect();
+        written.map(|()| taken)
+    }
+
+    /// A REQUEST accepted in the book will not be written after all (the commit queue was
+    /// full): its claim ends.
+    pub fn abandon(&self, lease: &Lease, ticket: Ticket) -> Result<(), LeaseError> {
+        self.book()?.commit_failed(lease, ticket);
+        Ok(())
+    }
+
+    /// Whether the log's last write failed, and how many writes failed so far.
+    pub fn log_health(&self) -> (bool, u64) {
+        (
+            self.health.failing.load(Ordering::Relaxed),
+            self.health.failed_writes.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The durable lease on `ip`, expired or not.
+    pub fn lease_at(&self, ip: Ipv4Addr) -> Result<Option<Lease>, LeaseError> {
+        Ok(self.book()?.lease_at(ip))
+    }
+
+    /// How many durable leases have not expired at `now_unix`.
+    pub fn active(&self, now_unix: u64) -> Result<usize, LeaseError> {
+        Ok(self.book()?.active_leases(now_unix))
+    }
+}
+
+/// What a lease log holds: the state its records add up to, kept by the log to seed the
+/// book after a restart and to compact itself (never read by a DHCP decision).
+#[derive(Debug, Default, Clone)]
+pub struct Index {
     by_key: HashMap<ClientKey, Lease>,
     by_ip: HashMap<Ipv4Addr, Binding>,
 }
 
 impl Index {
-    pub(crate) fn apply(&mut self, record: &Record) {
+    pub fn apply(&mut self, record: &Record) {
         match record {
             Record::Commit(lease) => {
                 if let Some(old) = self.by_key.insert(lease.key.clone(), lease.clone())
@@ -177,8 +331,15 @@ impl Index {
                     self.by_key.remove(&prev.key);
                 }
             }
-            Record::Release(key) => {
-                if let Some(old) = self.by_key.remove(key)
+            Record::Release { key, ip } => {
+                // A release names the address it gives back (older logs do not: 0.0.0.0),
+                // so that one written after the client's next lease cannot end that lease.
+                let releases = self
+                    .by_key
+                    .get(key)
+                    .is_some_and(|old| ip.is_unspecified() || old.ip == *ip);
+                if releases
+                    && let Some(old) = self.by_key.remove(key)
                     && matches!(self.by_ip.get(&old.ip), Some(Binding::Leased(l)) if l.key == old.key)
                 {
                     self.by_ip.remove(&old.ip);
@@ -195,12 +356,12 @@ impl Index {
         }
     }
 
-    pub(crate) fn live(&self) -> usize {
+    pub fn live(&self) -> usize {
         self.by_ip.len()
     }
 
     /// Every record needed to rebuild this index (compaction).
-    pub(crate) fn records(&self) -> impl Iterator<Item = Record> + '_ {
+    pub fn records(&self) -> impl Iterator<Item = Record> + '_ {
         self.by_ip.iter().map(|(ip, binding)| match binding {
             Binding::Leased(lease) => Record::Commit(lease.clone()),
             Binding::Declined { until_unix } => Record::Decline {
@@ -210,53 +371,12 @@ impl Index {
         })
     }
 
-    pub(crate) fn by_client(&self, key: &ClientKey) -> Option<Lease> {
+    pub fn by_client(&self, key: &ClientKey) -> Option<Lease> {
         self.by_key.get(key).cloned()
     }
 
-    pub(crate) fn by_ip(&self, ip: Ipv4Addr) -> Option<Binding> {
+    pub fn by_ip(&self, ip: Ipv4Addr) -> Option<Binding> {
         self.by_ip.get(&ip).cloned()
-    }
-
-    pub(crate) fn active(&self, now_unix: u64) -> usize {
-        self.by_key
-            .values()
-            .filter(|l| l.expires_unix > now_unix)
-            .count()
-    }
-}
-
-/// A store without persistence, for tests, fuzzing and ProxyDHCP (which keeps no leases).
-#[derive(Debug, Default)]
-pub struct MemoryStore {
-    index: Mutex<Index>,
-}
-
-impl MemoryStore {
-    fn with<T>(&self, f: impl FnOnce(&mut Index) -> T) -> Result<T, LeaseError> {
-        let mut index = self.index.lock().map_err(|_| LeaseError::Poisoned)?;
-        Ok(f(&mut index))
-    }
-}
-
-impl LeaseStore for MemoryStore {
-    fn by_client(&self, key: &ClientKey) -> Result<Option<Lease>, LeaseError> {
-        self.with(|i| i.by_client(key))
-    }
-    fn by_ip(&self, ip: Ipv4Addr) -> Result<Option<Binding>, LeaseError> {
-        self.with(|i| i.by_ip(ip))
-    }
-    fn active(&self, now_unix: u64) -> Result<usize, LeaseError> {
-        self.with(|i| i.active(now_unix))
-    }
-    fn commit(&self, lease: Lease) -> Result<(), LeaseError> {
-        self.with(|i| i.apply(&Record::Commit(lease)))
-    }
-    fn release(&self, key: &ClientKey) -> Result<(), LeaseError> {
-        self.with(|i| i.apply(&Record::Release(key.clone())))
-    }
-    fn decline(&self, ip: Ipv4Addr, until_unix: u64) -> Result<(), LeaseError> {
-        self.with(|i| i.apply(&Record::Decline { ip, until_unix }))
     }
 }
 

@@ -8,9 +8,10 @@
 //! ```
 //!
 //! `len` counts the bytes after itself; the CRC-32 covers `len` through `expires`. `kind` is
-//! 1 commit, 2 release, 3 decline; `key_type` 0 is a hardware address (six bytes), 1 a
-//! client identifier (1–255 bytes), 2 no key (a decline). A torn record at the end (a crash
-//! mid-write) fails its length or CRC check and is cut off when the log is opened.
+//! 1 commit, 2 release (with the address given back; `0.0.0.0` before that was written), 3
+//! decline; `key_type` 0 is a hardware address (six bytes), 1 a
+//! client identifier (1–255 bytes), 2 no key (a decline). A damaged record fails its length
+//! or CRC check; how the log is replayed around one is in [`super::FileStore::open`].
 //!
 //! **Version 1** (no header; fixed 24-byte records `kind u8 | mac [6] | pad u8 | ip u32 |
 //! expires u64 | crc32 u32`, keyed by MAC, a decline with an all-zero MAC) is still read: a
@@ -32,8 +33,14 @@ pub const V1_RECORD_LEN: usize = 24;
 pub enum Record {
     /// A lease made or renewed.
     Commit(Lease),
-    /// A client gave its lease back.
-    Release(ClientKey),
+    /// A client gave its lease on `ip` back (`0.0.0.0` in logs written before releases
+    /// named the address: whatever lease the client had).
+    Release {
+        /// The client.
+        key: ClientKey,
+        /// The address given back.
+        ip: Ipv4Addr,
+    },
     /// An address declined (in use by someone unknown) until then.
     Decline {
         /// The address.
@@ -56,7 +63,7 @@ impl Record {
         let unspecified = MacAddr([0; 6]);
         let (kind, key, mac, ip, expires) = match self {
             Self::Commit(l) => (COMMIT, Some(&l.key), l.mac, l.ip, l.expires_unix),
-            Self::Release(key) => (RELEASE, Some(key), unspecified, Ipv4Addr::UNSPECIFIED, 0),
+            Self::Release { key, ip } => (RELEASE, Some(key), unspecified, *ip, 0),
             Self::Decline { ip, until_unix } => (DECLINE, None, unspecified, *ip, *until_unix),
         };
         let (key_type, key_bytes): (u8, &[u8]) = match key {
@@ -109,7 +116,7 @@ impl Record {
                 ip,
                 expires_unix: expires,
             }),
-            (RELEASE, Some(key)) => Self::Release(key),
+            (RELEASE, Some(key)) => Self::Release { key, ip },
             (DECLINE, None) => Self::Decline {
                 ip,
                 until_unix: expires,
@@ -135,7 +142,10 @@ impl Record {
                 ip,
                 expires_unix: expires,
             })),
-            RELEASE => Some(Self::Release(ClientKey::Hardware(mac))),
+            RELEASE => Some(Self::Release {
+                key: ClientKey::Hardware(mac),
+                ip: Ipv4Addr::UNSPECIFIED,
+            }),
             DECLINE => Some(Self::Decline {
                 ip,
                 until_unix: expires,
@@ -209,7 +219,10 @@ mod tests {
                 ip: Ipv4Addr::new(10, 0, 0, 10),
                 expires_unix: 1,
             }),
-            Record::Release(ClientKey::Id(Box::from(&b"x"[..]))),
+            Record::Release {
+                key: ClientKey::Id(Box::from(&b"x"[..])),
+                ip: Ipv4Addr::new(10, 0, 0, 12),
+            },
             Record::Decline {
                 ip: Ipv4Addr::new(10, 0, 0, 11),
                 until_unix: 7,

@@ -1,0 +1,922 @@
+//! [`AddressBook`]: the one owner of who holds which address.
+//!
+//! Every address the DHCP server has handed out, offered, or had declined has exactly one
+//! [`Slot`], and a slot names at most one client. What a client holds is a view of the
+//! slots (`clients`), changed only together with them by the transitions below, so the two
+//! directions cannot disagree: there is no way to offer an address while the book records
+//! it as someone else's, or to drop one client's hold while removing another's.
+//!
+//! A slot held by a client carries up to two things:
+//! - the client's **lease** on that address (only once it is durable on disk: the book
+//!   learns it from [`AddressBook::committed`], which the commit thread calls after the
+//!   write and sync succeeded);
+//! - a **claim**: an offer not yet requested ([`Claim::Offered`], held for
+//!   [`OFFER_HOLD`](crate::dhcp::allocate::OFFER_HOLD)), or REQUESTs being made durable
+//!   ([`Claim::Committing`], held until each is answered, whatever the clock says).
+//!
+//! A client has at most one lease and at most one claim; when both exist they may be on
+//! different addresses (a client moving to another subnet: its old lease stays until the new
+//! one is durable). An address is *taken* for other clients while its lease has not expired,
+//! while it is claimed, or while it is declined. Expired leases and lapsed offers stay in the
+//! book (a returning client gets its old address back) until another client needs the
+//! address; the next transition that touches the address evicts them.
+//!
+//! The transitions are pure (no I/O, the time is an argument) and [`AddressBook::check`]
+//! verifies every invariant; the property test in `dhcp/invariants.rs` drives random
+//! interleavings of clients, lapses, restarts and commit outcomes through the real
+//! decision code and checks them after each step.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::Ipv4Addr;
+
+use super::record::Record;
+use super::{ClientKey, Index, Lease};
+use crate::backend::MacAddr;
+
+/// What holds an address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Slot {
+    /// A client: its lease on this address, its claim, or both.
+    Held(Holding),
+    /// Declined by a client (someone unknown answers on it): out of the pool until then.
+    Declined {
+        /// Seconds since the Unix epoch.
+        until: u64,
+    },
+}
+
+/// A client's hold on one address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holding {
+    /// The client.
+    pub key: ClientKey,
+    /// The hardware address of the request that made the hold.
+    pub mac: MacAddr,
+    /// When the client's durable lease on this address ends (seconds since the Unix epoch),
+    /// if it has one here.
+    pub lease: Option<u64>,
+    /// An offer or REQUESTs in flight.
+    pub claim: Option<Claim>,
+    /// Which holding of the address this is (each new one gets a new number): a REQUEST
+    /// accepted for an earlier one (before a release or a decline) is not this one's.
+    pub incarnation: Ticket,
+}
+
+/// Names the holding a REQUEST was accepted for ([`AddressBook::begin_commit`]); its
+/// lease is taken by [`AddressBook::committed`] only while that holding lasts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ticket(u64);
+
+/// A hold that is not (yet) a durable lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// Offered; nobody else is offered the address until then.
+    Offered {
+        /// Seconds since the Unix epoch.
+        until: u64,
+    },
+    /// REQUESTs accepted and waiting for their lease to be durable: nobody else may have
+    /// the address until each is answered, however long the disk takes.
+    Committing {
+        /// How many.
+        requests: u32,
+        /// An offer sent meanwhile (a DISCOVER while a REQUEST was being written) holds
+        /// until then if the writes fail.
+        offered_until: Option<u64>,
+    },
+}
+
+impl Holding {
+    /// Whether this keeps the address from other clients at `now`.
+    fn takes(&self, now: u64) -> bool {
+        self.lease.is_some_and(|end| end > now)
+            || match self.claim {
+                Some(Claim::Offered { until }) => until > now,
+                Some(Claim::Committing { .. }) => true,
+                None => false,
+            }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.lease.is_none() && self.claim.is_none()
+    }
+}
+
+impl Slot {
+    /// Whether this keeps the address from `key` at `now`.
+    pub fn blocks(&self, key: &ClientKey, now: u64) -> bool {
+        match self {
+            Self::Held(h) => h.key != *key && h.takes(now),
+            Self::Declined { until } => *until > now,
+        }
+    }
+}
+
+/// Where a client's lease and claim are.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct ClientSlots {
+    leased: Option<Ipv4Addr>,
+    claimed: Option<Ipv4Addr>,
+}
+
+impl ClientSlots {
+    fn is_empty(&self) -> bool {
+        self.leased.is_none() && self.claimed.is_none()
+    }
+}
+
+/// Why a transition was refused. The book is unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// The address is someone else's (lease, claim or decline) at this time.
+    #[error("the address is held by someone else")]
+    Taken,
+    /// The client has REQUESTs for another address in flight: one at a time.
+    #[error("the client's REQUEST for another address is still being made durable")]
+    CommitInFlight,
+}
+
+/// The book: slots by address, and what each client holds as a view of them.
+#[derive(Debug, Default, Clone)]
+pub struct AddressBook {
+    slots: HashMap<Ipv4Addr, Slot>,
+    clients: HashMap<ClientKey, ClientSlots>,
+    /// Offers not yet requested, by when they lapse: the oldest is reclaimed first when a
+    /// pool runs out, and lapsed ones are swept from the front.
+    offers: BTreeSet<(u64, Ipv4Addr)>,
+    /// The incarnation of the next holding.
+    next_incarnation: u64,
+}
+
+impl AddressBook {
+    /// A book of what a lease log holds (after a restart: leases and declines, no claims).
+    pub fn from_durable(index: &Index) -> Self {
+        let mut book = Self::default();
+        for record in index.records() {
+            match record {
+                Record::Commit(lease) => {
+                    book.clients.entry(lease.key.clone()).or_default().leased = Some(lease.ip);
+                    let incarnation = book.new_incarnation();
+                    book.slots.insert(
+                        lease.ip,
+                        Slot::Held(Holding {
+                            key: lease.key,
+                            mac: lease.mac,
+                            lease: Some(lease.expires_unix),
+                            claim: None,
+                            incarnation,
+                        }),
+                    );
+                }
+                Record::Decline { ip, until_unix } => {
+                    book.slots.insert(ip, Slot::Declined { until: until_unix });
+                }
+                Record::Release { .. } => {}
+            }
+        }
+        book
+    }
+
+    fn new_incarnation(&mut self) -> Ticket {
+        self.next_incarnation += 1;
+        Ticket(self.next_incarnation)
+    }
+
+    /// What holds `ip`.
+    pub fn slot(&self, ip: Ipv4Addr) -> Option<&Slot> {
+        self.slots.get(&ip)
+    }
+
+    /// Whether `ip` is someone else's than `key`'s at `now`.
+    pub fn taken_from(&self, ip: Ipv4Addr, key: &ClientKey, now: u64) -> bool {
+        self.slots.get(&ip).is_some_and(|s| s.blocks(key, now))
+    }
+
+    /// The client's durable lease (expired or not).
+    pub fn lease_of(&self, key: &ClientKey) -> Option<Lease> {
+        let ip = self.clients.get(key)?.leased?;
+        match self.slots.get(&ip)? {
+            Slot::Held(h) => h.lease.map(|expires_unix| Lease {
+                key: h.key.clone(),
+                mac: h.mac,
+                ip,
+                expires_unix,
+            }),
+            Slot::Declined { .. } => None,
+        }
+    }
+
+    /// The address claimed for the client (offered and not lapsed, or being committed).
+    pub fn claim_of(&self, key: &ClientKey, now: u64) -> Option<Ipv4Addr> {
+        let ip = self.clients.get(key)?.claimed?;
+        match self.slots.get(&ip)? {
+            Slot::Held(Holding {
+                claim: Some(Claim::Offered { until }),
+                ..
+            }) if *until > now => Some(ip),
+            Slot::Held(Holding {
+                claim: Some(Claim::Committing { .. }),
+                ..
+            }) => Some(ip),
+            _ => None,
+        }
+    }
+
+    /// The durable lease on `ip`, expired or not.
+    pub fn lease_at(&self, ip: Ipv4Addr) -> Option<Lease> {
+        match self.slots.get(&ip)? {
+            Slot::Held(h) => h.lease.map(|expires_unix| Lease {
+                key: h.key.clone(),
+                mac: h.mac,
+                ip,
+                expires_unix,
+            }),
+            Slot::Declined { .. } => None,
+        }
+    }
+
+    /// How many durable leases have not expired at `now`.
+    pub fn active_leases(&self, now: u64) -> usize {
+        self.clients
+            .values()
+            .filter_map(|c| c.leased)
+            .filter(|ip| {
+                matches!(self.slots.get(ip), Some(Slot::Held(h)) if h.lease.is_some_and(|e| e > now))
+            })
+            .count()
+    }
+
+    /// How many addresses have a slot (held, remembered or declined).
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether the book is empty.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// Makes `ip` free for `key`: refuses if someone else holds it at `now`, otherwise
+    /// evicts whatever stale slot it has (another client's expired lease or lapsed offer, an
+    /// expired decline). Returns the key's own holding, if the slot is the key's.
+    fn make_room(&mut self, ip: Ipv4Addr, key: &ClientKey, now: u64) -> Result<(), Refused> {
+        match self.slots.get(&ip) {
+            None => Ok(()),
+            Some(slot) if slot.blocks(key, now) => Err(Refused::Taken),
+            Some(Slot::Held(h)) if h.key == *key => Ok(()),
+            Some(_) => {
+                self.evict(ip);
+                Ok(())
+            }
+        }
+    }
+
+    /// Removes the slot of `ip` and the view of its holder.
+    fn evict(&mut self, ip: Ipv4Addr) {
+        if let Some(Slot::Held(h)) = self.slots.remove(&ip) {
+            if let Some(Claim::Offered { until }) = h.claim {
+                self.offers.remove(&(until, ip));
+            }
+            self.unlink(&h.key, ip);
+        }
+    }
+
+    /// Forgets that `key` holds anything at `ip` (the slot itself is handled by the caller).
+    fn unlink(&mut self, key: &ClientKey, ip: Ipv4Addr) {
+        if let Some(c) = self.clients.get_mut(key) {
+            if c.leased == Some(ip) {
+                c.leased = None;
+            }
+            if c.claimed == Some(ip) {
+                c.claimed = None;
+            }
+            if c.is_empty() {
+                self.clients.remove(key);
+            }
+        }
+    }
+
+    /// Drops the key's claim on `ip` if it is an offer (a claim being committed stays); the
+    /// slot goes when nothing is left of it.
+    fn drop_offer(&mut self, key: &ClientKey, ip: Ipv4Addr) {
+        let Some(Slot::Held(h)) = self.slots.get_mut(&ip) else {
+            return;
+        };
+        if h.key != *key {
+            return;
+        }
+        let Some(Claim::Offered { until }) = h.claim else {
+            return;
+        };
+        h.claim = None;
+        self.offers.remove(&(until, ip));
+        let empty = h.is_empty();
+        if let Some(c) = self.clients.get_mut(key)
+            && c.claimed == Some(ip)
+        {
+            c.claimed = None;
+        }
+        if empty {
+            self.slots.remove(&ip);
+            self.unlink(key, ip);
+        }
+    }
+
+    /// Drops a lease from a slot (the address the client leased before its new one).
+    fn drop_lease(&mut self, key: &ClientKey, ip: Ipv4Addr) {
+        let Some(Slot::Held(h)) = self.slots.get_mut(&ip) else {
+            return;
+        };
+        if h.key != *key {
+            return;
+        }
+        h.lease = None;
+        let empty = h.is_empty();
+        if let Some(c) = self.clients.get_mut(key)
+            && c.leased == Some(ip)
+        {
+            c.leased = None;
+        }
+        if empty {
+            self.slots.remove(&ip);
+            self.unlink(key, ip);
+        }
+    }
+
+    /// Moves the key's claim to `ip` (its previous offer elsewhere is dropped; REQUESTs in
+    /// flight elsewhere refuse). Returns the key's holding at `ip`, created if needed.
+    fn claim_slot(
+        &mut self,
+        key: &ClientKey,
+        mac: MacAddr,
+        ip: Ipv4Addr,
+        now: u64,
+    ) -> Result<&mut Holding, Refused> {
+        let previous = self.clients.get(key).and_then(|c| c.claimed);
+        let committing_elsewhere = previous.filter(|other| *other != ip).is_some_and(|other| {
+            matches!(
+                self.slots.get(&other),
+                Some(Slot::Held(Holding {
+                    claim: Some(Claim::Committing { .. }),
+                    ..
+                }))
+            )
+        });
+        if committing_elsewhere {
+            return Err(Refused::CommitInFlight);
+        }
+        self.make_room(ip, key, now)?;
+        if let Some(other) = previous.filter(|other| *other != ip) {
+            self.drop_offer(key, other);
+        }
+        self.clients.entry(key.clone()).or_default().claimed = Some(ip);
+        if !self.slots.contains_key(&ip) {
+            let incarnation = self.new_incarnation();
+            self.slots.insert(
+                ip,
+                Slot::Held(Holding {
+                    key: key.clone(),
+                    mac,
+                    lease: None,
+                    claim: None,
+                    incarnation,
+                }),
+            );
+        }
+        let slot = self.slots.get_mut(&ip).ok_or(Refused::Taken)?;
+        match slot {
+            Slot::Held(h) => Ok(h),
+            // make_room evicted any slot that is not the key's.
+            Slot::Declined { .. } => Err(Refused::Taken),
+        }
+    }
+
+    /// Offers `ip` to the client until `until` (an OFFER). A claim being committed on the
+    /// same address stays as it is.
+    pub fn offer(
+        &mut self,
+        key: &ClientKey,
+        mac: MacAddr,
+        ip: Ipv4Addr,
+        now: u64,
+        until: u64,
+    ) -> Result<(), Refused> {
+        let holding = self.claim_slot(key, mac, ip, now)?;
+        let old = holding.claim;
+        if let Some(Claim::Committing { requests, .. }) = old {
+            holding.claim = Some(Claim::Committing {
+                requests,
+                offered_until: Some(until),
+            });
+            return Ok(());
+        }
+        holding.claim = Some(Claim::Offered { until });
+        if let Some(Claim::Offered { until: old }) = old {
+            self.offers.remove(&(old, ip));
+        }
+        self.offers.insert((until, ip));
+        Ok(())
+    }
+
+    /// Accepts a REQUEST for `ip` (its ACK will be sent once the lease is durable): the
+    /// address is the client's until [`AddressBook::committed`] or
+    /// [`AddressBook::commit_failed`] answers with the ticket returned here.
+    pub fn begin_commit(
+        &mut self,
+        key: &ClientKey,
+        mac: MacAddr,
+        ip: Ipv4Addr,
+        now: u64,
+    ) -> Result<Ticket, Refused> {
+        let holding = self.claim_slot(key, mac, ip, now)?;
+        let ticket = holding.incarnation;
+        let old = holding.claim;
+        holding.mac = mac;
+        holding.claim = Some(match old {
+            Some(Claim::Committing {
+                requests,
+                offered_until,
+            }) => Claim::Committing {
+                requests: requests.saturating_add(1),
+                offered_until,
+            },
+            Some(Claim::Offered { until }) => Claim::Committing {
+                requests: 1,
+                offered_until: Some(until),
+            },
+            None => Claim::Committing {
+                requests: 1,
+                offered_until: None,
+            },
+        });
+        if let Some(Claim::Offered { until }) = old {
+            self.offers.remove(&(until, ip));
+        }
+        Ok(ticket)
+    }
+
+    /// The client chose another server's offer: its offer here ends.
+    pub fn withdraw_offer(&mut self, key: &ClientKey) {
+        if let Some(claimed) = self.clients.get(key).and_then(|c| c.claimed) {
+            self.drop_offer(key, claimed);
+        }
+    }
+
+    /// One REQUEST's lease is durable: the client's lease is now `lease` (its lease on
+    /// another address, if any, ends). Returns false, changing nothing, when the book has no
+    /// such REQUEST in flight (the client released or declined the address meanwhile).
+    pub fn committed(&mut self, lease: &Lease, ticket: Ticket) -> bool {
+        let Some(Slot::Held(h)) = self.slots.get_mut(&lease.ip) else {
+            return false;
+        };
+        let Some(Claim::Committing {
+            requests,
+            offered_until,
+        }) = h
+            .claim
+            .filter(|_| h.key == lease.key && h.incarnation == ticket)
+        else {
+            return false;
+        };
+        // An offer sent meanwhile still holds if it outlives the lease.
+        h.claim = match (requests > 1, offered_until) {
+            (true, _) => Some(Claim::Committing {
+                requests: requests - 1,
+                offered_until,
+            }),
+            (false, Some(until)) if until > lease.expires_unix => Some(Claim::Offered { until }),
+            (false, _) => None,
+        };
+        if let Some(Claim::Offered { until }) = h.claim {
+            self.offers.insert((until, lease.ip));
+        }
+        h.lease = Some(lease.expires_unix);
+        h.mac = lease.mac;
+        let client = self.clients.entry(lease.key.clone()).or_default();
+        let previous = client.leased.replace(lease.ip);
+        if client.claimed == Some(lease.ip) && h.claim.is_none() {
+            client.claimed = None;
+        }
+        if let Some(old) = previous.filter(|old| *old != lease.ip) {
+            self.drop_lease(&lease.key, old);
+        }
+        true
+    }
+
+    /// One REQUEST's lease could not be made durable (no ACK was sent): its claim ends (or
+    /// goes back to the offer sent meanwhile).
+    pub fn commit_failed(&mut self, lease: &Lease, ticket: Ticket) {
+        let Some(Slot::Held(h)) = self.slots.get_mut(&lease.ip) else {
+            return;
+        };
+        let Some(Claim::Committing {
+            requests,
+            offered_until,
+        }) = h
+            .claim
+            .filter(|_| h.key == lease.key && h.incarnation == ticket)
+        else {
+            return;
+        };
+        if requests > 1 {
+            h.claim = Some(Claim::Committing {
+                requests: requests - 1,
+                offered_until,
+            });
+            return;
+        }
+        if let Some(until) = offered_until {
+            h.claim = Some(Claim::Offered { until });
+            self.offers.insert((until, lease.ip));
+            return;
+        }
+        h.claim = None;
+        let empty = h.is_empty();
+        if let Some(c) = self.clients.get_mut(&lease.key)
+            && c.claimed == Some(lease.ip)
+        {
+            c.claimed = None;
+        }
+        if empty {
+            self.slots.remove(&lease.ip);
+            self.unlink(&lease.key, lease.ip);
+        }
+    }
+
+    /// The client gives its lease on `ip` back (RELEASE): the address is free, its REQUESTs
+    /// for it still in flight will not be acknowledged ([`AddressBook::committed`] refuses
+    /// them), and its offer elsewhere goes too. Returns whether it held a lease there (if
+    /// not, nothing changes).
+    pub fn release(&mut self, key: &ClientKey, ip: Ipv4Addr) -> bool {
+        let held = self.clients.get(key).is_some_and(|c| c.leased == Some(ip));
+        if !held {
+            return false;
+        }
+        self.evict(ip);
+        if let Some(claimed) = self.clients.get(key).and_then(|c| c.claimed) {
+            self.drop_offer(key, claimed);
+        }
+        true
+    }
+
+    /// A Machine's reservation held under another of its own identities (its firmware and
+    /// its OS send different client identifiers): the address goes to the identity asking
+    /// now. `same_machine` says whether the holder's MAC is one of the Machine's.
+    pub fn hand_over(
+        &mut self,
+        ip: Ipv4Addr,
+        key: &ClientKey,
+        same_machine: impl Fn(MacAddr) -> bool,
+    ) {
+        if let Some(Slot::Held(h)) = self.slots.get(&ip)
+            && h.key != *key
+            && same_machine(h.mac)
+        {
+            self.evict(ip);
+        }
+    }
+
+    /// `ip` is in use by someone unknown (DECLINE): out of the pool until `until`, whoever
+    /// held it.
+    pub fn decline(&mut self, ip: Ipv4Addr, until: u64) {
+        self.evict(ip);
+        self.slots.insert(ip, Slot::Declined { until });
+    }
+
+    /// The oldest offer nobody requested whose address lies in `first..=last` and is
+    /// `eligible`: taken from its client (a pool exhausted by offers gives them back,
+    /// oldest first).
+    pub fn reclaim_oldest_offer(
+        &mut self,
+        first: Ipv4Addr,
+        last: Ipv4Addr,
+        eligible: impl Fn(Ipv4Addr) -> bool,
+    ) -> Option<Ipv4Addr> {
+        let range = u32::from(first)..=u32::from(last);
+        let leased =
+            |ip: &Ipv4Addr| matches!(self.slots.get(ip), Some(Slot::Held(h)) if h.lease.is_some());
+        let &(_, ip) = self
+            .offers
+            .iter()
+            .find(|(_, ip)| range.contains(&u32::from(*ip)) && !leased(ip) && eligible(*ip))?;
+        let key = match self.slots.get(&ip) {
+            Some(Slot::Held(h)) => h.key.clone(),
+            _ => return None,
+        };
+        self.drop_offer(&key, ip);
+        Some(ip)
+    }
+
+    /// Drops offers that lapsed by `now` (and the slots left empty): memory stays bounded by
+    /// the addresses in use, not by the clients ever seen.
+    pub fn sweep(&mut self, now: u64) {
+        while let Some(&(until, ip)) = self.offers.first() {
+            if until > now {
+                break;
+            }
+            let key = match self.slots.get(&ip) {
+                Some(Slot::Held(h)) => h.key.clone(),
+                _ => {
+                    self.offers.pop_first();
+                    continue;
+                }
+            };
+            self.drop_offer(&key, ip);
+            // drop_offer removed the entry; if it did not (a stale entry), remove it here.
+            self.offers.remove(&(until, ip));
+        }
+    }
+
+    /// Checks every invariant of the book; the error says which one broke.
+    pub fn check(&self) -> Result<(), String> {
+        for (ip, slot) in &self.slots {
+            let Slot::Held(h) = slot else { continue };
+            if h.is_empty() {
+                return Err(format!("{ip}: an empty slot"));
+            }
+            let Some(c) = self.clients.get(&h.key) else {
+                return Err(format!("{ip}: held by {} whom the view lacks", h.key));
+            };
+            if h.lease.is_some() != (c.leased == Some(*ip)) {
+                return Err(format!("{ip}: lease and view of {} disagree", h.key));
+            }
+            if h.claim.is_some() != (c.claimed == Some(*ip)) {
+                return Err(format!("{ip}: claim and view of {} disagree", h.key));
+            }
+            let listed = match h.claim {
+                Some(Claim::Offered { until }) => self.offers.contains(&(until, *ip)),
+                _ => !self.offers.iter().any(|(_, o)| o == ip),
+            };
+            if !listed {
+                return Err(format!("{ip}: offer list and slot disagree"));
+            }
+        }
+        for (key, c) in &self.clients {
+            if c.is_empty() {
+                return Err(format!("{key}: an empty view"));
+            }
+            for ip in [c.leased, c.claimed].into_iter().flatten() {
+                match self.slots.get(&ip) {
+                    Some(Slot::Held(h)) if h.key == *key => {}
+                    _ => return Err(format!("{key}: the view names {ip}, which is not theirs")),
+                }
+            }
+        }
+        for (until, ip) in &self.offers {
+            match self.slots.get(ip) {
+                Some(Slot::Held(Holding {
+                    claim: Some(Claim::Offered { until: u }),
+                    ..
+                })) if u == until => {}
+                _ => return Err(format!("{ip}: listed as offered until {until}, not so")),
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(n: u8) -> ClientKey {
+        ClientKey::Hardware(mac(n))
+    }
+    fn mac(n: u8) -> MacAddr {
+        MacAddr([2, 0, 0, 0, 0, n])
+    }
+    fn ip(n: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, 0, 0, n)
+    }
+    fn lease(n: u8, at: u8, expires: u64) -> Lease {
+        Lease {
+            key: key(n),
+            mac: mac(n),
+            ip: ip(at),
+            expires_unix: expires,
+        }
+    }
+
+    /// Runs a transition and checks the invariants after it.
+    fn checked<T>(book: &mut AddressBook, f: impl FnOnce(&mut AddressBook) -> T) -> T {
+        let out = f(book);
+        if let Err(broken) = book.check() {
+            panic!("{broken}: {book:#?}");
+        }
+        out
+    }
+
+    #[test]
+    fn an_offer_holds_the_address_until_it_lapses() {
+        let mut book = AddressBook::default();
+        checked(&mut book, |b| b.offer(&key(1), mac(1), ip(5), 100, 130)).unwrap();
+        assert!(book.taken_from(ip(5), &key(2), 129));
+        assert!(!book.taken_from(ip(5), &key(1), 129));
+        assert_eq!(
+            checked(&mut book, |b| b.offer(&key(2), mac(2), ip(5), 110, 140)),
+            Err(Refused::Taken)
+        );
+        assert_eq!(book.claim_of(&key(1), 129), Some(ip(5)));
+        // Lapsed: another client may have it, and the first one's view goes with it.
+        checked(&mut book, |b| b.offer(&key(2), mac(2), ip(5), 130, 160)).unwrap();
+        assert_eq!(book.claim_of(&key(1), 131), None);
+        assert_eq!(book.claim_of(&key(2), 131), Some(ip(5)));
+    }
+
+    /// The defect of the old maps: a client whose offer lapsed and who was offered another
+    /// address erased the hold of the client now offered its old one.
+    #[test]
+    fn a_lapsed_client_moving_on_does_not_erase_the_new_holder() {
+        let mut book = AddressBook::default();
+        checked(&mut book, |b| b.offer(&key(1), mac(1), ip(5), 0, 30)).unwrap();
+        checked(&mut book, |b| b.offer(&key(2), mac(2), ip(5), 31, 61)).unwrap();
+        // Client 1 comes back and is offered another address.
+        checked(&mut book, |b| b.offer(&key(1), mac(1), ip(6), 32, 62)).unwrap();
+        assert!(book.taken_from(ip(5), &key(3), 33), "2's offer still holds");
+        assert_eq!(
+            checked(&mut book, |b| b.begin_commit(&key(3), mac(3), ip(5), 33)),
+            Err(Refused::Taken)
+        );
+    }
+
+    #[test]
+    fn a_commit_holds_the_address_however_long_it_takes() {
+        let mut book = AddressBook::default();
+        checked(&mut book, |b| b.offer(&key(1), mac(1), ip(5), 0, 30)).unwrap();
+        let t = checked(&mut book, |b| b.begin_commit(&key(1), mac(1), ip(5), 1)).unwrap();
+        assert!(book.taken_from(ip(5), &key(2), 1_000_000));
+        assert_eq!(book.lease_of(&key(1)), None, "not durable yet");
+        assert!(checked(&mut book, |b| b.committed(&lease(1, 5, 3600), t)));
+        assert_eq!(book.lease_of(&key(1)), Some(lease(1, 5, 3600)));
+        assert!(book.taken_from(ip(5), &key(2), 3599));
+        assert!(!book.taken_from(ip(5), &key(2), 3600), "expired");
+        assert_eq!(book.active_leases(10), 1);
+    }
+
+    #[test]
+    fn a_failed_commit_gives_the_address_back() {
+        let mut book = AddressBook::default();
+        let t = checked(&mut book, |b| b.begin_commit(&key(1), mac(1), ip(5), 1)).unwrap();
+        checked(&mut book, |b| b.commit_failed(&lease(1, 5, 3600), t));
+        assert!(book.is_empty());
+        // With a durable lease already there, a failed renewal keeps the lease.
+        let t = checked(&mut book, |b| b.begin_commit(&key(1), mac(1), ip(5), 1)).unwrap();
+        checked(&mut book, |b| b.committed(&lease(1, 5, 3600), t));
+        let t = checked(&mut book, |b| b.begin_commit(&key(1), mac(1), ip(5), 2)).unwrap();
+        checked(&mut book, |b| b.commit_failed(&lease(1, 5, 7200), t));
+        assert_eq!(book.lease_of(&key(1)), Some(lease(1, 5, 3600)));
+    }
+
+    #[test]
+    fn a_new_lease_ends_the_old_one_only_once_durable() {
+        let mut book = AddressBook::default();
+        let t = checked(&mut book, |b| b.begin_commit(&key(1), mac(1), ip(5), 0)).unwrap();
+        checked(&mut book, |b| b.committed(&lease(1, 5, 100), t));
+        let t = checked(&mut book, |b| b.begin_commit(&key(1), mac(1), ip(6), 10)).unwrap();
+        assert_eq!(book.lease_of(&key(1)).map(|l| l.ip), Some(ip(5)));
+        assert!(book.taken_from(ip(5), &key(2), 10));
+        checked(&mut book, |b| b.committed(&lease(1, 6, 200), t));
+        assert_eq!(book.lease_of(&key(1)).map(|l| l.ip), Some(ip(6)));
+        assert_eq!(book.slot(ip(5)), None);
+    }
+
+    #[test]
+    fn one_request_at_a_time_per_client() {
+        let mut book = AddressBook::default();
+        let _ = checked(&mut book, |b| b.begin_commit(&key(1), mac(1), ip(5), 0)).unwrap();
+        assert_eq!(
+            checked(&mut book, |b| b.begin_commit(&key(1), mac(1), ip(6), 0)),
+            Err(Refused::CommitInFlight)
+        );
+        assert_eq!(
+            checked(&mut book, |b| b.offer(&key(1), mac(1), ip(6), 0, 30)),
+            Err(Refused::CommitInFlight)
+        );
+        // The same address again (a retransmitted REQUEST) is fine: two answers pending.
+        let t = checked(&mut book, |b| b.begin_commit(&key(1), mac(1), ip(5), 0)).unwrap();
+        checked(&mut book, |b| b.committed(&lease(1, 5, 100), t));
+        assert!(
+            book.taken_from(ip(5), &key(2), 1_000),
+            "one still in flight"
+        );
+        checked(&mut book, |b| b.committed(&lease(1, 5, 100), t));
+        assert!(!book.taken_from(ip(5), &key(2), 1_000));
+    }
+
+    #[test]
+    fn release_and_decline() {
+        let mut book = AddressBook::default();
+        let t = checked(&mut book, |b| b.begin_commit(&key(1), mac(1), ip(5), 0)).unwrap();
+        checked(&mut book, |b| b.committed(&lease(1, 5, 100), t));
+        assert!(
+            !checked(&mut book, |b| b.release(&key(2), ip(5))),
+            "not 2's"
+        );
+        assert!(
+            !checked(&mut book, |b| b.release(&key(1), ip(6))),
+            "not there"
+        );
+        assert!(checked(&mut book, |b| b.release(&key(1), ip(5))));
+        assert!(book.is_empty());
+        // A REQUEST in flight when the client released: its lease is refused.
+        let t = checked(&mut book, |b| b.begin_commit(&key(1), mac(1), ip(5), 0)).unwrap();
+        checked(&mut book, |b| b.committed(&lease(1, 5, 100), t));
+        let t = checked(&mut book, |b| b.begin_commit(&key(1), mac(1), ip(5), 0)).unwrap();
+        assert!(checked(&mut book, |b| b.release(&key(1), ip(5))));
+        assert!(!checked(&mut book, |b| b.committed(&lease(1, 5, 200), t)));
+        assert!(book.is_empty());
+        let t = checked(&mut book, |b| b.begin_commit(&key(1), mac(1), ip(5), 0)).unwrap();
+        checked(&mut book, |b| b.committed(&lease(1, 5, 100), t));
+        checked(&mut book, |b| b.decline(ip(5), 50));
+        assert_eq!(book.lease_of(&key(1)), None);
+        assert!(book.taken_from(ip(5), &key(1), 49));
+        checked(&mut book, |b| b.offer(&key(2), mac(2), ip(5), 50, 80)).unwrap();
+    }
+
+    #[test]
+    fn a_decline_during_a_commit_wins() {
+        let mut book = AddressBook::default();
+        let t = checked(&mut book, |b| b.begin_commit(&key(1), mac(1), ip(5), 0)).unwrap();
+        checked(&mut book, |b| b.decline(ip(5), 50));
+        assert!(!checked(&mut book, |b| b.committed(&lease(1, 5, 100), t)));
+        assert_eq!(book.lease_of(&key(1)), None);
+        checked(&mut book, |b| b.commit_failed(&lease(1, 5, 100), t));
+        assert!(book.taken_from(ip(5), &key(1), 49));
+    }
+
+    /// A REQUEST accepted before a decline is not taken for one accepted after it.
+    #[test]
+    fn a_request_from_before_a_decline_is_not_the_new_holdings() {
+        let mut book = AddressBook::default();
+        let before = checked(&mut book, |b| b.begin_commit(&key(1), mac(1), ip(5), 0)).unwrap();
+        checked(&mut book, |b| b.decline(ip(5), 50));
+        let after = checked(&mut book, |b| b.begin_commit(&key(1), mac(1), ip(5), 60)).unwrap();
+        assert_ne!(before, after);
+        assert!(!checked(&mut book, |b| b.committed(&lease(1, 5, 100), before)));
+        assert_eq!(book.lease_of(&key(1)), None);
+        assert!(checked(&mut book, |b| b.committed(&lease(1, 5, 100), after)));
+        assert_eq!(book.lease_of(&key(1)), Some(lease(1, 5, 100)));
+    }
+
+    #[test]
+    fn the_oldest_unrequested_offer_in_range_is_reclaimed() {
+        let mut book = AddressBook::default();
+        checked(&mut book, |b| b.offer(&key(1), mac(1), ip(5), 0, 30)).unwrap();
+        checked(&mut book, |b| b.offer(&key(2), mac(2), ip(6), 1, 31)).unwrap();
+        checked(&mut book, |b| b.offer(&key(3), mac(3), ip(7), 2, 32)).unwrap();
+        let _ = checked(&mut book, |b| b.begin_commit(&key(1), mac(1), ip(5), 3)).unwrap();
+        // 1 requested its offer: 2's is the oldest unrequested one.
+        assert_eq!(
+            checked(&mut book, |b| b
+                .reclaim_oldest_offer(ip(5), ip(9), |_| true)),
+            Some(ip(6))
+        );
+        assert_eq!(book.claim_of(&key(2), 4), None);
+        assert_eq!(
+            checked(&mut book, |b| b
+                .reclaim_oldest_offer(ip(8), ip(9), |_| true)),
+            None,
+            "nothing offered in that range"
+        );
+        assert_eq!(
+            checked(&mut book, |b| b
+                .reclaim_oldest_offer(ip(5), ip(9), |_| true)),
+            Some(ip(7))
+        );
+        assert_eq!(
+            checked(&mut book, |b| b
+                .reclaim_oldest_offer(ip(5), ip(9), |_| true)),
+            None
+        );
+    }
+
+    #[test]
+    fn sweeping_drops_lapsed_offers_only() {
+        let mut book = AddressBook::default();
+        checked(&mut book, |b| b.offer(&key(1), mac(1), ip(5), 0, 30)).unwrap();
+        checked(&mut book, |b| b.offer(&key(2), mac(2), ip(6), 10, 40)).unwrap();
+        let t = checked(&mut book, |b| b.begin_commit(&key(3), mac(3), ip(7), 0)).unwrap();
+        checked(&mut book, |b| b.committed(&lease(3, 7, 20), t));
+        checked(&mut book, |b| b.offer(&key(3), mac(3), ip(7), 25, 35)).unwrap();
+        checked(&mut book, |b| b.sweep(36));
+        assert_eq!(book.slot(ip(5)), None);
+        assert_eq!(book.claim_of(&key(2), 36), Some(ip(6)));
+        // 3's expired lease is remembered (it gets its address back), its offer swept.
+        assert_eq!(book.lease_of(&key(3)).map(|l| l.ip), Some(ip(7)));
+        assert_eq!(book.claim_of(&key(3), 36), None);
+    }
+
+    #[test]
+    fn a_restart_keeps_leases_and_declines() {
+        let mut index = Index::default();
+        index.apply(&Record::Commit(lease(1, 5, 100)));
+        index.apply(&Record::Decline {
+            ip: ip(6),
+            until_unix: 50,
+        });
+        let book = AddressBook::from_durable(&index);
+        book.check().unwrap();
+        assert_eq!(book.lease_of(&key(1)), Some(lease(1, 5, 100)));
+        assert!(book.taken_from(ip(6), &key(1), 49));
+    }
+}
