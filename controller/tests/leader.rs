@@ -25,7 +25,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use serde_json::{Value, json};
 use unbounded_testbed::cluster::{LocalControlPlane, PlaneOptions};
-use unbounded_testbed::proxy::StallingProxy;
+use unbounded_testbed::stall::StallableForward;
 
 /// The timing every replica runs with: a 10 s lease, renewed within 6 s, tried every second.
 const TIMING: [&str; 6] = [
@@ -102,13 +102,10 @@ impl Drop for Replica {
 }
 
 /// The admin kubeconfig with the API server's address replaced by `proxy`'s.
-fn kubeconfig_through(proxy: &StallingProxy, dir: &Path, name: &str) -> PathBuf {
+fn kubeconfig_through(proxy: &StallableForward, dir: &Path, name: &str) -> PathBuf {
     let cp = plane();
     let text = std::fs::read_to_string(cp.kubeconfig_path()).unwrap();
-    let text = text.replace(
-        cp.server_url(),
-        &format!("https://127.0.0.1:{}", proxy.addr().port()),
-    );
+    let text = text.replace(cp.server_url(), &format!("https://{}", proxy.address()));
     let path = dir.join(name);
     std::fs::write(&path, text).unwrap();
     path
@@ -259,7 +256,7 @@ async fn stalled_leader_stops_before_the_new_one_starts(prefix: &str, stall_ever
     let lease = format!("{prefix}-lease");
     let (a, b) = (format!("{prefix}-a"), format!("{prefix}-b"));
 
-    let proxy = StallingProxy::start(api_server_addr()).unwrap();
+    let proxy = StallableForward::start(&api_server_addr().to_string()).unwrap();
     let through_proxy = kubeconfig_through(&proxy, dir.path(), "proxied.kubeconfig");
     let direct = cp.kubeconfig_path();
     let replica_a = if stall_everything {
@@ -291,7 +288,6 @@ async fn stalled_leader_stops_before_the_new_one_starts(prefix: &str, stall_ever
     })
     .await;
     assert_eq!(holder(&client, &lease).await.as_deref(), Some(a.as_str()));
-    assert!(proxy.connections() > 0, "{a} talks through the proxy");
     let exit_a = watch_exit(replica_a.clone());
     assert!(
         exit_a.lock().unwrap().is_none(),
@@ -301,6 +297,13 @@ async fn stalled_leader_stops_before_the_new_one_starts(prefix: &str, stall_ever
 
     let stalled_at = Timestamp::now();
     proxy.stall();
+    // A sign that the leader's requests reach the proxy and go no further.
+    wait_long(
+        &format!("{a}'s bytes held at the proxy"),
+        Duration::from_secs(30),
+        || async { (proxy.holding() > 0).then_some(()) },
+    )
+    .await;
     wait_long(
         &format!("{b} to take the lease"),
         Duration::from_secs(60),

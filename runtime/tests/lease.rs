@@ -10,7 +10,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use unbounded_runtime::leader::{ElectionConfig, Elector, Timing, lead_repeatedly};
 use unbounded_testbed::cluster::{LocalControlPlane, client_from_kubeconfig};
-use unbounded_testbed::proxy::StallingProxy;
+use unbounded_testbed::stall::StallableForward;
 
 fn timing() -> Timing {
     Timing::new(
@@ -139,23 +139,14 @@ async fn a_stalled_leader_stops_before_the_follower_starts_and_campaigns_again()
     let log = CapturedLog::get();
     let cp = LocalControlPlane::shared().unwrap();
     let client = cp.client().await.unwrap();
-    let proxy = StallingProxy::start(
-        cp.server_url()
-            .trim_start_matches("https://")
-            .parse()
-            .unwrap(),
-    )
-    .unwrap();
+    let proxy = StallableForward::start(cp.server_url().trim_start_matches("https://")).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("proxied.kubeconfig");
     std::fs::write(
         &kubeconfig,
         std::fs::read_to_string(cp.kubeconfig_path())
             .unwrap()
-            .replace(
-                cp.server_url(),
-                &format!("https://127.0.0.1:{}", proxy.addr().port()),
-            ),
+            .replace(cp.server_url(), &format!("https://{}", proxy.address())),
     )
     .unwrap();
     let client_a = client_from_kubeconfig(&kubeconfig).await.unwrap();

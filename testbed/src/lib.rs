@@ -13,7 +13,6 @@ pub mod netns;
 pub mod oci;
 pub mod pool_scenario;
 pub mod progress;
-pub mod proxy;
 pub mod qemu;
 pub mod scenario;
 pub mod setup;
