@@ -165,7 +165,7 @@ async fn a_write_the_watch_shows_before_its_answer_does_not_hold_the_pool_still(
             .iter()
             .map(|m| m.name_any())
             .collect();
-        (names.len() == 1 && settled(&client, "book-pool", generation, 1).await).then(|| names)
+        (names.len() == 1 && settled(&client, "book-pool", generation, 1).await).then_some(names)
     })
     .await;
 
