@@ -586,10 +586,20 @@ async fn cleanup(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
         })
         .collect();
     if !waiting_for.is_empty() {
-        return Err(Error::Waiting(format!(
+        let why = format!(
             "waiting for the provider to release the infrastructure ({})",
             waiting_for.join(", ")
-        )));
+        );
+        // Why a Machine stays Deleting, where a person looks (one series, not one event
+        // per retry).
+        ctx.event(
+            machine,
+            EventType::Normal,
+            reasons::WAITING_FOR_PROVIDER,
+            why.clone(),
+        )
+        .await;
+        return Err(Error::Waiting(why));
     }
     Ok(Action::await_change())
 }
