@@ -47,7 +47,11 @@
 //!   points at another VM);
 //! - `BmcAddressInvalid` (PXE): the BMC address or CA bundle passes the CRD's checks but
 //!   cannot be used (a port out of range, a Redfish path that names no system, credentials
-//!   in the address, a CA bundle that is not PEM).
+//!   in the address, a CA bundle that is not PEM);
+//! - `AzureInvalidParameter` (Azure), when Azure Resource Manager answers `400` to the
+//!   request as specified (a VM size or image that does not exist): the same request is
+//!   refused every time. `SkuNotAvailable` is not terminal (capacity and regional
+//!   restrictions change), nor is any other Azure error.
 
 use std::collections::HashMap;
 use std::future::Future;
