@@ -130,6 +130,22 @@ pub fn resumable(operation: &MachineOperation, field_manager: &str) -> bool {
         && status.and_then(|s| s.handler.as_deref()) == Some(field_manager)
 }
 
+/// The operations a handler is working on: claimed (or resumed) and not yet finished,
+/// its outcome written or found not to be its own any more. For a shutdown that waits for
+/// work under way, and for tests that must know the handler is done with one.
+#[derive(Debug, Clone, Default)]
+pub struct WorkingOn(Arc<Mutex<BTreeSet<String>>>);
+
+impl WorkingOn {
+    /// Whether the handler is working on the operation `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(name)
+    }
+}
+
 /// Executes the MachineOperations routed to one handler.
 #[derive(Debug)]
 pub struct OperationHandler<E> {
@@ -138,7 +154,7 @@ pub struct OperationHandler<E> {
     field_manager: String,
     label_selector: String,
     executor: Arc<E>,
-    running: Arc<Mutex<BTreeSet<String>>>,
+    running: WorkingOn,
 }
 
 impl<E: Execute> OperationHandler<E> {
@@ -162,8 +178,13 @@ impl<E: Execute> OperationHandler<E> {
             field_manager: field_manager.into(),
             label_selector,
             executor: Arc::new(executor),
-            running: Arc::default(),
+            running: WorkingOn::default(),
         }
+    }
+
+    /// What the handler is working on (a view that stays current after [`Self::run`]).
+    pub fn working_on(&self) -> WorkingOn {
+        self.running.clone()
     }
 
     /// Watches, claims, executes and finishes operations until the watch fails for good.
@@ -208,7 +229,7 @@ impl<E: Execute> OperationHandler<E> {
         }
         let name = operation.name_any();
         {
-            let mut running = self.running.lock().ok()?;
+            let mut running = self.running.0.lock().ok()?;
             if !running.insert(name.clone()) {
                 return None;
             }
@@ -217,7 +238,7 @@ impl<E: Execute> OperationHandler<E> {
             if let Err(error) = self.work(operation, resume).await {
                 tracing::warn!(%error, operation = %name, "operation handling failed");
             }
-            if let Ok(mut running) = self.running.lock() {
+            if let Ok(mut running) = self.running.0.lock() {
                 running.remove(&name);
             }
         })

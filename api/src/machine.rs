@@ -58,6 +58,20 @@ use serde::{Deserialize, Serialize};
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "ProviderID",
+        type_ = "string",
+        json_path = ".spec.providerID",
+        description = "The infrastructure's provider ID (pxe://<mac>, azure:///subscriptions/…), shown with -o wide",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.failureReason",
+        description = "Why the machine failed terminally (phase Failed), shown with -o wide",
+        priority = 1
     )
 )]
 #[serde(rename_all = "camelCase")]
@@ -130,6 +144,7 @@ impl MachineProvider {
 /// How the bootserver reaches, powers and boots a bare-metal server.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.architecture) || self.architecture != 'arm64' || !has(self.firmware) || self.firmware != 'bios'").message("an arm64 server boots with UEFI: firmware bios exists only on x86_64"))]
 pub struct PxeSpec {
     /// MAC addresses of the NICs that may network-boot, as six colon-separated hex pairs
     /// (`aa:bb:cc:dd:ee:ff`). At least one.

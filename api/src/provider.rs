@@ -25,6 +25,33 @@
 //!
 //! Every call must be idempotent. An error has a reason and a message for a person; it
 //! never carries a credential, since both end up in the Machine's status and Events.
+//!
+//! ## Terminal failures
+//!
+//! Almost every failure is retried with the backoff and shows only as the
+//! `InfrastructureReady` condition's reason: a BMC that times out, refuses the password or
+//! is busy, a missing Secret, an API server hiccup, an Azure quota or throttling, a resource
+//! group not created yet. Those can all heal without anyone touching the Machine, and a
+//! Machine marked failed for them would be a false alarm that needs a person.
+//!
+//! A failure is terminal ([`ProviderError::terminal`]) only when the Machine's own spec, as
+//! it is, can never be provisioned, so that retrying is pointless: the loop then writes
+//! `status.failureReason` and `status.failureMessage` (the controller shows the phase
+//! `Failed`), sets `InfrastructureReady=False` with the same reason for the Machine's
+//! current generation, and stops calling the provider for it. A change of the spec (a new
+//! `metadata.generation`) clears the failure and the loop tries again; deletion works as
+//! for any Machine. The terminal reasons:
+//! - `ProviderIDMismatch` (every provider): `spec.providerID`, immutable once set, names
+//!   other infrastructure than the one the provider finds or creates for the Machine
+//!   (a PXE Machine whose ID names none of its MACs, an Azure Machine whose spec now
+//!   points at another VM);
+//! - `BmcAddressInvalid` (PXE): the BMC address or CA bundle passes the CRD's checks but
+//!   cannot be used (a port out of range, a Redfish path that names no system, credentials
+//!   in the address, a CA bundle that is not PEM);
+//! - `AzureInvalidParameter` (Azure), when Azure Resource Manager answers `400` to the
+//!   request as specified (a VM size or image that does not exist): the same request is
+//!   refused every time. `SkuNotAvailable` is not terminal (capacity and regional
+//!   restrictions change), nor is any other Azure error.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -71,6 +98,9 @@ pub struct ProviderError {
     /// The infrastructure that was provisioned no longer exists: `InfrastructureReady` turns
     /// False with this reason and message.
     pub gone: bool,
+    /// The Machine's spec can never be provisioned as it is (see the module's list):
+    /// recorded in `status.failureReason`, not retried until the spec changes.
+    pub terminal: bool,
 }
 
 impl ProviderError {
@@ -80,6 +110,15 @@ impl ProviderError {
             reason: reason.into(),
             message: message.into(),
             gone: false,
+            terminal: false,
+        }
+    }
+
+    /// A failure that retrying cannot cure: the Machine's spec must change.
+    pub fn terminal(reason: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            terminal: true,
+            ..Self::new(reason, message)
         }
     }
 
@@ -154,15 +193,34 @@ pub enum Step {
     Create,
     /// Provisioned: observe.
     Observe,
+    /// A terminal failure was recorded for the current spec: nothing until it changes.
+    Failed,
 }
 
-/// Create until `InfrastructureReady` is True once, then observe.
+/// Create until `InfrastructureReady` is True once, then observe; nothing while a terminal
+/// failure is recorded for the Machine's current generation (the failure reason, and the
+/// condition False with that reason for this generation).
 pub fn next_step(machine: &Machine) -> Step {
-    let ready = machine
-        .status
-        .as_ref()
-        .is_some_and(|s| condition::is_true(&s.conditions, conditions::INFRASTRUCTURE_READY));
-    if ready { Step::Observe } else { Step::Create }
+    let status = machine.status.as_ref();
+    let conditions = status.map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let failed = status
+        .and_then(|s| s.failure_reason.as_deref())
+        .zip(condition::find(
+            conditions,
+            conditions::INFRASTRUCTURE_READY,
+        ))
+        .is_some_and(|(reason, c)| {
+            c.status == "False"
+                && c.reason == reason
+                && c.observed_generation == machine.metadata.generation
+        });
+    if failed {
+        Step::Failed
+    } else if condition::is_true(conditions, conditions::INFRASTRUCTURE_READY) {
+        Step::Observe
+    } else {
+        Step::Create
+    }
 }
 
 /// What to do with `spec.providerID` after an observation (a pure decision).
@@ -305,6 +363,8 @@ async fn apply<P: Provider>(machine: &Machine, ctx: &Context<P>) -> Result<Actio
     let result = match step {
         Step::Create => ctx.provider.create(machine).await,
         Step::Observe => ctx.provider.observe(machine).await,
+        // Retrying cannot help; a change of the spec brings the Machine back here.
+        Step::Failed => return Ok(Action::await_change()),
     };
     let name = machine.name_any();
     let result = match result {
@@ -351,7 +411,7 @@ async fn record_provider_id<P: Provider>(
         observed.provider_id.as_deref(),
     ) {
         ProviderIdAction::Keep => Ok(()),
-        ProviderIdAction::Mismatch { recorded, observed } => Err(ProviderError::new(
+        ProviderIdAction::Mismatch { recorded, observed } => Err(ProviderError::terminal(
             "ProviderIDMismatch",
             format!(
                 "spec.providerID is {recorded} but the provider's infrastructure is {observed}; \
@@ -458,10 +518,12 @@ async fn event<P>(ctx: &Context<P>, machine: &Machine, type_: EventType, reason:
         .await;
 }
 
-/// Writes the provider's status fields: power and addresses when observed, and the
+/// Writes the provider's status fields: power and addresses when observed, the
 /// `InfrastructureReady` condition (True once created; False with the error's reason while
-/// creating fails or when the infrastructure is gone; unchanged when only an observation
-/// fails otherwise, with power `Unknown`).
+/// creating fails, when the infrastructure is gone or on a terminal failure; unchanged when
+/// only an observation fails otherwise, with power `Unknown`), and `failureReason` and
+/// `failureMessage` on a terminal failure (left out otherwise, which clears them: the
+/// provider's field manager owns them).
 async fn write_status<P: Provider>(
     ctx: &Context<P>,
     machine: &Machine,
@@ -482,7 +544,7 @@ async fn write_status<P: Provider>(
                 .unwrap_or_else(|| "the infrastructure is created and powered on".into()),
             generation,
         )),
-        (None, Some((error, step))) if step == Step::Create || error.gone => {
+        (None, Some((error, step))) if step == Step::Create || error.gone || error.terminal => {
             Some(condition::new_condition(
                 conditions::INFRASTRUCTURE_READY,
                 false,
@@ -504,6 +566,12 @@ async fn write_status<P: Provider>(
             c.last_transition_time = old.last_transition_time.clone();
         }
         status.insert("conditions".into(), json!([c]));
+    }
+    if let Some((error, _)) = failure
+        && error.terminal
+    {
+        status.insert("failureReason".into(), json!(error.reason));
+        status.insert("failureMessage".into(), json!(error.message));
     }
     match observed {
         Some(o) => {
@@ -597,6 +665,67 @@ mod tests {
                 expected,
                 "{recorded:?} {observed:?}"
             );
+        }
+    }
+
+    #[test]
+    fn a_terminal_failure_holds_until_the_spec_changes() {
+        let machine = |generation: i64, reason: Option<&str>, condition: (bool, &str, i64)| {
+            let mut m = Machine::new(
+                "m",
+                serde_json::from_value(json!({"provider": "pxe"})).unwrap(),
+            );
+            m.metadata.generation = Some(generation);
+            m.status = Some(crate::MachineStatus {
+                failure_reason: reason.map(str::to_owned),
+                conditions: vec![condition::new_condition(
+                    conditions::INFRASTRUCTURE_READY,
+                    condition.0,
+                    condition.1,
+                    "",
+                    Some(condition.2),
+                )],
+                ..Default::default()
+            });
+            m
+        };
+        let cases = [
+            (
+                "recorded for this generation",
+                machine(
+                    3,
+                    Some("BmcAddressInvalid"),
+                    (false, "BmcAddressInvalid", 3),
+                ),
+                Step::Failed,
+            ),
+            (
+                "the spec changed since: try again",
+                machine(
+                    4,
+                    Some("BmcAddressInvalid"),
+                    (false, "BmcAddressInvalid", 3),
+                ),
+                Step::Create,
+            ),
+            (
+                "a transient failure is retried",
+                machine(3, None, (false, "BmcUnreachable", 3)),
+                Step::Create,
+            ),
+            (
+                "a reason left over from another failure does not hold",
+                machine(3, Some("BmcAddressInvalid"), (false, "BmcUnreachable", 3)),
+                Step::Create,
+            ),
+            (
+                "failed while observing, after the spec changed: observe again",
+                machine(5, Some("ProviderIDMismatch"), (true, "Provisioned", 5)),
+                Step::Observe,
+            ),
+        ];
+        for (case, machine, expected) in cases {
+            assert_eq!(next_step(&machine), expected, "{case}");
         }
     }
 

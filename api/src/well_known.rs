@@ -252,6 +252,9 @@ pub mod reasons {
     pub const REPAVE: &str = "Repave";
     /// The Machine is being drained before deletion.
     pub const DRAINING: &str = "Draining";
+    /// A deleted Machine waits for its provider to release the infrastructure (remove its
+    /// finalizer).
+    pub const WAITING_FOR_PROVIDER: &str = "WaitingForProvider";
     /// The update strategy is not yet carried out.
     pub const NOT_SUPPORTED: &str = "NotSupported";
     /// The update strategy is carried out.

@@ -117,6 +117,22 @@ fn machine_cases() -> Vec<(&'static str, Value, Option<&'static str>)> {
             None,
         ),
         (
+            "arm64 with BIOS firmware cannot boot",
+            machine(
+                "v-arm-bios",
+                pxe_spec(json!({"macAddresses": mac, "architecture": "arm64", "firmware": "bios"})),
+            ),
+            Some("an arm64 server boots with UEFI"),
+        ),
+        (
+            "arm64 with UEFI (the default firmware)",
+            machine(
+                "v-arm-uefi",
+                pxe_spec(json!({"macAddresses": mac, "architecture": "arm64"})),
+            ),
+            None,
+        ),
+        (
             "pxe without pxe block",
             machine("v-nopxe", json!({"provider": "pxe"})),
             Some("spec.pxe is required when spec.provider is 'pxe'"),

@@ -178,6 +178,26 @@ impl ArmError {
         }
     }
 
+    /// Whether Azure refused the request as specified, so that the same request is refused
+    /// every time: `400` with an invalid-parameter code (a VM size or image that does not
+    /// exist, a property that cannot change). Not `SkuNotAvailable`: capacity and regional
+    /// restrictions change. A terminal failure of the Machine
+    /// ([`unbounded_api::provider::ProviderError::terminal`]).
+    pub fn is_terminal(&self) -> bool {
+        match self {
+            Self::Azure {
+                status: 400,
+                code,
+                message,
+                ..
+            } => {
+                code != "SkuNotAvailable"
+                    && classify(400, code, message) == ErrorClass::InvalidParameter
+            }
+            _ => false,
+        }
+    }
+
     /// Whether Azure said the resource does not exist.
     pub fn is_not_found(&self) -> bool {
         matches!(self, Self::Azure { status: 404, .. })
@@ -231,6 +251,56 @@ fn shorten(message: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_refused_request_as_specified_is_terminal() {
+        let azure = |status: u16, code: &str| ArmError::Azure {
+            action: "creating VM m".into(),
+            status,
+            code: code.into(),
+            message: String::new(),
+        };
+        let cases = [
+            (
+                "a VM size that does not exist",
+                azure(400, "InvalidParameter"),
+                true,
+            ),
+            (
+                "an image that does not exist",
+                azure(400, "InvalidTemplate"),
+                true,
+            ),
+            (
+                "capacity or a regional restriction",
+                azure(400, "SkuNotAvailable"),
+                false,
+            ),
+            ("quota", azure(400, "QuotaExceeded"), false),
+            (
+                "not found: may be created later",
+                azure(404, "ResourceGroupNotFound"),
+                false,
+            ),
+            (
+                "authorization: may be granted later",
+                azure(403, "AuthorizationFailed"),
+                false,
+            ),
+            ("a conflict", azure(409, "Conflict"), false),
+            (
+                "throttled",
+                ArmError::Throttled {
+                    action: "x".into(),
+                    retry_after_seconds: None,
+                },
+                false,
+            ),
+        ];
+        for (case, error, terminal) in cases {
+            assert_eq!(error.is_terminal(), terminal, "{case}");
+        }
+    }
 
     #[test]
     fn classification_table() {

@@ -114,7 +114,11 @@ fn mint_failure(error: MintError) -> ProviderError {
 
 /// An ARM failure as a provider error (its reason and message; never a token).
 pub fn arm_failure(error: ArmError) -> ProviderError {
-    ProviderError::new(error.reason(), error.to_string())
+    if error.is_terminal() {
+        ProviderError::terminal(error.reason(), error.to_string())
+    } else {
+        ProviderError::new(error.reason(), error.to_string())
+    }
 }
 
 /// The report for a VM that vanished.

@@ -433,6 +433,36 @@ async fn azure_machines_are_created_operated_reported_and_deleted() {
         .await;
     }
 
+    // Of those, only the request Azure refuses as specified is terminal: the Machine is
+    // Failed with its reason; the others stay conditions and are retried.
+    wait_until("az-badimage Failed", WAIT, logs, || async {
+        get(
+            cp,
+            "machine",
+            "az-badimage",
+            "{.status.failureReason}/{.status.phase}",
+        ) == "AzureInvalidParameter/Failed"
+    })
+    .await;
+    for machine in [
+        "az-slow",
+        "az-quota",
+        "az-denied",
+        "az-nogroup",
+        "az-badsecret",
+    ] {
+        let failed = get(
+            cp,
+            "machine",
+            machine,
+            "{.status.failureReason}{.status.phase}",
+        );
+        assert!(
+            !failed.contains("Failed") && !failed.starts_with("Azure"),
+            "{machine}: {failed}"
+        );
+    }
+
     // Power operations and redeploy on az-web.
     let cases = [
         ("az-off", "powerOff", "", "/powerOff", "Off"),

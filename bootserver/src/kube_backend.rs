@@ -1,54 +1,36 @@
 //! The Kubernetes backend: `provider: pxe` Machines and their resolved configuration
-//! versions, watched into reflector caches and indexed by MAC, so that a DHCP packet or an
-//! HTTP request never waits on the API server. If the API server goes away, the last known
-//! index keeps answering and the watches retry.
+//! versions, watched and indexed by MAC, reserved address and name, so that a DHCP packet
+//! or an HTTP request never waits on the API server. If the API server goes away, the last
+//! known index keeps answering and the watches retry.
+//!
+//! The index is updated incrementally ([`MachineIndex`]): a watch event changes only the
+//! entries of the one Machine (its MACs, its reservation, its name) or of the Machines that
+//! resolve to the one version it concerns, so a boot storm of N Machines costs O(N log N),
+//! not a rebuild of everything per event (O(N²)).
 //!
 //! Two Machines that claim one MAC (or reserve one address) cannot be refused by the API
 //! server (they are separate objects). The Machine created first keeps it (then the first by
-//! name): an order that does not depend on the cache's iteration order, so every replica and
-//! every restart boots the server the same way. The conflict is reported once per
-//! bootserver process as a Warning Event (`DuplicateMACAddress`,
-//! `DuplicateIPv4Reservation`) on both Machines.
+//! name): an order that does not depend on the order of events, so every replica and every
+//! restart boots the server the same way. Each MAC and address keeps all its claimants in
+//! that order, so when the holder goes, the next one takes over. The conflict is reported
+//! once per bootserver process as a Warning Event (`DuplicateMACAddress`,
+//! `DuplicateIPv4Reservation`) on both Machines. A full rebuild from all Machines
+//! (`build_index`, in the tests) is the definition the incremental index is tested against:
+//! a property test over random sequences of applies and deletes.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use futures::StreamExt;
+use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use unbounded_api::{Machine, MachineConfigurationVersion, MachineProvider};
 
 use crate::backend::{BootTarget, MacAddr, MachineBackend, MachineRecord};
-
-/// The index the lookups read.
-#[derive(Debug, Default)]
-struct Index {
-    by_mac: HashMap<MacAddr, Arc<MachineRecord>>,
-    by_name: HashMap<String, Arc<MachineRecord>>,
-    by_ip: HashMap<Ipv4Addr, Arc<MachineRecord>>,
-}
-
-/// What the bootserver knows from the cluster.
-#[derive(Default)]
-pub struct KubeBackend {
-    index: RwLock<Arc<Index>>,
-    ready: AtomicBool,
-    recorder: Option<Recorder>,
-    /// Conflicts already reported as Events.
-    reported: Mutex<HashSet<Conflict>>,
-}
-
-impl std::fmt::Debug for KubeBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KubeBackend")
-            .field("ready", &self.ready)
-            .finish_non_exhaustive()
-    }
-}
 
 /// The bootserver's view of one Machine, from plain data: `None` for a Machine that is not
 /// network-booted by us. `version` is the resolved version's object, when it exists.
@@ -115,9 +97,284 @@ impl Conflict {
     }
 }
 
+/// Where a Machine stands among the claimants of a MAC or an address: oldest
+/// `creationTimestamp` first (a Machine without one, never from the API server, last), then
+/// name. The same order as the full rebuild's `claim_order`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct ClaimKey {
+    undated: bool,
+    created: Option<Timestamp>,
+    name: String,
+}
+
+impl ClaimKey {
+    fn of(machine: &Machine) -> Self {
+        let created = machine.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        Self {
+            undated: created.is_none(),
+            created,
+            name: machine.name_any(),
+        }
+    }
+}
+
+/// A Machine as last seen, and what it contributes to the index.
+#[derive(Debug)]
+struct Known {
+    machine: Arc<Machine>,
+    claim: ClaimKey,
+    /// The version object it resolves to.
+    version: Option<String>,
+    record: Option<Arc<MachineRecord>>,
+}
+
+/// Machines by MAC, reserved address and name, kept by applying and deleting one Machine
+/// (or one version) at a time. Each change returns the conflicts on the MACs and addresses
+/// it touched; every other conflict is as it was before the change.
+#[derive(Debug, Default)]
+pub struct MachineIndex {
+    machines: HashMap<String, Known>,
+    versions: HashMap<String, Arc<MachineConfigurationVersion>>,
+    /// Machine names by the version object they resolve to.
+    by_version: HashMap<String, HashSet<String>>,
+    /// Every claimant of a MAC, in claim order: the first holds it.
+    macs: HashMap<MacAddr, BTreeMap<ClaimKey, Arc<MachineRecord>>>,
+    /// Every claimant of a reserved address, in claim order.
+    ips: HashMap<Ipv4Addr, BTreeMap<ClaimKey, Arc<MachineRecord>>>,
+    by_name: HashMap<String, Arc<MachineRecord>>,
+}
+
+/// The MACs and addresses a change touched.
+#[derive(Debug, Default)]
+struct Touched {
+    macs: Vec<MacAddr>,
+    ips: Vec<Ipv4Addr>,
+}
+
+impl MachineIndex {
+    /// The Machine holding this MAC.
+    pub fn by_mac(&self, mac: &MacAddr) -> Option<Arc<MachineRecord>> {
+        self.macs
+            .get(mac)
+            .and_then(|claims| claims.values().next())
+            .cloned()
+    }
+
+    /// The Machine holding this reservation.
+    pub fn by_ip(&self, ip: Ipv4Addr) -> Option<Arc<MachineRecord>> {
+        self.ips
+            .get(&ip)
+            .and_then(|claims| claims.values().next())
+            .cloned()
+    }
+
+    /// The Machine with this name, if the bootserver boots it.
+    pub fn by_name(&self, name: &str) -> Option<Arc<MachineRecord>> {
+        self.by_name.get(name).cloned()
+    }
+
+    /// The Machine object as last seen.
+    pub fn machine(&self, name: &str) -> Option<&Arc<Machine>> {
+        self.machines.get(name).map(|k| &k.machine)
+    }
+
+    /// A Machine created or changed.
+    pub fn apply_machine(&mut self, machine: Arc<Machine>) -> Vec<Conflict> {
+        let mut touched = Touched::default();
+        let name = machine.name_any();
+        self.unindex(&name, &mut touched);
+        self.index(name, machine, &mut touched);
+        self.conflicts(&touched)
+    }
+
+    /// A Machine deleted.
+    pub fn delete_machine(&mut self, name: &str) -> Vec<Conflict> {
+        let mut touched = Touched::default();
+        self.unindex(name, &mut touched);
+        self.conflicts(&touched)
+    }
+
+    /// A version created or changed: the Machines that resolve to it boot it.
+    pub fn apply_version(&mut self, version: Arc<MachineConfigurationVersion>) -> Vec<Conflict> {
+        let name = version.name_any();
+        self.versions.insert(name.clone(), version);
+        self.reindex_version(&name)
+    }
+
+    /// A version deleted.
+    pub fn delete_version(&mut self, name: &str) -> Vec<Conflict> {
+        self.versions.remove(name);
+        self.reindex_version(name)
+    }
+
+    /// After a (re)list of Machines: those not listed are gone.
+    pub fn retain_machines(&mut self, listed: &HashSet<String>) -> Vec<Conflict> {
+        let gone: Vec<String> = self
+            .machines
+            .keys()
+            .filter(|name| !listed.contains(*name))
+            .cloned()
+            .collect();
+        gone.iter()
+            .flat_map(|name| self.delete_machine(name))
+            .collect()
+    }
+
+    /// After a (re)list of versions: those not listed are gone.
+    pub fn retain_versions(&mut self, listed: &HashSet<String>) -> Vec<Conflict> {
+        let gone: Vec<String> = self
+            .versions
+            .keys()
+            .filter(|name| !listed.contains(*name))
+            .cloned()
+            .collect();
+        gone.iter()
+            .flat_map(|name| self.delete_version(name))
+            .collect()
+    }
+
+    fn reindex_version(&mut self, version: &str) -> Vec<Conflict> {
+        let names: Vec<String> = self
+            .by_version
+            .get(version)
+            .map(|names| names.iter().cloned().collect())
+            .unwrap_or_default();
+        let mut touched = Touched::default();
+        for name in names {
+            if let Some(machine) = self.machines.get(&name).map(|k| k.machine.clone()) {
+                self.unindex(&name, &mut touched);
+                self.index(name, machine, &mut touched);
+            }
+        }
+        self.conflicts(&touched)
+    }
+
+    fn unindex(&mut self, name: &str, touched: &mut Touched) {
+        let Some(old) = self.machines.remove(name) else {
+            return;
+        };
+        if let Some(version) = &old.version
+            && let Some(names) = self.by_version.get_mut(version)
+        {
+            names.remove(name);
+            if names.is_empty() {
+                self.by_version.remove(version);
+            }
+        }
+        let Some(record) = old.record else { return };
+        self.by_name.remove(name);
+        for mac in &record.macs {
+            if let Some(claims) = self.macs.get_mut(mac) {
+                claims.remove(&old.claim);
+                if claims.is_empty() {
+                    self.macs.remove(mac);
+                }
+            }
+            touched.macs.push(*mac);
+        }
+        if let Some(ip) = record.ipv4 {
+            if let Some(claims) = self.ips.get_mut(&ip) {
+                claims.remove(&old.claim);
+                if claims.is_empty() {
+                    self.ips.remove(&ip);
+                }
+            }
+            touched.ips.push(ip);
+        }
+    }
+
+    fn index(&mut self, name: String, machine: Arc<Machine>, touched: &mut Touched) {
+        let version = machine
+            .status
+            .as_ref()
+            .and_then(|s| s.configuration.as_ref())
+            .map(|c| c.version_name());
+        let record = record_of(
+            &machine,
+            version
+                .as_ref()
+                .and_then(|v| self.versions.get(v))
+                .map(AsRef::as_ref),
+        )
+        .map(Arc::new);
+        let claim = ClaimKey::of(&machine);
+        if let Some(version) = &version {
+            self.by_version
+                .entry(version.clone())
+                .or_default()
+                .insert(name.clone());
+        }
+        if let Some(record) = &record {
+            self.by_name.insert(name.clone(), record.clone());
+            for mac in &record.macs {
+                self.macs
+                    .entry(*mac)
+                    .or_default()
+                    .insert(claim.clone(), record.clone());
+                touched.macs.push(*mac);
+            }
+            if let Some(ip) = record.ipv4 {
+                self.ips
+                    .entry(ip)
+                    .or_default()
+                    .insert(claim.clone(), record.clone());
+                touched.ips.push(ip);
+            }
+        }
+        self.machines.insert(
+            name,
+            Known {
+                machine,
+                claim,
+                version,
+                record,
+            },
+        );
+    }
+
+    /// The conflicts on the touched MACs and addresses: every claimant after the first.
+    fn conflicts(&self, touched: &Touched) -> Vec<Conflict> {
+        fn losers(
+            what: String,
+            claims: Option<&BTreeMap<ClaimKey, Arc<MachineRecord>>>,
+        ) -> Vec<Conflict> {
+            let mut claimants = claims.into_iter().flat_map(|c| c.values());
+            let Some(winner) = claimants.next() else {
+                return Vec::new();
+            };
+            claimants
+                .map(|loser| Conflict {
+                    what: what.clone(),
+                    winner: winner.name.clone(),
+                    loser: loser.name.clone(),
+                })
+                .collect()
+        }
+        let macs: std::collections::BTreeSet<&MacAddr> = touched.macs.iter().collect();
+        let ips: std::collections::BTreeSet<&Ipv4Addr> = touched.ips.iter().collect();
+        macs.into_iter()
+            .flat_map(|mac| losers(format!("MAC {mac}"), self.macs.get(mac)))
+            .chain(
+                ips.into_iter()
+                    .flat_map(|ip| losers(format!("address {ip}"), self.ips.get(ip))),
+            )
+            .collect()
+    }
+
+    /// Every conflict there is now (what `build_index` finds).
+    #[cfg(test)]
+    fn all_conflicts(&self) -> Vec<Conflict> {
+        self.conflicts(&Touched {
+            macs: self.macs.keys().copied().collect(),
+            ips: self.ips.keys().copied().collect(),
+        })
+    }
+}
+
 /// The order in which Machines claim MACs and addresses: oldest `creationTimestamp` first,
 /// then name. Stable across restarts and replicas (the reflector's own order is a hash
 /// map's).
+#[cfg(test)]
 fn claim_order(a: &Machine, b: &Machine) -> std::cmp::Ordering {
     let created = |m: &Machine| m.metadata.creation_timestamp.as_ref().map(|t| t.0);
     // A Machine without a timestamp (never from the API server) sorts last.
@@ -130,8 +387,19 @@ fn claim_order(a: &Machine, b: &Machine) -> std::cmp::Ordering {
     .then_with(|| a.name_any().cmp(&b.name_any()))
 }
 
-/// The index from plain data: Machines in [`claim_order`], the first claim of each MAC and
+/// The lookups of the full rebuild ([`build_index`]).
+#[cfg(test)]
+#[derive(Debug, Default)]
+struct Index {
+    by_mac: HashMap<MacAddr, Arc<MachineRecord>>,
+    by_name: HashMap<String, Arc<MachineRecord>>,
+    by_ip: HashMap<Ipv4Addr, Arc<MachineRecord>>,
+}
+
+/// The index from plain data, all at once: the definition [`MachineIndex`] keeps
+/// incrementally (used by its tests). Machines in `claim_order`, the first claim of each MAC and
 /// address wins; the conflicts found.
+#[cfg(test)]
 fn build_index(
     machines: &[Arc<Machine>],
     versions: &HashMap<String, Arc<MachineConfigurationVersion>>,
@@ -178,10 +446,69 @@ fn build_index(
     (index, conflicts)
 }
 
+/// What the bootserver knows from the cluster.
+#[derive(Default)]
+pub struct KubeBackend {
+    index: RwLock<MachineIndex>,
+    machines_listed: AtomicBool,
+    versions_listed: AtomicBool,
+    recorder: Option<Recorder>,
+    /// Conflicts already reported as Events.
+    reported: Mutex<HashSet<Conflict>>,
+}
+
+impl std::fmt::Debug for KubeBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeBackend")
+            .field("ready", &self.is_ready())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a watch saw.
+enum Seen<K> {
+    Applied(K),
+    Deleted(K),
+    /// A (re)list finished: these names exist, every other one is gone.
+    Listed(HashSet<String>),
+}
+
+/// Watches one kind, turning its events into [`Seen`] (a relist's objects are applied as
+/// they come; those it did not list are gone when it is done).
+fn watch<K>(
+    api: Api<K>,
+    mut on_seen: impl FnMut(Seen<K>) + Send + 'static,
+) -> impl std::future::Future<Output = ()> + Send
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + 'static,
+{
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    let mut listed = HashSet::new();
+    stream.for_each(move |event| {
+        match event {
+            Ok(watcher::Event::Apply(o)) => on_seen(Seen::Applied(o)),
+            Ok(watcher::Event::Delete(o)) => on_seen(Seen::Deleted(o)),
+            Ok(watcher::Event::Init) => listed.clear(),
+            Ok(watcher::Event::InitApply(o)) => {
+                listed.insert(o.name_any());
+                on_seen(Seen::Applied(o));
+            }
+            Ok(watcher::Event::InitDone) => on_seen(Seen::Listed(std::mem::take(&mut listed))),
+            Err(error) => tracing::warn!(%error, kind = %K::kind(&()), "watch error; retrying"),
+        }
+        futures::future::ready(())
+    })
+}
+
 impl KubeBackend {
     /// Starts the watches (into `background`, which the server watches: if one ends, the
-    /// process exits) and returns the backend; it reports ready once both caches have
-    /// synced.
+    /// process exits) and returns the backend; it reports ready once both watches have
+    /// listed everything once.
     pub fn start(client: Client, background: &mut crate::server::Background) -> Arc<Self> {
         let recorder = Recorder::new(
             client.clone(),
@@ -194,107 +521,107 @@ impl KubeBackend {
             recorder: Some(recorder),
             ..Self::default()
         });
-        let (machines, machine_writer) = reflector::store::<Machine>();
-        let (versions, version_writer) = reflector::store::<MachineConfigurationVersion>();
-        let rebuild = {
-            let (backend, machines, versions) =
-                (backend.clone(), machines.clone(), versions.clone());
-            move || backend.rebuild(&machines, &versions)
-        };
-        let on_change = Arc::new(rebuild);
         {
-            let on_change = on_change.clone();
-            let stream = watcher(
-                Api::<Machine>::all(client.clone()),
-                watcher::Config::default(),
-            )
-            .default_backoff()
-            .reflect(machine_writer)
-            .touched_objects();
+            let backend = backend.clone();
+            let machines = watch(Api::<Machine>::all(client.clone()), move |seen| {
+                backend.on_machine(seen);
+            });
             background.spawn(async move {
-                stream
-                    .for_each(move |event| {
-                        if let Err(error) = event {
-                            tracing::warn!(%error, "Machine watch error; retrying");
-                        }
-                        on_change();
-                        futures::future::ready(())
-                    })
-                    .await;
+                machines.await;
                 "Machine watch"
             });
         }
         {
-            let on_change = on_change.clone();
-            let stream = watcher(
-                Api::<MachineConfigurationVersion>::all(client),
-                watcher::Config::default(),
-            )
-            .default_backoff()
-            .reflect(version_writer)
-            .touched_objects();
-            background.spawn(async move {
-                stream
-                    .for_each(move |event| {
-                        if let Err(error) = event {
-                            tracing::warn!(%error, "MachineConfigurationVersion watch error; retrying");
-                        }
-                        on_change();
-                        futures::future::ready(())
-                    })
-                    .await;
-                "MachineConfigurationVersion watch"
-            });
-        }
-        {
             let backend = backend.clone();
-            tokio::spawn(async move {
-                if machines.wait_until_ready().await.is_ok()
-                    && versions.wait_until_ready().await.is_ok()
-                {
-                    on_change();
-                    backend.ready.store(true, Ordering::Release);
-                    tracing::info!("machine caches synced");
-                }
+            let versions = watch(
+                Api::<MachineConfigurationVersion>::all(client),
+                move |seen| {
+                    backend.on_version(seen);
+                },
+            );
+            background.spawn(async move {
+                versions.await;
+                "MachineConfigurationVersion watch"
             });
         }
         backend
     }
 
-    fn rebuild(&self, machines: &Store<Machine>, versions: &Store<MachineConfigurationVersion>) {
-        let versions: HashMap<String, Arc<MachineConfigurationVersion>> = versions
-            .state()
-            .into_iter()
-            .map(|v| (v.name_any(), v))
-            .collect();
-        let machines = machines.state();
-        let (index, conflicts) = build_index(&machines, &versions);
-        if let Ok(mut current) = self.index.write() {
-            *current = Arc::new(index);
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, MachineIndex> {
+        // Every change is applied in one call on plain data: a panic elsewhere leaves it
+        // whole.
+        self.index.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, MachineIndex> {
+        self.index.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn on_machine(&self, seen: Seen<Machine>) {
+        let conflicts = {
+            let mut index = self.write();
+            match seen {
+                Seen::Applied(m) => index.apply_machine(Arc::new(m)),
+                Seen::Deleted(m) => index.delete_machine(&m.name_any()),
+                Seen::Listed(names) => {
+                    let conflicts = index.retain_machines(&names);
+                    self.listed(&self.machines_listed);
+                    conflicts
+                }
+            }
+        };
+        self.report(conflicts);
+    }
+
+    fn on_version(&self, seen: Seen<MachineConfigurationVersion>) {
+        let conflicts = {
+            let mut index = self.write();
+            match seen {
+                Seen::Applied(v) => index.apply_version(Arc::new(v)),
+                Seen::Deleted(v) => index.delete_version(&v.name_any()),
+                Seen::Listed(names) => {
+                    let conflicts = index.retain_versions(&names);
+                    self.listed(&self.versions_listed);
+                    conflicts
+                }
+            }
+        };
+        self.report(conflicts);
+    }
+
+    fn listed(&self, which: &AtomicBool) {
+        let was_ready = self.is_ready();
+        which.store(true, Ordering::Release);
+        if !was_ready && self.is_ready() {
+            tracing::info!("machine caches synced");
         }
-        self.report(&machines, conflicts);
     }
 
     /// Reports each new conflict once, as a Warning Event on both Machines.
-    fn report(&self, machines: &[Arc<Machine>], conflicts: Vec<Conflict>) {
-        let Ok(mut reported) = self.reported.lock() else {
+    fn report(&self, conflicts: Vec<Conflict>) {
+        if conflicts.is_empty() {
             return;
+        }
+        let fresh: Vec<Conflict> = {
+            let mut reported = self.reported.lock().unwrap_or_else(PoisonError::into_inner);
+            conflicts
+                .into_iter()
+                .filter(|c| reported.insert(c.clone()))
+                .collect()
         };
-        let fresh: Vec<Conflict> = conflicts
-            .into_iter()
-            .filter(|c| !reported.contains(c))
-            .collect();
         for conflict in fresh {
             tracing::warn!(what = %conflict.what, winner = %conflict.winner, loser = %conflict.loser, "two Machines claim the same thing; the one created first keeps it");
-            reported.insert(conflict.clone());
             let Some(recorder) = self.recorder.clone() else {
                 continue;
             };
-            let refs: Vec<_> = [&conflict.winner, &conflict.loser]
-                .into_iter()
-                .filter_map(|name| machines.iter().find(|m| m.name_any() == *name))
-                .map(|m| m.object_ref(&()))
-                .collect();
+            let refs: Vec<_> = {
+                let index = self.read();
+                [&conflict.winner, &conflict.loser]
+                    .into_iter()
+                    .filter_map(|name| index.machine(name))
+                    .map(|m| m.object_ref(&()))
+                    .collect()
+            };
             let note = format!(
                 "{} is claimed by Machines {} and {}: {} (created first) keeps it, {} does not get it until the conflict is resolved",
                 conflict.what, conflict.winner, conflict.loser, conflict.winner, conflict.loser
@@ -315,27 +642,23 @@ impl KubeBackend {
             });
         }
     }
-
-    fn snapshot(&self) -> Arc<Index> {
-        self.index.read().map(|i| i.clone()).unwrap_or_default()
-    }
 }
 
 impl MachineBackend for KubeBackend {
     fn machine_by_mac(&self, mac: &MacAddr) -> Option<Arc<MachineRecord>> {
-        self.snapshot().by_mac.get(mac).cloned()
+        self.read().by_mac(mac)
     }
 
     fn machine_by_name(&self, name: &str) -> Option<Arc<MachineRecord>> {
-        self.snapshot().by_name.get(name).cloned()
+        self.read().by_name(name)
     }
 
     fn reserved_by(&self, ip: Ipv4Addr) -> Option<Arc<MachineRecord>> {
-        self.snapshot().by_ip.get(&ip).cloned()
+        self.read().by_ip(ip)
     }
 
     fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
+        self.machines_listed.load(Ordering::Acquire) && self.versions_listed.load(Ordering::Acquire)
     }
 }
 
@@ -426,5 +749,202 @@ mod tests {
                 .by_mac
                 .contains_key(&"52:54:00:00:00:02".parse().unwrap())
         );
+    }
+
+    mod incremental {
+        use super::*;
+        use proptest::prelude::*;
+        use proptest::test_runner::{Config, RngSeed};
+        use std::collections::BTreeSet;
+
+        const NAMES: usize = 6;
+        const MACS: [&str; 4] = [
+            "52:54:00:00:00:01",
+            "52:54:00:00:00:02",
+            "52:54:00:00:00:03",
+            "52:54:00:00:00:04",
+        ];
+        const IPS: [&str; 3] = ["10.0.0.1", "10.0.0.2", "10.0.0.3"];
+
+        #[derive(Debug, Clone)]
+        enum Change {
+            ApplyMachine {
+                name: usize,
+                created: Option<i64>,
+                macs: BTreeSet<usize>,
+                ip: Option<usize>,
+                pxe: bool,
+                deleting: bool,
+                version: Option<(usize, i64)>,
+            },
+            DeleteMachine(usize),
+            ApplyVersion {
+                configuration: usize,
+                version: i64,
+                kernel: u8,
+            },
+            DeleteVersion(usize, i64),
+        }
+
+        fn machine_of(change: &Change) -> Option<Machine> {
+            let Change::ApplyMachine {
+                name,
+                created,
+                macs,
+                ip,
+                pxe,
+                deleting,
+                version,
+            } = change
+            else {
+                return None;
+            };
+            let macs: Vec<&str> = macs.iter().map(|i| MACS[*i]).collect();
+            let spec = if *pxe {
+                serde_json::json!({"provider": "pxe", "pxe": {
+                    "macAddresses": macs, "ipv4": ip.map(|i| IPS[i])}})
+            } else {
+                serde_json::json!({"provider": "manual"})
+            };
+            let mut m: Machine = serde_json::from_value(serde_json::json!({
+                "apiVersion": "unbounded-cloud.io/v1alpha1", "kind": "Machine",
+                "metadata": {"name": format!("m{name}")},
+                "spec": spec,
+                "status": {"configuration": version.map(|(c, v)| serde_json::json!({"name": format!("c{c}"), "version": v}))},
+            }))
+            .unwrap();
+            m.metadata.creation_timestamp =
+                created.map(|s| Time(Timestamp::from_second(s).unwrap()));
+            if *deleting {
+                m.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(99).unwrap()));
+            }
+            Some(m)
+        }
+
+        fn version_of(
+            configuration: usize,
+            version: i64,
+            kernel: u8,
+        ) -> MachineConfigurationVersion {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "unbounded-cloud.io/v1alpha1", "kind": "MachineConfigurationVersion",
+                "metadata": {"name": unbounded_api::version_name(&format!("c{configuration}"), version)},
+                "spec": {"configurationName": format!("c{configuration}"), "version": version,
+                         "template": {"boot": {"kernelURL": format!("k{kernel}"), "initrdURL": "i"}}},
+            }))
+            .unwrap()
+        }
+
+        fn change() -> impl Strategy<Value = Change> {
+            let apply = (
+                0..NAMES,
+                prop::option::weighted(0.8, 0i64..4),
+                prop::collection::btree_set(0..MACS.len(), 1..=3),
+                prop::option::of(0..IPS.len()),
+                prop::bool::weighted(0.85),
+                prop::bool::weighted(0.1),
+                prop::option::of((0usize..2, 1i64..3)),
+            )
+                .prop_map(|(name, created, macs, ip, pxe, deleting, version)| {
+                    Change::ApplyMachine {
+                        name,
+                        created,
+                        macs,
+                        ip,
+                        pxe,
+                        deleting,
+                        version,
+                    }
+                });
+            prop_oneof![
+                6 => apply,
+                2 => (0..NAMES).prop_map(Change::DeleteMachine),
+                2 => (0usize..2, 1i64..3, 0u8..3).prop_map(|(configuration, version, kernel)| {
+                    Change::ApplyVersion { configuration, version, kernel }
+                }),
+                1 => (0usize..2, 1i64..3).prop_map(|(c, v)| Change::DeleteVersion(c, v)),
+            ]
+        }
+
+        fn config() -> Config {
+            // A fixed seed unless one is given (PROPTEST_RNG_SEED); PROPTEST_CASES for more.
+            let mut config = Config {
+                failure_persistence: None,
+                ..Config::default()
+            };
+            if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
+                config.rng_seed = RngSeed::Fixed(0x5eed_0023);
+            }
+            config
+        }
+
+        fn plain(record: Option<&Arc<MachineRecord>>) -> Option<MachineRecord> {
+            record.map(|r| r.as_ref().clone())
+        }
+
+        proptest! {
+            #![proptest_config(config())]
+
+            /// After every change of any random sequence, the incremental index answers
+            /// every MAC, address and name as a full rebuild from all Machines does, holds
+            /// the same conflicts, and reports exactly the conflicts the rebuild would report
+            /// as new.
+            #[test]
+            fn incremental_updates_match_a_full_rebuild(changes in prop::collection::vec(change(), 1..60)) {
+                let mut incremental = MachineIndex::default();
+                let mut machines: HashMap<String, Arc<Machine>> = HashMap::new();
+                let mut versions: HashMap<String, Arc<MachineConfigurationVersion>> = HashMap::new();
+                let mut reported_incremental: HashSet<Conflict> = HashSet::new();
+                let mut reported_full: HashSet<Conflict> = HashSet::new();
+                for change in &changes {
+                    let returned = match change {
+                        Change::ApplyMachine { .. } => {
+                            let m = Arc::new(machine_of(change).unwrap());
+                            machines.insert(m.name_any(), m.clone());
+                            incremental.apply_machine(m)
+                        }
+                        Change::DeleteMachine(name) => {
+                            let name = format!("m{name}");
+                            machines.remove(&name);
+                            incremental.delete_machine(&name)
+                        }
+                        Change::ApplyVersion { configuration, version, kernel } => {
+                            let v = Arc::new(version_of(*configuration, *version, *kernel));
+                            versions.insert(v.name_any(), v.clone());
+                            incremental.apply_version(v)
+                        }
+                        Change::DeleteVersion(c, v) => {
+                            let name = unbounded_api::version_name(&format!("c{c}"), *v);
+                            versions.remove(&name);
+                            incremental.delete_version(&name)
+                        }
+                    };
+                    let all: Vec<Arc<Machine>> = machines.values().cloned().collect();
+                    let (full, conflicts) = build_index(&all, &versions);
+                    for mac in MACS {
+                        let mac: MacAddr = mac.parse().unwrap();
+                        prop_assert_eq!(plain(incremental.by_mac(&mac).as_ref()), plain(full.by_mac.get(&mac)), "MAC {} after {:?}", mac, change);
+                    }
+                    for ip in IPS {
+                        let ip: Ipv4Addr = ip.parse().unwrap();
+                        prop_assert_eq!(plain(incremental.by_ip(ip).as_ref()), plain(full.by_ip.get(&ip)), "address {} after {:?}", ip, change);
+                    }
+                    for name in 0..NAMES {
+                        let name = format!("m{name}");
+                        prop_assert_eq!(plain(incremental.by_name(&name).as_ref()), plain(full.by_name.get(&name)), "{} after {:?}", name, change);
+                    }
+                    let now: HashSet<Conflict> = conflicts.iter().cloned().collect();
+                    prop_assert_eq!(incremental.all_conflicts().into_iter().collect::<HashSet<_>>(), now.clone());
+                    let fresh_full: HashSet<Conflict> = now.difference(&reported_full).cloned().collect();
+                    let fresh_incremental: HashSet<Conflict> = returned
+                        .into_iter()
+                        .filter(|c| !reported_incremental.contains(c))
+                        .collect();
+                    prop_assert_eq!(&fresh_incremental, &fresh_full, "reported as new after {:?}", change);
+                    reported_full.extend(fresh_full);
+                    reported_incremental.extend(fresh_incremental);
+                }
+            }
+        }
     }
 }

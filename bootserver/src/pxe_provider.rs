@@ -2,7 +2,8 @@
 //! provider loop ([`unbounded_api::provider`]) and the MachineOperation handler API.
 //!
 //! - create: one-time PXE boot, then power on (the bootserver's DHCP/TFTP/HTTP take it
-//!   from there); `InfrastructureReady=True` and `status.power`;
+//!   from there); `InfrastructureReady=True`, `status.power`, `status.addresses` and
+//!   `spec.providerID` ([`provider_id_of`], [`addresses_of`]);
 //! - observe: the power state, every `pollSeconds`;
 //! - delete: power off (graceful, forced after `gracefulShutdownSeconds`), once the
 //!   controller has drained and deleted the Node. The DHCP reservation goes with the Machine.
@@ -15,6 +16,19 @@
 //! driver (for Redfish, its HTTP client) is built once and kept until the Machine's BMC
 //! address, TLS settings or Secret change. Calls to one BMC are serialised (BMCs handle
 //! concurrent sessions badly); different BMCs run in parallel.
+//!
+//! The provider ID is `pxe://<mac>`, the Machine's first MAC in lower-case colon form,
+//! recorded once (`spec.providerID` is immutable): the kubelet registers its Node with it
+//! and the controller finds the Machine's Node by it. An ID recorded earlier that names
+//! another of the Machine's MACs is kept (the list was reordered); one that names none of
+//! them is a terminal `ProviderIDMismatch`, as is a BMC address or CA bundle that cannot
+//! be used (`BmcAddressInvalid`): see [`unbounded_api::provider`] for what is terminal and
+//! why so little is. The addresses are the Machine's reservation (`spec.pxe.ipv4`, as
+//! `InternalIP`): the address the bootserver's DHCP gives it. A pool address leased by
+//! DHCP is not reported here: the lease store lives with the DHCP server, which may be
+//! another bootserver (or another DHCP server, in ProxyDHCP mode) than the one whose
+//! provider holds the Machine; the Node's own addresses (`kubectl get nodes -o wide`) show
+//! where a Machine without a reservation is.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -28,9 +42,11 @@ use unbounded_api::handler::{Execute, OperationHandler, Outcome};
 use unbounded_api::provider::{Observed, Provider, ProviderError};
 use unbounded_api::well_known::{field_managers, finalizers, operations};
 use unbounded_api::{
-    Firmware, HandlerKind, Machine, MachineOperation, MachineProvider, PowerState,
+    Firmware, HandlerKind, Machine, MachineAddress, MachineOperation, MachineProvider, PowerState,
+    PxeSpec,
 };
 
+use crate::backend::MacAddr;
 use crate::bmc_secrets::BmcSecrets;
 use crate::power::{
     Backoff, Bmc, BmcAddress, Credentials, Power, PowerDriver, PowerError, Tls, with_retries,
@@ -84,7 +100,11 @@ fn failure(reason: &str, message: impl Into<String>) -> ProviderError {
 }
 
 fn power_failure(error: PowerError) -> ProviderError {
-    failure(error.reason(), error.to_string())
+    if error.is_terminal() {
+        ProviderError::terminal(error.reason(), error.to_string())
+    } else {
+        failure(error.reason(), error.to_string())
+    }
 }
 
 impl PxeProvider {
@@ -296,15 +316,70 @@ pub fn action_of(operation_name: &str) -> Option<PowerAction> {
     }
 }
 
-fn observed(power: Power) -> Observed {
+/// The provider ID of a PXE Machine: the recorded one when it names one of its MACs (any
+/// case or separator), else `pxe://` and its first MAC in lower-case colon form; `None` for
+/// a Machine without a usable MAC.
+pub fn provider_id_of(pxe: &PxeSpec, recorded: Option<&str>) -> Option<String> {
+    let macs: Vec<MacAddr> = pxe
+        .mac_addresses
+        .iter()
+        .filter_map(|m| m.parse().ok())
+        .collect();
+    let names_one_of_ours = recorded
+        .and_then(|id| id.strip_prefix(PROVIDER_ID_SCHEME))
+        .and_then(|mac| mac.parse::<MacAddr>().ok())
+        .is_some_and(|mac| macs.contains(&mac));
+    if names_one_of_ours {
+        return recorded.map(str::to_owned);
+    }
+    macs.first().map(|mac| format!("{PROVIDER_ID_SCHEME}{mac}"))
+}
+
+/// The scheme of PXE provider IDs.
+pub const PROVIDER_ID_SCHEME: &str = "pxe://";
+
+/// The addresses of a PXE Machine the provider knows: its reservation.
+pub fn addresses_of(pxe: &PxeSpec) -> Vec<MachineAddress> {
+    pxe.ipv4
+        .iter()
+        .map(|ip| MachineAddress {
+            type_: "InternalIP".into(),
+            address: ip.clone(),
+        })
+        .collect()
+}
+
+fn observed(machine: &Machine, power: Power) -> Observed {
+    let pxe = machine.spec.pxe.as_ref();
     Observed {
         power: match power {
             Power::On => PowerState::On,
             Power::Off => PowerState::Off,
         },
-        addresses: Vec::new(),
-        provider_id: None,
+        addresses: pxe.map(addresses_of).unwrap_or_default(),
+        provider_id: pxe.and_then(|p| provider_id_of(p, machine.spec.provider_id.as_deref())),
         detail: None,
+    }
+}
+
+/// Refuses a Machine whose recorded provider ID names none of its MACs, before its BMC is
+/// touched: the server it describes is not the one the ID names (terminal: the ID is
+/// immutable).
+fn check_identity(machine: &Machine) -> Result<(), ProviderError> {
+    let (Some(recorded), Some(pxe)) = (machine.spec.provider_id.as_deref(), &machine.spec.pxe)
+    else {
+        return Ok(());
+    };
+    match provider_id_of(pxe, Some(recorded)) {
+        Some(id) if id != recorded => Err(ProviderError::terminal(
+            "ProviderIDMismatch",
+            format!(
+                "spec.providerID is {recorded}, which names none of spec.pxe.macAddresses \
+                 (expected {id}); spec.providerID is immutable: put its MAC back, or delete \
+                 and recreate the Machine"
+            ),
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -314,13 +389,17 @@ impl Provider for PxeProvider {
     const FIELD_MANAGER: &'static str = field_managers::PXE_PROVIDER;
 
     async fn create(&self, machine: &Machine) -> Result<Observed, ProviderError> {
+        check_identity(machine)?;
         self.act(machine, PowerAction::PxeBootAndOn)
             .await
-            .map(observed)
+            .map(|power| observed(machine, power))
     }
 
     async fn observe(&self, machine: &Machine) -> Result<Observed, ProviderError> {
-        self.act(machine, PowerAction::State).await.map(observed)
+        check_identity(machine)?;
+        self.act(machine, PowerAction::State)
+            .await
+            .map(|power| observed(machine, power))
     }
 
     async fn delete(&self, machine: &Machine) -> Result<(), ProviderError> {
@@ -449,5 +528,71 @@ mod tests {
         assert_eq!(action_of("powerCycle"), Some(PowerAction::Cycle));
         assert_eq!(action_of("pxeBoot"), Some(PowerAction::PxeBootAndCycle));
         assert_eq!(action_of("reboot"), None);
+    }
+
+    #[test]
+    fn the_provider_id_is_the_first_mac_unless_one_of_ours_is_recorded() {
+        let pxe = |macs: &[&str]| -> PxeSpec {
+            serde_json::from_value(serde_json::json!({"macAddresses": macs})).unwrap()
+        };
+        let cases = [
+            (
+                "first MAC, lower case",
+                pxe(&["52:54:00:AA:BB:01", "52:54:00:aa:bb:02"]),
+                None,
+                Some("pxe://52:54:00:aa:bb:01"),
+            ),
+            (
+                "dashes become colons",
+                pxe(&["52-54-00-aa-bb-01"]),
+                None,
+                Some("pxe://52:54:00:aa:bb:01"),
+            ),
+            (
+                "a recorded ID naming another of its MACs stays",
+                pxe(&["52:54:00:aa:bb:01", "52:54:00:aa:bb:02"]),
+                Some("pxe://52:54:00:AA:BB:02"),
+                Some("pxe://52:54:00:AA:BB:02"),
+            ),
+            (
+                "a recorded ID naming none: the first MAC (a mismatch)",
+                pxe(&["52:54:00:aa:bb:01"]),
+                Some("pxe://52:54:00:aa:bb:09"),
+                Some("pxe://52:54:00:aa:bb:01"),
+            ),
+            (
+                "another scheme: the first MAC (a mismatch)",
+                pxe(&["52:54:00:aa:bb:01"]),
+                Some("azure:///subscriptions/x"),
+                Some("pxe://52:54:00:aa:bb:01"),
+            ),
+            ("no usable MAC", pxe(&["zz"]), None, None),
+        ];
+        for (case, pxe, recorded, expected) in cases {
+            assert_eq!(
+                provider_id_of(&pxe, recorded).as_deref(),
+                expected,
+                "{case}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_reservation_is_the_address() {
+        let pxe: PxeSpec = serde_json::from_value(
+            serde_json::json!({"macAddresses": ["52:54:00:aa:bb:01"], "ipv4": "10.0.0.7"}),
+        )
+        .unwrap();
+        assert_eq!(
+            addresses_of(&pxe),
+            [MachineAddress {
+                type_: "InternalIP".into(),
+                address: "10.0.0.7".into()
+            }]
+        );
+        let none: PxeSpec =
+            serde_json::from_value(serde_json::json!({"macAddresses": ["52:54:00:aa:bb:01"]}))
+                .unwrap();
+        assert!(addresses_of(&none).is_empty());
     }
 }

@@ -22,6 +22,7 @@ use unbounded_api::{
 
 use crate::context::Context;
 use crate::error::{Error, is_not_found, kube_err};
+use crate::expectations::{Expectation, expecting};
 use crate::metrics::Metrics;
 use crate::rolling::Rollout;
 use crate::rollout::{RolloutState, some_names};
@@ -115,11 +116,15 @@ async fn apply(configuration: &MachineConfiguration, ctx: &Context) -> Result<Ac
     match action {
         VersionAction::UpToDate => {}
         VersionAction::Create { version } => {
-            write_version(configuration, version, ctx).await?;
-            ctx.expectations
-                .write()
-                .created_versions
-                .expect((name.clone(), version), Instant::now());
+            expecting(
+                &ctx.expectations,
+                Expectation::CreatedVersion {
+                    configuration: name.clone(),
+                    version,
+                },
+                write_version(configuration, version, ctx),
+            )
+            .await?;
             latest = latest.max(version);
             // Record the number at once, so that it is never handed out again.
             resource_version = write_latest(configuration, latest, ctx).await?;

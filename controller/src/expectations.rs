@@ -7,9 +7,20 @@
 //! Machine). An expectation ends when the watch shows the write, or after [`EXPECTATION_TTL`]
 //! (the write was lost, or its effect undone by someone else), after which the caches
 //! decide again.
+//!
+//! An expectation is recorded *before* its write is sent ([`expecting`]): the watch may
+//! show the write before the API server's answer reaches the reconcile, and an
+//! expectation recorded after that would wait for an event that has already passed,
+//! holding its owner still until it expires. When the API server refuses the write (an
+//! answer with a 4xx status: nothing was written), the expectation is retracted and what
+//! it replaced is put back; when the outcome is unknown (no answer, a 5xx), it stays until
+//! the watch shows the write or it expires, as a write that happened would.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::time::{Duration, Instant};
+
+use crate::index::Shared;
 
 /// How long a write is expected to show in the watches at most.
 pub const EXPECTATION_TTL: Duration = Duration::from_secs(30);
@@ -29,9 +40,21 @@ impl<K: Ord> Default for InFlight<K> {
 }
 
 impl<K: Ord + Clone> InFlight<K> {
-    /// A write of `key` at `now`.
-    pub fn expect(&mut self, key: K, now: Instant) {
-        self.since.insert(key, now);
+    /// A write of `key` at `now`; returns the expectation it replaces, for [`Self::restore`].
+    pub fn expect(&mut self, key: K, now: Instant) -> Option<Instant> {
+        self.since.insert(key, now)
+    }
+
+    /// Puts back what [`Self::expect`] replaced: the write did not happen.
+    pub fn restore(&mut self, key: K, previous: Option<Instant>) {
+        match previous {
+            Some(at) => {
+                self.since.insert(key, at);
+            }
+            None => {
+                self.since.remove(&key);
+            }
+        }
     }
 
     /// The watch showed `key`.
@@ -99,10 +122,35 @@ pub struct MemberExpectations {
 }
 
 impl MemberExpectations {
-    /// `owner` changed `machine` at `now`.
-    pub fn expect(&mut self, owner: &str, machine: &str, change: MemberChange, now: Instant) {
+    /// `owner` changed `machine` at `now`; returns the expectation it replaces, for
+    /// [`Self::restore`].
+    pub fn expect(
+        &mut self,
+        owner: &str,
+        machine: &str,
+        change: MemberChange,
+        now: Instant,
+    ) -> Option<(MemberChange, Instant)> {
         self.pending
-            .insert((machine.to_owned(), owner.to_owned()), (change, now));
+            .insert((machine.to_owned(), owner.to_owned()), (change, now))
+    }
+
+    /// Puts back what [`Self::expect`] replaced: the write did not happen.
+    pub fn restore(
+        &mut self,
+        owner: &str,
+        machine: &str,
+        previous: Option<(MemberChange, Instant)>,
+    ) {
+        let key = (machine.to_owned(), owner.to_owned());
+        match previous {
+            Some(entry) => {
+                self.pending.insert(key, entry);
+            }
+            None => {
+                self.pending.remove(&key);
+            }
+        }
     }
 
     /// The watch shows `machine` like this (`None`: gone).
@@ -174,7 +222,107 @@ pub struct Expectations {
     pub members: MemberExpectations,
 }
 
+/// A write the controller is about to make, which a watch will show.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expectation {
+    /// A MachineConfigurationVersion created.
+    CreatedVersion {
+        /// Its configuration.
+        configuration: String,
+        /// Its number.
+        version: i64,
+    },
+    /// A version marked deployed, by object name.
+    LockedVersion(String),
+    /// A Node deleted for a repave, by UID.
+    DeletedNode(String),
+    /// A change an owner makes to one of its Machines.
+    Member {
+        /// `pool/<name>` or `configuration/<name>`.
+        owner: String,
+        /// The Machine.
+        machine: String,
+        /// What changes.
+        change: MemberChange,
+    },
+}
+
+/// An expectation as recorded, with what it replaced: handed back to
+/// [`Expectations::retract`] when its write did not happen.
+#[derive(Debug)]
+#[must_use = "a recorded expectation is retracted when its write is refused"]
+pub enum Recorded {
+    /// A version creation, and the expectation of it it replaced.
+    CreatedVersion((String, i64), Option<Instant>),
+    /// A version lock, and the one it replaced.
+    LockedVersion(String, Option<Instant>),
+    /// A Node deletion, and the one it replaced.
+    DeletedNode(String, Option<Instant>),
+    /// An owner's change of a Machine, and the one it replaced.
+    Member {
+        /// The owner.
+        owner: String,
+        /// The Machine.
+        machine: String,
+        /// The owner's earlier expected change of the Machine.
+        replaced: Option<(MemberChange, Instant)>,
+    },
+}
+
 impl Expectations {
+    /// Records `expectation` at `now`, before its write is sent.
+    pub fn record(&mut self, expectation: Expectation, now: Instant) -> Recorded {
+        match expectation {
+            Expectation::CreatedVersion {
+                configuration,
+                version,
+            } => {
+                let key = (configuration, version);
+                let replaced = self.created_versions.expect(key.clone(), now);
+                Recorded::CreatedVersion(key, replaced)
+            }
+            Expectation::LockedVersion(name) => {
+                let replaced = self.locked_versions.expect(name.clone(), now);
+                Recorded::LockedVersion(name, replaced)
+            }
+            Expectation::DeletedNode(uid) => {
+                let replaced = self.deleted_nodes.expect(uid.clone(), now);
+                Recorded::DeletedNode(uid, replaced)
+            }
+            Expectation::Member {
+                owner,
+                machine,
+                change,
+            } => {
+                let replaced = self.members.expect(&owner, &machine, change, now);
+                Recorded::Member {
+                    owner,
+                    machine,
+                    replaced,
+                }
+            }
+        }
+    }
+
+    /// Takes back a recorded expectation whose write did not happen, putting back what it
+    /// replaced.
+    pub fn retract(&mut self, recorded: Recorded) {
+        match recorded {
+            Recorded::CreatedVersion(key, replaced) => {
+                self.created_versions.restore(key, replaced);
+            }
+            Recorded::LockedVersion(name, replaced) => {
+                self.locked_versions.restore(name, replaced);
+            }
+            Recorded::DeletedNode(uid, replaced) => self.deleted_nodes.restore(uid, replaced),
+            Recorded::Member {
+                owner,
+                machine,
+                replaced,
+            } => self.members.restore(&owner, &machine, replaced),
+        }
+    }
+
     /// Forgets expectations older than [`EXPECTATION_TTL`].
     pub fn expire(&mut self, now: Instant) {
         self.created_versions.expire(now);
@@ -196,6 +344,48 @@ impl Expectations {
             .filter(|version| !seen.contains(version))
             .collect()
     }
+}
+
+/// Whether a failed write certainly did not happen: the API server answered it with a
+/// client error (refused, conflict, not found, invalid). Without an answer, or with a server
+/// error, it may have been written.
+pub trait WriteRefused {
+    /// The write did not happen.
+    fn write_refused(&self) -> bool;
+}
+
+impl WriteRefused for kube::Error {
+    fn write_refused(&self) -> bool {
+        matches!(self, kube::Error::Api(status) if (400..500).contains(&status.code))
+    }
+}
+
+impl WriteRefused for crate::Error {
+    fn write_refused(&self) -> bool {
+        match self {
+            Self::Kube { source, .. } => source.write_refused(),
+            // Nothing was sent.
+            Self::Serialize { .. } => true,
+            Self::Finalizer(_) | Self::Waiting(_) | Self::StoreNotReady(_) => false,
+        }
+    }
+}
+
+/// Makes `write` with `expectation` recorded first, and retracts it when the write was
+/// refused (see the module's documentation for why in this order).
+pub async fn expecting<T, E: WriteRefused>(
+    expectations: &Shared<Expectations>,
+    expectation: Expectation,
+    write: impl Future<Output = Result<T, E>>,
+) -> Result<T, E> {
+    let recorded = expectations.write().record(expectation, Instant::now());
+    let result = write.await;
+    if let Err(error) = &result
+        && error.write_refused()
+    {
+        expectations.write().retract(recorded);
+    }
+    result
 }
 
 #[cfg(test)]
@@ -292,5 +482,139 @@ mod tests {
         e.observe("m10", None);
         assert_eq!(e.pending_for("pool/a", at(1)), 0, "gone counts as deleted");
         assert!(!e.joining("m1", at(1)));
+    }
+
+    fn api_error(code: u16) -> kube::Error {
+        kube::Error::Api(Box::new(kube::core::Status {
+            code,
+            ..Default::default()
+        }))
+    }
+
+    fn repave_of(machine: &str, value: &str) -> Expectation {
+        Expectation::Member {
+            owner: "pool/p".into(),
+            machine: machine.into(),
+            change: MemberChange::RepaveRequested(value.into()),
+        }
+    }
+
+    fn seen_repave(value: &str) -> ObservedMachine<'_> {
+        ObservedMachine {
+            pool: Some("p"),
+            deleting: false,
+            repave: Some(value),
+            repaving: None,
+        }
+    }
+
+    /// The watch shows the write while its answer is still on the way: the expectation is
+    /// met, because it was recorded before the write was sent. Recorded after the answer
+    /// (the order this replaced), the same sequence leaves it pending until it expires.
+    #[tokio::test]
+    async fn the_watch_showing_a_write_before_its_answer_meets_the_expectation() {
+        let shared = Shared::new(Expectations::default());
+        let watch = shared.clone();
+        let written = expecting(&shared, repave_of("m1", "t1"), async move {
+            // The Machine watch delivers the write here, before the answer.
+            watch.write().members.observe("m1", Some(seen_repave("t1")));
+            Ok::<_, kube::Error>(())
+        })
+        .await;
+        assert!(written.is_ok());
+        assert_eq!(
+            shared.read().members.pending_for("pool/p", Instant::now()),
+            0,
+            "met by the event that came before the answer"
+        );
+
+        let mut late = Expectations::default();
+        late.members.observe("m2", Some(seen_repave("t1")));
+        let _ = late.record(repave_of("m2", "t1"), Instant::now());
+        assert_eq!(
+            late.members.pending_for("pool/p", Instant::now()),
+            1,
+            "recorded after its event: nothing will meet it"
+        );
+    }
+
+    /// A refused write takes its expectation back and puts back the one it replaced; a
+    /// write whose outcome is unknown keeps it.
+    #[tokio::test]
+    async fn a_refused_write_retracts_its_expectation() {
+        let now = Instant::now();
+        type Outcome = Result<(), kube::Error>;
+        let cases: [(&str, Outcome, bool, usize); 5] = [
+            ("written", Ok(()), false, 1),
+            ("conflict: not written", Err(api_error(409)), true, 0),
+            ("not found: not written", Err(api_error(404)), true, 0),
+            (
+                "server error: may be written",
+                Err(api_error(504)),
+                false,
+                1,
+            ),
+            (
+                "no answer: may be written",
+                Err(kube::Error::Service("connection reset by peer".into())),
+                false,
+                1,
+            ),
+        ];
+        for (case, outcome, retracted, pending) in cases {
+            let shared = Shared::new(Expectations::default());
+            let result = expecting(&shared, repave_of("m1", "t1"), async { outcome }).await;
+            assert_eq!(
+                result
+                    .as_ref()
+                    .err()
+                    .is_some_and(WriteRefused::write_refused),
+                retracted,
+                "{case}"
+            );
+            assert_eq!(
+                shared.read().members.pending_for("pool/p", now),
+                pending,
+                "{case}"
+            );
+        }
+
+        // What a refused write replaced comes back: an earlier request still waits for its
+        // event.
+        let shared = Shared::new(Expectations::default());
+        let earlier = shared.write().record(repave_of("m1", "t0"), now);
+        drop(earlier);
+        let refused = expecting(&shared, repave_of("m1", "t1"), async {
+            Err::<(), _>(api_error(409))
+        })
+        .await;
+        assert!(refused.is_err());
+        let mut e = shared.write();
+        e.members.observe("m1", Some(seen_repave("t1")));
+        assert_eq!(
+            e.members.pending_for("pool/p", now),
+            1,
+            "t0 is back, not t1"
+        );
+        e.members.observe("m1", Some(seen_repave("t0")));
+        assert_eq!(e.members.pending_for("pool/p", now), 0);
+
+        // The same for the other kinds.
+        let mut e = Expectations::default();
+        let kinds = [
+            Expectation::CreatedVersion {
+                configuration: "mc".into(),
+                version: 2,
+            },
+            Expectation::LockedVersion("mc-v1".into()),
+            Expectation::DeletedNode("uid-1".into()),
+        ];
+        for kind in kinds {
+            let recorded = e.record(kind.clone(), now);
+            e.retract(recorded);
+        }
+        assert!(e.unseen_versions_of("mc", &[], now).is_empty());
+        assert!(!e.locked_versions.pending(&"mc-v1".to_owned(), now));
+        assert!(!e.deleted_nodes.pending(&"uid-1".to_owned(), now));
     }
 }

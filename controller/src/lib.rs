@@ -36,6 +36,7 @@ pub mod selection;
 pub mod triggers;
 pub mod versioning;
 pub mod watches;
+pub mod work_queue;
 
 pub use context::Settings;
 pub use error::Error;

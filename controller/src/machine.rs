@@ -26,6 +26,7 @@ use unbounded_api::{
 use crate::context::Context;
 use crate::drain;
 use crate::error::{Error, kube_err};
+use crate::expectations::{Expectation, expecting};
 use crate::index::catalog::OwnedCandidate;
 use crate::lifecycle::{ConditionPlan, MachineFacts, ObservedNode, plan_machine};
 use crate::repave::{self, RepaveStep, RequestState};
@@ -299,12 +300,16 @@ async fn drain_for_repave(
             }
         }
     }
-    drain::delete_node(&ctx.client, &node_name).await?;
-    if let Some(uid) = recorded_uid {
-        ctx.expectations
-            .write()
-            .deleted_nodes
-            .expect(uid.to_owned(), Instant::now());
+    match recorded_uid {
+        Some(uid) => {
+            expecting(
+                &ctx.expectations,
+                Expectation::DeletedNode(uid.to_owned()),
+                drain::delete_node(&ctx.client, &node_name),
+            )
+            .await?;
+        }
+        None => drain::delete_node(&ctx.client, &node_name).await?,
     }
     ctx.event(
         machine,
@@ -349,19 +354,16 @@ async fn lock_version(
         return Ok(());
     }
     let api: Api<MachineConfigurationVersion> = Api::all(ctx.client.clone());
-    api.patch_status(
-        &name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"deployed": true}})),
+    let patch = json!({"status": {"deployed": true}});
+    expecting(
+        &ctx.expectations,
+        Expectation::LockedVersion(name.clone()),
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(patch)),
     )
     .await
     .map_err(kube_err(format!(
         "locking MachineConfigurationVersion {name}"
     )))?;
-    ctx.expectations
-        .write()
-        .locked_versions
-        .expect(name.clone(), Instant::now());
     let note = format!(
         "{} version {} is deployed (now immutable): Machine {} is provisioned with it",
         configuration.name,
@@ -584,10 +586,20 @@ async fn cleanup(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
         })
         .collect();
     if !waiting_for.is_empty() {
-        return Err(Error::Waiting(format!(
+        let why = format!(
             "waiting for the provider to release the infrastructure ({})",
             waiting_for.join(", ")
-        )));
+        );
+        // Why a Machine stays Deleting, where a person looks (one series, not one event
+        // per retry).
+        ctx.event(
+            machine,
+            EventType::Normal,
+            reasons::WAITING_FOR_PROVIDER,
+            why.clone(),
+        )
+        .await;
+        return Err(Error::Waiting(why));
     }
     Ok(Action::await_change())
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::channel::mpsc::{UnboundedSender, unbounded};
+use crate::work_queue::{WorkSender, work_queue};
 use futures::{Stream, StreamExt, future};
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
@@ -71,11 +71,11 @@ pub async fn run(
     let node_index = Shared::new(NodeIndex::default());
     let operation_index = Shared::new(OperationIndex::default());
     let expectations = Shared::new(Expectations::default());
-    let (operation_tx, operation_rx) = unbounded::<ObjectRef<MachineOperation>>();
-    let (machine_tx, machine_rx) = unbounded::<ObjectRef<Machine>>();
-    let (configuration_tx, configuration_rx) = unbounded::<ObjectRef<MachineConfiguration>>();
-    let (access_tx, access_rx) = unbounded::<ObjectRef<Machine>>();
-    let (pool_tx, pool_rx) = unbounded::<ObjectRef<MachinePool>>();
+    let (operation_tx, operation_rx) = work_queue::<ObjectRef<MachineOperation>>();
+    let (machine_tx, machine_rx) = work_queue::<ObjectRef<Machine>>();
+    let (configuration_tx, configuration_rx) = work_queue::<ObjectRef<MachineConfiguration>>();
+    let (access_tx, access_rx) = work_queue::<ObjectRef<Machine>>();
+    let (pool_tx, pool_rx) = work_queue::<ObjectRef<MachinePool>>();
     let triggers = Triggers {
         access: access_tx.clone(),
         pools: pool_tx.clone(),
@@ -313,15 +313,12 @@ where
     Action::requeue(Duration::from_secs(10))
 }
 
-fn send_all<K: kube::Resource>(
-    tx: &UnboundedSender<ObjectRef<K>>,
+fn send_all<K: kube::Resource<DynamicType = ()>>(
+    tx: &WorkSender<ObjectRef<K>>,
     refs: impl IntoIterator<Item = ObjectRef<K>>,
-) where
-    K::DynamicType: Clone,
-{
+) {
     for r in refs {
-        // A closed channel means the controller is shutting down.
-        let _ = tx.unbounded_send(r);
+        tx.send(r);
     }
 }
 
@@ -329,7 +326,7 @@ fn send_all<K: kube::Resource>(
 /// reconciles the Machines anyway.
 const FIRST_VERSIONS_WAIT: Duration = Duration::from_secs(10);
 
-type Feed<K> = (Store<K>, UnboundedSender<ObjectRef<K>>);
+type Feed<K> = (Store<K>, WorkSender<ObjectRef<K>>);
 
 /// Everything once, configurations first: a Machine reconciled before its configuration's
 /// first version exists records `ConfigurationPending` and later its version, two status
@@ -340,7 +337,7 @@ async fn initial_pass(
     configurations: Feed<MachineConfiguration>,
     operations: Feed<MachineOperation>,
     machines: Feed<Machine>,
-    access: UnboundedSender<ObjectRef<Machine>>,
+    access: WorkSender<ObjectRef<Machine>>,
     pools: Feed<MachinePool>,
 ) {
     fn send_every<K: kube::Resource<DynamicType = ()> + Clone>((store, tx): &Feed<K>) {
@@ -370,7 +367,7 @@ async fn initial_pass(
 /// due ([`crate::recount`]).
 async fn send_recounts(
     pending: Shared<PendingRecounts>,
-    tx: UnboundedSender<ObjectRef<MachineConfiguration>>,
+    tx: WorkSender<ObjectRef<MachineConfiguration>>,
     timing: RecountTiming,
 ) {
     let mut ticks = tokio::time::interval(RECOUNT_TICK);

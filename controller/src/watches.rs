@@ -2,8 +2,9 @@
 //! [`crate::context::Context`]), written to its reflector store, then to its index, and the
 //! difference between the object's old and new keys becomes triggers ([`crate::triggers`]).
 //!
-//! Triggers go through channels into `Controller::reconcile_on` rather than kube-runtime's
-//! shared streams, because shared streams do not pass deletions on, and a deleted Node
+//! Triggers go through deduplicating work queues ([`crate::work_queue`]: one entry per
+//! object however many changes concern it) into `Controller::reconcile_on` rather than
+//! kube-runtime's shared streams, because shared streams do not pass deletions on, and a deleted Node
 //! (repave) or a deleted Machine (version counts) must trigger a reconcile at once. Objects
 //! that disappear while a watch relists count as deleted.
 //!
@@ -15,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use futures::channel::mpsc::UnboundedSender;
+use crate::work_queue::WorkSender;
 use futures::{StreamExt, future};
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -156,15 +157,15 @@ pub fn trim_node(node: &mut Node) {
 #[derive(Clone, Debug)]
 pub struct Triggers {
     /// Machines to reconcile.
-    pub machines: UnboundedSender<ObjectRef<Machine>>,
+    pub machines: WorkSender<ObjectRef<Machine>>,
     /// Configurations to reconcile now.
-    pub configurations: UnboundedSender<ObjectRef<MachineConfiguration>>,
+    pub configurations: WorkSender<ObjectRef<MachineConfiguration>>,
     /// Operations to reconcile.
-    pub operations: UnboundedSender<ObjectRef<MachineOperation>>,
+    pub operations: WorkSender<ObjectRef<MachineOperation>>,
     /// Machines whose agent access to reconcile ([`crate::agent_access`]).
-    pub access: UnboundedSender<ObjectRef<Machine>>,
+    pub access: WorkSender<ObjectRef<Machine>>,
     /// MachinePools to reconcile.
-    pub pools: UnboundedSender<ObjectRef<MachinePool>>,
+    pub pools: WorkSender<ObjectRef<MachinePool>>,
     /// Configurations to recount, sent on in batches ([`crate::recount`]).
     pub recount: Shared<PendingRecounts>,
     /// Set once every store is complete.
@@ -176,12 +177,11 @@ pub struct Triggers {
 }
 
 fn send<K: kube::Resource<DynamicType = ()>>(
-    tx: &UnboundedSender<ObjectRef<K>>,
+    tx: &WorkSender<ObjectRef<K>>,
     names: impl IntoIterator<Item = impl AsRef<str>>,
 ) {
     for name in names {
-        // A closed channel means the controller is shutting down.
-        let _ = tx.unbounded_send(ObjectRef::new(name.as_ref()));
+        tx.send(ObjectRef::new(name.as_ref()));
     }
 }
 
@@ -593,4 +593,77 @@ pub fn unfinished_operations_on(
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::work_queue::{WorkReceiver, work_queue};
+    use futures::FutureExt;
+    use serde_json::json;
+
+    fn triggers() -> (Triggers, WorkReceiver<ObjectRef<Machine>>) {
+        let (machines, machine_rx) = work_queue();
+        let triggers = Triggers {
+            machines,
+            configurations: work_queue().0,
+            operations: work_queue().0,
+            access: work_queue().0,
+            pools: work_queue().0,
+            recount: Shared::new(PendingRecounts::default()),
+            live: Arc::new(AtomicBool::new(true)),
+            machines_live: Arc::new(AtomicBool::new(true)),
+        };
+        (triggers, machine_rx)
+    }
+
+    /// A configuration whose selector changes twice triggers each Machine it selects once
+    /// while the first trigger still waits: the queue holds one entry per Machine, not one
+    /// per change (an unbounded channel held both).
+    #[test]
+    fn a_fan_out_queues_each_machine_once() {
+        let (triggers, mut rx) = triggers();
+        let index = Shared::new(MachineIndex::default());
+        for i in 0..500 {
+            let machine: Machine = serde_json::from_value(json!({
+                "apiVersion": "unbounded-cloud.io/v1alpha1", "kind": "Machine",
+                "metadata": {"name": format!("m{i}"), "labels": {"rack": "r1"}},
+                "spec": {"provider": "manual"},
+            }))
+            .unwrap_or_else(|e| panic!("{e}"));
+            index
+                .write()
+                .apply(&format!("m{i}"), MachineKeys::of(&machine));
+        }
+        let mut on_configuration = triggers.on_configuration(
+            Shared::new(Catalog::default()),
+            index,
+            Shared::new(PoolIndex::default()),
+        );
+        let mut change = |priority: i32| {
+            let configuration: MachineConfiguration = serde_json::from_value(json!({
+                "apiVersion": "unbounded-cloud.io/v1alpha1", "kind": "MachineConfiguration",
+                "metadata": {"name": "mc"},
+                "spec": {"machineSelector": {"matchLabels": {"rack": "r1"}}, "priority": priority,
+                         "template": {}},
+            }))
+            .unwrap_or_else(|e| panic!("{e}"));
+            on_configuration(Seen::Applied(&configuration));
+        };
+        change(1);
+        change(2);
+        change(3);
+        assert_eq!(
+            triggers.machines.len(),
+            500,
+            "three changes, one entry each"
+        );
+        let taken: BTreeSet<String> = std::iter::from_fn(|| rx.next().now_or_never().flatten())
+            .take(500)
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(taken.len(), 500);
+        change(4);
+        assert_eq!(triggers.machines.len(), 500, "taken, then queued again");
+    }
 }

@@ -14,7 +14,7 @@ use common::*;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use unbounded_api::handler::{Claim, Execute, OperationHandler, Outcome};
+use unbounded_api::handler::{Claim, Execute, OperationHandler, Outcome, WorkingOn};
 use unbounded_api::well_known::labels;
 use unbounded_api::{HandlerKind, MachineOperation, OperationState};
 
@@ -87,10 +87,22 @@ fn spawn_handler(
     manager: &str,
     executor: Recorder,
 ) -> tokio::task::JoinHandle<()> {
+    spawn_handler_watched(client, kind, manager, executor).0
+}
+
+/// [`spawn_handler`], with the view of what the handler is working on.
+fn spawn_handler_watched(
+    client: &Client,
+    kind: HandlerKind,
+    manager: &str,
+    executor: Recorder,
+) -> (tokio::task::JoinHandle<()>, WorkingOn) {
     let handler = OperationHandler::new(client.clone(), kind, manager, None, executor);
-    tokio::spawn(async move {
+    let working_on = handler.working_on();
+    let task = tokio::spawn(async move {
         let _ = handler.run().await;
-    })
+    });
+    (task, working_on)
 }
 
 async fn create_pxe_machine(client: &Client, name: &str, labels: Value, mac_index: usize) {
@@ -497,7 +509,7 @@ async fn operations_on_missing_or_deleted_machines_fail() {
     create_machine(&client, "op-vanish-m", json!({}), json!({})).await;
     let mut slow = Recorder::new("op-vanish", Outcome::Complete("rebooted".into()));
     slow.gate = Some(Arc::new(tokio::sync::Semaphore::new(0)));
-    let task = spawn_handler(
+    let (task, working_on) = spawn_handler_watched(
         &client,
         HandlerKind::Agent,
         "test-agent-vanish",
@@ -519,9 +531,14 @@ async fn operations_on_missing_or_deleted_machines_fail() {
         message(&failed),
         "Machine op-vanish-m was deleted while the operation ran"
     );
-    // The handler's late success does not overwrite the failure.
+    // The handler's late success does not overwrite the failure: once the handler is done
+    // with the operation (its outcome written, or found not to be its own), it is Failed.
+    assert!(working_on.contains("op-vanish"));
     slow.gate.as_ref().unwrap().add_permits(1);
-    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    wait_for("the handler done with op-vanish", || async {
+        (!working_on.contains("op-vanish")).then_some(())
+    })
+    .await;
     let after = operation(&client, "op-vanish").await.unwrap();
     assert_eq!(state(&after), Some(OperationState::Failed));
     task.abort();

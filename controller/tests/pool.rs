@@ -437,7 +437,33 @@ async fn two_pools_racing_for_the_inventory_never_claim_one_machine() {
         first.get("race-b").cloned().unwrap_or_default(),
         assignment.1
     );
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Both pools look again at a generation the test sets (a template annotation, synced to
+    // their members, claims untouched): once each has recorded it, claims are as they were.
+    for name in ["race-a", "race-b"] {
+        kubectl(
+            &[
+                "patch",
+                "mp",
+                name,
+                "--type",
+                "merge",
+                "-p",
+                r#"{"spec":{"template":{"metadata":{"annotations":{"test/looked":"again"}}}}}"#,
+            ],
+            None,
+        );
+    }
+    wait_for("both pools to act on their new generation", || async {
+        for name in ["race-a", "race-b"] {
+            let p = pool(&client, name).await;
+            let generation = p.metadata.generation;
+            if p.status?.observed_generation != generation {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
     assert_eq!(check().await, first, "claims stay put");
 }
 
@@ -471,7 +497,7 @@ spec:
     );
     wait_all_running_on(&client, &group, "pool-roll-mc", 1, Duration::from_secs(90)).await;
     let watch = UnreadyWatch::start(&client, &group);
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    watch.wait_listed().await;
     *wanted.lock().unwrap() = 2;
     set_template(&client, "pool-roll-mc", template("k2")).await;
     wait_all_running_on(&client, &group, "pool-roll-mc", 2, Duration::from_secs(240)).await;
@@ -531,7 +557,8 @@ spec:
         (c.reason == reasons::PAUSED).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The pass that wrote Paused saw v2 and requested no repave (a pass requests its
+    // repaves before it writes the status).
     wait_all_running_on(&client, &group, "pool-pause-mc", 1, TIMEOUT).await;
     for name in &group {
         assert!(
@@ -572,7 +599,8 @@ spec:
         "{}",
         failed.message
     );
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The pass that wrote BatchFailed decided the rollout stops there: it requested no
+    // further repave (a pass requests its repaves before it writes the status).
     for name in ["pool-pause-1", "pool-pause-2"] {
         let m = machine(&client, name).await;
         assert_eq!(
@@ -667,7 +695,8 @@ async fn unhealthy_machines_are_remediated_within_max_unhealthy() {
         "{}",
         too_many.message
     );
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The pass that wrote TooManyUnhealthy remediated nothing (remediation comes before the
+    // status in a pass).
     assert_eq!(
         members(&client, "pool-heal").await.len(),
         3,

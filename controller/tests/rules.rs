@@ -62,7 +62,14 @@ async fn template_change_updates_undeployed_newest() {
     })
     .await;
     assert_eq!(v1.spec.version, 1);
-    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    // The pass that acted on the change has recorded it (observedGeneration): it updated
+    // v1 and created nothing.
+    wait_for("the change observed", || async {
+        let mc: MachineConfiguration = Api::all(client.clone()).get("rule-copy").await.unwrap();
+        let generation = mc.metadata.generation;
+        (mc.status?.observed_generation == generation).then_some(())
+    })
+    .await;
     assert!(
         version(&client, "rule-copy-v2").await.is_none(),
         "no v2 while v1 is undeployed"
@@ -668,8 +675,15 @@ async fn machine_deletion_drains_and_deletes_node() {
             .then_some(())
     })
     .await;
-    // The budget holds the pod: the Node stays.
-    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    // The budget holds the pod: the controller tried to evict it and was refused (its
+    // Draining event says what is left), and the Node stays.
+    wait_for("the drain held by the budget", || async {
+        event_reasons(&client, "rule-del-m")
+            .await
+            .contains(&reasons::DRAINING.to_owned())
+            .then_some(())
+    })
+    .await;
     assert!(
         nodes.get_opt("rule-del-m").await.unwrap().is_some(),
         "drain must respect the PodDisruptionBudget"
@@ -731,7 +745,13 @@ async fn machine_deletion_waits_for_the_provider_finalizer() {
     api.delete("rule-prov-m", &DeleteParams::default())
         .await
         .unwrap();
-    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    wait_for("the controller waiting for the provider", || async {
+        event_reasons(&client, "rule-prov-m")
+            .await
+            .contains(&reasons::WAITING_FOR_PROVIDER.to_owned())
+            .then_some(())
+    })
+    .await;
     let m = machine(&client, "rule-prov-m").await;
     assert!(
         m.metadata
@@ -801,7 +821,7 @@ spec:
     wait_all_running_on(&client, &names, "rule-rolling", 1, Duration::from_secs(60)).await;
 
     let watch = UnreadyWatch::start(&client, &names);
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    watch.wait_listed().await;
     *wanted.lock().unwrap() = 2;
     kubectl(
         &[

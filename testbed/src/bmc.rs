@@ -490,6 +490,51 @@ impl SushyEmulator {
         Ok(this)
     }
 
+    /// Starts the emulator with its fake driver on the host's loopback: no VMs and no
+    /// libvirt, one powered-off system per `(uuid, mac)` whose power and boot override
+    /// the emulator keeps in its own directory; no authentication (any credentials pass).
+    pub fn start_fake(systems: &[(&str, &str)]) -> Result<Self, BmcError> {
+        let bin = emulators_bin()?;
+        let dir = tempfile::tempdir().map_err(|e| setup(e.to_string()))?;
+        let systems: Vec<String> = systems
+            .iter()
+            .map(|(uuid, mac)| {
+                format!(
+                    "{{'uuid': '{uuid}', 'name': '{uuid}', 'power_state': 'Off', 'external_notifier': False, 'nics': [{{'mac': '{mac}', 'ip': '10.0.0.1'}}]}}"
+                )
+            })
+            .collect();
+        let config = dir.path().join("emulator.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "SUSHY_EMULATOR_FAKE_DRIVER = True\nSUSHY_EMULATOR_STATE_DIR = {:?}\nSUSHY_EMULATOR_FAKE_SYSTEMS = [\n  {}\n]\n",
+                dir.path().join("state").display().to_string(),
+                systems.join(",\n  ")
+            ),
+        )
+        .map_err(|e| setup(e.to_string()))?;
+        let port = free_port(false)?;
+        let mut command = daemon_command(None, &bin.join("sushy-emulator"));
+        command.arg("--config").arg(&config).args([
+            "--interface",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+        ]);
+        let daemon = spawn(command, &dir.path().join("sushy.log"))?;
+        let this = Self {
+            port,
+            _daemon: daemon,
+            dir,
+        };
+        wait_until("sushy-emulator", Duration::from_secs(60), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        })
+        .map_err(|e| setup(format!("{e}\n{}", this.log())))?;
+        Ok(this)
+    }
+
     /// The emulator's log.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("sushy.log")).unwrap_or_default()

@@ -84,6 +84,13 @@ impl PowerError {
         )
     }
 
+    /// Whether retrying can never help: the address (or CA bundle) in the Machine's spec
+    /// cannot be used, whatever the BMC does. Everything else a BMC does may change: a
+    /// refused password (the Secret may be fixed), an error answer, a timeout.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, Self::Address { .. })
+    }
+
     /// A short reason for a condition (`BmcUnreachable`, …).
     pub fn reason(&self) -> &'static str {
         match self {

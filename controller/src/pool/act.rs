@@ -1,10 +1,9 @@
 //! The writes a MachinePool makes to its Machines: create and delete (azure, manual), claim
 //! and release (pxe), keep them in step with the template, and request repaves. Each write
-//! is remembered ([`crate::expectations::MemberExpectations`]) until the Machine watch shows
-//! it.
+//! is remembered ([`crate::expectations::MemberExpectations`]) from before it is sent until
+//! the Machine watch shows it.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
@@ -16,7 +15,7 @@ use unbounded_api::{Machine, MachinePool, MachineProvider, PowerState};
 
 use crate::context::Context;
 use crate::error::{Error, is_not_found, kube_err};
-use crate::expectations::MemberChange;
+use crate::expectations::{Expectation, MemberChange, expecting};
 use crate::repave;
 
 /// The key of a pool's expectations.
@@ -103,11 +102,14 @@ pub async fn create(pool: &MachinePool, name: &str, ctx: &Context) -> Result<boo
         dry_run: false,
         field_manager: Some(field_managers::pool(&pool.name_any())),
     };
-    match api.create(&params, &object).await {
-        Ok(_) => {
-            expect(ctx, pool, name, MemberChange::Joined);
-            Ok(true)
-        }
+    match expecting(
+        &ctx.expectations,
+        member(pool, name, MemberChange::Joined),
+        api.create(&params, &object),
+    )
+    .await
+    {
+        Ok(_) => Ok(true),
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
         Err(e) => Err(kube_err(format!("creating Machine {name}"))(e)),
     }
@@ -140,7 +142,13 @@ pub async fn claim(pool: &MachinePool, machine: &Machine, ctx: &Context) -> Resu
     }
     let api: Api<Machine> = Api::all(ctx.client.clone());
     let params = PatchParams::apply(&field_managers::pool(&pool.name_any()));
-    match api.patch(&name, &params, &Patch::Apply(&body)).await {
+    let claimed = expecting(
+        &ctx.expectations,
+        member(pool, &name, MemberChange::Joined),
+        api.patch(&name, &params, &Patch::Apply(&body)),
+    )
+    .await;
+    match claimed {
         Ok(_) => {}
         // 409: another pool (or writer) got there first; 404: gone; 422: not a PXE Machine
         // any more, or changed so that the claim is invalid.
@@ -150,7 +158,6 @@ pub async fn claim(pool: &MachinePool, machine: &Machine, ctx: &Context) -> Resu
         }
         Err(e) => return Err(kube_err(format!("claiming Machine {name}"))(e)),
     }
-    expect(ctx, pool, &name, MemberChange::Joined);
     let powered_off = machine.status.as_ref().and_then(|s| s.power) == Some(PowerState::Off);
     if powered_off {
         request_repave(pool, &name, Some(operations::PXE_BOOT), ctx).await?;
@@ -207,14 +214,14 @@ pub async fn release(pool: &MachinePool, machine: &Machine, ctx: &Context) -> Re
         patch["spec"] = json!({"configurationRef": null});
     }
     let api: Api<Machine> = Api::all(ctx.client.clone());
-    match api
-        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => {
-            expect(ctx, pool, &name, MemberChange::Left);
-            Ok(())
-        }
+    let released = expecting(
+        &ctx.expectations,
+        member(pool, &name, MemberChange::Left),
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+    )
+    .await;
+    match released {
+        Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::Waiting(format!(
             "Machine {name} changed while being released"
         ))),
@@ -226,11 +233,14 @@ pub async fn release(pool: &MachinePool, machine: &Machine, ctx: &Context) -> Re
 /// Deletes a Machine (its finalizer drains it and the provider releases its VM).
 pub async fn delete(pool: &MachinePool, name: &str, ctx: &Context) -> Result<(), Error> {
     let api: Api<Machine> = Api::all(ctx.client.clone());
-    match api.delete(name, &DeleteParams::default()).await {
-        Ok(_) => {
-            expect(ctx, pool, name, MemberChange::Deleting);
-            Ok(())
-        }
+    let deleted = expecting(
+        &ctx.expectations,
+        member(pool, name, MemberChange::Deleting),
+        api.delete(name, &DeleteParams::default()),
+    )
+    .await;
+    match deleted {
+        Ok(_) => Ok(()),
         Err(e) if is_not_found(&e) => Ok(()),
         Err(e) => Err(kube_err(format!("deleting Machine {name}"))(e)),
     }
@@ -243,8 +253,14 @@ pub async fn request_repave(
     then: Option<&str>,
     ctx: &Context,
 ) -> Result<(), Error> {
-    let value = repave::request(ctx, name, then, Timestamp::now()).await?;
-    expect(ctx, pool, name, MemberChange::RepaveRequested(value));
+    let now = Timestamp::now();
+    let change = MemberChange::RepaveRequested(repave::format_time(now));
+    expecting(
+        &ctx.expectations,
+        member(pool, name, change),
+        repave::request(ctx, name, then, now),
+    )
+    .await?;
     Ok(())
 }
 
@@ -293,11 +309,11 @@ pub async fn sync(pool: &MachinePool, machine: &Machine, ctx: &Context) -> Resul
     }
 }
 
-fn expect(ctx: &Context, pool: &MachinePool, machine: &str, change: MemberChange) {
-    ctx.expectations.write().members.expect(
-        &owner_key(&pool.name_any()),
-        machine,
+/// The pool's expectation of its change of `machine`.
+fn member(pool: &MachinePool, machine: &str, change: MemberChange) -> Expectation {
+    Expectation::Member {
+        owner: owner_key(&pool.name_any()),
+        machine: machine.to_owned(),
         change,
-        Instant::now(),
-    );
+    }
 }

@@ -50,6 +50,7 @@ impl Seen {
 pub struct UnreadyWatch {
     most: Arc<Mutex<BTreeSet<String>>>,
     history: Arc<Mutex<Vec<usize>>>,
+    listed: Arc<std::sync::atomic::AtomicBool>,
     task: Arc<tokio::task::JoinHandle<()>>,
 }
 
@@ -59,6 +60,7 @@ impl UnreadyWatch {
         let group: BTreeSet<String> = group.iter().cloned().collect();
         let most = Arc::new(Mutex::new(BTreeSet::new()));
         let history = Arc::new(Mutex::new(Vec::new()));
+        let listed = Arc::new(std::sync::atomic::AtomicBool::new(false));
         enum Ev {
             M(watcher::Result<watcher::Event<Machine>>),
             N(watcher::Result<watcher::Event<Node>>),
@@ -72,7 +74,7 @@ impl UnreadyWatch {
         let nodes = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
             .map(Ev::N)
             .boxed();
-        let (m2, h2) = (most.clone(), history.clone());
+        let (m2, h2, l2) = (most.clone(), history.clone(), listed.clone());
         let task = tokio::spawn(async move {
             let mut seen = Seen::default();
             let mut events = stream::select(machines, nodes);
@@ -110,6 +112,7 @@ impl UnreadyWatch {
                     _ => {}
                 }
                 if seen.machines_listed && seen.nodes_listed {
+                    l2.store(true, std::sync::atomic::Ordering::Release);
                     let now = seen.unready(&group);
                     let mut most = m2.lock().unwrap();
                     if now.len() > most.len() {
@@ -125,8 +128,20 @@ impl UnreadyWatch {
         Self {
             most,
             history,
+            listed,
             task: Arc::new(task),
         }
+    }
+
+    /// Waits until both watches have listed everything: from then on, every change is
+    /// counted.
+    pub async fn wait_listed(&self) {
+        wait_for("the unready watch to list Machines and Nodes", || async {
+            self.listed
+                .load(std::sync::atomic::Ordering::Acquire)
+                .then_some(())
+        })
+        .await;
     }
 
     /// The most Machines seen unready at once, and which.
