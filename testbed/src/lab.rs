@@ -405,6 +405,35 @@ impl Lab {
         out.join("\n")
     }
 
+    /// Every secret or credential that a component's log or a machine's console shows: the
+    /// BMC password, a token, a bootstrap token (`leaks::find`), as `file:line: what`.
+    pub fn secret_leaks(&self) -> Vec<String> {
+        let mut files: Vec<PathBuf> =
+            vec![self.bootserver.log.clone(), self.controller.log.clone()];
+        files.extend(self.machines.iter().map(|m| m.domain.console_path()));
+        let mut texts: Vec<(String, Vec<u8>)> = files
+            .iter()
+            .map(|f| (f.display().to_string(), fs::read(f).unwrap_or_default()))
+            .collect();
+        texts.push(("libvirtd".into(), self.libvirtd.log().into_bytes()));
+        if let Some(s) = &self.sushy {
+            texts.push(("sushy-emulator".into(), s.log().into_bytes()));
+        }
+        texts.extend(self.machines.iter().filter_map(|m| {
+            m.ipmi
+                .as_ref()
+                .map(|sim| (format!("ipmi_sim {}", m.name), sim.log().into_bytes()))
+        }));
+        texts
+            .iter()
+            .flat_map(|(name, text)| {
+                crate::leaks::find(text, &[BMC_PASSWORD])
+                    .into_iter()
+                    .map(move |leak| format!("{name}:{}: {}", leak.line, leak.what))
+            })
+            .collect()
+    }
+
     /// The BMC address of a machine.
     fn bmc_address(&self, machine: &LabMachine) -> String {
         match (machine.bmc, &machine.ipmi, &self.sushy) {

@@ -9,6 +9,7 @@ pub mod bmc;
 pub mod cluster;
 pub mod images;
 pub mod lab;
+pub mod leaks;
 pub mod netns;
 pub mod oci;
 pub mod pool_scenario;

@@ -51,4 +51,12 @@ fn pxe_machines_become_ready_nodes_and_a_deleted_node_is_repaved() {
         .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
     scenario::repave(&lab, "machine-1", Duration::from_secs(420), &say)
         .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
+
+    // No BMC password, token or bootstrap token in any component's log or console.
+    let leaks = lab.secret_leaks();
+    assert!(
+        leaks.is_empty(),
+        "secrets in the lab's logs:\n{}",
+        leaks.join("\n")
+    );
 }
