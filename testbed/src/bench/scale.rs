@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::controller::layout::Layout;
 use super::controller::{self, render};
 use super::provider;
-use super::report::{Cell, Report, Row};
+use super::report::{Better, Cell, Report, Row};
 use super::suite::SuiteError;
 use crate::cluster::{Lifetime, LocalControlPlane};
 
@@ -155,6 +155,7 @@ pub fn run(
                 ),
             )),
             peers: Vec::new(),
+            better: Better::Higher,
             target: None,
         });
     }
