@@ -69,7 +69,8 @@ fn start(ns: &Netns, config: &str, capabilities: Option<&str>) -> Running {
     }
 }
 
-/// `/readyz` on the probe address: (status, body), once the server answers at all.
+/// `/readyz` on the probe address: (status, body), once the start-up check has run (the
+/// probe answers from the first moment, `starting` until the check has looked).
 fn readyz(ns: &Netns, server: &mut Running) -> (u16, String) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -87,6 +88,7 @@ fn readyz(ns: &Netns, server: &mut Running) -> (u16, String) {
         if let Some((body, code)) = text.rsplit_once('\n')
             && let Ok(code) = code.trim().parse::<u16>()
             && code != 0
+            && body.trim() != "starting"
         {
             return (code, body.to_owned());
         }
