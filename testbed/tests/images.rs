@@ -204,12 +204,7 @@ fn the_bootserver_image_carries_the_pinned_ipxe_builds_as_its_tftp_root() {
     // UEFI, where the bootserver looks for them.
     assert_eq!(
         seen,
-        [
-            "undionly.kpxe",
-            "ipxe.efi",
-            "snponly.efi",
-            "arm64/ipxe.efi"
-        ]
+        ["undionly.kpxe", "ipxe.efi", "snponly.efi", "arm64/ipxe.efi"]
     );
     // And the Debian packages they come from, each with the pinned .deb digest.
     for ipxe in lock.iter().filter(|l| l.kind == "deb" && l.name == "ipxe") {
