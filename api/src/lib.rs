@@ -16,6 +16,7 @@
 #![allow(clippy::duplicated_attributes)]
 
 pub mod agent;
+pub mod boot_images;
 pub mod condition;
 pub mod configuration;
 pub mod crds;

@@ -7,6 +7,7 @@
 pub mod bench;
 pub mod bmc;
 pub mod cluster;
+pub mod containers;
 pub mod images;
 pub mod lab;
 pub mod leaks;
@@ -15,6 +16,7 @@ pub mod oci;
 pub mod pool_scenario;
 pub mod progress;
 pub mod qemu;
+pub mod sbom;
 pub mod scenario;
 pub mod setup;
 pub mod stall;

@@ -48,10 +48,10 @@ enum Commands {
     /// Build (once, cached) or locate the Kubernetes binaries and print their paths.
     KubernetesBinaries,
     /// Build (or find cached) the host OS boot image, the node image and, with
-    /// `--containers`, the controller's and the bootserver's container images; prints what
-    /// was built.
+    /// `--containers`, the container images (controller, bootserver, Azure provider, boot
+    /// images; OCI layouts with SBOMs); prints what was built.
     Images {
-        /// Also build the container images (OCI layouts; a static release build).
+        /// Also build the container images (a static release build of three binaries).
         #[arg(long)]
         containers: bool,
     },
@@ -594,14 +594,29 @@ fn build_images(containers: bool) -> Result<(), CliError> {
     println!("host initrd   {}", built.host.initrd.display());
     println!("node image    {}", built.node.archive.display());
     println!("node sha256   {}", built.node.sha256);
-    for image in &built.containers {
+    if let Some(containers) = &built.containers {
+        for image in containers
+            .images
+            .iter()
+            .chain(std::iter::once(&containers.boot_images))
+        {
+            for reference in &image.references {
+                println!(
+                    "{reference}  oci:{}:{}  {}",
+                    image.layout.display(),
+                    unbounded_testbed::oci::tag_of(reference),
+                    image.manifest_digest
+                );
+            }
+            println!("    archive {}", image.archive.display());
+            println!("    sbom    {}", image.sbom.display());
+        }
         println!(
-            "{:<13} oci:{}:{}",
-            image.reference,
-            image.layout.display(),
-            images::VERSION
+            "boot images {}: MachineConfiguration values in {}",
+            containers.boot_images_manifest.version,
+            containers.machine_configuration.display()
         );
-        println!("{:<13} {}", "", image.archive.display());
+        println!("recorded in {}", images::containers_path().display());
     }
     Ok(())
 }
