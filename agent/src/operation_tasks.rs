@@ -1,6 +1,6 @@
 //! The operations the controller routes to this agent, each run by a task of its own: the
 //! agent learns them from its role ([`unbounded_api::agent::operations_in`]), claims each
-//! ([`unbounded_api::handler`]), runs it ([`crate::operations`] decides what a request
+//! ([`unbounded_runtime::handler`]), runs it ([`crate::operations`] decides what a request
 //! means and what a reboot's step is) and writes how it ended.
 
 use std::sync::Arc;
@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use unbounded_api::agent::operations_in;
-use unbounded_api::handler::{self, Claim, Outcome};
 use unbounded_api::well_known::field_managers;
 use unbounded_api::{AgentReboot, HandlerKind, Machine};
+use unbounded_runtime::handler::{self, Claim, Outcome};
 
 use crate::context::Context;
 use crate::operations::{self, AfterRecord, RebootStep, Request, Scope};

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Node;
 use kube::Resource;
 use kube::api::Api;
-use unbounded_api::handler::Outcome;
 use unbounded_api::{Machine, MachineConfigurationVersion, ResolvedConfiguration};
+use unbounded_runtime::handler::Outcome;
 
 use crate::context::Context;
 use crate::operation_tasks::restart_service;

@@ -1,7 +1,7 @@
 //! Unbounded's Azure provider: `provider: azure` Machines become Azure VMs that join the
 //! cluster exactly like PXE servers (same agent, configuration versions and operations).
 //!
-//! The second implementation of [`unbounded_api::provider::Provider`]: for each Machine it
+//! The second implementation of [`unbounded_runtime::provider::Provider`]: for each Machine it
 //! creates a NIC in `spec.azure.subnetID` and a VM whose custom data (cloud-init) installs and
 //! starts the agent ([`custom_data`]); it records `spec.providerID`
 //! (`azure:///subscriptions/…/virtualMachines/<name>`), the NIC's addresses and the VM's
@@ -38,9 +38,9 @@ use std::sync::Arc;
 use futures::StreamExt;
 use kube::Api;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
-use unbounded_api::handler::OperationHandler;
 use unbounded_api::well_known::field_managers;
 use unbounded_api::{HandlerKind, Machine};
+use unbounded_runtime::handler::OperationHandler;
 
 use crate::arm::ArmClient;
 use crate::config::Settings;
@@ -143,7 +143,7 @@ pub async fn run(client: kube::Client, settings: Settings) -> Result<(), StartEr
         }
     };
     let provider_loop =
-        unbounded_api::provider::run(client, SharedProvider(provider), settings.loop_settings);
+        unbounded_runtime::provider::run(client, SharedProvider(provider), settings.loop_settings);
     tokio::select! {
         () = reflect => tracing::error!("the Machine watch of the Azure provider ended"),
         () = handle_operations => {}

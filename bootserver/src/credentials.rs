@@ -41,7 +41,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use ring::rand::{SecureRandom, SystemRandom};
-use unbounded_api::agent::{self, CredentialRequest, Credentials, agent_username};
+use unbounded_api::agent::{CredentialRequest, Credentials, agent_username};
+use unbounded_runtime::tokens::{self, MintError};
 
 /// Settings of the issuer (the `credentials` section of the configuration).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -563,7 +564,7 @@ impl Issuer {
         bootstrap: bool,
     ) -> Result<(Credentials, Option<String>), IssueError> {
         let (token, expiration) =
-            agent::mint_service_account_token(&self.client, machine, self.settings.token_seconds)
+            tokens::mint_service_account_token(&self.client, machine, self.settings.token_seconds)
                 .await
                 .map_err(mint_error)?;
         let lifetime = u64::try_from(self.settings.token_seconds).unwrap_or(3600);
@@ -573,7 +574,7 @@ impl Issuer {
                 .await
                 .map_err(|e| IssueError::Kube(e.to_string()))?;
             let seconds = u64::try_from(self.settings.bootstrap_token_seconds).unwrap_or(3600);
-            let (token, id) = agent::create_bootstrap_token(&self.client, &owner, seconds)
+            let (token, id) = tokens::create_bootstrap_token(&self.client, &owner, seconds)
                 .await
                 .map_err(mint_error)?;
             (Some(token), Some(id))
@@ -594,9 +595,9 @@ impl Issuer {
     }
 }
 
-fn mint_error(error: agent::MintError) -> IssueError {
+fn mint_error(error: MintError) -> IssueError {
     match error {
-        agent::MintError::NotReady => IssueError::NotReady,
+        MintError::NotReady => IssueError::NotReady,
         other => IssueError::Kube(other.to_string()),
     }
 }

@@ -23,7 +23,8 @@ mod store;
 use std::fs;
 use std::time::Duration;
 
-use unbounded_api::agent::{CredentialRequest, Credentials, MintError};
+use unbounded_api::agent::{CredentialRequest, Credentials};
+use unbounded_runtime::tokens::MintError;
 
 pub use self::store::{Store, StoredMeta, import, now_unix, parse_time, refresh_at};
 use crate::identity::Identity;
@@ -256,7 +257,7 @@ async fn renew_self(
     let client = kube::Client::try_from(config).map_err(|e| renewal(e.to_string(), true))?;
     let seconds = i64::try_from(meta.lifetime_seconds.max(600)).unwrap_or(3600);
     let (token, expiration_timestamp) =
-        unbounded_api::agent::mint_service_account_token(&client, &identity.machine, seconds)
+        unbounded_runtime::tokens::mint_service_account_token(&client, &identity.machine, seconds)
             .await
             .map_err(|e| match e {
                 MintError::NotReady => renewal(e.to_string(), true),

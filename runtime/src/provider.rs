@@ -69,8 +69,8 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
-use crate::well_known::conditions;
-use crate::{Machine, MachineAddress, MachineProvider, PowerState, condition};
+use unbounded_api::well_known::conditions;
+use unbounded_api::{Machine, MachineAddress, MachineProvider, PowerState, condition};
 
 /// What a provider reports about a Machine's infrastructure.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -676,7 +676,7 @@ mod tests {
                 serde_json::from_value(json!({"provider": "pxe"})).unwrap(),
             );
             m.metadata.generation = Some(generation);
-            m.status = Some(crate::MachineStatus {
+            m.status = Some(unbounded_api::MachineStatus {
                 failure_reason: reason.map(str::to_owned),
                 conditions: vec![condition::new_condition(
                     conditions::INFRASTRUCTURE_READY,
@@ -736,7 +736,7 @@ mod tests {
             serde_json::from_value(json!({"provider": "pxe"})).unwrap(),
         );
         assert_eq!(next_step(&machine), Step::Create);
-        let mut status = crate::MachineStatus::default();
+        let mut status = unbounded_api::MachineStatus::default();
         status.conditions.push(condition::new_condition(
             conditions::INFRASTRUCTURE_READY,
             false,
