@@ -44,7 +44,7 @@ pub enum AgentError {
     },
     /// The HTTP client could not be built.
     #[error("building the HTTP client: {0}")]
-    Http(String),
+    Http(#[source] reqwest::Error),
     /// The host's systemd is unreachable.
     #[error(transparent)]
     Systemd(#[from] SystemdError),
@@ -57,7 +57,7 @@ pub async fn run(identity: Identity, paths: Paths) -> Result<(), AgentError> {
     let http = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
         .build()
-        .map_err(|e| AgentError::Http(e.to_string()))?;
+        .map_err(AgentError::Http)?;
     let store = Store::new(&paths.state)?;
     if credentials::import(&store, &paths.credentials_file)? {
         println!(

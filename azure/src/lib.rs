@@ -52,10 +52,13 @@ use crate::provider::{AzureProvider, AzureSettings, SharedProvider};
 pub enum StartError {
     /// The HTTP client could not be built.
     #[error("building the HTTP client: {0}")]
-    Http(String),
-    /// The extra CA file holds no usable certificate.
+    Http(#[source] reqwest::Error),
+    /// The extra CA file could not be read as PEM.
     #[error("--extra-ca-file: {0}")]
-    Ca(String),
+    Ca(#[source] reqwest::Error),
+    /// The extra CA file holds no certificate.
+    #[error("--extra-ca-file: no PEM certificate in the file")]
+    NoCa,
     /// The ambient identity could not be set up.
     #[error(transparent)]
     Credentials(#[from] credentials::CredentialsError),
@@ -76,16 +79,15 @@ pub fn http_client(settings: &Settings) -> Result<reqwest::Client, StartError> {
         .redirect(reqwest::redirect::Policy::none())
         .user_agent(concat!("unbounded-azure/", env!("CARGO_PKG_VERSION")));
     if let Some(pem) = &settings.extra_ca_pem {
-        let certificates = reqwest::Certificate::from_pem_bundle(pem)
-            .map_err(|e| StartError::Ca(e.to_string()))?;
+        let certificates = reqwest::Certificate::from_pem_bundle(pem).map_err(StartError::Ca)?;
         if certificates.is_empty() {
-            return Err(StartError::Ca("no PEM certificate in the file".into()));
+            return Err(StartError::NoCa);
         }
         for certificate in certificates {
             builder = builder.add_root_certificate(certificate);
         }
     }
-    builder.build().map_err(|e| StartError::Http(e.to_string()))
+    builder.build().map_err(StartError::Http)
 }
 
 /// Builds the provider from its settings.

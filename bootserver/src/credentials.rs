@@ -91,7 +91,10 @@ pub enum IssueError {
     TimedOut(u64),
     /// Kubernetes refused or failed.
     #[error("the API server failed: {0}")]
-    Kube(String),
+    Kube(#[source] kube::Error),
+    /// Minting a token failed (other than the ServiceAccount not existing yet).
+    #[error(transparent)]
+    Mint(MintError),
 }
 
 /// What the agent is told to wait before it retries a request that the bootserver could
@@ -114,7 +117,7 @@ impl IssueError {
             Self::WrongAddress | Self::Nonce(_) => 403,
             Self::Unauthenticated | Self::BadToken => 401,
             Self::RateLimited { .. } => 429,
-            Self::NotReady | Self::TimedOut(_) | Self::Kube(_) => 503,
+            Self::NotReady | Self::TimedOut(_) | Self::Kube(_) | Self::Mint(_) => 503,
         }
     }
 
@@ -124,7 +127,9 @@ impl IssueError {
         match self {
             Self::Nonce(NonceRefusal::Busy) => Some(retry_after::BUSY),
             Self::RateLimited { retry_after } => Some(*retry_after),
-            Self::NotReady | Self::TimedOut(_) | Self::Kube(_) => Some(retry_after::UNAVAILABLE),
+            Self::NotReady | Self::TimedOut(_) | Self::Kube(_) | Self::Mint(_) => {
+                Some(retry_after::UNAVAILABLE)
+            }
             Self::WrongAddress | Self::Nonce(_) | Self::Unauthenticated | Self::BadToken => None,
         }
     }
@@ -140,7 +145,7 @@ impl IssueError {
             Self::RateLimited { .. } => "rate_limited",
             Self::NotReady => "not_ready",
             Self::TimedOut(_) => "api_timeout",
-            Self::Kube(_) => "api_error",
+            Self::Kube(_) | Self::Mint(_) => "api_error",
         }
     }
 }
@@ -546,7 +551,7 @@ impl Issuer {
         let reviewed = Api::<TokenReview>::all(self.client.clone())
             .create(&PostParams::default(), &review)
             .await
-            .map_err(|e| IssueError::Kube(e.to_string()))?;
+            .map_err(IssueError::Kube)?;
         let status = reviewed.status.unwrap_or_default();
         let username = status.user.and_then(|u| u.username);
         if status.authenticated == Some(true)
@@ -572,7 +577,7 @@ impl Issuer {
             let owner = Api::<unbounded_api::Machine>::all(self.client.clone())
                 .get(machine)
                 .await
-                .map_err(|e| IssueError::Kube(e.to_string()))?;
+                .map_err(IssueError::Kube)?;
             let seconds = u64::try_from(self.settings.bootstrap_token_seconds).unwrap_or(3600);
             let (token, id) = tokens::create_bootstrap_token(&self.client, &owner, seconds)
                 .await
@@ -598,7 +603,7 @@ impl Issuer {
 fn mint_error(error: MintError) -> IssueError {
     match error {
         MintError::NotReady => IssueError::NotReady,
-        other => IssueError::Kube(other.to_string()),
+        other => IssueError::Mint(other),
     }
 }
 
@@ -679,7 +684,7 @@ mod tests {
                 Some(retry_after::UNAVAILABLE),
             ),
             (
-                IssueError::Kube("x".into()),
+                IssueError::Kube(kube::Error::TlsRequired),
                 503,
                 Some(retry_after::UNAVAILABLE),
             ),

@@ -21,7 +21,10 @@ pub enum MintError {
     NotReady,
     /// The API server refused or failed.
     #[error("the API server failed: {0}")]
-    Kube(String),
+    Kube(#[source] kube::Error),
+    /// The API server answered a TokenRequest without a token.
+    #[error("the API server answered the TokenRequest without a status")]
+    NoStatus,
     /// The system has no randomness to offer.
     #[error("no randomness for a token")]
     Randomness,
@@ -49,11 +52,9 @@ pub async fn mint_service_account_token(
     {
         Ok(t) => t,
         Err(kube::Error::Api(status)) if status.code == 404 => return Err(MintError::NotReady),
-        Err(e) => return Err(MintError::Kube(e.to_string())),
+        Err(e) => return Err(MintError::Kube(e)),
     };
-    let status = token
-        .status
-        .ok_or_else(|| MintError::Kube("TokenRequest without status".into()))?;
+    let status = token.status.ok_or(MintError::NoStatus)?;
     Ok((status.token, status.expiration_timestamp.0.to_string()))
 }
 
@@ -118,7 +119,7 @@ pub async fn create_bootstrap_token(
     Api::<Secret>::namespaced(client.clone(), "kube-system")
         .create(&PostParams::default(), &object)
         .await
-        .map_err(|e| MintError::Kube(e.to_string()))?;
+        .map_err(MintError::Kube)?;
     Ok((format!("{id}.{secret}"), id))
 }
 

@@ -261,7 +261,7 @@ async fn renew_self(
             .await
             .map_err(|e| match e {
                 MintError::NotReady => renewal(e.to_string(), true),
-                MintError::Kube(m) => renewal(m, true),
+                MintError::Kube(_) | MintError::NoStatus => renewal(e.to_string(), true),
                 MintError::Randomness => renewal(e.to_string(), false),
             })?;
     let certificate_authority =
