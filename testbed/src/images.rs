@@ -281,6 +281,30 @@ fn prune(name: &str, keep: &Path) {
     }
 }
 
+/// The variables among `names` that `cargo run` set for this program and a nested
+/// `cargo build` must not inherit: a build script that tracks one (ring's tracks
+/// `CARGO_MANIFEST_DIR`) reruns when its value differs from the last build's, and everything
+/// above it rebuilds, each time `cargo run -p unbounded-testbed` and the builds it starts
+/// alternate (minutes per `bench` run).
+pub fn set_by_cargo_run(names: impl Iterator<Item = String>) -> Vec<String> {
+    names
+        .filter(|name| {
+            name.starts_with("CARGO_PKG_")
+                || matches!(
+                    name.as_str(),
+                    "CARGO_MANIFEST_DIR"
+                        | "CARGO_MANIFEST_PATH"
+                        | "CARGO_MANIFEST_LINKS"
+                        | "CARGO_CRATE_NAME"
+                        | "CARGO_BIN_NAME"
+                        | "CARGO_PRIMARY_PACKAGE"
+                        | "CARGO_TARGET_TMPDIR"
+                        | "CARGO_RUSTC_CURRENT_DIR"
+                )
+        })
+        .collect()
+}
+
 /// Builds Rust binaries with cargo and returns each one's path.
 pub fn cargo_build(
     packages: &[&str],
@@ -293,6 +317,9 @@ pub fn cargo_build(
     command
         .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
         .args(["build", "--message-format=json-render-diagnostics"]);
+    for name in set_by_cargo_run(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok())) {
+        command.env_remove(name);
+    }
     if release {
         command.arg("--release");
     }
@@ -625,6 +652,31 @@ fn container_images() -> Result<Vec<ContainerImage>, ImagesError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nested_build_does_not_inherit_what_cargo_run_set() {
+        let names = [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_PKG_NAME",
+            "CARGO_PKG_VERSION_MAJOR",
+            "CARGO_PRIMARY_PACKAGE",
+            // What the nested build needs stays.
+            "CARGO",
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "CARGO_BUILD_JOBS",
+            "PATH",
+        ];
+        assert_eq!(
+            set_by_cargo_run(names.iter().map(|n| (*n).to_owned())),
+            vec![
+                "CARGO_MANIFEST_DIR",
+                "CARGO_PKG_NAME",
+                "CARGO_PKG_VERSION_MAJOR",
+                "CARGO_PRIMARY_PACKAGE"
+            ]
+        );
+    }
 
     #[test]
     fn keys_change_with_any_input() {

@@ -75,6 +75,10 @@ enum Commands {
         /// The report folder (default `~/.cache/unbounded/bench/<time>`).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Also write the results into the blocks of docs/benchmarks.md and its charts into
+        /// docs/bench/ (not with --smoke).
+        #[arg(long)]
+        publish: bool,
     },
     /// (internal) Simulated clients of `bench`, run inside its client namespace.
     #[command(hide = true, subcommand)]
@@ -183,7 +187,12 @@ fn main() -> ExitCode {
         } => cluster_down(),
         Commands::KubernetesBinaries => kubernetes_binaries(),
         Commands::Images { containers } => build_images(containers),
-        Commands::Bench { mode, smoke, out } => run_bench(mode, smoke, out),
+        Commands::Bench {
+            mode,
+            smoke,
+            out,
+            publish,
+        } => run_bench(mode, smoke, out, publish),
         Commands::BenchClient(command) => bench_client(command),
     };
     match result {
@@ -209,7 +218,17 @@ enum CliError {
     Other(String),
 }
 
-fn run_bench(mode: BenchMode, smoke: bool, out: Option<PathBuf>) -> Result<(), CliError> {
+fn run_bench(
+    mode: BenchMode,
+    smoke: bool,
+    out: Option<PathBuf>,
+    publish: bool,
+) -> Result<(), CliError> {
+    if publish && smoke {
+        return Err(CliError::Other(
+            bench::publish::PublishError::Smoke.to_string(),
+        ));
+    }
     let modes: Vec<Mode> = match mode {
         BenchMode::Dhcp => vec![Mode::Dhcp],
         BenchMode::Tftp => vec![Mode::Tftp],
@@ -288,6 +307,20 @@ fn run_bench(mode: BenchMode, smoke: bool, out: Option<PathBuf>) -> Result<(), C
     }
     println!("report: {}", out.join("report.md").display());
     result.map_err(|e| CliError::Other(e.to_string()))?;
+    if publish {
+        let provenance = bench::publish::Provenance::here(&command, &started);
+        let written = bench::publish::publish(
+            &bench::publish::default_page(),
+            &modes,
+            &report,
+            &charts,
+            &provenance,
+        )
+        .map_err(|e| CliError::Other(e.to_string()))?;
+        for path in written {
+            println!("published: {}", path.display());
+        }
+    }
     if let Some(first) = report.problems.first() {
         return Err(CliError::Other(format!(
             "{} problem(s), the first: {first}",

@@ -17,7 +17,7 @@ use serde_json::json;
 
 use super::controller::probe::{self, RequestCounts};
 use super::proc::Daemon;
-use super::report::{Cell, Report, Row};
+use super::report::{Better, Cell, Report, Row};
 use crate::cluster::LocalControlPlane;
 
 /// The provider benchmark's size.
@@ -449,6 +449,7 @@ pub async fn run(
             ),
         )),
         peers: Vec::new(),
+        better: Better::Higher,
         target: None,
     });
     report.note(line);
