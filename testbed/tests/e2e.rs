@@ -7,7 +7,6 @@
 //! The host and node images come from the image cache (`unbounded-testbed images`, which
 //! the test command runs first); the controller and bootserver binaries from this build.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use unbounded_testbed::images;
@@ -15,18 +14,8 @@ use unbounded_testbed::lab::{Lab, LabOptions};
 use unbounded_testbed::progress;
 use unbounded_testbed::scenario;
 
-/// A binary of this workspace, built beside this test.
-fn workspace_binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(|p| p.parent()).unwrap();
-    let path = dir.join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: build the workspace first (cargo test --workspace does)",
-        path.display()
-    );
-    path
-}
+mod common;
+use common::workspace_binary;
 
 #[test]
 fn pxe_machines_become_ready_nodes_and_a_deleted_node_is_repaved() {
