@@ -58,7 +58,10 @@ pub async fn inventory(client: &Client, selector: Option<&str>) -> Result<Invent
             machines
                 .list(&list_params(selector))
                 .await
-                .map_err(Error::api("listing Machines"))
+                .map_err(Error::api(match selector {
+                    Some(s) => format!("listing Machines with the selector {s:?}"),
+                    None => "listing Machines".to_owned(),
+                }))
         },
         async {
             configurations

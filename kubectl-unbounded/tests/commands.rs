@@ -1,0 +1,473 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
+//! The plugin binary against a real kube-apiserver (with etcd and Unbounded's CRDs): what
+//! `status` and `why` show from what the components wrote, what each verb creates or
+//! changes, that `--dry-run` and refused input change nothing and exit non-zero with a
+//! clear message. No controller runs in this binary, so what the verbs create stays as the
+//! plugin wrote it (tests/follow.rs runs the controller).
+//!
+//! Tests share one control plane: each uses its own names and its own `test` label.
+
+mod common;
+
+use std::process::Stdio;
+
+use common::*;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, PostParams};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use unbounded_api::well_known::annotations;
+use unbounded_api::{Machine, OperationState};
+
+fn running_status(configuration: &str, version: i64) -> Value {
+    json!({
+        "phase": "Running", "power": "On",
+        "configuration": {"name": configuration, "version": version},
+        "agent": {"version": "0.1.0", "bootID": "boot-1", "containerState": "running"},
+        "conditions": [
+            condition("ConfigurationResolved", "True", "ConfigurationResolved", ""),
+            condition("InfrastructureReady", "True", "Ready", ""),
+            condition("BootstrapReady", "True", "Paved", ""),
+            condition("NodeReady", "True", "NodeReady", ""),
+        ],
+    })
+}
+
+#[tokio::test]
+async fn status_draws_the_tree_and_prints_it_as_json_and_yaml() {
+    let client = client().await;
+    create_configuration(
+        &client,
+        "st-gpu",
+        json!({"machineSelector": {"matchLabels": {"test": "st"}}, "template": {}}),
+    )
+    .await;
+    set_versions(&client, "st-gpu", &[(1, true), (2, true)]).await;
+    create_machine(&client, "st-a", json!({"test": "st"}), json!({})).await;
+    set_machine_status(&client, "st-a", running_status("st-gpu", 2)).await;
+    create_node(&client, "st-a", true).await;
+    create_machine(&client, "st-b", json!({"test": "st"}), json!({})).await;
+    set_machine_status(
+        &client,
+        "st-b",
+        json!({"phase": "Provisioning", "configuration": {"name": "st-gpu", "version": 1},
+               "conditions": [condition("BootstrapReady", "False", "Paving", "fetching the node image")]}),
+    )
+    .await;
+
+    let run = plugin(&["status", "-l", "test=st", "-o", "json"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let tree: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(tree["grouping"], "configuration");
+    let groups = tree["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 1, "{tree}");
+    assert_eq!(groups[0]["name"], "st-gpu");
+    let versions: Vec<(i64, Vec<&str>)> = groups[0]["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            let names = v["machines"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m["name"].as_str().unwrap())
+                .collect();
+            (v["version"].as_i64().unwrap(), names)
+        })
+        .collect();
+    assert_eq!(versions, vec![(2, vec!["st-a"]), (1, vec!["st-b"])]);
+    let b = &groups[0]["versions"][1]["machines"][0];
+    assert_eq!(b["blocker"]["condition"], "BootstrapReady");
+    assert_eq!(b["blocker"]["message"], "fetching the node image");
+    // st-b runs v1 and resolves to the newest deployed version by the selector: v2.
+    assert_eq!(b["resolved"]["version"], 2);
+    let a = &groups[0]["versions"][0]["machines"][0];
+    assert_eq!(a["node"]["readiness"], "Ready");
+    assert_eq!(a["power"], "On");
+
+    let run = plugin(&["status", "-l", "test=st"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(!run.stdout.contains('\x1b'), "no colour without a terminal");
+    let line = |name: &str| {
+        run.stdout
+            .lines()
+            .find(|l| l.contains(name))
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert!(run.stdout.starts_with("NAME"), "{}", run.stdout);
+    assert_eq!(line("st-a"), "│ └─ st-a Running 2 Ready On running");
+    assert!(
+        line("st-b").starts_with("└─ st-b Provisioning 1→2 - - - BootstrapReady=False Paving"),
+        "{}",
+        run.stdout
+    );
+
+    let run = plugin(&["status", "st-b", "-o", "yaml"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(run.stdout.contains("name: st-b"), "{}", run.stdout);
+    assert!(!run.stdout.contains("st-a"), "{}", run.stdout);
+
+    let run = plugin(&["status", "--configuration", "st-gpu", "--by", "pool"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(run.stdout.contains("(in no pool)"), "{}", run.stdout);
+}
+
+#[tokio::test]
+async fn status_refuses_unknown_names_and_bad_selectors() {
+    let cases: [(&[&str], &str); 5] = [
+        (&["status", "st-nosuch"], "no Machine named st-nosuch"),
+        (
+            &["status", "--pool", "nopool"],
+            "no MachinePool named nopool",
+        ),
+        (
+            &["status", "--configuration", "noconf"],
+            "no MachineConfiguration named noconf",
+        ),
+        (
+            &["status", "-l", "test=matches-nothing"],
+            "no Machine matches the selector",
+        ),
+        (&["status", "-l", "test in (a"], "selector"),
+    ];
+    for (args, message) in cases {
+        let run = plugin(args).await;
+        assert_eq!(run.code, 2, "{args:?}: {run:?}");
+        assert!(run.stderr.contains(message), "{args:?}: {}", run.stderr);
+        assert!(run.stdout.is_empty(), "{args:?}: {}", run.stdout);
+    }
+}
+
+#[tokio::test]
+async fn status_watch_redraws_when_a_machine_changes() {
+    let client = client().await;
+    create_machine(&client, "wt-a", json!({"test": "wt"}), json!({})).await;
+    set_machine_status(&client, "wt-a", json!({"phase": "Provisioning"})).await;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kubectl-unbounded"))
+        .arg("--kubeconfig")
+        .arg(control_plane().kubeconfig_path())
+        .args(["status", "-l", "test=wt", "--watch"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    let mut next_line_with = async |words: &[&str], seen: &mut Vec<String>| loop {
+        let line = tokio::time::timeout(TIMEOUT, lines.next_line())
+            .await
+            .expect("a redraw")
+            .unwrap()
+            .expect("the watch goes on");
+        seen.push(line.clone());
+        if words.iter().all(|w| line.contains(w)) {
+            return;
+        }
+    };
+    // The first drawing, then the one after the change: the watch looked and redrew.
+    next_line_with(&["wt-a", "Provisioning"], &mut seen).await;
+    set_machine_status(&client, "wt-a", running_status("none", 1)).await;
+    next_line_with(&["wt-a", "Running"], &mut seen).await;
+    assert!(
+        seen.iter().filter(|l| l.starts_with("NAME")).count() >= 2,
+        "one heading per drawing: {seen:?}"
+    );
+    child.kill().await.unwrap();
+}
+
+#[tokio::test]
+async fn why_tells_the_blocking_condition_the_events_and_the_agents_report() {
+    let client = client().await;
+    create_pxe_machine(&client, "why-m", json!({}), 1, true).await;
+    set_machine_status(
+        &client,
+        "why-m",
+        json!({"phase": "Provisioning", "power": "Unknown",
+        "agent": {"version": "0.1.0", "bootID": "boot-7", "containerState": "paving"},
+        "conditions": [
+            condition("ConfigurationResolved", "True", "ConfigurationResolved", ""),
+            condition("InfrastructureReady", "False", "PowerFailed", "the BMC does not answer"),
+        ]}),
+    )
+    .await;
+    let uid = machine(&client, "why-m").await.metadata.uid.unwrap();
+    let event: Event = serde_json::from_value(json!({
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": "why-m.power", "namespace": "default"},
+        "eventTime": Timestamp::now().to_string(),
+        "reportingController": "unbounded-cloud.io/pxe-provider", "reportingInstance": "test",
+        "action": "PowerOn", "reason": "PowerFailed", "type": "Warning",
+        "note": "IPMI session timed out",
+        "regarding": {"apiVersion": "unbounded-cloud.io/v1alpha1", "kind": "Machine",
+                      "name": "why-m", "uid": uid},
+    }))
+    .unwrap();
+    Api::<Event>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &event)
+        .await
+        .unwrap();
+
+    let run = plugin(&["why", "why-m"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let text = run.stdout.trim_end();
+    assert_eq!(text.lines().count(), 1, "one paragraph: {text}");
+    for part in [
+        "Machine why-m is Provisioning: it waits on InfrastructureReady",
+        "InfrastructureReady=False PowerFailed",
+        "the BMC does not answer",
+        "Its Node why-m does not exist.",
+        "Its agent last reported: agent 0.1.0, boot boot-7, container paving.",
+        "Warning PowerFailed: IPMI session timed out",
+    ] {
+        assert!(text.contains(part), "{part:?} missing from: {text}");
+    }
+
+    let run = plugin(&["why", "why-nosuch"]).await;
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(
+        run.stderr.contains("no Machine named why-nosuch"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[tokio::test]
+async fn verbs_create_one_operation_per_machine_and_refuse_what_cannot_be_done() {
+    let client = client().await;
+    create_pxe_machine(&client, "vb-ipmi", json!({"test": "vb"}), 2, true).await;
+    create_pxe_machine(&client, "vb-bare", json!({"test": "vb"}), 3, false).await;
+    create_machine(&client, "vb-man", json!({"test": "vb"}), json!({})).await;
+    let all = ["vb-ipmi", "vb-bare", "vb-man"];
+    let count_all = async || {
+        let mut n = 0;
+        for m in all {
+            n += operations_on(&client, m).await.len();
+        }
+        n
+    };
+
+    // Dry run: says what it would create, creates nothing.
+    let run = plugin(&["reboot", "vb-man", "vb-ipmi", "--dry-run"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stdout
+            .contains("create MachineOperation reboot on vb-man"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout
+            .contains("create MachineOperation reboot on vb-ipmi"),
+        "{}",
+        run.stdout
+    );
+    // A verb the providers cannot carry out, on any of the machines: nothing at all.
+    let run = plugin(&["power", "on", "-l", "test=vb", "--no-wait"]).await;
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(
+        run.stderr.contains("power on refused, nothing was changed"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("vb-bare: has no BMC"), "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("vb-man: a manual Machine has no handler for powerOn"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains("vb-ipmi:"), "{}", run.stderr);
+    // More machines than --confirm-above, no terminal to ask, no --yes.
+    let run = plugin(&[
+        "reboot",
+        "-l",
+        "test=vb",
+        "--confirm-above",
+        "2",
+        "--no-wait",
+    ])
+    .await;
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(run.stderr.contains("pass --yes"), "{}", run.stderr);
+    // Unknown machines and empty selectors.
+    let run = plugin(&["reboot", "vb-man", "vb-nosuch", "--no-wait"]).await;
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(
+        run.stderr.contains("no Machine named vb-nosuch"),
+        "{}",
+        run.stderr
+    );
+    let run = plugin(&["reboot", "-l", "test=vb-none", "--no-wait"]).await;
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(
+        run.stderr.contains("no Machine matches the selector"),
+        "{}",
+        run.stderr
+    );
+    // Neither machines nor a selector: clap says so.
+    let run = plugin(&["reboot"]).await;
+    assert_eq!(run.code, 2, "{run:?}");
+    assert_eq!(
+        count_all().await,
+        0,
+        "nothing was created by the refused commands"
+    );
+
+    let run = plugin(&[
+        "power",
+        "cycle",
+        "vb-ipmi",
+        "--no-wait",
+        "--active-deadline",
+        "30",
+    ])
+    .await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let ops = operations_on(&client, "vb-ipmi").await;
+    assert_eq!(ops.len(), 1);
+    let op = &ops[0];
+    assert_eq!(op.spec.operation_name, "powerCycle");
+    assert_eq!(op.spec.machine_ref.as_ref().unwrap().name, "vb-ipmi");
+    assert_eq!(op.spec.active_deadline_seconds, Some(30));
+    assert!(
+        op.metadata
+            .name
+            .as_ref()
+            .unwrap()
+            .starts_with("vb-ipmi-powercycle-")
+    );
+    assert!(
+        run.stdout.contains(op.metadata.name.as_deref().unwrap()),
+        "{}",
+        run.stdout
+    );
+
+    let run = plugin(&[
+        "restart-service",
+        "--service",
+        "kubelet.service",
+        "vb-man",
+        "--no-wait",
+    ])
+    .await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let ops = operations_on(&client, "vb-man").await;
+    assert_eq!(ops.len(), 1);
+    assert_eq!(ops[0].spec.operation_name, "restartService");
+    assert_eq!(ops[0].spec.parameters["service"], "kubelet.service");
+
+    let run = plugin(&[
+        "reboot",
+        "-l",
+        "test=vb",
+        "--confirm-above",
+        "2",
+        "--yes",
+        "--no-wait",
+    ])
+    .await;
+    assert_eq!(run.code, 0, "{run:?}");
+    for m in all {
+        let reboots: Vec<_> = operations_on(&client, m)
+            .await
+            .into_iter()
+            .filter(|o| o.spec.operation_name == "reboot")
+            .collect();
+        assert_eq!(reboots.len(), 1, "{m}");
+        assert_eq!(
+            reboots[0].status.as_ref().and_then(|s| s.state),
+            None::<OperationState>
+        );
+    }
+}
+
+#[tokio::test]
+async fn repave_and_rollback_annotate_and_pin() {
+    let client = client().await;
+    create_configuration(&client, "rb-conf", json!({"template": {}})).await;
+    set_versions(&client, "rb-conf", &[(1, true), (2, true)]).await;
+    create_machine(
+        &client,
+        "rb-m",
+        json!({}),
+        json!({"configurationRef": {"name": "rb-conf"}}),
+    )
+    .await;
+    set_machine_status(&client, "rb-m", running_status("rb-conf", 2)).await;
+    create_machine(&client, "rb-r", json!({}), json!({})).await;
+
+    let untouched = |m: &Machine| {
+        !m.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(annotations::REPAVE))
+            && m.spec
+                .configuration_ref
+                .as_ref()
+                .and_then(|r| r.version)
+                .is_none()
+    };
+    let run = plugin(&["rollback", "rb-m", "--to", "5"]).await;
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(
+        run.stderr
+            .contains("rb-conf has no version 5 (it has: v1, v2)"),
+        "{}",
+        run.stderr
+    );
+    let run = plugin(&["rollback", "rb-m", "--to", "1", "--dry-run"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stdout
+            .contains("set Machine rb-m spec.configurationRef to rb-conf v1 (from v2)"),
+        "{}",
+        run.stdout
+    );
+    let run = plugin(&["rollback", "rb-m", "--to", "0"]).await;
+    assert_eq!(run.code, 2, "clap refuses version 0: {run:?}");
+    assert!(untouched(&machine(&client, "rb-m").await));
+
+    let before = Timestamp::now().as_second();
+    let run = plugin(&["rollback", "rb-m", "--to", "1", "--no-wait"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let m = machine(&client, "rb-m").await;
+    let pinned = m.spec.configuration_ref.clone().unwrap();
+    assert_eq!((pinned.name.as_str(), pinned.version), ("rb-conf", Some(1)));
+    let at: Timestamp = m.metadata.annotations.as_ref().unwrap()[annotations::REPAVE]
+        .parse()
+        .expect("an RFC 3339 time");
+    assert!(at.as_second() >= before && at.as_second() <= Timestamp::now().as_second());
+
+    let run = plugin(&["repave", "rb-r", "--no-wait"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let m = machine(&client, "rb-r").await;
+    let at = &m.metadata.annotations.as_ref().unwrap()[annotations::REPAVE];
+    assert!(at.parse::<Timestamp>().is_ok(), "{at}");
+    assert!(
+        run.stdout
+            .contains(&format!("requested a repave of rb-r at {at}")),
+        "{}",
+        run.stdout
+    );
+}
+
+#[tokio::test]
+async fn completion_offers_scripts_and_machine_names() {
+    let client = client().await;
+    create_machine(&client, "cmp-one", json!({}), json!({})).await;
+    create_machine(&client, "cmp-two", json!({}), json!({})).await;
+    let run = plugin(&["completion", "bash"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(run.stdout.contains("kubectl-unbounded"), "{}", run.stdout);
+    let run = plugin(&["__complete", "reboot", "cmp-"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(run.stdout, "cmp-one\ncmp-two\n:4\n");
+    let run = plugin(&["__complete", "power", ""]).await;
+    assert_eq!(run.stdout, "on\noff\ncycle\n:4\n");
+}
