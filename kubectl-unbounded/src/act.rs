@@ -307,6 +307,7 @@ async fn follow(
         tokio::select! {
             _ = tokio::time::sleep_until(deadline) => {
                 printer.end()?;
+                let elapsed = i64::try_from(started.elapsed().as_secs()).unwrap_or(i64::MAX);
                 return Err(Error::TimedOut(format!(
                     "stopped following after {}s: {} (the work goes on; `kubectl unbounded status` shows it)",
                     args.timeout,
