@@ -471,3 +471,94 @@ async fn completion_offers_scripts_and_machine_names() {
     let run = plugin(&["__complete", "power", ""]).await;
     assert_eq!(run.stdout, "on\noff\ncycle\n:4\n");
 }
+
+/// tmux on a socket of this test: a real terminal of a chosen size.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn start(width: u16, command: &str) -> Self {
+        let socket = format!("kubectl-unbounded-test-{}", std::process::id());
+        let status = std::process::Command::new("tmux")
+            .args(["-L", &socket, "new-session", "-d", "-s", "t"])
+            .args(["-x", &width.to_string(), "-y", "40", command])
+            .env_remove("NO_COLOR")
+            .env_remove("TMUX")
+            .status()
+            .expect("tmux (Debian package tmux; scripts/install-deps.sh installs it)");
+        assert!(status.success());
+        Self { socket }
+    }
+
+    /// The screen, with escape codes (`-e`) or as plain text.
+    fn screen(&self, escapes: bool) -> String {
+        let mut args = vec!["-L", &self.socket, "capture-pane", "-p", "-t", "t"];
+        if escapes {
+            args.push("-e");
+        }
+        let out = std::process::Command::new("tmux")
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("tmux")
+            .args(["-L", &self.socket, "kill-server"])
+            .status();
+    }
+}
+
+#[tokio::test]
+async fn status_watch_in_a_real_terminal_colours_fits_the_width_and_redraws_in_place() {
+    let client = client().await;
+    create_machine(&client, "tm-a", json!({"test": "tm"}), json!({})).await;
+    set_machine_status(
+        &client,
+        "tm-a",
+        json!({"phase": "Provisioning", "conditions": [condition(
+            "BootstrapReady", "False", "Paving",
+            &"a long message that does not fit an eighty-column terminal ".repeat(4))]}),
+    )
+    .await;
+    let command = format!(
+        "{} --kubeconfig {} status -l test=tm --watch",
+        env!("CARGO_BIN_EXE_kubectl-unbounded"),
+        control_plane().kubeconfig_path().display()
+    );
+    let tmux = Tmux::start(80, &command);
+    let screen = wait_for("the first drawing", || async {
+        let s = tmux.screen(false);
+        s.contains("tm-a").then_some(s)
+    })
+    .await;
+    let lines: Vec<&str> = screen.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(lines[0].starts_with("NAME"), "{screen}");
+    assert!(
+        !lines[0].contains("POWER"),
+        "80 columns leave POWER and AGENT out: {screen}"
+    );
+    assert!(lines.iter().all(|l| l.chars().count() <= 80), "{screen}");
+    assert!(screen.contains('…'), "the long message is cut: {screen}");
+    let coloured = tmux.screen(true);
+    assert!(
+        coloured.contains("\x1b["),
+        "colour on a terminal: {coloured:?}"
+    );
+
+    set_machine_status(&client, "tm-a", running_status("none", 1)).await;
+    let screen = wait_for("the redraw", || async {
+        let s = tmux.screen(false);
+        s.contains("Running").then_some(s)
+    })
+    .await;
+    assert!(
+        !screen.contains("Provisioning"),
+        "redrawn in place, not appended: {screen}"
+    );
+    assert_eq!(screen.matches("NAME").count(), 1, "{screen}");
+}
