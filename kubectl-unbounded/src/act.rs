@@ -11,7 +11,7 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use unbounded_api::well_known::{annotations, labels};
+use unbounded_api::well_known::labels;
 use unbounded_api::{
     Machine, MachineConfiguration, MachineOperation, MachineOperationSpec, MachineRef,
 };
@@ -86,9 +86,10 @@ fn done_line(action: &Action, applied: &Applied) -> String {
             "created MachineOperation {} ({operation_name} on {machine})",
             applied.operations.get(machine).map_or("?", String::as_str)
         ),
-        Action::Repave { machine } => format!(
-            "requested a repave of {machine} at {}",
-            applied.repaves.get(machine).map_or("?", |r| r.0.as_str())
+        Action::Repave { machine, then } => format!(
+            "requested a repave of {machine} at {}{}",
+            applied.repaves.get(machine).map_or("?", |r| r.0.as_str()),
+            then.map(|t| format!(", then {t}")).unwrap_or_default()
         ),
         Action::Rollback {
             machine,
@@ -146,11 +147,8 @@ async fn apply(
     active_deadline: Option<i64>,
 ) -> Result<Applied, Error> {
     let now = Timestamp::now();
-    // Seconds are what the controller reads; a request at the same second as another is the
-    // same request.
-    let requested_at = Timestamp::from_second(now.as_second())
-        .unwrap_or(now)
-        .to_string();
+    // The controller's own format for the request (RFC 3339, seconds).
+    let requested_at = unbounded_controller::repave::format_time(now);
     let mut applied = Applied {
         batch: format!("{}-{}", now.as_second(), std::process::id()),
         ..Applied::default()
@@ -202,9 +200,10 @@ async fn apply(
                     .operations
                     .insert(machine.clone(), created.name_any());
             }
-            Action::Repave { machine } => {
-                let patch =
-                    json!({"metadata": {"annotations": {annotations::REPAVE: requested_at}}});
+            Action::Repave { machine, then } => {
+                // The controller's request patch: it also clears the follow-up of an older
+                // request.
+                let patch = unbounded_controller::repave::request_patch(now, *then);
                 machines
                     .patch(machine, &patch_params(), &Patch::Merge(patch))
                     .await
@@ -224,10 +223,9 @@ async fn apply(
             } => {
                 // One write: the pin and the request land together, so the repave cannot run
                 // with the old version.
-                let patch = json!({
-                    "metadata": {"annotations": {annotations::REPAVE: requested_at}},
-                    "spec": {"configurationRef": {"name": configuration, "version": version}},
-                });
+                let mut patch = unbounded_controller::repave::request_patch(now, None);
+                patch["spec"] =
+                    json!({"configurationRef": {"name": configuration, "version": version}});
                 machines
                     .patch(machine, &patch_params(), &Patch::Merge(patch))
                     .await

@@ -41,7 +41,7 @@ pub enum Command {
     RestartService(RestartServiceArgs),
     /// Repave: drain and delete the Node; the agent repaves the node container with the
     /// version the Machine resolves to.
-    Repave(VerbArgs),
+    Repave(RepaveArgs),
     /// Roll one machine back (or forward) to a configuration version: pin it, then repave.
     Rollback(RollbackArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
@@ -183,6 +183,26 @@ pub enum PowerAction {
     Off,
     /// Power off and on.
     Cycle,
+}
+
+/// `repave`.
+#[derive(Args, Debug)]
+pub struct RepaveArgs {
+    /// Once the Node is deleted, also power the machine off or network-boot it again (PXE
+    /// machines with a BMC: a fresh host OS).
+    #[arg(long, value_enum)]
+    pub then: Option<RepaveThen>,
+    #[command(flatten)]
+    pub target: VerbArgs,
+}
+
+/// What follows a repave.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RepaveThen {
+    /// Power off (`powerOff`).
+    PowerOff,
+    /// One-time network boot and power cycle (`pxeBoot`).
+    PxeBoot,
 }
 
 /// `restart-service`.

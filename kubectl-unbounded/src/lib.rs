@@ -39,7 +39,7 @@ use kube::api::Api;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use unbounded_api::{Machine, MachineConfiguration, MachinePool};
 
-use crate::cli::{Cli, Command, Output, PowerAction, StatusArgs, VerbArgs};
+use crate::cli::{Cli, Command, Output, PowerAction, RepaveThen, StatusArgs, VerbArgs};
 use crate::error::Error;
 use crate::facts::{Inventory, by_name};
 use crate::plan::Verb;
@@ -64,7 +64,13 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         Command::Reboot(t) => verb(&client, Verb::Reboot, &t, &terminal).await,
         Command::Shutdown(t) => verb(&client, Verb::Shutdown, &t, &terminal).await,
         Command::PxeBoot(t) => verb(&client, Verb::PxeBoot, &t, &terminal).await,
-        Command::Repave(t) => verb(&client, Verb::Repave, &t, &terminal).await,
+        Command::Repave(r) => {
+            let then = r.then.map(|t| match t {
+                RepaveThen::PowerOff => unbounded_api::well_known::operations::POWER_OFF,
+                RepaveThen::PxeBoot => unbounded_api::well_known::operations::PXE_BOOT,
+            });
+            verb(&client, Verb::Repave { then }, &r.target, &terminal).await
+        }
         Command::Power(p) => {
             let v = match p.action {
                 PowerAction::On => Verb::PowerOn,

@@ -44,8 +44,12 @@ pub enum Verb {
         /// The systemd unit.
         service: String,
     },
-    /// `repave`.
-    Repave,
+    /// `repave`, optionally followed by an operation once the Node is deleted
+    /// (`unbounded-cloud.io/repave-then`: `powerOff` or `pxeBoot`).
+    Repave {
+        /// The follow-up operation's name.
+        then: Option<&'static str>,
+    },
     /// `rollback --to N`.
     Rollback {
         /// The version to pin.
@@ -64,7 +68,7 @@ impl Verb {
             Self::PowerCycle => "power cycle",
             Self::PxeBoot => "pxe-boot",
             Self::RestartService { .. } => "restart-service",
-            Self::Repave => "repave",
+            Self::Repave { .. } => "repave",
             Self::Rollback { .. } => "rollback",
         }
     }
@@ -79,7 +83,7 @@ impl Verb {
             Self::PowerCycle => Some(operations::POWER_CYCLE),
             Self::PxeBoot => Some(operations::PXE_BOOT),
             Self::RestartService { .. } => Some(operations::RESTART_SERVICE),
-            Self::Repave | Self::Rollback { .. } => None,
+            Self::Repave { .. } | Self::Rollback { .. } => None,
         }
     }
 
@@ -113,6 +117,8 @@ pub enum Action {
     Repave {
         /// The Machine.
         machine: String,
+        /// The operation to follow it with.
+        then: Option<&'static str>,
     },
     /// Pin the Machine to a version, then request a repave.
     Rollback {
@@ -132,7 +138,7 @@ impl Action {
     pub fn machine(&self) -> &str {
         match self {
             Self::CreateOperation { machine, .. }
-            | Self::Repave { machine }
+            | Self::Repave { machine, .. }
             | Self::Rollback { machine, .. } => machine,
         }
     }
@@ -153,10 +159,19 @@ impl Action {
                 }
                 text
             }
-            Self::Repave { machine } => format!(
-                "annotate Machine {machine} with {}=<now>: drain and delete its Node, repave",
-                unbounded_api::well_known::annotations::REPAVE
-            ),
+            Self::Repave { machine, then } => {
+                let mut text = format!(
+                    "annotate Machine {machine} with {}=<now>: drain and delete its Node, repave",
+                    unbounded_api::well_known::annotations::REPAVE
+                );
+                if let Some(then) = then {
+                    text.push_str(&format!(
+                        ", then {then} ({}={then})",
+                        unbounded_api::well_known::annotations::REPAVE_THEN
+                    ));
+                }
+                text
+            }
             Self::Rollback {
                 machine,
                 configuration,
@@ -201,27 +216,13 @@ pub fn refusal(
     if machine.metadata.deletion_timestamp.is_some() {
         return Some("the Machine is being deleted".to_owned());
     }
-    let provider = machine.spec.provider;
+    let deallocate = matches!(verb, Verb::PowerOff { deallocate: true });
     if let Some(name) = verb.operation_name() {
-        if operations::route(provider, name).is_none() {
-            return Some(format!(
-                "a {} Machine has no handler for {name} (it runs: {})",
-                provider.as_str(),
-                operations::known(provider).join(", ")
-            ));
-        }
-        let needs_bmc = operations::POWER.contains(&name) || name == operations::PXE_BOOT;
-        let has_bmc = machine.spec.pxe.as_ref().is_some_and(|p| p.bmc.is_some());
-        if provider == MachineProvider::Pxe && needs_bmc && !has_bmc {
-            return Some(format!(
-                "has no BMC (spec.pxe.bmc), so its power cannot be switched: {name} needs one"
-            ));
-        }
-        if matches!(verb, Verb::PowerOff { deallocate: true }) && provider != MachineProvider::Azure
-        {
-            return Some("--deallocate applies only to azure Machines".to_owned());
-        }
-        return None;
+        return operation_refusal(machine, name, deallocate);
+    }
+    if let Verb::Repave { then: Some(then) } = verb {
+        return operation_refusal(machine, then, false)
+            .map(|why| format!("the repave's follow-up {then}: {why}"));
     }
     if let Verb::Rollback { to } = verb {
         if let Some(pool) = pool_of(machine) {
@@ -262,6 +263,29 @@ pub fn refusal(
         if recorded(machine).map(|(_, v)| v) == Some(*to) && pinned == Some(*to) {
             return Some(format!("already runs and pins {configuration} v{to}"));
         }
+    }
+    None
+}
+
+/// Why `machine` cannot run the operation `name`, or `None` when some handler can.
+fn operation_refusal(machine: &Machine, name: &str, deallocate: bool) -> Option<String> {
+    let provider = machine.spec.provider;
+    if operations::route(provider, name).is_none() {
+        return Some(format!(
+            "a {} Machine has no handler for {name} (it runs: {})",
+            provider.as_str(),
+            operations::known(provider).join(", ")
+        ));
+    }
+    let needs_bmc = operations::POWER.contains(&name) || name == operations::PXE_BOOT;
+    let has_bmc = machine.spec.pxe.as_ref().is_some_and(|p| p.bmc.is_some());
+    if provider == MachineProvider::Pxe && needs_bmc && !has_bmc {
+        return Some(format!(
+            "has no BMC (spec.pxe.bmc), so its power cannot be switched: {name} needs one"
+        ));
+    }
+    if deallocate && provider != MachineProvider::Azure {
+        return Some("--deallocate applies only to azure Machines".to_owned());
     }
     None
 }
@@ -313,7 +337,14 @@ pub fn plan(
                     version: *to,
                     from: recorded(m).map(|(_, v)| v),
                 },
-                (None, _) => Action::Repave { machine },
+                (None, Verb::Repave { then }) => Action::Repave {
+                    machine,
+                    then: *then,
+                },
+                (None, _) => Action::Repave {
+                    machine,
+                    then: None,
+                },
             }
         })
         .collect())
@@ -420,11 +451,36 @@ mod tests {
                 Err("--deallocate applies only to azure"),
             ),
             (
-                Verb::Repave,
+                Verb::Repave { then: None },
                 manual("m"),
                 Ok(Action::Repave {
                     machine: "m".into(),
+                    then: None,
                 }),
+            ),
+            (
+                Verb::Repave {
+                    then: Some("pxeBoot"),
+                },
+                pxe("m", true),
+                Ok(Action::Repave {
+                    machine: "m".into(),
+                    then: Some("pxeBoot"),
+                }),
+            ),
+            (
+                Verb::Repave {
+                    then: Some("pxeBoot"),
+                },
+                pxe("m", false),
+                Err("the repave's follow-up pxeBoot: has no BMC"),
+            ),
+            (
+                Verb::Repave {
+                    then: Some("powerOff"),
+                },
+                manual("m"),
+                Err("has no handler for powerOff"),
             ),
             (
                 Verb::Rollback { to: 1 },
@@ -502,7 +558,7 @@ mod tests {
             crate::fixtures::now(),
         ));
         assert!(
-            refusal(&Verb::Repave, &m, &[])
+            refusal(&Verb::Repave { then: None }, &m, &[])
                 .unwrap()
                 .contains("being deleted")
         );
@@ -564,7 +620,8 @@ mod tests {
         );
         assert!(
             Action::Repave {
-                machine: "m".into()
+                machine: "m".into(),
+                then: None,
             }
             .describe()
             .contains("unbounded-cloud.io/repave=<now>")

@@ -455,6 +455,33 @@ async fn repave_and_rollback_annotate_and_pin() {
         "{}",
         run.stdout
     );
+
+    // A follow-up the machine cannot run refuses the repave; one it can is written for the
+    // controller, and a later plain repave clears it.
+    let run = plugin(&["repave", "rb-r", "--then", "power-off"]).await;
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(
+        run.stderr
+            .contains("rb-r: the repave's follow-up powerOff: a manual Machine has no handler"),
+        "{}",
+        run.stderr
+    );
+    create_pxe_machine(&client, "rb-p", json!({}), 9, true).await;
+    let run = plugin(&["repave", "rb-p", "--then", "pxe-boot", "--no-wait"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let then = |m: &Machine| {
+        m.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(annotations::REPAVE_THEN).cloned())
+    };
+    assert_eq!(
+        then(&machine(&client, "rb-p").await).as_deref(),
+        Some("pxeBoot")
+    );
+    let run = plugin(&["repave", "rb-p", "--no-wait"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(then(&machine(&client, "rb-p").await), None);
 }
 
 #[tokio::test]
