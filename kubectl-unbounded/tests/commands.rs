@@ -506,7 +506,10 @@ struct Tmux {
 
 impl Tmux {
     fn start(width: u16, command: &str) -> Self {
-        let socket = format!("kubectl-unbounded-test-{}", std::process::id());
+        // One server per terminal: tests run in parallel, and each kills its own at the end.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let socket = format!("kubectl-unbounded-test-{}-{n}", std::process::id());
         let status = std::process::Command::new("tmux")
             .args(["-L", &socket, "new-session", "-d", "-s", "t"])
             .args(["-x", &width.to_string(), "-y", "40", command])
@@ -529,6 +532,18 @@ impl Tmux {
             .output()
             .unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Tmux {
+    /// Types keys into the terminal.
+    fn send(&self, keys: &[&str]) {
+        let status = std::process::Command::new("tmux")
+            .args(["-L", &self.socket, "send-keys", "-t", "t"])
+            .args(keys)
+            .status()
+            .unwrap();
+        assert!(status.success());
     }
 }
 
@@ -588,4 +603,122 @@ async fn status_watch_in_a_real_terminal_colours_fits_the_width_and_redraws_in_p
         "redrawn in place, not appended: {screen}"
     );
     assert_eq!(screen.matches("NAME").count(), 1, "{screen}");
+}
+
+/// A directory for PATH holding the plugin and its completion script, as an operator
+/// installs them (docs/kubectl-plugin.md).
+fn plugin_path() -> (tempfile::TempDir, std::ffi::OsString) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(
+        env!("CARGO_BIN_EXE_kubectl-unbounded"),
+        dir.path().join("kubectl-unbounded"),
+    )
+    .unwrap();
+    let script = dir.path().join("kubectl_complete-unbounded");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\nexec kubectl-unbounded __complete \"$@\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut path = std::ffi::OsString::from(dir.path());
+    path.push(":");
+    path.push(std::env::var_os("PATH").unwrap_or_default());
+    (dir, path)
+}
+
+async fn real_kubectl(args: &[&str], path: &std::ffi::OsStr) -> Run {
+    let out = tokio::process::Command::new(&control_plane().binaries().kubectl)
+        .args(args)
+        .env("PATH", path)
+        .env("KUBECONFIG", control_plane().kubeconfig_path())
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+#[tokio::test]
+async fn kubectl_runs_the_plugin_and_completes_its_machine_names() {
+    let client = client().await;
+    create_machine(&client, "kc-first", json!({"test": "kc"}), json!({})).await;
+    create_machine(&client, "kc-second", json!({"test": "kc"}), json!({})).await;
+    let (_dir, path) = plugin_path();
+
+    let run = real_kubectl(
+        &["unbounded", "status", "-l", "test=kc", "-o", "json"],
+        &path,
+    )
+    .await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let tree: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(
+        tree["groups"][0]["machines"].as_array().unwrap().len(),
+        2,
+        "{tree}"
+    );
+
+    // kubectl's own completion hands the words after the plugin's name to
+    // kubectl_complete-unbounded.
+    let run = real_kubectl(&["__complete", "unbounded", "why", "kc-"], &path).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(lines, ["kc-first", "kc-second", ":4"], "{run:?}");
+    let run = real_kubectl(&["__complete", "unbounded", "re"], &path).await;
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(
+        lines,
+        ["reboot", "restart-service", "repave", ":4"],
+        "{run:?}"
+    );
+}
+
+#[tokio::test]
+async fn many_machines_need_a_yes_typed_in_the_terminal() {
+    let client = client().await;
+    for name in ["cf-1", "cf-2", "cf-3"] {
+        create_machine(&client, name, json!({"test": "cf"}), json!({})).await;
+    }
+    let command = |answer: &str| {
+        format!(
+            "{} --kubeconfig {} reboot -l test=cf --confirm-above 2 --no-wait; echo exit=$?; \
+             sleep 600 # {answer}",
+            env!("CARGO_BIN_EXE_kubectl-unbounded"),
+            control_plane().kubeconfig_path().display()
+        )
+    };
+    let reboots = async || {
+        let mut n = 0;
+        for m in ["cf-1", "cf-2", "cf-3"] {
+            n += operations_on(&client, m).await.len();
+        }
+        n
+    };
+    for (answer, code, created) in [("n", 2, 0), ("y", 0, 3)] {
+        let tmux = Tmux::start(120, &command(answer));
+        wait_for("the question", || async {
+            tmux.screen(false)
+                .contains("reboot 3 machines (cf-1, cf-2, cf-3)? [y/N]")
+                .then_some(())
+        })
+        .await;
+        assert_eq!(reboots().await, 0, "nothing before the answer");
+        tmux.send(&[answer, "Enter"]);
+        let screen = wait_for("the plugin to exit", || async {
+            let s = tmux.screen(false);
+            s.contains("exit=").then_some(s)
+        })
+        .await;
+        assert!(
+            screen.contains(&format!("exit={code}")),
+            "{answer}: {screen}"
+        );
+        assert_eq!(reboots().await, created, "{answer}: {screen}");
+    }
 }
