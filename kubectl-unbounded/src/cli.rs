@@ -44,6 +44,9 @@ pub enum Command {
     Repave(RepaveArgs),
     /// Roll one machine back (or forward) to a configuration version: pin it, then repave.
     Rollback(RollbackArgs),
+    /// The machine's serial console through its BMC (IPMI Serial-over-LAN), read-only unless
+    /// --interactive.
+    Console(ConsoleArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completion(CompletionArgs),
     /// kubectl's plugin completion protocol: prints candidates for the last word (used by
@@ -225,6 +228,16 @@ pub struct RollbackArgs {
     pub to: i64,
     #[command(flatten)]
     pub act: ActArgs,
+}
+
+/// `console`.
+#[derive(Args, Debug)]
+pub struct ConsoleArgs {
+    /// The machine.
+    pub machine: String,
+    /// Send what is typed to the machine (`~.` ends the session).
+    #[arg(long)]
+    pub interactive: bool,
 }
 
 /// `completion`.

@@ -25,9 +25,10 @@ pub enum Want {
 }
 
 /// Subcommands that take machine names as positional arguments.
-const TAKES_MACHINES: [&str; 9] = [
+const TAKES_MACHINES: [&str; 10] = [
     "status",
     "why",
+    "console",
     "reboot",
     "shutdown",
     "pxe-boot",
@@ -96,7 +97,7 @@ pub fn want(words_typed: &[String]) -> Want {
     match subcommand {
         "completion" => words(&["bash", "zsh", "fish", "elvish", "powershell"]),
         "power" if positionals.is_empty() => words(&["on", "off", "cycle"]),
-        "why" | "rollback" if !positionals.is_empty() => Want::Nothing,
+        "why" | "rollback" | "console" if !positionals.is_empty() => Want::Nothing,
         s if TAKES_MACHINES.contains(&s) => Want::Machines,
         _ => Want::Nothing,
     }

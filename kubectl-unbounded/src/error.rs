@@ -46,6 +46,12 @@ pub enum Error {
     /// Writing to the terminal failed.
     #[error("writing the output: {0}")]
     Output(#[from] std::io::Error),
+    /// The machine has no console the plugin can open.
+    #[error(transparent)]
+    NoConsole(#[from] crate::console::NoConsole),
+    /// Opening the console failed (never with a credential in the message).
+    #[error("console: {0}")]
+    Console(String),
     /// Rendering JSON or YAML failed.
     #[error("rendering the output: {0}")]
     Render(String),
@@ -60,6 +66,7 @@ impl Error {
             | Self::UnknownPool(_)
             | Self::UnknownConfiguration(_)
             | Self::Plan(_)
+            | Self::NoConsole(_)
             | Self::NotConfirmed(_) => 2,
             // The API server refuses a malformed label selector with 400 Bad Request.
             Self::Api {

@@ -7,6 +7,7 @@
 //! - `reboot`, `shutdown`, `power on|off|cycle`, `pxe-boot`, `restart-service`, `repave`,
 //!   `rollback --to N`: the objects the controller, the providers and the agent act on,
 //!   followed to the end.
+//! - `console <machine>`: the serial console through the BMC (IPMI Serial-over-LAN).
 //! - `completion <shell>`, and kubectl's plugin completion (`__complete`).
 //!
 //! Decisions are pure functions over plain data ([`status::build`], [`render::render`],
@@ -17,6 +18,7 @@ pub mod act;
 pub mod cli;
 pub mod cluster;
 pub mod complete;
+pub mod console;
 pub mod error;
 pub mod facts;
 #[cfg(test)]
@@ -92,6 +94,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
             let v = Verb::Rollback { to: r.to };
             act::run(&client, &v, &machines, &configurations, &r.act, &terminal).await
         }
+        Command::Console(c) => console::run(&client, &c.machine, c.interactive).await,
         Command::Completion(_) | Command::Complete(_) => Ok(()),
     }
 }
