@@ -281,7 +281,12 @@ async fn follow(
 
     let mut events = if applied.operations.is_empty() {
         let api: Api<Machine> = Api::all(client.clone());
-        watcher(api, watcher::Config::default())
+        // One machine: watch only it (a fleet's every Machine is a lot to list for one).
+        let config = match applied.repaves.keys().collect::<Vec<_>>().as_slice() {
+            [only] => watcher::Config::default().fields(&format!("metadata.name={only}")),
+            _ => watcher::Config::default(),
+        };
+        watcher(api, config)
             .default_backoff()
             .applied_objects()
             .map(|m| m.map(|m| Followed::Machine(Box::new(m))))
