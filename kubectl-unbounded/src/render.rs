@@ -383,6 +383,48 @@ configuration gpu  latest v2 (deployed), OnDelete, priority 0, 3 machines
     }
 
     #[test]
+    fn pools_as_text() {
+        let mut web = crate::fixtures::pool("web", "pxe", 2, 1);
+        web.status.get_or_insert_default().conditions = vec![
+            serde_json::from_value(condition(
+                "Scaled",
+                "False",
+                "InventoryShort",
+                "1 free PXE Machine matches, 2 needed",
+                "2026-11-26T11:00:00Z",
+            ))
+            .unwrap(),
+        ];
+        let mut a = running("a", "gpu", 1);
+        a.metadata.labels = Some(crate::facts::label_map(&[(
+            unbounded_api::well_known::labels::POOL,
+            "web",
+        )]));
+        let loose = machine("loose", json!({}), json!({}), serde_json::Value::Null);
+        let inventory = Inventory {
+            machines: vec![a, loose],
+            configurations: vec![configuration(
+                "gpu",
+                0,
+                Some(json!({"matchLabels": {"x": "y"}})),
+                &[(1, true)],
+            )],
+            pools: vec![web],
+            nodes: vec![node("a", false)],
+        };
+        let tree = build(&inventory, &Filter::default(), GroupBy::Pool, now());
+        let text = render(&tree, Style::default());
+        let expected = "\
+NAME      PHASE    VERSION  NODE      POWER  AGENT    WAITING ON
+pool web  pxe pool, 1/2 ready, 2 updated; Scaled=False InventoryShort 60m: 1 free PXE Machine matches, 2 needed
+└─ a      Running  1→?      NotReady  On     running  no configuration matches
+(in no pool)
+└─ loose  -        -→?      -         -      -        Status NoStatus: the controller has not reported on this Machine yet
+";
+        assert_eq!(text, expected);
+    }
+
+    #[test]
     fn a_narrow_terminal_drops_power_and_agent_and_cuts_the_last_column() {
         let text = render(
             &lab(&"x".repeat(200)),
