@@ -147,16 +147,25 @@ pub struct NodeFacts {
     pub cordoned: bool,
 }
 
+/// Nodes by name (a fleet's thousands of machines each look theirs up).
+pub type NodesByName<'a> = BTreeMap<&'a str, &'a Node>;
+
+/// Indexes `nodes` by name.
+pub fn nodes_by_name(nodes: &[Node]) -> NodesByName<'_> {
+    nodes
+        .iter()
+        .filter_map(|n| Some((n.metadata.name.as_deref()?, n)))
+        .collect()
+}
+
 /// The Node a machine became (by `status.nodeRef`, else by the name it becomes).
-pub fn node_of(machine: &Machine, nodes: &[Node]) -> NodeFacts {
+pub fn node_of(machine: &Machine, nodes: &NodesByName<'_>) -> NodeFacts {
     let name = machine
         .status
         .as_ref()
         .and_then(|s| s.node_ref.as_ref())
         .map_or_else(|| machine.node_name(), |r| r.name.clone());
-    let node = nodes
-        .iter()
-        .find(|n| n.metadata.name.as_deref() == Some(&name));
+    let node = nodes.get(name.as_str()).copied();
     let readiness = match node {
         None => NodeReadiness::Missing,
         Some(node) => {
@@ -183,14 +192,19 @@ pub fn node_of(machine: &Machine, nodes: &[Node]) -> NodeFacts {
     }
 }
 
+/// The configurations as the controller's selection sees them (built once for many
+/// machines).
+pub fn candidates(configurations: &[MachineConfiguration]) -> Vec<Candidate<'_>> {
+    configurations.iter().map(candidate).collect()
+}
+
 /// The configuration version a machine resolves to now, by the controller's own rule
-/// (`unbounded_controller::selection::resolve`), with `configurations` as the candidates.
-pub fn resolve(machine: &Machine, configurations: &[MachineConfiguration]) -> Resolution {
-    let candidates: Vec<Candidate<'_>> = configurations.iter().map(candidate).collect();
+/// (`unbounded_controller::selection::resolve`), among `candidates`.
+pub fn resolve(machine: &Machine, candidates: &[Candidate<'_>]) -> Resolution {
     selection::resolve(
         machine.labels(),
         machine.spec.configuration_ref.as_ref(),
-        &candidates,
+        candidates,
     )
 }
 

@@ -10,12 +10,12 @@ use kube::ResourceExt;
 use serde::Serialize;
 use unbounded_api::well_known::conditions;
 use unbounded_api::{Machine, MachineConfiguration, MachinePool};
-use unbounded_controller::selection::Resolution;
+use unbounded_controller::selection::{Candidate, Resolution};
 
 use crate::cli::GroupBy;
 use crate::facts::{
-    Blocker, Inventory, NodeFacts, first_blocker, node_of, pool_of, recorded, resolve,
-    seconds_between,
+    Blocker, Inventory, NodeFacts, NodesByName, candidates, first_blocker, node_of, nodes_by_name,
+    pool_of, recorded, resolve, seconds_between,
 };
 
 /// Which machines `status` shows.
@@ -137,13 +137,27 @@ pub struct VersionRef {
 
 /// One machine's row.
 pub fn machine_row(machine: &Machine, inventory: &Inventory, now: Timestamp) -> MachineRow {
+    let facts = Shared {
+        nodes: nodes_by_name(&inventory.nodes),
+        candidates: candidates(&inventory.configurations),
+    };
+    row_with(machine, &facts, now)
+}
+
+/// What every row looks things up in, built once per tree.
+struct Shared<'a> {
+    nodes: NodesByName<'a>,
+    candidates: Vec<Candidate<'a>>,
+}
+
+fn row_with(machine: &Machine, shared: &Shared<'_>, now: Timestamp) -> MachineRow {
     let status = machine.status.as_ref();
     let phase = if machine.metadata.deletion_timestamp.is_some() {
         Some("Deleting")
     } else {
         status.and_then(|s| s.phase).map(|p| p.as_str())
     };
-    let (resolved, unresolved) = match resolve(machine, &inventory.configurations) {
+    let (resolved, unresolved) = match resolve(machine, &shared.candidates) {
         Resolution::Resolved {
             configuration,
             version,
@@ -187,7 +201,7 @@ pub fn machine_row(machine: &Machine, inventory: &Inventory, now: Timestamp) -> 
         }),
         resolved,
         unresolved,
-        node: node_of(machine, &inventory.nodes),
+        node: node_of(machine, &shared.nodes),
         power: status.and_then(|s| s.power).map(|p| match p {
             unbounded_api::PowerState::On => "On",
             unbounded_api::PowerState::Off => "Off",
@@ -304,12 +318,16 @@ pub fn build(inventory: &Inventory, filter: &Filter, by: GroupBy, now: Timestamp
     } else {
         by
     };
+    let shared = Shared {
+        nodes: nodes_by_name(&inventory.nodes),
+        candidates: candidates(&inventory.configurations),
+    };
     let mut rows: Vec<(&Machine, MachineRow)> = inventory
         .machines
         .iter()
         .filter(|m| filter.names.is_empty() || filter.names.contains(&m.name_any()))
         .filter(|m| filter.pool.is_none() || pool_of(m) == filter.pool.as_deref())
-        .map(|m| (m, machine_row(m, inventory, now)))
+        .map(|m| (m, row_with(m, &shared, now)))
         .filter(|(m, row)| match &filter.configuration {
             None => true,
             Some(c) => {
