@@ -627,4 +627,87 @@ mod tests {
             .contains("unbounded-cloud.io/repave=<now>")
         );
     }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn any_machine() -> impl Strategy<Value = Machine> {
+            (0usize..4, any::<bool>(), "[a-z]{1,6}").prop_map(|(kind, deleting, name)| {
+                let mut m = match kind {
+                    0 => pxe(&name, true),
+                    1 => pxe(&name, false),
+                    2 => azure(&name),
+                    _ => manual(&name),
+                };
+                if deleting {
+                    m.metadata.deletion_timestamp = Some(
+                        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                            crate::fixtures::now(),
+                        ),
+                    );
+                }
+                m
+            })
+        }
+
+        fn any_verb() -> impl Strategy<Value = Verb> {
+            prop_oneof![
+                Just(Verb::Reboot),
+                Just(Verb::Shutdown),
+                Just(Verb::PowerOn),
+                any::<bool>().prop_map(|deallocate| Verb::PowerOff { deallocate }),
+                Just(Verb::PowerCycle),
+                Just(Verb::PxeBoot),
+                Just(Verb::RestartService {
+                    service: "kubelet.service".into()
+                }),
+                prop_oneof![Just(None), Just(Some("powerOff")), Just(Some("pxeBoot"))]
+                    .prop_map(|then| Verb::Repave { then }),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 256, rng_seed: proptest::test_runner::RngSeed::Fixed(29), ..ProptestConfig::default() })]
+
+            /// A plan is all or nothing, and never writes an operation that no handler of
+            /// the Machine's provider runs (by the API's routing table), nor a power
+            /// operation for a PXE Machine without a BMC, nor anything for a Machine being
+            /// deleted.
+            #[test]
+            fn plans_are_all_or_nothing_and_only_routable(
+                verb in any_verb(),
+                machines in proptest::collection::vec(any_machine(), 0..6),
+            ) {
+                match plan(&verb, &machines, &[]) {
+                    Ok(actions) => {
+                        prop_assert_eq!(actions.len(), machines.len());
+                        for (action, m) in actions.iter().zip(&machines) {
+                            prop_assert_eq!(action.machine(), m.name_any());
+                            prop_assert!(m.metadata.deletion_timestamp.is_none());
+                            let operation = match action {
+                                Action::CreateOperation { operation_name, .. } => Some(*operation_name),
+                                Action::Repave { then, .. } => *then,
+                                Action::Rollback { .. } => None,
+                            };
+                            if let Some(name) = operation {
+                                prop_assert!(operations::route(m.spec.provider, name).is_some());
+                                let bmc = m.spec.pxe.as_ref().is_some_and(|p| p.bmc.is_some());
+                                let power = operations::POWER.contains(&name) || name == operations::PXE_BOOT;
+                                prop_assert!(m.spec.provider != MachineProvider::Pxe || !power || bmc);
+                            }
+                        }
+                    }
+                    Err(PlanError::NoMachines { .. }) => prop_assert!(machines.is_empty()),
+                    Err(PlanError::Refused { refusals, .. }) => {
+                        prop_assert!(!refusals.is_empty());
+                        for (name, _) in &refusals {
+                            prop_assert!(machines.iter().any(|m| &m.name_any() == name));
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
