@@ -318,6 +318,14 @@ async fn follow(
                 )));
             }
             _ = tick.tick(), if terminal.stdout_tty => {}
+            _ = tokio::signal::ctrl_c() => {
+                printer.end()?;
+                let elapsed = i64::try_from(started.elapsed().as_secs()).unwrap_or(i64::MAX);
+                return Err(Error::TimedOut(format!(
+                    "stopped following: {} (the work goes on; `kubectl unbounded status` shows it)",
+                    progress.line(verb.command(), elapsed)
+                )));
+            }
             event = events.next() => match event {
                 Some(Ok(Followed::Operation(op))) => {
                     if let Some(machine) = op.spec.machine_ref.as_ref().map(|r| r.name.clone())

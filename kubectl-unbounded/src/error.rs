@@ -40,7 +40,7 @@ pub enum Error {
     /// Some machines' part of the verb failed.
     #[error("{0}")]
     Failed(String),
-    /// Following stopped at `--timeout`.
+    /// Following stopped at `--timeout` or on Ctrl-C.
     #[error("{0}")]
     TimedOut(String),
     /// Writing to the terminal failed.

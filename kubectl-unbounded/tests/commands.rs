@@ -722,3 +722,51 @@ async fn many_machines_need_a_yes_typed_in_the_terminal() {
         assert_eq!(reboots().await, created, "{answer}: {screen}");
     }
 }
+
+#[tokio::test]
+async fn ctrl_c_stops_following_and_leaves_the_operation() {
+    let client = client().await;
+    create_machine(&client, "int-m", json!({}), json!({})).await;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kubectl-unbounded"))
+        .arg("--kubeconfig")
+        .arg(control_plane().kubeconfig_path())
+        .args(["reboot", "int-m", "--timeout", "600"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // Following: no controller runs here, so the operation stays pending.
+    loop {
+        let line = tokio::time::timeout(TIMEOUT, lines.next_line())
+            .await
+            .expect("a progress line")
+            .unwrap()
+            .expect("following");
+        if line.starts_with("reboot: 0/1 done, 1 pending") {
+            break;
+        }
+    }
+    let pid = child.id().unwrap();
+    std::process::Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .unwrap();
+    let out = tokio::time::timeout(TIMEOUT, child.wait_with_output())
+        .await
+        .expect("the plugin ends on Ctrl-C")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("stopped following: reboot: 0/1 done, 1 pending"),
+        "{stderr}"
+    );
+    assert_eq!(
+        operations_on(&client, "int-m").await.len(),
+        1,
+        "the operation stays"
+    );
+}
