@@ -52,6 +52,9 @@ pub enum Error {
     /// Opening the console failed (never with a credential in the message).
     #[error("console: {0}")]
     Console(String),
+    /// A watch failed before it had listed everything.
+    #[error("watching: {0}")]
+    Watch(String),
     /// Rendering JSON or YAML failed.
     #[error("rendering the output: {0}")]
     Render(String),

@@ -247,7 +247,7 @@ async fn watch_status(
         tokio::select! {
             () = &mut ready => break,
             event = events.next() => if let Some(Err(e)) = event {
-                return Err(Error::Render(format!("watching: {e}")));
+                return Err(Error::Watch(e.to_string()));
             },
         }
     }
