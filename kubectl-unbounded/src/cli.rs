@@ -182,7 +182,7 @@ pub struct PowerArgs {
 pub enum PowerAction {
     /// Power on.
     On,
-    /// Power off (hard).
+    /// Power off.
     Off,
     /// Power off and on.
     Cycle,
