@@ -15,6 +15,8 @@ packages=(
   debootstrap skopeo libc6-dev
   # BMC emulators driving QEMU through libvirt (sushy-tools in a venv; OpenIPMI's ipmi_sim)
   libvirt-daemon-system libvirt-dev pkg-config python3-venv python3-dev gcc ipmitool openipmi
+  # the kubectl plugin's terminal test (status --watch in a real terminal)
+  tmux
 )
 
 missing=()

@@ -3,7 +3,8 @@
 //! each `cargo run -p <package> -- <args>` (and each call of a built binary) is run as
 //! `<binary> <args> --help`, which exits 0 only when every subcommand and flag exists and
 //! every value parses (clap checks them before it prints the help); each `kubectl` command
-//! the same way with the matching kubectl; each `scripts/...` must exist. A renamed flag or
+//! the same way with the matching kubectl (`kubectl unbounded ...` with the plugin binary,
+//! `kubectl-unbounded`); each `scripts/...` must exist. A renamed flag or
 //! subcommand fails this test instead of leaving the docs wrong.
 
 use std::path::{Path, PathBuf};
@@ -164,6 +165,12 @@ fn check_of(words: &[String]) -> Option<Check> {
             };
             Some(Check::Binary(binary, args))
         }
+        // kubectl runs the plugin `kubectl-unbounded` for `kubectl unbounded ...`: check the
+        // plugin's own command line (kubectl would not find it unless it is installed).
+        "kubectl" if rest.first() == Some(&"unbounded") => Some(Check::Binary(
+            "kubectl-unbounded".to_owned(),
+            rest[1..].iter().map(|s| (*s).to_owned()).collect(),
+        )),
         "kubectl" => Some(Check::Kubectl(
             rest.iter().map(|s| (*s).to_owned()).collect(),
         )),
@@ -209,7 +216,8 @@ fn kubectl() -> PathBuf {
 fn the_commands_line_parser_finds_commands() {
     let text = "run `cargo run -p unbounded-testbed -- up --machines 3` then\n\n```sh\n\
         eval \"$(cargo run -q -p unbounded-testbed -- up | tail -1)\"; export KUBECONFIG\n\
-        kubectl get machines,nodes   # look\nscripts/test\n```\n```yaml\nkubectl: no\n```\n";
+        kubectl get machines,nodes   # look\nscripts/test\n\
+        kubectl unbounded status -l rack=r1 | less\n```\n```yaml\nkubectl: no\n```\n";
     let checks: Vec<Check> = command_lines(text)
         .iter()
         .flat_map(|l| commands_of(l))
@@ -225,6 +233,10 @@ fn the_commands_line_parser_finds_commands() {
             Check::Binary("unbounded-testbed".into(), vec!["up".into()]),
             Check::Kubectl(vec!["get".into(), "machines,nodes".into()]),
             Check::Script("scripts/test".into()),
+            Check::Binary(
+                "kubectl-unbounded".into(),
+                vec!["status".into(), "-l".into(), "rack=r1".into()]
+            ),
         ]
     );
 }

@@ -1,0 +1,88 @@
+//! The plugin's errors and their exit codes: 2 for input the plugin refuses (unknown
+//! machines, a selector that matches nothing, a verb a machine cannot carry out, no
+//! confirmation), 1 for everything that went wrong while acting or reading.
+
+use crate::plan::PlanError;
+
+/// What went wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The kubeconfig could not be read or used.
+    #[error("kubeconfig: {0}")]
+    Kubeconfig(String),
+    /// A request to the API server failed.
+    #[error("{what}: {source}")]
+    Api {
+        /// What was being done.
+        what: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Machines named on the command line do not exist.
+    #[error("no Machine named {}", .0.join(", "))]
+    UnknownMachines(Vec<String>),
+    /// A label selector matched no Machine.
+    #[error("no Machine matches the selector {0:?}")]
+    EmptySelector(String),
+    /// `--pool` names no MachinePool.
+    #[error("no MachinePool named {0}")]
+    UnknownPool(String),
+    /// `--configuration` names no MachineConfiguration.
+    #[error("no MachineConfiguration named {0}")]
+    UnknownConfiguration(String),
+    /// The verb is refused.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// More machines than `--confirm-above` and no confirmation.
+    #[error("{0}")]
+    NotConfirmed(String),
+    /// Some machines' part of the verb failed.
+    #[error("{0}")]
+    Failed(String),
+    /// Following stopped at `--timeout` or on Ctrl-C.
+    #[error("{0}")]
+    TimedOut(String),
+    /// Writing to the terminal failed.
+    #[error("writing the output: {0}")]
+    Output(#[from] std::io::Error),
+    /// The machine has no console the plugin can open.
+    #[error(transparent)]
+    NoConsole(#[from] crate::console::NoConsole),
+    /// Opening the console failed (never with a credential in the message).
+    #[error("console: {0}")]
+    Console(String),
+    /// A watch failed before it had listed everything.
+    #[error("watching: {0}")]
+    Watch(String),
+    /// Rendering JSON or YAML failed.
+    #[error("rendering the output: {0}")]
+    Render(String),
+}
+
+impl Error {
+    /// The process exit code for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::UnknownMachines(_)
+            | Self::EmptySelector(_)
+            | Self::UnknownPool(_)
+            | Self::UnknownConfiguration(_)
+            | Self::Plan(_)
+            | Self::NoConsole(_)
+            | Self::NotConfirmed(_) => 2,
+            // The API server refuses a malformed label selector with 400 Bad Request.
+            Self::Api {
+                source: kube::Error::Api(status),
+                ..
+            } if status.code == 400 => 2,
+            _ => 1,
+        }
+    }
+
+    /// Wraps a client error with what was being done.
+    pub fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Self {
+        let what = what.into();
+        move |source| Self::Api { what, source }
+    }
+}

@@ -1,0 +1,231 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
+//! `console` against a real BMC emulator: OpenIPMI's `ipmi_sim` with Serial-over-LAN on a TCP
+//! "serial port" this test writes a boot log into, the credentials in a real Secret on a real
+//! kube-apiserver, and the real `ipmitool` started by the plugin. The lines written to the
+//! serial port come out of the plugin; the password never does, and never reaches ipmitool's
+//! command line.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+const LINE: &str = "Unbounded host OS: reached the serial console";
+const PASSWORD: &str = "s3cret-sol-password";
+
+/// ipmi_sim with one administrator and SOL on `serial_port` (it connects there itself).
+struct Sim {
+    port: u16,
+    _child: tokio::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+async fn start_sim(serial_port: u16) -> Sim {
+    let dir = tempfile::tempdir().unwrap();
+    let port = {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket.local_addr().unwrap().port()
+    };
+    let conf = dir.path().join("lan.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "name \"ubsol\"\nset_working_mc 0x20\n  startlan 1\n    addr 127.0.0.1 {port}\n    priv_limit admin\n    allowed_auths_callback none md5\n    allowed_auths_user none md5\n    allowed_auths_operator none md5\n    allowed_auths_admin none md5\n    guid a123456789abcdefa123456789abcdef\n  endlan\n  sol \"tcp:127.0.0.1:{serial_port}\" 115200\nuser 2 true \"admin\" \"{PASSWORD}\" admin 10 none md5\n"
+        ),
+    )
+    .unwrap();
+    let emu = dir.path().join("sim.emu");
+    std::fs::write(
+        &emu,
+        "mc_setbmc 0x20\nmc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr\nmc_enable 0x20\n",
+    )
+    .unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let child = tokio::process::Command::new("ipmi_sim")
+        .arg("-c")
+        .arg(&conf)
+        .arg("-f")
+        .arg(&emu)
+        .arg("-n")
+        .arg("-s")
+        .arg(&state)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("ipmi_sim (Debian package openipmi; scripts/install-deps.sh installs it)");
+    // Ready when it answers a session.
+    wait_for("ipmi_sim to answer", || async {
+        tokio::process::Command::new("ipmitool")
+            .args([
+                "-I",
+                "lanplus",
+                "-C",
+                "3",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
+            .args(["-U", "admin", "-E", "mc", "info"])
+            .env("IPMI_PASSWORD", PASSWORD)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .await
+            .is_ok_and(|s| s.success())
+            .then_some(())
+    })
+    .await;
+    Sim {
+        port,
+        _child: child,
+        _dir: dir,
+    }
+}
+
+/// The machine's serial port: accepts ipmi_sim's connection and writes the boot log line
+/// again and again.
+async fn serial_port() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                while stream
+                    .write_all(format!("{LINE}\r\n").as_bytes())
+                    .await
+                    .is_ok()
+                {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            });
+        }
+    });
+    port
+}
+
+async fn create_secret(client: &kube::Client, name: &str, password: &str) {
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "namespace": "default"},
+        "stringData": {"username": "admin", "password": password},
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+}
+
+async fn create_bmc_machine(client: &kube::Client, name: &str, port: u16, secret: &str) {
+    create_machine(
+        client,
+        name,
+        json!({}),
+        json!({"provider": "pxe", "pxe": {"macAddresses": ["52:54:00:29:01:01"], "bmc": {
+            "address": format!("ipmi://127.0.0.1:{port}"),
+            "credentialsSecretRef": {"namespace": "default", "name": secret}}}}),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn console_reads_the_serial_port_through_ipmi_sol_and_never_shows_the_password() {
+    let client = client().await;
+    let sim = start_sim(serial_port().await).await;
+    create_secret(&client, "sol-bmc", PASSWORD).await;
+    create_bmc_machine(&client, "sol-m", sim.port, "sol-bmc").await;
+
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kubectl-unbounded"))
+        .arg("--kubeconfig")
+        .arg(control_plane().kubeconfig_path())
+        .args(["console", "sol-m"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    let found = tokio::time::timeout(TIMEOUT, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            seen.push(line.clone());
+            if line.contains(LINE) {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(
+        found,
+        Ok(true),
+        "the serial port's line through SOL: {seen:?}"
+    );
+    // Ctrl-C ends the session (and deactivates SOL), with success.
+    let pid = child.id().unwrap();
+    std::process::Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .unwrap();
+    let out = tokio::time::timeout(TIMEOUT, child.wait_with_output())
+        .await
+        .expect("the plugin ends on Ctrl-C")
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("console of sol-m through ipmi://127.0.0.1:"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(PASSWORD) && !seen.iter().any(|l| l.contains(PASSWORD)));
+
+    // A wrong password: ipmitool's error, exit 1, and still no password printed.
+    create_secret(&client, "sol-wrong", "not-the-password").await;
+    create_bmc_machine(&client, "sol-wrong-m", sim.port, "sol-wrong").await;
+    let run = plugin(&["console", "sol-wrong-m"]).await;
+    assert_eq!(run.code, 1, "{run:?}");
+    assert!(
+        run.stderr.contains("console: ipmitool ended with"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains("not-the-password") && !run.stdout.contains("not-the-password"));
+}
+
+#[tokio::test]
+async fn console_refuses_machines_without_an_ipmi_bmc_and_missing_secrets() {
+    let client = client().await;
+    create_pxe_machine(&client, "sol-bare", json!({}), 0x20, false).await;
+    create_machine(&client, "sol-manual", json!({}), json!({})).await;
+    create_bmc_machine(&client, "sol-nosecret", 6230, "sol-absent").await;
+    let cases: [(&str, i32, &str); 4] = [
+        ("sol-bare", 2, "sol-bare has no BMC (spec.pxe.bmc)"),
+        ("sol-manual", 2, "sol-manual is a manual Machine"),
+        (
+            "sol-nosecret",
+            1,
+            "the BMC Secret default/sol-absent does not exist",
+        ),
+        ("sol-nosuch", 2, "no Machine named sol-nosuch"),
+    ];
+    for (machine, code, message) in cases {
+        let run = plugin(&["console", machine]).await;
+        assert_eq!(run.code, code, "{machine}: {run:?}");
+        assert!(run.stderr.contains(message), "{machine}: {}", run.stderr);
+    }
+}
