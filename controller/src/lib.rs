@@ -13,6 +13,7 @@
 
 pub mod agent_access;
 pub mod api_limits;
+pub mod apply;
 pub mod configuration;
 pub mod context;
 pub mod dispatch;
