@@ -472,14 +472,16 @@ mod tests {
         let cni = file("/etc/cni/x.conf", "1", &["containerd.service"]);
         let cni2 = file("/etc/cni/x.conf", "2", &["containerd.service"]);
         let motd = file("/etc/motd", "hi", &[]);
-        let cases: Vec<(
-            &str,
+        // (case, old files, new files, written, restarted, repave)
+        type Case = (
+            &'static str,
             Vec<FileSpec>,
             Vec<FileSpec>,
-            Vec<&str>,
-            Vec<&str>,
+            Vec<&'static str>,
+            Vec<&'static str>,
             bool,
-        )> = vec![
+        );
+        let cases: Vec<Case> = vec![
             (
                 "unchanged",
                 vec![cni.clone()],

@@ -120,7 +120,7 @@ pub enum ApplyStep {
     /// Patch the Node, then record the target.
     ApplyInPlace {
         /// What to apply.
-        plan: ApplyPlan,
+        plan: Box<ApplyPlan>,
         /// The version to record.
         target: ResolvedConfiguration,
     },
@@ -213,7 +213,7 @@ pub fn decide_step(facts: &ApplyFacts<'_>) -> ApplyStep {
         return ApplyStep::Wait(format!("waiting for the Node of Machine {machine}"));
     }
     ApplyStep::ApplyInPlace {
-        plan,
+        plan: Box::new(plan),
         target: target.clone(),
     }
 }
@@ -302,6 +302,16 @@ pub async fn run(
             Ok(Action::requeue(std::time::Duration::from_secs(2)))
         }
         ApplyStep::ApplyInPlace { plan, target } => {
+            // Claimed first (InProgress), so that the outcome is written over the claim.
+            let claimed = progress(
+                operation,
+                format!(
+                    "applying {} version {} in place",
+                    target.name, target.version
+                ),
+                ctx,
+            )
+            .await?;
             if let Some(node) = node.as_deref() {
                 patch_node(node, &plan, ctx).await?;
             }
@@ -319,6 +329,7 @@ pub async fn run(
                 message.clone(),
             )
             .await;
+            let operation = claimed.as_ref().unwrap_or(operation);
             finish(operation, OperationState::Complete, message, ctx).await
         }
     }
@@ -399,16 +410,18 @@ async fn record(
     }
 }
 
+/// Marks the operation InProgress with the message; returns it as written (none when
+/// nothing changed).
 async fn progress(
     operation: &MachineOperation,
     message: String,
     ctx: &Context,
-) -> Result<(), Error> {
+) -> Result<Option<MachineOperation>, Error> {
     let status = operation.status.clone().unwrap_or_default();
     if status.state == Some(OperationState::InProgress)
         && status.message.as_deref() == Some(&message)
     {
-        return Ok(());
+        return Ok(None);
     }
     let start = status.start_time.unwrap_or(Time(now()));
     write(
@@ -418,6 +431,7 @@ async fn progress(
         ctx,
     )
     .await
+    .map(Some)
 }
 
 async fn finish(
@@ -443,7 +457,7 @@ async fn write(
     operation: &MachineOperation,
     status: serde_json::Value,
     ctx: &Context,
-) -> Result<(), Error> {
+) -> Result<MachineOperation, Error> {
     let name = operation.name_any();
     let patch = json!({
         "apiVersion": MachineOperation::api_version(&()),
@@ -460,7 +474,7 @@ async fn write(
         )
         .await
     {
-        Ok(_) => Ok(()),
+        Ok(written) => Ok(written),
         Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::Waiting(format!(
             "MachineOperation {name} changed meanwhile"
         ))),
