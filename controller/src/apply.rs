@@ -218,6 +218,49 @@ pub fn decide_step(facts: &ApplyFacts<'_>) -> ApplyStep {
     }
 }
 
+/// Whether moving from `old` to `new` is applied entirely in place by this controller (no
+/// repave, no agent step): a rolling update then moves the Machine through an
+/// `applyConfiguration` operation instead of a repave, outside the `maxUnavailable` budget
+/// (nothing is cordoned or drained).
+pub fn rolls_in_place(old: &MachineTemplate, new: &MachineTemplate) -> bool {
+    let plan = decide(old, new);
+    !plan.needs_repave() && !plan.has_agent_steps()
+}
+
+/// The name of the `applyConfiguration` operation a rolling update creates for a Machine
+/// and version: one per pair, so that retries create it once.
+pub fn rollout_operation_name(machine: &str, version: i64) -> String {
+    crate::dispatch::child_name(machine, &format!("apply-v{version}"))
+}
+
+/// Creates the rolling update's `applyConfiguration` operation for a Machine unless it
+/// exists.
+pub async fn create_rollout_operation(
+    machine: &str,
+    target: &ResolvedConfiguration,
+    ctx: &Context,
+) -> Result<bool, Error> {
+    let name = rollout_operation_name(machine, target.version);
+    let object: MachineOperation = serde_json::from_value(json!({
+        "apiVersion": MachineOperation::api_version(&()),
+        "kind": MachineOperation::kind(&()),
+        "metadata": {"name": name, "labels": {unbounded_api::well_known::labels::MACHINE: machine}},
+        "spec": {"machineRef": {"name": machine}, "operationName": operations::APPLY_CONFIGURATION,
+                 "parameters": {operations::VERSION_PARAMETER: target.version.to_string()},
+                 "ttlSecondsAfterFinished": 3600},
+    }))
+    .map_err(|source| Error::Serialize {
+        what: format!("MachineOperation {name}"),
+        source,
+    })?;
+    let api: Api<MachineOperation> = Api::all(ctx.client.clone());
+    match api.create(&kube::api::PostParams::default(), &object).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Err(e) => Err(kube_err(format!("creating MachineOperation {name}"))(e)),
+    }
+}
+
 /// Runs (or resumes) one `applyConfiguration` operation on its Machine.
 pub async fn run(
     operation: &MachineOperation,
@@ -660,6 +703,29 @@ mod tests {
             let got = kind(&decide_step(&facts));
             assert!(got.starts_with(expected), "{case}: {got}");
         }
+    }
+
+    #[test]
+    fn rolls_in_place_table() {
+        let mut kubelet = labels("a");
+        if let Some(k) = kubelet.kubernetes.as_mut() {
+            k.kubelet_extra_args.insert("max-pods".into(), "50".into());
+        }
+        let cases = [
+            ("same", labels("a"), labels("a"), true),
+            ("a label", labels("a"), labels("b"), true),
+            (
+                "the Kubernetes version",
+                labels("a"),
+                kubernetes("v1.34.2"),
+                false,
+            ),
+            ("kubelet flags (agent)", labels("a"), kubelet, false),
+        ];
+        for (case, old, new, expected) in cases {
+            assert_eq!(rolls_in_place(&old, &new), expected, "{case}");
+        }
+        assert_eq!(rollout_operation_name("m1", 3), "m1-apply-v3");
     }
 
     #[test]

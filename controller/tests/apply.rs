@@ -191,3 +191,64 @@ async fn apply_configuration_in_place_refused_and_disruptive() {
     assert_eq!(state, OperationState::Complete, "{message}");
     running_on(&client, m, 3).await;
 }
+
+/// With RollingUpdate, a version whose changes are all in place rolls through
+/// applyConfiguration operations: every Machine records it, no Node is replaced or
+/// cordoned, no repave is requested.
+#[tokio::test]
+async fn rolling_update_applies_in_place_changes_without_repaves() {
+    start_controller();
+    let client = client().await;
+    let mc = "ap-roll";
+    let names = ["ap-roll-1", "ap-roll-2", "ap-roll-3"];
+    create_configuration(
+        &client,
+        mc,
+        json!({"machineSelector": {"matchLabels": {"ap": "roll"}},
+               "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+               "template": template("a", "v1.35.4", false)}),
+    )
+    .await;
+    let mut uids = Vec::new();
+    for name in names {
+        create_machine(&client, name, json!({"ap": "roll"}), json!({})).await;
+        wait_resolved(&client, name, mc, 1).await;
+        uids.push(create_node(&client, name, true).await.metadata.uid.unwrap());
+        running_on(&client, name, 1).await;
+    }
+
+    set_template(&client, mc, template("b", "v1.35.4", true)).await;
+    for name in names {
+        wait_resolved(&client, name, mc, 2).await;
+        let op = format!("{name}-apply-v2");
+        let (state, message) = finished(&client, &op).await;
+        assert_eq!(state, OperationState::Complete, "{op}: {message}");
+    }
+    for (name, uid) in names.iter().zip(&uids) {
+        let n = node(&client, name).await.expect("the Node is still there");
+        assert_eq!(n.metadata.uid.as_ref(), Some(uid), "{name}: Node replaced");
+        assert_eq!(
+            n.metadata
+                .labels
+                .unwrap_or_default()
+                .get("tier")
+                .map(String::as_str),
+            Some("b"),
+            "{name}"
+        );
+        assert_ne!(
+            n.spec.and_then(|s| s.unschedulable),
+            Some(true),
+            "{name} was cordoned"
+        );
+        let a = machine(&client, name)
+            .await
+            .metadata
+            .annotations
+            .unwrap_or_default();
+        assert!(
+            !a.contains_key(annotations::REPAVE) && !a.contains_key(annotations::REPAVING),
+            "{name} was repaved: {a:?}"
+        );
+    }
+}
