@@ -34,6 +34,7 @@ pub mod rolling;
 pub mod rollout;
 pub mod runner;
 pub mod selection;
+pub mod skew;
 pub mod triggers;
 pub mod versioning;
 pub mod watches;
