@@ -407,16 +407,23 @@ async fn patch_node(node: &Node, plan: &ApplyPlan, ctx: &Context) -> Result<(), 
         }
         patch["metadata"]["labels"] = serde_json::Value::Object(map);
     }
+    let name = node.name_any();
+    let api: Api<Node> = Api::all(ctx.client.clone());
     if let Some(change) = &plan.taints {
-        let current = node
+        // The cache keeps no taints (watches::trim_node): read the Node's own, and write over
+        // that read, so that taints others set are kept.
+        let fresh = api
+            .get(&name)
+            .await
+            .map_err(kube_err(format!("reading Node {name}")))?;
+        patch["metadata"]["resourceVersion"] = json!(fresh.resource_version());
+        let current = fresh
             .spec
             .as_ref()
             .and_then(|s| s.taints.clone())
             .unwrap_or_default();
         patch["spec"] = json!({"taints": taints_after(&current, change)});
     }
-    let name = node.name_any();
-    let api: Api<Node> = Api::all(ctx.client.clone());
     match api
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await

@@ -10,6 +10,13 @@
 use std::cmp::Ordering;
 use std::fmt;
 
+/// The Machine condition that says whether its Node runs the kubelet its version asks for.
+pub const KUBELET_VERSION_CONDITION: &str = "KubeletVersion";
+/// Reason: the Node's kubelet is the one the version asks for.
+pub const KUBELET_VERSION_MATCHES: &str = "KubeletVersionMatches";
+/// Reason: the Node's kubelet is not the one the version asks for.
+pub const KUBELET_VERSION_DIFFERS: &str = "KubeletVersionDiffers";
+
 /// How many minor versions a kubelet may be behind the API server.
 pub const MAX_KUBELET_MINORS_BEHIND: u64 = 3;
 
@@ -124,6 +131,28 @@ pub fn kubelet_matches(wanted: &str, running: &str) -> Option<bool> {
     Some(parse(wanted).ok()? == parse(running).ok()?)
 }
 
+/// The KubeletVersion condition of a Machine: whether its Node's kubelet (`running`) is the
+/// one its version asks for (`wanted`). `None` while either is unknown (no Node yet, or a
+/// version without `kubernetes.version`).
+pub fn kubelet_condition(
+    wanted: Option<&str>,
+    running: Option<&str>,
+) -> Option<(bool, &'static str, String)> {
+    let (wanted, running) = (wanted?, running?);
+    Some(match kubelet_matches(wanted, running) {
+        Some(true) => (
+            true,
+            KUBELET_VERSION_MATCHES,
+            format!("the Node runs kubelet {running}, as its version asks"),
+        ),
+        _ => (
+            false,
+            KUBELET_VERSION_DIFFERS,
+            format!("the Node runs kubelet {running}, but its version asks for {wanted}"),
+        ),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,6 +244,24 @@ mod tests {
         assert_eq!(kubelet_matches("v1.35.4", "v1.35.4+k3s1"), Some(true));
         assert_eq!(kubelet_matches("v1.35.4", "v1.34.2"), Some(false));
         assert_eq!(kubelet_matches("v1.35.4", "unknown"), None);
+    }
+
+    #[test]
+    fn kubelet_condition_table() {
+        assert_eq!(kubelet_condition(None, Some("v1.35.4")), None);
+        assert_eq!(kubelet_condition(Some("v1.35.4"), None), None);
+        assert_eq!(
+            kubelet_condition(Some("v1.35.4"), Some("v1.35.4")).map(|c| (c.0, c.1)),
+            Some((true, KUBELET_VERSION_MATCHES))
+        );
+        assert_eq!(
+            kubelet_condition(Some("v1.35.4"), Some("v1.34.2")),
+            Some((
+                false,
+                KUBELET_VERSION_DIFFERS,
+                "the Node runs kubelet v1.34.2, but its version asks for v1.35.4".into()
+            ))
+        );
     }
 
     proptest! {
