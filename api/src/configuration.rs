@@ -296,6 +296,14 @@ pub struct FileSpec {
     #[schemars(length(max = 4))]
     #[x_kube(validation = Rule::new("self.matches('^0?[0-7]{3}$')").message("file mode must be octal permission bits such as 0644"))]
     pub mode: Option<String>,
+    /// systemd units in the node container that read this file (`kubelet.service`,
+    /// `containerd.service`): when an `applyConfiguration` operation changes the file in
+    /// place, the agent restarts them. Without units, the file is written and nothing is
+    /// restarted. Ignored at a pave (every unit starts with the file in place).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(max = 256)))]
+    #[x_kube(validation = Rule::new("self.all(u, u.matches('^[A-Za-z0-9:_.@-]+\\\\.(service|socket|target|timer|path|mount)$'))").message("restartUnits must be systemd unit names with their suffix, such as containerd.service"))]
+    pub restart_units: Vec<String>,
 }
 
 /// Observed state of a MachineConfiguration.

@@ -22,6 +22,7 @@ pub mod boot_images;
 pub mod condition;
 pub mod configuration;
 pub mod crds;
+pub mod in_place;
 pub mod machine;
 pub mod operation;
 pub mod pool;

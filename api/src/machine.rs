@@ -49,6 +49,12 @@ use serde::{Deserialize, Serialize};
         description = "The Node this machine became"
     ),
     printcolumn(
+        name = "Kubelet",
+        type_ = "string",
+        json_path = ".status.kubeletVersion",
+        description = "The kubelet version the Node reports"
+    ),
+    printcolumn(
         name = "Power",
         type_ = "string",
         json_path = ".status.power",
@@ -356,6 +362,11 @@ pub struct MachineStatus {
     /// The Node this machine became.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_ref: Option<NodeRef>,
+
+    /// The kubelet version the Node reports (`status.nodeInfo.kubeletVersion`); the
+    /// KubeletVersion condition says whether it is the one the configuration version asks for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubelet_version: Option<String>,
 
     /// Addresses reported by the provider.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

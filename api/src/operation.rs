@@ -36,6 +36,9 @@ pub const DEFAULT_ACTIVE_DEADLINE_SECONDS: i64 = 600;
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.machineRef) != has(self.machineSelector)").message("set exactly one of spec.machineRef and spec.machineSelector"))]
 #[x_kube(validation = Rule::new("self.operationName != 'restartService' || ('service' in self.parameters && self.parameters['service'] != '')").message("restartService needs the parameter 'service', such as service: kubelet.service"))]
+#[x_kube(validation = Rule::new("self.operationName != 'applyConfiguration' || ('version' in self.parameters && self.parameters['version'].matches('^[1-9][0-9]{0,17}$'))").message("applyConfiguration needs the parameter 'version', the target version number, such as version: \"2\""))]
+#[x_kube(validation = Rule::new("self.operationName != 'applyConfiguration' || !('disruptive' in self.parameters) || self.parameters['disruptive'] in ['true', 'false']").message("the parameter 'disruptive' of applyConfiguration must be \"true\" or \"false\""))]
+#[x_kube(validation = Rule::new("self.operationName != 'applyConfiguration' || self.parameters.all(k, k in ['version', 'disruptive'])").message("applyConfiguration takes only the parameters 'version' and 'disruptive'"))]
 #[x_kube(validation = Rule::new("self == oldSelf").message("the spec of a MachineOperation is immutable: create a new operation instead"))]
 pub struct MachineOperationSpec {
     /// The one Machine to operate on.
@@ -48,7 +51,9 @@ pub struct MachineOperationSpec {
     pub machine_selector: Option<LabelSelector>,
 
     /// What to do: `reboot`, `shutdown`, `restartService` (handled by the agent), `powerOn`,
-    /// `powerOff`, `powerCycle` (handled by the Machine's provider), or a provider's own name.
+    /// `powerOff`, `powerCycle` (handled by the Machine's provider), `applyConfiguration`
+    /// (handled by the controller: parameters `version` and `disruptive`), or a provider's own
+    /// name.
     #[schemars(length(max = 63))]
     #[x_kube(validation = Rule::new("self.size() >= 1").message("spec.operationName must not be empty"))]
     #[x_kube(validation = Rule::new("self.matches('^[A-Za-z][A-Za-z0-9-]*$')").message("spec.operationName must start with a letter and hold only letters, digits and '-'"))]

@@ -88,6 +88,18 @@ pub mod operations {
     /// Move the VM to another host in its region (the Azure provider's own operation).
     pub const REDEPLOY: &str = "redeploy";
 
+    /// Move a running Machine to another configuration version (the parameter `version`),
+    /// applying in place what can be ([`crate::in_place`]) and repaving for the rest only
+    /// with `disruptive: "true"` (run by the controller).
+    pub const APPLY_CONFIGURATION: &str = "applyConfiguration";
+    /// The parameter of `applyConfiguration`: the target version number.
+    pub const VERSION_PARAMETER: &str = "version";
+    /// The parameter of `applyConfiguration`: `"true"` allows a cordon, drain and repave
+    /// when a change cannot be applied in place (default `"false"`).
+    pub const DISRUPTIVE_PARAMETER: &str = "disruptive";
+    /// What the controller runs itself, on every provider.
+    pub const CONTROLLER: [&str; 1] = [APPLY_CONFIGURATION];
+
     /// The parameter of `restartService`.
     pub const SERVICE_PARAMETER: &str = "service";
     /// The parameter of `powerOff` on an Azure Machine: `"true"` deallocates the VM (its
@@ -122,6 +134,7 @@ pub mod operations {
     /// The names that some handler runs on a Machine of `provider`, for messages.
     pub fn known(provider: MachineProvider) -> Vec<&'static str> {
         let mut names = AGENT.to_vec();
+        names.extend(CONTROLLER);
         if provider != MachineProvider::Manual {
             names.extend(POWER);
             names.extend(provider_specific(provider));
@@ -176,7 +189,11 @@ pub mod operations {
                 MachineProvider::Manual,
             ] {
                 for name in known(provider) {
-                    assert!(route(provider, name).is_some(), "{provider:?} {name}");
+                    // The controller runs its own names; nothing is routed for them.
+                    assert!(
+                        route(provider, name).is_some() || CONTROLLER.contains(&name),
+                        "{provider:?} {name}"
+                    );
                 }
             }
         }

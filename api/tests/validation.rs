@@ -433,6 +433,22 @@ fn configuration_cases() -> Vec<(&'static str, Value, Option<&'static str>)> {
             Some("file mode must be octal permission bits"),
         ),
         (
+            "restartUnits without a unit suffix",
+            configuration(
+                "c-units",
+                json!({"template": {"files": [{"path": "/etc/x", "content": "", "restartUnits": ["containerd"]}]}}),
+            ),
+            Some("restartUnits must be systemd unit names"),
+        ),
+        (
+            "restartUnits named",
+            configuration(
+                "c-units2",
+                json!({"template": {"files": [{"path": "/etc/x", "content": "", "restartUnits": ["containerd.service", "systemd-networkd@eth0.service"]}]}}),
+            ),
+            None,
+        ),
+        (
             "duplicate file path",
             configuration(
                 "c-dupfile",
@@ -525,6 +541,46 @@ fn operation_cases() -> Vec<(&'static str, Value, Option<&'static str>)> {
                 json!({"machineRef": {"name": "m"}, "operationName": "restartService"}),
             ),
             Some("restartService needs the parameter 'service'"),
+        ),
+        (
+            "applyConfiguration without version",
+            operation(
+                "o-apply1",
+                json!({"machineRef": {"name": "m"}, "operationName": "applyConfiguration"}),
+            ),
+            Some("applyConfiguration needs the parameter 'version'"),
+        ),
+        (
+            "applyConfiguration with a version that is not a number",
+            operation(
+                "o-apply2",
+                json!({"machineRef": {"name": "m"}, "operationName": "applyConfiguration", "parameters": {"version": "v2"}}),
+            ),
+            Some("applyConfiguration needs the parameter 'version'"),
+        ),
+        (
+            "applyConfiguration with disruptive yes",
+            operation(
+                "o-apply3",
+                json!({"machineRef": {"name": "m"}, "operationName": "applyConfiguration", "parameters": {"version": "2", "disruptive": "yes"}}),
+            ),
+            Some("must be \"true\" or \"false\""),
+        ),
+        (
+            "applyConfiguration with an unknown parameter",
+            operation(
+                "o-apply4",
+                json!({"machineRef": {"name": "m"}, "operationName": "applyConfiguration", "parameters": {"version": "2", "force": "true"}}),
+            ),
+            Some("takes only the parameters 'version' and 'disruptive'"),
+        ),
+        (
+            "applyConfiguration, disruptive",
+            operation(
+                "o-apply5",
+                json!({"machineSelector": {"matchLabels": {"rack": "r1"}}, "operationName": "applyConfiguration", "parameters": {"version": "12", "disruptive": "true"}}),
+            ),
+            None,
         ),
         (
             "restartService with service",

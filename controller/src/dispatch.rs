@@ -74,6 +74,12 @@ pub enum SinglePlan {
         /// When the deadline falls.
         requeue: Duration,
     },
+    /// An operation the controller runs itself (`applyConfiguration`, [`crate::apply`]):
+    /// its turn has come, run (or resume) it now.
+    RunHere {
+        /// When the deadline falls.
+        requeue: Duration,
+    },
     /// It cannot or did not succeed: `Failed` with the message.
     Fail(String),
     /// Finished longer ago than its TTL: delete it.
@@ -157,7 +163,9 @@ pub fn plan_single(facts: &SingleFacts<'_>) -> SinglePlan {
             format!("Machine {} does not exist", facts.machine_name)
         });
     };
-    let Some(kind) = operations::route(machine.provider, facts.operation_name) else {
+    let runs_here = operations::CONTROLLER.contains(&facts.operation_name);
+    let routed = operations::route(machine.provider, facts.operation_name);
+    let Some(kind) = routed.or(runs_here.then_some(HandlerKind::Agent)) else {
         return SinglePlan::Fail(format!(
             "no handler runs operation '{}' on a {} Machine; known operations: {}",
             facts.operation_name,
@@ -185,6 +193,24 @@ pub fn plan_single(facts: &SingleFacts<'_>) -> SinglePlan {
     };
     // A little slack, so that the deadline has passed when the requeue fires.
     let requeue = left + Duration::from_secs(1);
+    if runs_here {
+        if in_progress {
+            return SinglePlan::RunHere { requeue };
+        }
+        if machine.deleting {
+            return SinglePlan::Fail(format!("Machine {} is being deleted", facts.machine_name));
+        }
+        if let Some(earlier) = facts.blocked_by {
+            return SinglePlan::Queue {
+                message: format!(
+                    "waiting for operation {earlier} on Machine {} to finish",
+                    facts.machine_name
+                ),
+                requeue,
+            };
+        }
+        return SinglePlan::RunHere { requeue };
+    }
     if in_progress || facts.routed_to.is_some() {
         return SinglePlan::Wait(Some(requeue));
     }
@@ -462,6 +488,34 @@ mod tests {
             f,
             fail("the operation did not finish within activeDeadlineSeconds (60s); unbounded-pxe-provider was running it"),
         ));
+        let mut f = single(10, None);
+        f.operation_name = "applyConfiguration";
+        cases.push((
+            "applyConfiguration runs in the controller",
+            f,
+            SinglePlan::RunHere {
+                requeue: Duration::from_secs(51),
+            },
+        ));
+        let mut f = single(10, Some(Pending));
+        f.operation_name = "applyConfiguration";
+        f.blocked_by = Some("earlier");
+        cases.push((
+            "applyConfiguration waits its turn too",
+            f,
+            SinglePlan::Queue {
+                message: "waiting for operation earlier on Machine m1 to finish".into(),
+                requeue: Duration::from_secs(51),
+            },
+        ));
+        let mut f = single(61, Some(InProgress));
+        f.operation_name = "applyConfiguration";
+        f.handler = Some("unbounded-controller");
+        cases.push((
+            "applyConfiguration past its deadline fails",
+            f,
+            fail("the operation did not finish within activeDeadlineSeconds (60s); unbounded-controller was running it"),
+        ));
         let mut f = single(1, None);
         f.machine = None;
         cases.push(("missing machine", f, fail("Machine m1 does not exist")));
@@ -487,7 +541,7 @@ mod tests {
         cases.push((
             "unknown name",
             f,
-            fail("no handler runs operation 'selfDestruct' on a pxe Machine; known operations: reboot, shutdown, restartService, powerOn, powerOff, powerCycle, pxeBoot"),
+            fail("no handler runs operation 'selfDestruct' on a pxe Machine; known operations: reboot, shutdown, restartService, applyConfiguration, powerOn, powerOff, powerCycle, pxeBoot"),
         ));
         let mut f = single(1, None);
         f.machine = Some(TargetMachine {
@@ -497,7 +551,7 @@ mod tests {
         cases.push((
             "power on a manual machine",
             f,
-            fail("no handler runs operation 'powerCycle' on a manual Machine; known operations: reboot, shutdown, restartService"),
+            fail("no handler runs operation 'powerCycle' on a manual Machine; known operations: reboot, shutdown, restartService, applyConfiguration"),
         ));
         let mut f = single(100, Some(Complete));
         f.clock.completed = Some(ts(90));

@@ -13,6 +13,7 @@
 
 pub mod agent_access;
 pub mod api_limits;
+pub mod apply;
 pub mod configuration;
 pub mod context;
 pub mod dispatch;
@@ -33,6 +34,7 @@ pub mod rolling;
 pub mod rollout;
 pub mod runner;
 pub mod selection;
+pub mod skew;
 pub mod triggers;
 pub mod versioning;
 pub mod watches;

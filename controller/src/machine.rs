@@ -27,6 +27,7 @@ use crate::index::catalog::OwnedCandidate;
 use crate::lifecycle::{ConditionPlan, MachineFacts, ObservedNode, plan_machine};
 use crate::repave;
 use crate::selection::{self, Resolution};
+use crate::skew;
 
 /// Reconciles one Machine.
 #[tracing::instrument(skip_all, fields(machine = %machine.name_any()))]
@@ -95,7 +96,7 @@ async fn apply(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
         node = None;
     }
 
-    let plan = plan_machine(&MachineFacts {
+    let mut plan = plan_machine(&MachineFacts {
         deleting: false,
         failed: status.failure_reason.is_some(),
         recorded: status.configuration.as_ref(),
@@ -114,6 +115,28 @@ async fn apply(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
         repave_requested: request.is_some(),
     });
 
+    // A version whose kubelet the API server's skew policy refuses is never recorded, so
+    // nothing is paved with it.
+    if plan.configuration.is_some() && plan.configuration != status.configuration {
+        refuse_skewed(&mut plan, &status, ctx).await?;
+    }
+    let kubelet_version = node
+        .as_ref()
+        .and_then(|n| n.status.as_ref())
+        .and_then(|s| s.node_info.as_ref())
+        .map(|i| i.kubelet_version.clone())
+        .filter(|v| !v.is_empty());
+    let kubelet_plan = skew::kubelet_condition(
+        kubernetes_version(plan.configuration.as_ref(), ctx).as_deref(),
+        kubelet_version.as_deref(),
+    )
+    .map(|(ok, reason, message)| ConditionPlan {
+        type_: skew::KUBELET_VERSION_CONDITION,
+        status: ok,
+        reason,
+        message,
+    });
+
     // Lock first, then record: a Machine must never run a version that can still change.
     if let Some(configuration) = &plan.configuration {
         lock_version(configuration, machine, ctx).await?;
@@ -127,8 +150,12 @@ async fn apply(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
         &status,
         &plan.configuration,
         &plan.node_ref,
+        kubelet_version.as_deref(),
         plan.phase,
-        [&plan.configuration_condition, &plan.node_condition],
+        &[&plan.configuration_condition, &plan.node_condition]
+            .into_iter()
+            .chain(kubelet_plan.as_ref())
+            .collect::<Vec<_>>(),
         ctx,
     )
     .await?;
@@ -171,6 +198,59 @@ async fn apply(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
         Resolution::AwaitingFirstVersion { .. } => Action::requeue(Duration::from_secs(2)),
         _ => Action::requeue(ctx.settings.resync),
     })
+}
+
+/// The `kubernetes.version` of a configuration version, from the cache.
+fn kubernetes_version(
+    configuration: Option<&ResolvedConfiguration>,
+    ctx: &Context,
+) -> Option<String> {
+    let name = configuration?.version_name();
+    ctx.versions
+        .get(&ObjectRef::new(&name))?
+        .spec
+        .template
+        .kubernetes
+        .as_ref()?
+        .version
+        .clone()
+}
+
+/// Keeps what the Machine records (or nothing) instead of a version whose kubelet the
+/// skew policy refuses against the API server's version, with a condition that says why.
+async fn refuse_skewed(
+    plan: &mut crate::lifecycle::MachinePlan,
+    status: &unbounded_api::MachineStatus,
+    ctx: &Context,
+) -> Result<(), Error> {
+    let Some(wanted) = kubernetes_version(plan.configuration.as_ref(), ctx) else {
+        return Ok(());
+    };
+    let apiserver = ctx
+        .client
+        .apiserver_version()
+        .await
+        .map_err(kube_err("reading the API server's version".to_owned()))?;
+    let Err(refused) = skew::check(&wanted, &apiserver.git_version) else {
+        return Ok(());
+    };
+    let (name, version) = plan
+        .configuration
+        .as_ref()
+        .map(|c| (c.name.clone(), c.version))
+        .unwrap_or_default();
+    plan.configuration = status.configuration.clone();
+    plan.repave = false;
+    plan.configuration_condition = ConditionPlan {
+        type_: conditions::CONFIGURATION_RESOLVED,
+        status: false,
+        reason: refused.reason(),
+        message: format!("{name} version {version} is not applied: {refused}"),
+    };
+    if plan.configuration.is_none() {
+        plan.phase = MachinePhase::Pending;
+    }
+    Ok(())
 }
 
 fn condition_matches(current: &[Condition], plan: &ConditionPlan) -> bool {
@@ -284,18 +364,20 @@ async fn annotate_node(
 
 /// Applies the controller's status fields (server-side apply, field manager
 /// `unbounded-controller`) when they differ from what is recorded.
-async fn write_status<const N: usize>(
+#[allow(clippy::too_many_arguments)] // one per status field the controller owns
+async fn write_status(
     machine: &Machine,
     current: &unbounded_api::MachineStatus,
     configuration: &Option<ResolvedConfiguration>,
     node_ref: &Option<unbounded_api::NodeRef>,
+    kubelet_version: Option<&str>,
     phase: MachinePhase,
-    plans: [&ConditionPlan; N],
+    plans: &[&ConditionPlan],
     ctx: &Context,
 ) -> Result<(), Error> {
     let generation = machine.metadata.generation;
     let mut merged = current.conditions.clone();
-    let mut ours = Vec::with_capacity(N);
+    let mut ours = Vec::with_capacity(plans.len());
     for plan in plans {
         let new = condition::new_condition(
             plan.type_,
@@ -312,6 +394,7 @@ async fn write_status<const N: usize>(
     let unchanged = current.phase == Some(phase)
         && &current.configuration == configuration
         && &current.node_ref == node_ref
+        && current.kubelet_version.as_deref() == kubelet_version
         && current.observed_generation == generation
         && ours.iter().all(|c| {
             condition::find(&current.conditions, &c.type_)
@@ -328,6 +411,9 @@ async fn write_status<const N: usize>(
     }
     if let Some(n) = node_ref {
         status.insert("nodeRef".into(), json!(n));
+    }
+    if let Some(v) = kubelet_version {
+        status.insert("kubeletVersion".into(), json!(v));
     }
     if let Some(g) = generation {
         status.insert("observedGeneration".into(), json!(g));
@@ -368,8 +454,9 @@ async fn cleanup(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
         &status,
         &status.configuration,
         &status.node_ref,
+        status.kubelet_version.as_deref(),
         MachinePhase::Deleting,
-        [],
+        &[],
         ctx,
     )
     .await?;

@@ -180,6 +180,8 @@ async fn reconcile_single(operation: &MachineOperation, ctx: &Context) -> Result
             // Requeue for the TTL.
             Ok(Action::requeue(Duration::from_secs(1)))
         }
+        // The run looks again within seconds while it waits, well before the deadline.
+        SinglePlan::RunHere { .. } => crate::apply::run(operation, machine.as_deref(), ctx).await,
         SinglePlan::Delete => delete(operation, ctx).await,
     }
 }

@@ -18,6 +18,7 @@ use kube::runtime::events::EventType;
 use unbounded_api::well_known::{labels, reasons};
 use unbounded_api::{MachineConfiguration, RolloutStatus, UpdateStrategyType};
 
+use crate::apply;
 use crate::context::Context;
 use crate::error::Error;
 use crate::members::{facts_of, machines_named, resolve_target, resolved};
@@ -91,6 +92,18 @@ pub async fn roll(
     );
     let now = Timestamp::now();
     let members = members_of(configuration, ctx);
+    // Out-of-date Machines whose move is all in place go through applyConfiguration (they
+    // stay available: no budget); the batches below repave only the others, while the
+    // status counts the in-place ones as out of date until they record the version.
+    let in_place = apply_in_place(&members, ctx).await?;
+    let to_repave: Vec<Member> = members
+        .iter()
+        .cloned()
+        .map(|m| Member {
+            up_to_date: m.up_to_date || in_place.contains(&m.name),
+            ..m
+        })
+        .collect();
     let active = members.iter().filter(|m| !m.deleting).count();
     let (max_unavailable, _) =
         rollout::unavailable_and_surge(settings.max_unavailable.as_ref(), None, active);
@@ -103,7 +116,7 @@ pub async fn roll(
         .pending_for(&owner_key(&name), Instant::now())
         > 0;
     if state.may_start_batches() && !waiting {
-        let batch = rollout::next_batch(&members, max_unavailable);
+        let batch = rollout::next_batch(&to_repave, max_unavailable);
         if !batch.is_empty() {
             for machine in &batch {
                 repave::request(ctx, owner_key(&name), machine, None, now).await?;
@@ -149,6 +162,61 @@ pub async fn roll(
         state,
         recheck,
     }))
+}
+
+/// Creates an `applyConfiguration` operation for every out-of-date Machine whose move to
+/// its target is all in place ([`apply::rolls_in_place`]); returns those Machines.
+async fn apply_in_place(members: &[Member], ctx: &Context) -> Result<BTreeSet<String>, Error> {
+    let mut moved = BTreeSet::new();
+    let candidates = members
+        .iter()
+        .filter(|m| !m.deleting && !m.up_to_date && !m.in_repave());
+    for member in candidates {
+        let Some(machine) = ctx
+            .machines
+            .get(&kube::runtime::reflector::ObjectRef::new(&member.name))
+        else {
+            continue;
+        };
+        let recorded = machine
+            .status
+            .as_ref()
+            .and_then(|s| s.configuration.clone());
+        let target = resolved(&resolve_target(
+            ctx,
+            machine.labels(),
+            machine.spec.configuration_ref.as_ref(),
+        ));
+        let (Some(recorded), Some(target)) = (recorded, target) else {
+            continue;
+        };
+        let template = |c: &unbounded_api::ResolvedConfiguration| {
+            ctx.versions
+                .get(&kube::runtime::reflector::ObjectRef::new(&c.version_name()))
+                .map(|v| v.spec.template.clone())
+        };
+        let (Some(old), Some(new)) = (template(&recorded), template(&target)) else {
+            continue;
+        };
+        if recorded.name == target.name && apply::rolls_in_place(&old, &new) {
+            if apply::create_rollout_operation(&member.name, &target, ctx).await? {
+                ctx.event(
+                    machine.as_ref(),
+                    EventType::Normal,
+                    reasons::ROLLING_OUT,
+                    format!(
+                        "{} version {} applies in place: created MachineOperation {}",
+                        target.name,
+                        target.version,
+                        apply::rollout_operation_name(&member.name, target.version)
+                    ),
+                )
+                .await;
+            }
+            moved.insert(member.name.clone());
+        }
+    }
+    Ok(moved)
 }
 
 fn count(n: usize) -> i64 {

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use crate::work_queue::WorkSender;
 use futures::{StreamExt, future};
-use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::api::Api;
@@ -123,7 +123,7 @@ pub fn trim_operation(o: &mut MachineOperation) {
 }
 
 /// Keeps of a Node only what the controller decides on: its name, UID, Unbounded's own
-/// annotations, its provider ID and its Ready condition (a Node's images, addresses, and
+/// annotations, its provider ID, its Ready condition and its kubelet version (a Node's images, addresses, and
 /// capacity run to kilobytes).
 pub fn trim_node(node: &mut Node) {
     trim_metadata(&mut node.metadata);
@@ -145,6 +145,11 @@ pub fn trim_node(node: &mut Node) {
                     ..c
                 })
                 .collect()
+        }),
+        // The kubelet version, which the Machine reports.
+        node_info: status.node_info.map(|i| NodeSystemInfo {
+            kubelet_version: i.kubelet_version,
+            ..NodeSystemInfo::default()
         }),
         ..NodeStatus::default()
     });

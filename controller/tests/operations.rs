@@ -471,7 +471,7 @@ async fn an_unknown_operation_name_fails_at_once() {
     let failed = wait_state(&client, "op-unknown", OperationState::Failed).await;
     assert_eq!(
         message(&failed),
-        "no handler runs operation 'selfDestruct' on a pxe Machine; known operations: reboot, shutdown, restartService, powerOn, powerOff, powerCycle, pxeBoot"
+        "no handler runs operation 'selfDestruct' on a pxe Machine; known operations: reboot, shutdown, restartService, applyConfiguration, powerOn, powerOff, powerCycle, pxeBoot"
     );
     // Nobody powers a manual Machine.
     create_machine(&client, "op-unknown-manual", json!({}), json!({})).await;

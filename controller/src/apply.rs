@@ -1,0 +1,759 @@
+//! The `applyConfiguration` operation, run by the controller: moves a running Machine to
+//! another version of its configuration without a repave when every change can be applied
+//! in place ([`unbounded_api::in_place::decide`]), and otherwise refuses, or, with
+//! `disruptive: "true"`, requests a repave (cordon, drain, Node deletion: [`crate::repave`]).
+//!
+//! [`decide_step`] decides from plain data; [`run`] carries the step out. The Machine records
+//! the new version only once everything is applied: after the Node is patched (in place), or
+//! by the repave itself (the Machine reconciler records what the Machine resolves to when its
+//! Node is gone). The target must be what the Machine resolves to: a Machine pinned to
+//! another version, or resolving to a newer one, would be moved back at its next repave.
+//!
+//! The agent's part of the table (files, kubelet flags) is not carried out in place yet: a
+//! version that changes them is treated as needing a repave, so that no Machine ever records
+//! a version whose files it does not have.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use unbounded_api::condition::now;
+use unbounded_api::in_place::{ApplyPlan, decide, taints_after};
+use unbounded_api::well_known::{annotations, field_managers, operations};
+use unbounded_api::{
+    Machine, MachineOperation, MachinePhase, MachineTemplate, OperationState, ResolvedConfiguration,
+};
+
+use crate::context::Context;
+use crate::error::{Error, kube_err};
+use crate::members::{resolve_target, resolved};
+
+/// Event reason: a version was applied in place.
+pub const APPLIED_IN_PLACE: &str = "ConfigurationAppliedInPlace";
+/// Event reason: a version needs a repave the operation may not carry out.
+pub const REPAVE_REQUIRED: &str = "RepaveRequired";
+
+/// The operation's parameters, checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parameters {
+    /// The target version number.
+    pub version: i64,
+    /// Whether a cordon, drain and repave are allowed.
+    pub disruptive: bool,
+}
+
+/// Reads the parameters (the CRD checks them too; this is the controller's own word).
+pub fn parameters(raw: &BTreeMap<String, String>) -> Result<Parameters, String> {
+    if let Some(unknown) = raw.keys().find(|k| {
+        ![
+            operations::VERSION_PARAMETER,
+            operations::DISRUPTIVE_PARAMETER,
+        ]
+        .contains(&k.as_str())
+    }) {
+        return Err(format!(
+            "applyConfiguration does not know the parameter {unknown:?} (known: version, disruptive)"
+        ));
+    }
+    let version = raw
+        .get(operations::VERSION_PARAMETER)
+        .and_then(|v| v.parse::<i64>().ok())
+        .filter(|v| *v >= 1)
+        .ok_or_else(|| {
+            "applyConfiguration needs the parameter version, a version number such as \"2\""
+                .to_owned()
+        })?;
+    let disruptive = match raw
+        .get(operations::DISRUPTIVE_PARAMETER)
+        .map(String::as_str)
+    {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(format!(
+                "the parameter disruptive must be \"true\" or \"false\", not {other:?}"
+            ));
+        }
+    };
+    Ok(Parameters {
+        version,
+        disruptive,
+    })
+}
+
+/// What the controller knows when it runs an `applyConfiguration` operation.
+#[derive(Debug, Clone)]
+pub struct ApplyFacts<'a> {
+    /// The checked parameters, or why they are wrong.
+    pub parameters: Result<Parameters, String>,
+    /// The Machine's name.
+    pub machine: &'a str,
+    /// The version the Machine records.
+    pub recorded: Option<&'a ResolvedConfiguration>,
+    /// What the Machine resolves to now.
+    pub target: Option<&'a ResolvedConfiguration>,
+    /// The template of the recorded version, if its object exists.
+    pub recorded_template: Option<&'a MachineTemplate>,
+    /// The template of the target version, if its object exists.
+    pub target_template: Option<&'a MachineTemplate>,
+    /// The Machine has a Node.
+    pub has_node: bool,
+    /// A repave is requested or under way on the Machine.
+    pub repaving: bool,
+    /// The Machine's phase.
+    pub phase: Option<MachinePhase>,
+}
+
+/// The next step of an `applyConfiguration` operation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ApplyStep {
+    /// It cannot be done: Failed with the message.
+    Fail(String),
+    /// Done: Complete with the message.
+    Complete(String),
+    /// Patch the Node, then record the target.
+    ApplyInPlace {
+        /// What to apply.
+        plan: Box<ApplyPlan>,
+        /// The version to record.
+        target: ResolvedConfiguration,
+    },
+    /// Request a repave (disruptive): the repave records the target.
+    RequestRepave {
+        /// Why, for a person.
+        why: String,
+    },
+    /// InProgress: look again later.
+    Wait(String),
+}
+
+/// Decides the next step.
+pub fn decide_step(facts: &ApplyFacts<'_>) -> ApplyStep {
+    let parameters = match &facts.parameters {
+        Ok(p) => *p,
+        Err(why) => return ApplyStep::Fail(why.clone()),
+    };
+    let machine = facts.machine;
+    let Some(recorded) = facts.recorded else {
+        return ApplyStep::Fail(format!(
+            "Machine {machine} records no configuration version yet: it is provisioned with what it resolves to, there is nothing to apply"
+        ));
+    };
+    let Some(target) = facts.target else {
+        return ApplyStep::Fail(format!(
+            "Machine {machine} resolves to no configuration version now (see its ConfigurationResolved condition)"
+        ));
+    };
+    if target.name != recorded.name {
+        return ApplyStep::Fail(format!(
+            "Machine {machine} runs {} but resolves to {}: moving to another configuration takes a repave (delete its Node)",
+            recorded.name, target.name
+        ));
+    }
+    if target.version != parameters.version {
+        return ApplyStep::Fail(format!(
+            "Machine {machine} resolves to {} version {}, not version {}: pin spec.configurationRef.version to {} first (otherwise its next repave would move it back)",
+            target.name, target.version, parameters.version, parameters.version
+        ));
+    }
+    if recorded.version == target.version {
+        return if facts.repaving || facts.phase != Some(MachinePhase::Running) {
+            ApplyStep::Wait(format!(
+                "Machine {machine} records {} version {}; waiting for it to be Running",
+                target.name, target.version
+            ))
+        } else {
+            ApplyStep::Complete(format!(
+                "Machine {machine} runs {} version {}",
+                target.name, target.version
+            ))
+        };
+    }
+    if facts.repaving {
+        return ApplyStep::Wait(format!(
+            "a repave of Machine {machine} is requested or under way"
+        ));
+    }
+    let (Some(old), Some(new)) = (facts.recorded_template, facts.target_template) else {
+        return ApplyStep::Fail(format!(
+            "cannot compare {} version {} with version {}: a MachineConfigurationVersion is missing",
+            target.name, recorded.version, target.version
+        ));
+    };
+    let plan = decide(old, new);
+    let mut repave = plan.repave_summary();
+    if plan.has_agent_steps() {
+        let agent = "files or kubelet flags changed (not yet applied in place by the agent)";
+        repave = if repave.is_empty() {
+            agent.to_owned()
+        } else {
+            format!("{repave}; {agent}")
+        };
+    }
+    if !repave.is_empty() {
+        let what = format!(
+            "version {} of {} needs a repave: {repave}",
+            target.version, target.name
+        );
+        return if parameters.disruptive {
+            ApplyStep::RequestRepave { why: what }
+        } else {
+            ApplyStep::Fail(format!(
+                "{what}; not done because the operation is not disruptive (set parameters.disruptive: \"true\" to cordon, drain and repave)"
+            ))
+        };
+    }
+    if plan.has_node_steps() && !facts.has_node {
+        return ApplyStep::Wait(format!("waiting for the Node of Machine {machine}"));
+    }
+    ApplyStep::ApplyInPlace {
+        plan: Box::new(plan),
+        target: target.clone(),
+    }
+}
+
+/// Whether moving from `old` to `new` is applied entirely in place by this controller (no
+/// repave, no agent step): a rolling update then moves the Machine through an
+/// `applyConfiguration` operation instead of a repave, outside the `maxUnavailable` budget
+/// (nothing is cordoned or drained).
+pub fn rolls_in_place(old: &MachineTemplate, new: &MachineTemplate) -> bool {
+    let plan = decide(old, new);
+    !plan.needs_repave() && !plan.has_agent_steps()
+}
+
+/// The name of the `applyConfiguration` operation a rolling update creates for a Machine
+/// and version: one per pair, so that retries create it once.
+pub fn rollout_operation_name(machine: &str, version: i64) -> String {
+    crate::dispatch::child_name(machine, &format!("apply-v{version}"))
+}
+
+/// Creates the rolling update's `applyConfiguration` operation for a Machine unless it
+/// exists.
+pub async fn create_rollout_operation(
+    machine: &str,
+    target: &ResolvedConfiguration,
+    ctx: &Context,
+) -> Result<bool, Error> {
+    let name = rollout_operation_name(machine, target.version);
+    let object: MachineOperation = serde_json::from_value(json!({
+        "apiVersion": MachineOperation::api_version(&()),
+        "kind": MachineOperation::kind(&()),
+        "metadata": {"name": name, "labels": {unbounded_api::well_known::labels::MACHINE: machine}},
+        "spec": {"machineRef": {"name": machine}, "operationName": operations::APPLY_CONFIGURATION,
+                 "parameters": {operations::VERSION_PARAMETER: target.version.to_string()},
+                 "ttlSecondsAfterFinished": 3600},
+    }))
+    .map_err(|source| Error::Serialize {
+        what: format!("MachineOperation {name}"),
+        source,
+    })?;
+    let api: Api<MachineOperation> = Api::all(ctx.client.clone());
+    match api.create(&kube::api::PostParams::default(), &object).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Err(e) => Err(kube_err(format!("creating MachineOperation {name}"))(e)),
+    }
+}
+
+/// Runs (or resumes) one `applyConfiguration` operation on its Machine.
+pub async fn run(
+    operation: &MachineOperation,
+    machine: Option<&Machine>,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    let Some(machine) = machine else {
+        return finish(
+            operation,
+            OperationState::Failed,
+            "the Machine does not exist".into(),
+            ctx,
+        )
+        .await;
+    };
+    let machine_name = machine.name_any();
+    let status = machine.status.clone().unwrap_or_default();
+    let target = resolved(&resolve_target(
+        ctx,
+        machine.labels(),
+        machine.spec.configuration_ref.as_ref(),
+    ));
+    let template = |c: Option<&ResolvedConfiguration>| {
+        c.and_then(|c| ctx.versions.get(&ObjectRef::new(&c.version_name())))
+            .map(|v| v.spec.template.clone())
+    };
+    let recorded_template = template(status.configuration.as_ref());
+    let target_template = template(target.as_ref());
+    let node = crate::machine::find_node(machine, ctx);
+    let annotations = machine.annotations();
+    let step = decide_step(&ApplyFacts {
+        parameters: parameters(&operation.spec.parameters),
+        machine: &machine_name,
+        recorded: status.configuration.as_ref(),
+        target: target.as_ref(),
+        recorded_template: recorded_template.as_ref(),
+        target_template: target_template.as_ref(),
+        has_node: node.is_some(),
+        repaving: annotations.contains_key(annotations::REPAVE)
+            || annotations.contains_key(annotations::REPAVING),
+        phase: status.phase,
+    });
+    tracing::debug!(operation = %operation.name_any(), ?step, "applyConfiguration");
+    match step {
+        ApplyStep::Fail(message) => {
+            ctx.event(
+                machine,
+                EventType::Warning,
+                REPAVE_REQUIRED,
+                message.clone(),
+            )
+            .await;
+            finish(operation, OperationState::Failed, message, ctx).await
+        }
+        ApplyStep::Complete(message) => {
+            finish(operation, OperationState::Complete, message, ctx).await
+        }
+        ApplyStep::Wait(message) => {
+            progress(operation, message, ctx).await?;
+            Ok(Action::requeue(std::time::Duration::from_secs(2)))
+        }
+        ApplyStep::RequestRepave { why } => {
+            crate::repave::request(
+                ctx,
+                format!("operation/{}", operation.name_any()),
+                &machine_name,
+                None,
+                now(),
+            )
+            .await?;
+            ctx.event(
+                machine,
+                EventType::Normal,
+                REPAVE_REQUIRED,
+                format!(
+                    "{why}; repave requested by operation {}",
+                    operation.name_any()
+                ),
+            )
+            .await;
+            progress(operation, format!("{why}: repaving"), ctx).await?;
+            Ok(Action::requeue(std::time::Duration::from_secs(2)))
+        }
+        ApplyStep::ApplyInPlace { plan, target } => {
+            // Claimed first (InProgress), so that the outcome is written over the claim.
+            let claimed = progress(
+                operation,
+                format!(
+                    "applying {} version {} in place",
+                    target.name, target.version
+                ),
+                ctx,
+            )
+            .await?;
+            if let Some(node) = node.as_deref() {
+                patch_node(node, &plan, ctx).await?;
+            }
+            record(machine, &target, ctx).await?;
+            let message = format!(
+                "applied {} version {} in place ({})",
+                target.name,
+                target.version,
+                applied_summary(&plan)
+            );
+            ctx.event(
+                machine,
+                EventType::Normal,
+                APPLIED_IN_PLACE,
+                message.clone(),
+            )
+            .await;
+            let operation = claimed.as_ref().unwrap_or(operation);
+            finish(operation, OperationState::Complete, message, ctx).await
+        }
+    }
+}
+
+fn applied_summary(plan: &ApplyPlan) -> String {
+    let mut parts = Vec::new();
+    if plan.labels.is_some() {
+        parts.push("Node labels");
+    }
+    if plan.taints.is_some() {
+        parts.push("Node taints");
+    }
+    if parts.is_empty() {
+        "nothing to change on the machine".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// Patches the Node's labels and taints, over the Node as read (a taint list written
+/// meanwhile by someone else is not overwritten: the write fails and is retried).
+async fn patch_node(node: &Node, plan: &ApplyPlan, ctx: &Context) -> Result<(), Error> {
+    let mut patch = json!({"metadata": {"resourceVersion": node.resource_version()}});
+    if let Some(labels) = &plan.labels {
+        let mut map = serde_json::Map::new();
+        for (k, v) in &labels.set {
+            map.insert(k.clone(), json!(v));
+        }
+        for k in &labels.remove {
+            map.insert(k.clone(), serde_json::Value::Null);
+        }
+        patch["metadata"]["labels"] = serde_json::Value::Object(map);
+    }
+    let name = node.name_any();
+    let api: Api<Node> = Api::all(ctx.client.clone());
+    if let Some(change) = &plan.taints {
+        // The cache keeps no taints (watches::trim_node): read the Node's own, and write over
+        // that read, so that taints others set are kept.
+        let fresh = api
+            .get(&name)
+            .await
+            .map_err(kube_err(format!("reading Node {name}")))?;
+        patch["metadata"]["resourceVersion"] = json!(fresh.resource_version());
+        let current = fresh
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default();
+        patch["spec"] = json!({"taints": taints_after(&current, change)});
+    }
+    match api
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            Err(Error::Waiting(format!("Node {name} changed meanwhile")))
+        }
+        Err(e) => Err(kube_err(format!("patching Node {name}"))(e)),
+    }
+}
+
+/// Records the version on the Machine, over the Machine as read.
+async fn record(
+    machine: &Machine,
+    target: &ResolvedConfiguration,
+    ctx: &Context,
+) -> Result<(), Error> {
+    let name = machine.name_any();
+    let patch = json!({
+        "metadata": {"resourceVersion": machine.resource_version()},
+        "status": {"configuration": target},
+    });
+    let api: Api<Machine> = Api::all(ctx.client.clone());
+    match api
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            Err(Error::Waiting(format!("Machine {name} changed meanwhile")))
+        }
+        Err(e) => Err(kube_err(format!("recording the version of Machine {name}"))(e)),
+    }
+}
+
+/// Marks the operation InProgress with the message; returns it as written (none when
+/// nothing changed).
+async fn progress(
+    operation: &MachineOperation,
+    message: String,
+    ctx: &Context,
+) -> Result<Option<MachineOperation>, Error> {
+    let status = operation.status.clone().unwrap_or_default();
+    if status.state == Some(OperationState::InProgress)
+        && status.message.as_deref() == Some(&message)
+    {
+        return Ok(None);
+    }
+    let start = status.start_time.unwrap_or(Time(now()));
+    write(
+        operation,
+        json!({"state": OperationState::InProgress, "message": message, "startTime": start,
+               "handler": field_managers::CONTROLLER}),
+        ctx,
+    )
+    .await
+    .map(Some)
+}
+
+async fn finish(
+    operation: &MachineOperation,
+    state: OperationState,
+    message: String,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    let status = operation.status.clone().unwrap_or_default();
+    let start = status.start_time.unwrap_or(Time(now()));
+    write(
+        operation,
+        json!({"state": state, "message": message, "startTime": start,
+               "completionTime": Time(now()), "handler": field_managers::CONTROLLER}),
+        ctx,
+    )
+    .await?;
+    // Requeue for the TTL.
+    Ok(Action::requeue(std::time::Duration::from_secs(1)))
+}
+
+async fn write(
+    operation: &MachineOperation,
+    status: serde_json::Value,
+    ctx: &Context,
+) -> Result<MachineOperation, Error> {
+    let name = operation.name_any();
+    let patch = json!({
+        "apiVersion": MachineOperation::api_version(&()),
+        "kind": MachineOperation::kind(&()),
+        "metadata": {"name": name, "resourceVersion": operation.resource_version()},
+        "status": status,
+    });
+    let api: Api<MachineOperation> = Api::all(ctx.client.clone());
+    match api
+        .patch_status(
+            &name,
+            &PatchParams::apply(field_managers::CONTROLLER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+    {
+        Ok(written) => Ok(written),
+        Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::Waiting(format!(
+            "MachineOperation {name} changed meanwhile"
+        ))),
+        Err(e) => Err(kube_err(format!(
+            "writing the status of MachineOperation {name}"
+        ))(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use unbounded_api::KubernetesSpec;
+
+    fn cfg(version: i64) -> ResolvedConfiguration {
+        ResolvedConfiguration {
+            name: "general".into(),
+            version,
+        }
+    }
+
+    fn labels(tier: &str) -> MachineTemplate {
+        MachineTemplate {
+            kubernetes: Some(KubernetesSpec {
+                version: Some("v1.35.4".into()),
+                node_labels: [("tier".to_owned(), tier.to_owned())].into(),
+                ..KubernetesSpec::default()
+            }),
+            ..MachineTemplate::default()
+        }
+    }
+
+    fn kubernetes(version: &str) -> MachineTemplate {
+        MachineTemplate {
+            kubernetes: Some(KubernetesSpec {
+                version: Some(version.into()),
+                node_labels: [("tier".to_owned(), "a".to_owned())].into(),
+                ..KubernetesSpec::default()
+            }),
+            ..MachineTemplate::default()
+        }
+    }
+
+    fn params(version: i64, disruptive: bool) -> Result<Parameters, String> {
+        Ok(Parameters {
+            version,
+            disruptive,
+        })
+    }
+
+    #[test]
+    fn parameters_table() {
+        let p = |pairs: &[(&str, &str)]| {
+            parameters(
+                &pairs
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            )
+        };
+        assert_eq!(p(&[("version", "2")]), params(2, false));
+        assert_eq!(
+            p(&[("version", "3"), ("disruptive", "true")]),
+            params(3, true)
+        );
+        assert!(p(&[]).is_err_and(|e| e.contains("needs the parameter version")));
+        assert!(p(&[("version", "0")]).is_err());
+        assert!(
+            p(&[("version", "2"), ("disruptive", "yes")]).is_err_and(|e| e.contains("\"yes\""))
+        );
+        assert!(p(&[("version", "2"), ("force", "1")]).is_err_and(|e| e.contains("\"force\"")));
+    }
+
+    #[test]
+    fn decide_step_table() {
+        let (v1, v2) = (cfg(1), cfg(2));
+        let (old, new_labels, new_k8s) = (labels("a"), labels("b"), kubernetes("v1.34.2"));
+        let base = ApplyFacts {
+            parameters: params(2, false),
+            machine: "m1",
+            recorded: Some(&v1),
+            target: Some(&v2),
+            recorded_template: Some(&old),
+            target_template: Some(&new_labels),
+            has_node: true,
+            repaving: false,
+            phase: Some(MachinePhase::Running),
+        };
+        let kind = |s: &ApplyStep| match s {
+            ApplyStep::Fail(m) => format!("fail: {m}"),
+            ApplyStep::Complete(m) => format!("complete: {m}"),
+            ApplyStep::ApplyInPlace { target, .. } => format!("in place: v{}", target.version),
+            ApplyStep::RequestRepave { why } => format!("repave: {why}"),
+            ApplyStep::Wait(m) => format!("wait: {m}"),
+        };
+        let cases: Vec<(&str, ApplyFacts<'_>, &str)> = vec![
+            ("a label change: in place", base.clone(), "in place: v2"),
+            (
+                "a Kubernetes version change, not disruptive: refused",
+                ApplyFacts {
+                    target_template: Some(&new_k8s),
+                    ..base.clone()
+                },
+                "fail: version 2 of general needs a repave: kubernetes.version changed; not done because the operation is not disruptive",
+            ),
+            (
+                "a Kubernetes version change, disruptive: repave",
+                ApplyFacts {
+                    target_template: Some(&new_k8s),
+                    parameters: params(2, true),
+                    ..base.clone()
+                },
+                "repave: version 2 of general needs a repave: kubernetes.version changed",
+            ),
+            (
+                "the repave under way: wait",
+                ApplyFacts {
+                    recorded: Some(&v2),
+                    repaving: true,
+                    phase: Some(MachinePhase::Provisioning),
+                    ..base.clone()
+                },
+                "wait: Machine m1 records general version 2; waiting for it to be Running",
+            ),
+            (
+                "recorded and Running: complete",
+                ApplyFacts {
+                    recorded: Some(&v2),
+                    ..base.clone()
+                },
+                "complete: Machine m1 runs general version 2",
+            ),
+            (
+                "the Machine resolves to another version: refused",
+                ApplyFacts {
+                    parameters: params(3, true),
+                    ..base.clone()
+                },
+                "fail: Machine m1 resolves to general version 2, not version 3: pin spec.configurationRef.version to 3 first",
+            ),
+            (
+                "nothing recorded: nothing to apply",
+                ApplyFacts {
+                    recorded: None,
+                    ..base.clone()
+                },
+                "fail: Machine m1 records no configuration version yet",
+            ),
+            (
+                "a repave requested by someone else: wait",
+                ApplyFacts {
+                    repaving: true,
+                    ..base.clone()
+                },
+                "wait: a repave of Machine m1 is requested or under way",
+            ),
+            (
+                "labels without a Node: wait for it",
+                ApplyFacts {
+                    has_node: false,
+                    ..base.clone()
+                },
+                "wait: waiting for the Node of Machine m1",
+            ),
+            (
+                "a missing version object: refused",
+                ApplyFacts {
+                    recorded_template: None,
+                    ..base.clone()
+                },
+                "fail: cannot compare general version 1 with version 2",
+            ),
+            (
+                "bad parameters",
+                ApplyFacts {
+                    parameters: Err("bad".into()),
+                    ..base.clone()
+                },
+                "fail: bad",
+            ),
+        ];
+        for (case, facts, expected) in cases {
+            let got = kind(&decide_step(&facts));
+            assert!(got.starts_with(expected), "{case}: {got}");
+        }
+    }
+
+    #[test]
+    fn rolls_in_place_table() {
+        let mut kubelet = labels("a");
+        if let Some(k) = kubelet.kubernetes.as_mut() {
+            k.kubelet_extra_args.insert("max-pods".into(), "50".into());
+        }
+        let cases = [
+            ("same", labels("a"), labels("a"), true),
+            ("a label", labels("a"), labels("b"), true),
+            (
+                "the Kubernetes version",
+                labels("a"),
+                kubernetes("v1.34.2"),
+                false,
+            ),
+            ("kubelet flags (agent)", labels("a"), kubelet, false),
+        ];
+        for (case, old, new, expected) in cases {
+            assert_eq!(rolls_in_place(&old, &new), expected, "{case}");
+        }
+        assert_eq!(rollout_operation_name("m1", 3), "m1-apply-v3");
+    }
+
+    #[test]
+    fn agent_steps_take_a_repave_until_the_agent_applies_them() {
+        let (v1, v2) = (cfg(1), cfg(2));
+        let old = labels("a");
+        let mut new = labels("a");
+        if let Some(k) = new.kubernetes.as_mut() {
+            k.kubelet_extra_args.insert("max-pods".into(), "50".into());
+        }
+        let facts = ApplyFacts {
+            parameters: params(2, false),
+            machine: "m1",
+            recorded: Some(&v1),
+            target: Some(&v2),
+            recorded_template: Some(&old),
+            target_template: Some(&new),
+            has_node: true,
+            repaving: false,
+            phase: Some(MachinePhase::Running),
+        };
+        assert!(matches!(decide_step(&facts), ApplyStep::Fail(m) if m.contains("kubelet flags")));
+    }
+}
