@@ -72,7 +72,8 @@ fn decisions() {
     let discovered = known("discovered-525400000001", &[1], true);
     let mut reported = discovered.clone();
     reported.last_report_at = Some(950);
-    let cases: Vec<(&str, Vec<KnownMachine>, Vec<u64>, Report, Decision)> = vec![
+    type Case = (&'static str, Vec<KnownMachine>, Vec<u64>, Report, Decision);
+    let cases: Vec<Case> = vec![
         (
             "a new machine is created",
             vec![],
