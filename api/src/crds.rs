@@ -28,6 +28,7 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         MachineConfigurationVersion::crd(),
         MachineOperation::crd(),
         MachinePool::crd(),
+        crate::inventory::MachineInventory::crd(),
     ]
 }
 

@@ -10,6 +10,7 @@
 //! | [`MachineConfigurationVersion`] | `mcv` | one numbered, lockable snapshot of a configuration |
 //! | [`MachineOperation`] | `mo` | a Job-like operation on one machine or many |
 //! | [`MachinePool`] | `mp` | a scalable group of Machines, with rolling updates and remediation |
+//! | [`inventory::MachineInventory`] | `mi` | the hardware facts of the Machine of the same name |
 //!
 //! Validation lives in the CRD schema as CEL rules (see each field's `x_kube` attribute), so
 //! `kubectl apply` rejects a bad object with a message that says what is wrong.
@@ -23,6 +24,7 @@ pub mod condition;
 pub mod configuration;
 pub mod crds;
 pub mod in_place;
+pub mod inventory;
 pub mod machine;
 pub mod operation;
 pub mod pool;

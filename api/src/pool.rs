@@ -138,6 +138,11 @@ pub struct PoolPxeSpec {
     /// The free `provider: pxe` Machines (no `unbounded-cloud.io/pool` label, no controlling
     /// owner) the pool may claim. `{}` matches every free PXE Machine.
     pub inventory_selector: LabelSelector,
+    /// What a label selector cannot say: at least this many CPUs, GiB, disks, Mbit/s,
+    /// checked against the Machines' hardware labels (`hardware.unbounded-cloud.io/…`, from
+    /// their MachineInventory). A Machine without the label a requirement needs is not claimed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hardware_requirements: Option<crate::inventory::HardwareRequirements>,
 }
 
 /// How a pool moves its Machines to a new configuration version.

@@ -9,7 +9,7 @@ use std::path::Path;
 fn checked_in_crds_match_the_types() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds");
     let rendered = unbounded_api::crds::render_all().expect("render CRDs");
-    assert_eq!(rendered.len(), 5);
+    assert_eq!(rendered.len(), 6);
     for (name, yaml) in rendered {
         let path = dir.join(&name);
         let on_disk =

@@ -689,6 +689,38 @@ fn pool_cases() -> Vec<(&'static str, Value, Option<&'static str>)> {
             pool(&"p".repeat(64), json!({"template": {"spec": manual}})),
             Some("a MachinePool name may be at most 63 characters"),
         ),
+        (
+            "hardware requirements",
+            pool(
+                "p-hw",
+                json!({"template": {"spec": {"provider": "pxe", "pxe": {"inventorySelector": {}, "hardwareRequirements": {"minCPUs": 8, "minMemoryGiB": 64, "minDisks": 2, "minNICSpeedMbps": 25000}}, "configurationRef": {"name": "general"}}}}),
+            ),
+            None,
+        ),
+        (
+            "empty hardware requirements",
+            pool(
+                "p-hw-empty",
+                json!({"template": {"spec": {"provider": "pxe", "pxe": {"inventorySelector": {}, "hardwareRequirements": {}}, "configurationRef": {"name": "general"}}}}),
+            ),
+            Some("hardwareRequirements needs at least one of minCPUs"),
+        ),
+        (
+            "zero CPUs required",
+            pool(
+                "p-hw-zero",
+                json!({"template": {"spec": {"provider": "pxe", "pxe": {"inventorySelector": {}, "hardwareRequirements": {"minCPUs": 0}}, "configurationRef": {"name": "general"}}}}),
+            ),
+            Some("minCPUs must be 1 to 16384"),
+        ),
+        (
+            "absurd memory required",
+            pool(
+                "p-hw-mem",
+                json!({"template": {"spec": {"provider": "pxe", "pxe": {"inventorySelector": {}, "hardwareRequirements": {"minMemoryGiB": 1_000_000}}, "configurationRef": {"name": "general"}}}}),
+            ),
+            Some("minMemoryGiB must be 1 to 65536"),
+        ),
     ]
 }
 

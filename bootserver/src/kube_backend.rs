@@ -53,8 +53,11 @@ pub fn record_of(
         .status
         .as_ref()
         .and_then(|s| s.configuration.as_ref());
+    // A discovered Machine nobody has claimed boots nothing, so its script carries no nonce
+    // and it can obtain no credentials, even if a configuration's selector resolved one.
+    let waiting = crate::discovery::is_waiting(machine.labels());
     let boot = match (resolved, version) {
-        (Some(r), Some(v)) if v.spec.version == r.version => {
+        (Some(r), Some(v)) if v.spec.version == r.version && !waiting => {
             v.spec.template.boot.as_ref().map(|b| BootTarget {
                 kernel_url: b.kernel_url.clone(),
                 initrd_url: b.initrd_url.clone(),
@@ -677,6 +680,34 @@ mod tests {
         m.metadata.creation_timestamp =
             created.map(|s| Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap()));
         Arc::new(m)
+    }
+
+    #[test]
+    fn a_discovered_machine_waiting_to_be_claimed_boots_nothing() {
+        let version: MachineConfigurationVersion = serde_json::from_value(serde_json::json!({
+            "apiVersion": "unbounded-cloud.io/v1alpha1", "kind": "MachineConfigurationVersion",
+            "metadata": {"name": "general-v1"},
+            "spec": {"configurationName": "general", "version": 1, "template": {"boot": {"kernelURL": "k", "initrdURL": "i"}}},
+        }))
+        .unwrap();
+        let mut m = (*machine("discovered-525400000001", None, "52:54:00:00:00:01", None)).clone();
+        m.status = Some(unbounded_api::MachineStatus {
+            configuration: Some(unbounded_api::ResolvedConfiguration {
+                name: "general".into(),
+                version: 1,
+            }),
+            ..Default::default()
+        });
+        for (label, boots) in [
+            (None, true),
+            (Some("waiting"), false),
+            (Some("claimed"), true),
+        ] {
+            m.metadata.labels = label
+                .map(|l| [(crate::discovery::DISCOVERY_LABEL.to_owned(), l.to_owned())].into());
+            let record = record_of(&m, Some(&version)).unwrap();
+            assert_eq!(record.boot.is_some(), boots, "label {label:?}");
+        }
     }
 
     #[test]

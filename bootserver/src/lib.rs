@@ -25,6 +25,7 @@ pub mod boot_images;
 pub mod config;
 pub mod credentials;
 pub mod dhcp;
+pub mod discovery;
 pub mod files;
 #[doc(hidden)]
 pub mod fuzzing;

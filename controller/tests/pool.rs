@@ -382,6 +382,61 @@ fn names_of(ops: &[MachineOperation]) -> Vec<String> {
     ops.iter().map(|o| o.name_any()).collect()
 }
 
+/// A pool with hardware requirements claims only the Machines whose hardware labels meet
+/// them: of three free Machines (4 CPUs and 32 GiB; 16 and 128; 32 and 64), a pool of three
+/// wanting at least 8 CPUs and 64 GiB gets the second and third, and the first stays free.
+#[tokio::test]
+async fn a_pool_with_hardware_requirements_claims_only_the_machines_that_meet_them() {
+    start_controller();
+    let client = client().await;
+    let machines: String = [(4, 32), (16, 128), (32, 64)]
+        .iter()
+        .enumerate()
+        .map(|(i, (cpus, gib))| {
+            format!(
+                "apiVersion: unbounded-cloud.io/v1alpha1\nkind: Machine\nmetadata: {{name: hw-{i}, labels: {{inv: hw, hardware.unbounded-cloud.io/cpus: \"{cpus}\", hardware.unbounded-cloud.io/memory-gib: \"{gib}\"}}}}\nspec:\n  provider: pxe\n  pxe: {{macAddresses: [\"52:54:00:e0:00:{i:02x}\"]}}\n---\n"
+            )
+        })
+        .collect();
+    kubectl(
+        &["apply", "-f", "-"],
+        Some(&(machines + &configuration("pool-hw-mc", "k1"))),
+    );
+    kubectl(
+        &["apply", "-f", "-"],
+        Some(
+            r#"apiVersion: unbounded-cloud.io/v1alpha1
+kind: MachinePool
+metadata: {name: pool-hw}
+spec:
+  replicas: 3
+  template:
+    spec:
+      provider: pxe
+      pxe:
+        inventorySelector: {matchLabels: {inv: hw}}
+        hardwareRequirements: {minCPUs: 8, minMemoryGiB: 64}
+      configurationRef: {name: pool-hw-mc}
+"#,
+        ),
+    );
+    // The pool's status counts its members once the controller has claimed what it could.
+    wait_for("the pool's status counts two", || async {
+        let p = pool(&client, "pool-hw").await;
+        p.status.filter(|s| s.replicas >= 2).map(|_| ())
+    })
+    .await;
+    assert_eq!(names(&members(&client, "pool-hw").await), ["hw-1", "hw-2"]);
+    let first = Api::<Machine>::all(client.clone())
+        .get("hw-0")
+        .await
+        .unwrap();
+    assert!(
+        !first.labels().contains_key(labels::POOL),
+        "4 CPUs and 32 GiB are not enough"
+    );
+}
+
 #[tokio::test]
 async fn two_pools_racing_for_the_inventory_never_claim_one_machine() {
     start_controller();

@@ -19,6 +19,7 @@
 
 pub mod ipmi;
 pub mod redfish;
+pub mod redfish_inventory;
 
 use std::fmt;
 use std::future::Future;

@@ -115,9 +115,11 @@ pub fn gather(pool: &MachinePool, ctx: &Context, now: Timestamp) -> Gathered {
         })
         .collect();
     let claimable = match &pool.spec.template.spec.pxe {
-        Some(pxe) if pool.spec.template.spec.provider == MachineProvider::Pxe => {
-            free_inventory(ctx, &pxe.inventory_selector)
-        }
+        Some(pxe) if pool.spec.template.spec.provider == MachineProvider::Pxe => free_inventory(
+            ctx,
+            &pxe.inventory_selector,
+            pxe.hardware_requirements.as_ref(),
+        ),
         _ => Vec::new(),
     };
     Gathered {
@@ -142,9 +144,14 @@ pub fn is_free(machine: &Machine) -> bool {
         && !annotations.contains_key(annotations::REPAVE)
 }
 
-/// The free PXE Machines a selector matches, best first: those whose infrastructure is up
-/// and powered on (booted, waiting for a configuration), then by name.
-fn free_inventory(ctx: &Context, selector: &LabelSelector) -> Vec<Arc<Machine>> {
+/// The free PXE Machines a selector matches and whose hardware labels meet the pool's
+/// requirements, best first: those whose infrastructure is up and powered on (booted,
+/// waiting for a configuration), then by name.
+fn free_inventory(
+    ctx: &Context,
+    selector: &LabelSelector,
+    requirements: Option<&unbounded_api::inventory::HardwareRequirements>,
+) -> Vec<Arc<Machine>> {
     let names: Vec<String> = ctx
         .machine_index
         .read()
@@ -157,6 +164,7 @@ fn free_inventory(ctx: &Context, selector: &LabelSelector) -> Vec<Arc<Machine>> 
     let mut free: Vec<Arc<Machine>> = machines_named(ctx, names.iter().map(String::as_str))
         .into_iter()
         .filter(|m| is_free(m) && !expectations.members.joining(&m.name_any(), now))
+        .filter(|m| requirements.is_none_or(|r| r.admits(m.labels())))
         .collect();
     drop(expectations);
     free.sort_by_key(|m| {

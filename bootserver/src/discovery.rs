@@ -1,0 +1,284 @@
+//! Discovery (`unknownMachines: discover`): an unknown server boots the host OS in inspection
+//! mode, its agent posts the in-band inventory here, and the bootserver records it as a
+//! discovered Machine: provider `pxe`, the inventory's MACs, no configuration, phase
+//! `Pending` with condition `Discovered` (reason `WaitingToBeClaimed`), and label
+//! [`DISCOVERY_LABEL`]`=waiting` until an operator or a pool claims it.
+//!
+//! Discovery is an unauthenticated door onto the provisioning network, so [`decide`] — a pure
+//! function over the report, the Machines known and the recent creations — bounds it before
+//! anything is written:
+//! - the body is at most [`DiscoveryLimits::max_body_bytes`] and the inventory passes
+//!   `unbounded_api::inventory::validate` (lengths, characters, counts, numbers);
+//! - at most [`DiscoveryLimits::creations_per_minute`] Machines are created in any minute, and
+//!   at most [`DiscoveryLimits::max_unclaimed`] discovered Machines wait unclaimed;
+//! - one Machine per MAC set: a report whose MACs meet exactly one discovered, unclaimed
+//!   Machine updates it (at most once a minute), MACs that meet two Machines are refused,
+//!   and a report with a MAC of a declared or claimed Machine is refused (that machine's
+//!   inventory comes from its own authenticated agent);
+//! - nothing here issues a credential: a discovered Machine has no configuration, and
+//!   [`is_waiting`] is what the credential and boot-script paths check to refuse one.
+//!
+//! The name is `discovered-<boot MAC, 12 hex digits>`: the MAC the machine network-booted
+//! from is unique on the provisioning network (two NICs with one MAC would already break
+//! DHCP), always present, and the identity the bootserver already keys on. The SMBIOS UUID
+//! and serial are not used: whitebox boards ship placeholder serials ("To Be Filled By
+//! O.E.M.") and duplicated UUIDs. Both are kept in the inventory. A server whose boot NIC is
+//! replaced is discovered again under a new name; the old Machine is deleted by hand.
+
+use std::collections::BTreeSet;
+
+use unbounded_api::inventory::{InventoryError, MachineInventorySpec, validate};
+
+/// The label a discovered Machine carries: `waiting` until claimed, then `claimed`.
+pub const DISCOVERY_LABEL: &str = "unbounded-cloud.io/discovery";
+/// [`DISCOVERY_LABEL`]'s value while nobody has claimed the Machine.
+pub const WAITING: &str = "waiting";
+/// The condition a discovered Machine gets.
+pub const DISCOVERED_CONDITION: &str = "Discovered";
+/// Its reason while unclaimed.
+pub const WAITING_REASON: &str = "WaitingToBeClaimed";
+/// The kernel argument that starts the agent in inspection mode.
+pub const INSPECT_KERNEL_ARG: &str = "unbounded.inspect=1";
+
+/// Whether a Machine's labels say it is discovered and unclaimed: such a Machine gets no
+/// credentials and no machine boot script.
+pub fn is_waiting(labels: &std::collections::BTreeMap<String, String>) -> bool {
+    labels.get(DISCOVERY_LABEL).map(String::as_str) == Some(WAITING)
+}
+
+/// The bounds of the door.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiscoveryLimits {
+    /// Machines created in any 60 seconds.
+    pub creations_per_minute: usize,
+    /// Discovered Machines waiting unclaimed.
+    pub max_unclaimed: usize,
+    /// Bytes of one report.
+    pub max_body_bytes: usize,
+}
+
+impl Default for DiscoveryLimits {
+    fn default() -> Self {
+        Self {
+            creations_per_minute: 30,
+            max_unclaimed: 500,
+            max_body_bytes: 256 * 1024,
+        }
+    }
+}
+
+/// A Machine the bootserver knows, as far as discovery cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KnownMachine {
+    /// Its name.
+    pub name: String,
+    /// Its MACs, lower case.
+    pub macs: BTreeSet<String>,
+    /// Discovered and not claimed yet (label `discovery=waiting`).
+    pub waiting: bool,
+    /// When discovery last wrote its inventory (seconds on the decision's clock).
+    pub last_report_at: Option<u64>,
+}
+
+/// One report: the inventory and the MAC the agent booted from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    /// Size of the request body.
+    pub body_bytes: usize,
+    /// The MAC the machine network-booted from (the agent's `BOOTIF`).
+    pub boot_mac: String,
+    /// What the agent collected.
+    pub inventory: MachineInventorySpec,
+}
+
+/// What to do with a report.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Create the discovered Machine `name` with `macs` and its inventory.
+    Create {
+        /// The Machine's name.
+        name: String,
+        /// Its MACs, sorted.
+        macs: Vec<String>,
+    },
+    /// Update the inventory (and MACs) of the discovered, unclaimed Machine `name`.
+    Update {
+        /// The Machine's name.
+        name: String,
+        /// Its MACs afterwards, sorted.
+        macs: Vec<String>,
+    },
+    /// Write nothing.
+    Refuse(Refusal),
+}
+
+/// Why a report was refused; each is also the `reason` label of the refusals metric and
+/// maps to an HTTP status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// Larger than the body limit (413).
+    #[error("the report is larger than {max} bytes")]
+    TooLarge {
+        /// The limit.
+        max: usize,
+    },
+    /// The inventory breaks a limit (422).
+    #[error("the inventory is invalid: {0}")]
+    Invalid(InventoryError),
+    /// The boot MAC is not a MAC, or not among the inventory's NICs (422).
+    #[error("the boot MAC is not one of the inventory's NICs")]
+    BootMacNotInInventory,
+    /// A MAC belongs to a declared or claimed Machine (409).
+    #[error("a MAC of the report belongs to Machine {0}, which is not waiting to be claimed")]
+    Known(String),
+    /// The MACs meet more than one Machine (409).
+    #[error("the report's MACs belong to more than one Machine")]
+    MacSetConflict,
+    /// Too many creations in the last minute (429).
+    #[error("too many Machines discovered in the last minute")]
+    RateLimited,
+    /// Too many discovered Machines wait unclaimed (429).
+    #[error("{0} discovered Machines already wait to be claimed")]
+    TooManyUnclaimed(usize),
+    /// This Machine's inventory was written less than a minute ago (429).
+    #[error("this Machine's inventory was written less than a minute ago")]
+    TooSoon,
+}
+
+impl Refusal {
+    /// A fixed metric label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::TooLarge { .. } => "too_large",
+            Self::Invalid(_) => "invalid",
+            Self::BootMacNotInInventory => "boot_mac",
+            Self::Known(_) => "known",
+            Self::MacSetConflict => "mac_conflict",
+            Self::RateLimited => "rate_limited",
+            Self::TooManyUnclaimed(_) => "too_many_unclaimed",
+            Self::TooSoon => "too_soon",
+        }
+    }
+}
+
+/// The name a discovered Machine gets from its boot MAC.
+pub fn discovered_name(boot_mac: &str) -> String {
+    format!(
+        "discovered-{}",
+        boot_mac.to_ascii_lowercase().replace(':', "")
+    )
+}
+
+/// Decides what a report does. `recent_creations` are the times (seconds) Machines were
+/// created by discovery; `now` is the same clock.
+pub fn decide(
+    limits: &DiscoveryLimits,
+    machines: &[KnownMachine],
+    recent_creations: &[u64],
+    report: &Report,
+    now: u64,
+) -> Decision {
+    use Decision::Refuse;
+    if report.body_bytes > limits.max_body_bytes {
+        return Refuse(Refusal::TooLarge {
+            max: limits.max_body_bytes,
+        });
+    }
+    if let Err(e) = validate(&report.inventory) {
+        return Refuse(Refusal::Invalid(e));
+    }
+    let macs: BTreeSet<String> = report.inventory.mac_set().into_iter().collect();
+    let boot_mac = report.boot_mac.to_ascii_lowercase();
+    if !macs.contains(&boot_mac) {
+        return Refuse(Refusal::BootMacNotInInventory);
+    }
+    let met: Vec<&KnownMachine> = machines
+        .iter()
+        .filter(|m| !m.macs.is_disjoint(&macs))
+        .collect();
+    if let Some(known) = met.iter().find(|m| !m.waiting) {
+        return Refuse(Refusal::Known(known.name.clone()));
+    }
+    match met.as_slice() {
+        [] => {
+            let unclaimed = machines.iter().filter(|m| m.waiting).count();
+            if unclaimed >= limits.max_unclaimed {
+                return Refuse(Refusal::TooManyUnclaimed(unclaimed));
+            }
+            let last_minute = recent_creations
+                .iter()
+                .filter(|t| now.saturating_sub(**t) < 60)
+                .count();
+            if last_minute >= limits.creations_per_minute {
+                return Refuse(Refusal::RateLimited);
+            }
+            let name = discovered_name(&boot_mac);
+            // A Machine of that name with other MACs (its boot NIC moved to another server):
+            // the MAC sets would overlap under one name; refuse rather than merge two servers.
+            if machines.iter().any(|m| m.name == name) {
+                return Refuse(Refusal::MacSetConflict);
+            }
+            Decision::Create {
+                name,
+                macs: macs.into_iter().collect(),
+            }
+        }
+        [one] => {
+            if one
+                .last_report_at
+                .is_some_and(|t| now.saturating_sub(t) < 60)
+            {
+                return Refuse(Refusal::TooSoon);
+            }
+            // New MACs join the Machine unless another Machine has them (checked above: only
+            // this one met the report).
+            let macs: BTreeSet<String> = one.macs.union(&macs).cloned().collect();
+            Decision::Update {
+                name: one.name.clone(),
+                macs: macs.into_iter().collect(),
+            }
+        }
+        _ => Refuse(Refusal::MacSetConflict),
+    }
+}
+
+/// The iPXE script an unknown machine gets with discovery on: the host OS (`kernel_url`,
+/// `initrd_url`, already absolute) in inspection mode, with the bootserver's URL and the MAC
+/// it booted from, and no Machine name and no nonce: the inspection agent can only post its
+/// inventory. A value iPXE would expand or cut (`$`, `#`, control characters) is refused.
+pub fn inspection_script(
+    kernel_url: &str,
+    initrd_url: &str,
+    http_base: &str,
+    boot_mac: &str,
+) -> String {
+    let args = [
+        "initrd=initrd".to_owned(),
+        INSPECT_KERNEL_ARG.to_owned(),
+        format!("unbounded.bootserver={http_base}"),
+        format!(
+            "BOOTIF=01-{}",
+            boot_mac.to_ascii_lowercase().replace(':', "-")
+        ),
+    ];
+    let unsafe_value = |v: &str| {
+        v.chars()
+            .any(|c| c.is_control() || c.is_whitespace() || matches!(c, '$' | '#'))
+    };
+    if [kernel_url, initrd_url, http_base, boot_mac]
+        .into_iter()
+        .any(unsafe_value)
+    {
+        return crate::boot::refusal(
+            "discovery: refusing a boot value with a space, a control character, '$' or '#'",
+        );
+    }
+    format!(
+        "#!ipxe\necho Unbounded: inspecting {boot_mac} (discovery)\nkernel {kernel_url} {}\ninitrd --name initrd {initrd_url}\nboot\n",
+        args.join(" ")
+    )
+}
+
+#[cfg(test)]
+#[path = "discovery_tests.rs"]
+mod tests;
