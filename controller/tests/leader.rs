@@ -41,7 +41,11 @@ const TIMING: [&str; 6] = [
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn plane() -> &'static LocalControlPlane {
-    LocalControlPlane::shared_with(PlaneOptions { audit_log: true }).expect("control plane")
+    LocalControlPlane::shared_with(PlaneOptions {
+        audit_log: true,
+        ..PlaneOptions::default()
+    })
+    .expect("control plane")
 }
 
 /// A controller replica (the binary), killed on drop.

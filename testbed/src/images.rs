@@ -485,7 +485,6 @@ pub fn build(options: &Options) -> Result<Images, ImagesError> {
         ))
     })?;
 
-    record_current(&host, &node)?;
     let containers = if options.containers {
         progress.run(
             "container images of the controller and the bootserver",
@@ -494,6 +493,7 @@ pub fn build(options: &Options) -> Result<Images, ImagesError> {
     } else {
         Vec::new()
     };
+    record_current(&host, &node, &containers)?;
     Ok(Images {
         host,
         node,
@@ -506,16 +506,32 @@ pub fn current_path() -> PathBuf {
     images_cache().join("current.json")
 }
 
-fn record_current(host: &HostImage, node: &NodeImage) -> Result<(), ImagesError> {
+/// Records what this run built; the container images only when it built them (a lab that
+/// runs the pods needs the ones of this build, not an older one's).
+fn record_current(
+    host: &HostImage,
+    node: &NodeImage,
+    containers: &[ContainerImage],
+) -> Result<(), ImagesError> {
+    let containers: Vec<serde_json::Value> = containers
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "reference": c.reference, "layout": c.layout, "archive": c.archive,
+            })
+        })
+        .collect();
     let json = serde_json::json!({
         "kernel": host.kernel, "initrd": host.initrd,
         "node": node.archive, "nodeSha256": node.sha256,
+        "containers": containers,
     });
     fs::write(current_path(), json.to_string()).map_err(|e| step_err("cache", e.to_string()))
 }
 
-/// The images the last `images` run built, without building anything (tests use them; the
-/// test command builds them first).
+/// The images the last `images` run built (the container images if it was run with
+/// `--containers`), without building anything (tests use them; the test command builds them
+/// first).
 pub fn cached() -> Result<Images, ImagesError> {
     let missing = || {
         step_err(
@@ -542,13 +558,28 @@ pub fn cached() -> Result<Images, ImagesError> {
     ) else {
         return Err(missing());
     };
+    let containers = value["containers"]
+        .as_array()
+        .map(|all| {
+            all.iter()
+                .filter_map(|c| {
+                    Some(ContainerImage {
+                        reference: c["reference"].as_str()?.to_owned(),
+                        layout: PathBuf::from(c["layout"].as_str()?),
+                        archive: PathBuf::from(c["archive"].as_str()?),
+                    })
+                })
+                .filter(|c| c.layout.is_dir())
+                .collect()
+        })
+        .unwrap_or_default();
     Ok(Images {
         host: HostImage { kernel, initrd },
         node: NodeImage {
             archive: node,
             sha256: sha.to_owned(),
         },
-        containers: Vec::new(),
+        containers,
     })
 }
 

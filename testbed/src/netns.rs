@@ -293,3 +293,64 @@ impl Drop for LoopbackForward {
         }
     }
 }
+
+/// A routed link from the host's namespace into a namespace: a veth pair with an address on
+/// each end and a host route to `subnet` (the addresses behind the namespace's bridge)
+/// through it; the namespace forwards between the two. Host processes then reach the
+/// machines on that bridge: the API server reaches their kubelets (`kubectl logs`, `exec`),
+/// a person's `curl` reaches their ports. Nothing of the host's existing interfaces or
+/// routes is touched; the pair (and with it the route) is deleted on drop.
+#[derive(Debug)]
+pub struct HostRoute {
+    host_if: String,
+}
+
+impl HostRoute {
+    /// Links `ns` to the host: `host_cidr` on the host's end, `ns_cidr` on the namespace's,
+    /// and the host route `subnet via <ns address>`. Refused when the host already routes
+    /// `subnet` (another lab, or a network of the host's own).
+    pub fn new(
+        ns: &Netns,
+        host_cidr: &str,
+        ns_cidr: &str,
+        subnet: &str,
+    ) -> Result<Self, NetnsError> {
+        let taken = run(&["ip", "route", "show", subnet])?;
+        if !String::from_utf8_lossy(&taken.stdout).trim().is_empty() {
+            return Err(NetnsError::Command {
+                command: format!("ip route add {subnet}"),
+                message: format!("the host already routes {subnet} (another lab running?)"),
+            });
+        }
+        let host_if = unique("vh");
+        let ns_if = unique("vn");
+        run(&[
+            "ip", "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if,
+        ])?;
+        let this = Self { host_if };
+        let via = ns_cidr.split('/').next().unwrap_or(ns_cidr);
+        run(&["ip", "link", "set", &ns_if, "netns", ns.name()])?;
+        run(&["ip", "addr", "add", host_cidr, "dev", &this.host_if])?;
+        run(&["ip", "link", "set", &this.host_if, "up"])?;
+        ns.ip(&["addr", "add", ns_cidr, "dev", &ns_if])?;
+        ns.ip(&["link", "set", &ns_if, "up"])?;
+        ns.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+        run(&[
+            "ip",
+            "route",
+            "add",
+            subnet,
+            "via",
+            via,
+            "dev",
+            &this.host_if,
+        ])?;
+        Ok(this)
+    }
+}
+
+impl Drop for HostRoute {
+    fn drop(&mut self) {
+        let _ = run(&["ip", "link", "del", &self.host_if]);
+    }
+}
