@@ -2,7 +2,7 @@
 # Installs the peers and neutral clients that `unbounded-testbed bench` compares our
 # bootserver with, when they are missing: Kea 2.2 (kea-dhcp4-server) and perfdhcp
 # (kea-admin), dnsmasq, tftpd-hpa, nginx, and the clients atftp and wrk. Also perf and
-# valgrind, which the README's profiling steps use. Safe to run again.
+# valgrind, which docs/benchmarks.md's profiling steps use. Safe to run again.
 #
 # The benchmark runs every server itself, inside network namespaces it creates, with its
 # own configuration. The packages' own services must not start on the host (nginx would

@@ -24,6 +24,7 @@ pub mod machine;
 pub mod operation;
 pub mod pool;
 pub mod provider;
+pub mod reference;
 pub mod well_known;
 
 pub use configuration::{

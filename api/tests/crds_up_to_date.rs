@@ -1,4 +1,5 @@
-//! The CRDs checked in under deploy/crds/ are exactly what the types generate.
+//! The CRDs checked in under deploy/crds/, and the reference page docs/reference.md, are
+//! exactly what the types generate.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
 
@@ -19,4 +20,16 @@ fn checked_in_crds_match_the_types() {
             path.display()
         );
     }
+}
+
+#[test]
+fn the_reference_page_matches_the_types() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/reference.md");
+    let on_disk =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(
+        on_disk == unbounded_api::reference::render(),
+        "{} is out of date: run `cargo run -p unbounded-api --bin crdgen`",
+        path.display()
+    );
 }

@@ -19,7 +19,7 @@
 //! [`custom_data`], [`lro`], [`retry`], [`error`], [`provider::plan_create`],
 //! [`operations::action_of`]); the tests in `tests/` run it against a local fake of Azure
 //! Resource Manager that plays its documented behaviour. It has not run against a live
-//! subscription: the README's Azure section gives the smoke test an operator runs.
+//! subscription: docs/azure.md gives the smoke test an operator runs.
 
 pub mod api_version;
 pub mod arm;

@@ -1,4 +1,4 @@
-//! `unbounded-azure`: the Azure provider (see the crate documentation and the README). It
+//! `unbounded-azure`: the Azure provider (see the crate documentation and docs/azure.md). It
 //! acts only while it leads the Lease `unbounded-azure-provider` (`unbounded_runtime::leader`),
 //! and exits non-zero the moment it stops leading, so that its restart rejoins as a follower.
 

@@ -162,13 +162,26 @@ async fn machines_from_the_cluster_get_addresses_and_scripts_and_survive_an_api_
     // The API server goes away, established connections (the watches) included. Once the
     // bootserver has noticed (its watch fails to reconnect, and its PXE provider, which can
     // no longer renew its Lease, stops), the cache keeps answering.
-    let watch_errors = |log: &str| log.matches("Machine watch error; retrying").count();
+    let watch_errors = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("watch error; retrying") && l.contains("Machine"))
+            .count()
+    };
     let errors_before = watch_errors(&server.log());
     drop(forward);
-    wait_until("the bootserver to notice the outage", || {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
         let log = server.log();
-        watch_errors(&log) > errors_before && log.contains("stopped leading")
-    });
+        if watch_errors(&log) > errors_before && log.contains("stopped leading") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the bootserver did not notice the outage within 30 s:\n{}",
+            log.lines().rev().take(30).collect::<Vec<_>>().join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let (env, out) = udhcpc(&link.client, &[]);
     assert_eq!(get(&env, "ip"), Some("10.99.0.31"), "{out}");
     link.client

@@ -42,7 +42,7 @@ struct Flags {
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
-    /// Requests per second to the API server, on average (0: no limit). See the README's
+    /// Requests per second to the API server, on average (0: no limit). See docs/controller.md's
     /// "The controller at scale".
     #[arg(long, env = "UNBOUNDED_API_QPS", default_value_t = 500.0)]
     api_qps: f64,

@@ -61,8 +61,25 @@ import (
 )
 GO
 
+# Progress on long steps: every 15 s, what is being done, how many Go packages (or modules)
+# it has got through and how long it has taken so far (a cold build is ~10 minutes).
+progress() {
+  local what="$1" unit="$2" start=$SECONDS count=0 last=$SECONDS line
+  while IFS= read -r line; do
+    count=$((count + 1))
+    echo "$line" >>"$what.log"
+    if (( SECONDS - last >= 15 )); then
+      last=$SECONDS
+      echo "kubernetes $version: $what: $count $unit so far, $((SECONDS - start)) s"
+    fi
+  done
+}
+
 echo "kubernetes $version: resolving modules (go mod tidy; a few minutes on a cold cache)"
-GOFLAGS=-mod=mod go mod tidy -e >tidy.log 2>&1 || { tail -20 tidy.log >&2; exit 1; }
+: >tidy.log
+if ! GOFLAGS=-mod=mod go mod tidy -e -x 2>&1 | progress tidy "steps"; then
+  tail -20 tidy.log >&2; exit 1
+fi
 
 ldflags=""
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -72,8 +89,13 @@ done
 
 for b in "${binaries[@]}"; do
   if [ -x "$out/$b" ]; then continue; fi
-  echo "kubernetes $version: building $b"
-  CGO_ENABLED=0 go build -tags tools -trimpath -ldflags "$ldflags" -o "$out/$b.tmp" "k8s.io/kubernetes/cmd/$b"
+  echo "kubernetes $version: building $b (the first takes longest: most packages are shared)"
+  : >"build-$b.log"
+  if ! CGO_ENABLED=0 go build -v -tags tools -trimpath -ldflags "$ldflags" -o "$out/$b.tmp" \
+      "k8s.io/kubernetes/cmd/$b" 2>&1 | progress "build-$b" "packages compiled"; then
+    tail -20 "build-$b.log" >&2; exit 1
+  fi
+  [ -x "$out/$b.tmp" ] || { tail -20 "build-$b.log" >&2; exit 1; }
   mv "$out/$b.tmp" "$out/$b"
 done
 echo "kubernetes $version: built into $out"

@@ -1,4 +1,5 @@
-//! Writes the CRDs into `deploy/crds/` (or the directory given as the first argument).
+//! Writes the CRDs into `deploy/crds/` (or the directory given as the first argument) and the
+//! resources' reference page into `docs/reference.md` (or the file given as the second).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -27,5 +28,14 @@ fn main() -> ExitCode {
         }
         println!("wrote {}", path.display());
     }
+    let reference = std::env::args_os()
+        .nth(2)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/reference.md"));
+    if let Err(e) = std::fs::write(&reference, unbounded_api::reference::render()) {
+        eprintln!("crdgen: writing {}: {e}", reference.display());
+        return ExitCode::FAILURE;
+    }
+    println!("wrote {}", reference.display());
     ExitCode::SUCCESS
 }
