@@ -266,6 +266,20 @@ pub fn newc_archive(entries: &[SeedEntry]) -> Vec<u8> {
     out
 }
 
+/// The host OS's initramfs with the seed archive appended. The kernel looks for a further
+/// archive only at a 4-byte-aligned offset and skips zero bytes before it (an unaligned
+/// `070701` is taken for an unknown compression: "invalid magic at start of compressed
+/// archive", and the seed is lost), so the host's archive is zero-padded to a multiple of 4.
+pub fn seeded_initrd(host: &[u8], seed: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(host.len() + 3 + seed.len());
+    out.extend_from_slice(host);
+    while !out.len().is_multiple_of(4) {
+        out.push(0);
+    }
+    out.extend_from_slice(seed);
+    out
+}
+
 /// Mints the appliance's first credentials file as an operator would (admin rights):
 /// `scripts/machine-credentials` with the admin kubeconfig. The answer holds a token: it is
 /// returned, never logged.
@@ -531,8 +545,7 @@ impl Appliance {
                     .map_err(|e| step(format!("{}: {e}", initrd.display())))?;
                 let host = fs::read(&images.host.initrd)
                     .map_err(|e| step(format!("{}: {e}", images.host.initrd.display())))?;
-                file.write_all(&host)
-                    .and_then(|()| file.write_all(&seed))
+                file.write_all(&seeded_initrd(&host, &seed))
                     .map_err(|e| step(format!("{}: {e}", initrd.display())))?;
                 Ok(initrd)
             },
@@ -751,9 +764,10 @@ fn apply_overlay(
     let overrides = overlay::image_overrides(&overlay::manifest_images(&rendered), &pushed);
     let out = dir.join("overlay");
     fs::create_dir_all(&out).map_err(|e| step(format!("{}: {e}", out.display())))?;
+    let out = fs::canonicalize(&out).map_err(|e| step(format!("{}: {e}", out.display())))?;
     fs::write(
         out.join("kustomization.yaml"),
-        overlay::lab_kustomization(&base, &overrides),
+        overlay::lab_kustomization(&overlay::relative_path(&out, &base), &overrides),
     )
     .map_err(|e| step(format!("{}: {e}", out.display())))?;
     kubectl(
@@ -991,6 +1005,22 @@ mod tests {
             yaml.contains("        content: |\n          # The testbed's registry"),
             "{yaml}"
         );
+    }
+
+    /// The seed starts at a 4-byte boundary after any host archive, with only zeros between.
+    #[test]
+    fn the_seed_follows_the_host_archive_aligned() {
+        let seed = newc_archive(&seed_entries("{}"));
+        for host_len in 0..9 {
+            let host = vec![0x28u8; host_len];
+            let initrd = seeded_initrd(&host, &seed);
+            let at = initrd.len() - seed.len();
+            assert_eq!(at % 4, 0, "host of {host_len} bytes");
+            assert!(at >= host_len && at < host_len + 4);
+            assert_eq!(&initrd[..host_len], &host[..]);
+            assert!(initrd[host_len..at].iter().all(|b| *b == 0));
+            assert_eq!(&initrd[at..at + 6], b"070701");
+        }
     }
 
     /// The seed archive as the `cpio` tool reads it: names, modes, contents.

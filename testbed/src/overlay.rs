@@ -91,7 +91,27 @@ pub fn image_overrides(manifest_images: &[String], pushed: &[PushedImage]) -> Ve
         .collect()
 }
 
-/// The lab's kustomization: `base` (the repository's overlay) with `overrides`.
+/// `to` as a path relative to the directory `from` (both absolute and without `..`):
+/// kustomize accepts only relative paths as resources.
+pub fn relative_path(from: &Path, to: &Path) -> PathBuf {
+    let from: Vec<_> = from.components().collect();
+    let to: Vec<_> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut out = PathBuf::new();
+    for _ in common..from.len() {
+        out.push("..");
+    }
+    for part in &to[common..] {
+        out.push(part);
+    }
+    if out.as_os_str().is_empty() {
+        out.push(".");
+    }
+    out
+}
+
+/// The lab's kustomization: `base` (the repository's overlay, as a path relative to the
+/// kustomization's directory) with `overrides`.
 pub fn lab_kustomization(base: &Path, overrides: &[ImageOverride]) -> String {
     let mut out = format!(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
@@ -114,6 +134,28 @@ pub fn lab_kustomization(base: &Path, overrides: &[ImageOverride]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// kustomize refuses an absolute resource ("new root … cannot be absolute"): the lab's
+    /// kustomization names the repository's overlay relative to its own directory.
+    #[test]
+    fn resources_are_named_relative_to_the_kustomization() {
+        let cases = [
+            (
+                "/root/.cache/unbounded/testbed/run/overlay",
+                "/work/repo/testbed/overlay",
+                "../../../../../../work/repo/testbed/overlay",
+            ),
+            ("/a/b/lab", "/a/b/testbed/overlay", "../testbed/overlay"),
+            ("/a/b", "/a/b/c", "c"),
+            ("/a/b", "/a/b", "."),
+            ("/", "/x/y", "x/y"),
+        ];
+        for (from, to, expected) in cases {
+            let got = relative_path(Path::new(from), Path::new(to));
+            assert_eq!(got, PathBuf::from(expected), "{from} → {to}");
+            assert!(got.is_relative());
+        }
+    }
 
     #[test]
     fn names_without_tags_or_digests() {
@@ -194,9 +236,9 @@ mod tests {
                 },
             ]
         );
-        let text = lab_kustomization(Path::new("/repo/testbed/overlay"), &overrides);
+        let text = lab_kustomization(Path::new("../../repo/testbed/overlay"), &overrides);
         assert!(
-            text.contains("resources:\n  - /repo/testbed/overlay\n"),
+            text.contains("resources:\n  - ../../repo/testbed/overlay\n"),
             "{text}"
         );
         assert!(
