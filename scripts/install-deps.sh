@@ -10,7 +10,8 @@ packages=(
   iproute2 isc-dhcp-client isc-dhcp-relay busybox-static atftp dnsmasq-base tcpdump curl socat
   # PXE under QEMU
   qemu-system-x86 qemu-utils ipxe ipxe-qemu ovmf cpio zstd
-  # images: host OS and node root file systems, static pause, OCI checks
+  # images: host OS and node root file systems, static pause (and the static binaries of the
+  # container images), OCI checks
   debootstrap skopeo libc6-dev
   # the lab's container registry (the appliance pulls the project's images from it)
   docker-registry

@@ -8,8 +8,9 @@
 //!    `unbounded_api::agent`), refreshed before it expires; each pave also gets a kubelet
 //!    bootstrap token with an expiry.
 //! 3. **Decide** ([`plan`]): from the Machine, its Node and what is on this host, whether to
-//!    pave, start, wait or do nothing.
-//! 4. **Pave** ([`rootfs`], [`render`], [`container_root`], [`systemd`]): fetch the node
+//!    pave, start, wait or do nothing; the loop ([`run`]) runs one pass ([`reconcile`]) on
+//!    every change of the Machine, its Node or its role.
+//! 4. **Pave** ([`pave`], with [`rootfs`], [`render`], [`container_root`], [`systemd`]): fetch the node
 //!    image (size-capped), verify its SHA-256, only then unpack it into a staging
 //!    directory (off the async workers, as all filesystem work), write kubelet's files and the
 //!    configuration's files into it, replace the old container with it, write
@@ -17,18 +18,23 @@
 //!    systemd's D-Bus API. kubelet inside TLS-bootstraps and the Node joins.
 //! 5. **Repave** when the Node it joined as is deleted, with the version the controller
 //!    resolved then (a rollback is "pin an older version, delete the Node").
-//! 6. **Operations** ([`operations`]): `reboot`, `shutdown` (logind) and `restartService`
-//!    (systemd, in the node container or on the host).
+//! 6. **Operations** ([`operation_tasks`], deciding with [`operations`]): `reboot`,
+//!    `shutdown` (logind) and `restartService` (systemd, in the node container or on the
+//!    host).
 //!
 //! Progress goes to the console (`unbounded-agent: …` lines) and to the Machine's status
 //! (`status.agent`, condition `BootstrapReady`).
 
 pub mod container_root;
+pub mod context;
 pub mod credential_upkeep;
 pub mod credentials;
 pub mod identity;
+pub mod operation_tasks;
 pub mod operations;
+pub mod pave;
 pub mod plan;
+pub mod reconcile;
 pub mod render;
 pub mod retry;
 pub mod rootfs;
@@ -36,5 +42,6 @@ pub mod run;
 pub mod state;
 pub mod status;
 pub mod systemd;
+mod watch_one;
 
 pub use identity::{CMDLINE_BOOTSERVER, CMDLINE_MACHINE, CMDLINE_NONCE};

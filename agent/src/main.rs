@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use unbounded_agent::identity;
-use unbounded_agent::run::{self, Paths};
+use unbounded_agent::context::Paths;
+use unbounded_agent::{identity, run};
 
 /// Paves and runs this machine's node container.
 #[derive(Debug, Parser)]

@@ -62,6 +62,32 @@ impl StateFile {
     }
 }
 
+/// This boot's state and the file that keeps it: whoever changes the state saves it at
+/// once ([`KeptState::save`]).
+#[derive(Debug)]
+pub struct KeptState {
+    file: StateFile,
+    /// The state as last changed.
+    pub state: LocalState,
+}
+
+impl KeptState {
+    /// This boot's state from the state file in `dir`.
+    pub fn load(dir: &Path, boot_id: &str) -> Self {
+        let file = StateFile::new(dir);
+        let state = file.load(boot_id);
+        Self { file, state }
+    }
+
+    /// Writes the state; a failure is logged, and the agent goes on with the state it
+    /// holds.
+    pub fn save(&self) {
+        if let Err(error) = self.file.save(&self.state) {
+            tracing::warn!(%error, "writing the agent's state file failed");
+        }
+    }
+}
+
 /// The kernel's boot ID (a new random UUID on every boot).
 pub fn boot_id() -> std::io::Result<String> {
     fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_owned())

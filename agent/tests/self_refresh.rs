@@ -10,9 +10,8 @@ use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 use unbounded_agent::credentials::{self, CredentialError, Store};
 use unbounded_agent::identity::Identity;
-use unbounded_api::agent::{
-    AGENT_NAMESPACE, Credentials, mint_service_account_token, role_name, self_refresh_rules,
-};
+use unbounded_api::agent::{AGENT_NAMESPACE, Credentials, role_name, self_refresh_rules};
+use unbounded_runtime::tokens::mint_service_account_token;
 use unbounded_testbed::cluster::LocalControlPlane;
 
 const MACHINE: &str = "selfrenew-1";

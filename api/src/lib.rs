@@ -1,5 +1,7 @@
 //! Unbounded's API: the custom resources of group `unbounded-cloud.io/v1alpha1`, the
 //! well-known names every component agrees on, condition helpers, and the CRD generator.
+//! Types and their validation only, no I/O: what runs against the API server (the provider
+//! loop, operation handling, minting tokens) is in `unbounded-runtime`.
 //!
 //! | kind | short name | what it is |
 //! |---|---|---|
@@ -16,14 +18,13 @@
 #![allow(clippy::duplicated_attributes)]
 
 pub mod agent;
+pub mod boot_images;
 pub mod condition;
 pub mod configuration;
 pub mod crds;
-pub mod handler;
 pub mod machine;
 pub mod operation;
 pub mod pool;
-pub mod provider;
 pub mod reference;
 pub mod well_known;
 

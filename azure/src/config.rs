@@ -135,7 +135,7 @@ pub struct Settings {
     /// Long-running operations.
     pub lro: LroPolicy,
     /// The provider loop's pacing.
-    pub loop_settings: unbounded_api::provider::Settings,
+    pub loop_settings: unbounded_runtime::provider::Settings,
 }
 
 /// A flag with a bad value.
@@ -312,11 +312,11 @@ impl Settings {
                 timeout: positive("operation-timeout-seconds", flags.operation_timeout_seconds)?,
                 ..LroPolicy::default()
             },
-            loop_settings: unbounded_api::provider::Settings {
+            loop_settings: unbounded_runtime::provider::Settings {
                 poll: positive("poll-seconds", flags.poll_seconds)?,
                 first_backoff: positive("first-backoff-seconds", flags.first_backoff_seconds)?,
                 max_backoff: positive("max-backoff-seconds", flags.max_backoff_seconds)?,
-                ..unbounded_api::provider::Settings::default()
+                ..unbounded_runtime::provider::Settings::default()
             },
         })
     }

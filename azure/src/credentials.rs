@@ -28,8 +28,8 @@ use azure_identity::{
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use reqwest::Url;
-use unbounded_api::provider::ProviderError;
 use unbounded_api::{AzureSpec, SecretReference};
+use unbounded_runtime::provider::ProviderError;
 
 use crate::arm::Credential;
 

@@ -182,7 +182,7 @@ impl ArmError {
     /// every time: `400` with an invalid-parameter code (a VM size or image that does not
     /// exist, a property that cannot change). Not `SkuNotAvailable`: capacity and regional
     /// restrictions change. A terminal failure of the Machine
-    /// ([`unbounded_api::provider::ProviderError::terminal`]).
+    /// ([`unbounded_runtime::provider::ProviderError::terminal`]).
     pub fn is_terminal(&self) -> bool {
         match self {
             Self::Azure {

@@ -1,7 +1,7 @@
 //! Unbounded's Azure provider: `provider: azure` Machines become Azure VMs that join the
 //! cluster exactly like PXE servers (same agent, configuration versions and operations).
 //!
-//! The second implementation of [`unbounded_api::provider::Provider`]: for each Machine it
+//! The second implementation of [`unbounded_runtime::provider::Provider`]: for each Machine it
 //! creates a NIC in `spec.azure.subnetID` and a VM whose custom data (cloud-init) installs and
 //! starts the agent ([`custom_data`]); it records `spec.providerID`
 //! (`azure:///subscriptions/…/virtualMachines/<name>`), the NIC's addresses and the VM's
@@ -38,9 +38,9 @@ use std::sync::Arc;
 use futures::StreamExt;
 use kube::Api;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
-use unbounded_api::handler::OperationHandler;
 use unbounded_api::well_known::field_managers;
 use unbounded_api::{HandlerKind, Machine};
+use unbounded_runtime::handler::OperationHandler;
 
 use crate::arm::ArmClient;
 use crate::config::Settings;
@@ -52,10 +52,13 @@ use crate::provider::{AzureProvider, AzureSettings, SharedProvider};
 pub enum StartError {
     /// The HTTP client could not be built.
     #[error("building the HTTP client: {0}")]
-    Http(String),
-    /// The extra CA file holds no usable certificate.
+    Http(#[source] reqwest::Error),
+    /// The extra CA file could not be read as PEM.
     #[error("--extra-ca-file: {0}")]
-    Ca(String),
+    Ca(#[source] reqwest::Error),
+    /// The extra CA file holds no certificate.
+    #[error("--extra-ca-file: no PEM certificate in the file")]
+    NoCa,
     /// The ambient identity could not be set up.
     #[error(transparent)]
     Credentials(#[from] credentials::CredentialsError),
@@ -76,16 +79,15 @@ pub fn http_client(settings: &Settings) -> Result<reqwest::Client, StartError> {
         .redirect(reqwest::redirect::Policy::none())
         .user_agent(concat!("unbounded-azure/", env!("CARGO_PKG_VERSION")));
     if let Some(pem) = &settings.extra_ca_pem {
-        let certificates = reqwest::Certificate::from_pem_bundle(pem)
-            .map_err(|e| StartError::Ca(e.to_string()))?;
+        let certificates = reqwest::Certificate::from_pem_bundle(pem).map_err(StartError::Ca)?;
         if certificates.is_empty() {
-            return Err(StartError::Ca("no PEM certificate in the file".into()));
+            return Err(StartError::NoCa);
         }
         for certificate in certificates {
             builder = builder.add_root_certificate(certificate);
         }
     }
-    builder.build().map_err(|e| StartError::Http(e.to_string()))
+    builder.build().map_err(StartError::Http)
 }
 
 /// Builds the provider from its settings.
@@ -143,7 +145,7 @@ pub async fn run(client: kube::Client, settings: Settings) -> Result<(), StartEr
         }
     };
     let provider_loop =
-        unbounded_api::provider::run(client, SharedProvider(provider), settings.loop_settings);
+        unbounded_runtime::provider::run(client, SharedProvider(provider), settings.loop_settings);
     tokio::select! {
         () = reflect => tracing::error!("the Machine watch of the Azure provider ended"),
         () = handle_operations => {}

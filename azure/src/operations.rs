@@ -1,5 +1,5 @@
 //! MachineOperations on Azure Machines, through the handler API of
-//! [`unbounded_api::handler`]:
+//! [`unbounded_runtime::handler`]:
 //!
 //! | operation | VM action |
 //! |---|---|
@@ -17,9 +17,9 @@ use std::sync::Arc;
 
 use kube::Api;
 use kube::runtime::reflector::{self, Store};
-use unbounded_api::handler::{Execute, Outcome};
 use unbounded_api::well_known::operations;
 use unbounded_api::{MachineOperation, MachineProvider};
+use unbounded_runtime::handler::{Execute, Outcome};
 
 use crate::provider::AzureProvider;
 
@@ -120,7 +120,7 @@ impl Execute for AzureOperations {
             }
             Err(message) => return Outcome::Failed(message),
         };
-        let Some(target) = unbounded_api::handler::target(&operation) else {
+        let Some(target) = unbounded_runtime::handler::target(&operation) else {
             return Outcome::Failed("no target Machine".into());
         };
         let machines: Api<unbounded_api::Machine> = Api::all(self.client.clone());

@@ -1,5 +1,5 @@
 //! The Azure provider: `provider: azure` Machines on the shared provider loop
-//! ([`unbounded_api::provider`]).
+//! ([`unbounded_runtime::provider`]).
 //!
 //! - create: the NIC, then the VM with the agent's custom data; waits for both operations;
 //!   reports the power state, the NIC's addresses and the provider ID
@@ -18,10 +18,11 @@
 
 use std::sync::Arc;
 
-use unbounded_api::agent::{self, MintError};
-use unbounded_api::provider::{Observed, Provider, ProviderError, Step, next_step};
+use unbounded_api::agent;
 use unbounded_api::well_known::{field_managers, finalizers};
 use unbounded_api::{AzureSpec, Machine, MachineProvider};
+use unbounded_runtime::provider::{Observed, Provider, ProviderError, Step, next_step};
+use unbounded_runtime::tokens::{self, MintError};
 
 use crate::arm::{ArmClient, Credential};
 use crate::credentials::Credentials;
@@ -165,10 +166,10 @@ impl AzureProvider {
         let name = machine.metadata.name.as_deref().unwrap_or_default();
         let seconds = i64::try_from(self.settings.agent_token_seconds).unwrap_or(86_400);
         let (token, expiration_timestamp) =
-            agent::mint_service_account_token(&self.kube, name, seconds)
+            tokens::mint_service_account_token(&self.kube, name, seconds)
                 .await
                 .map_err(mint_failure)?;
-        let (bootstrap, _) = agent::create_bootstrap_token(
+        let (bootstrap, _) = tokens::create_bootstrap_token(
             &self.kube,
             machine,
             self.settings.bootstrap_token_seconds,

@@ -102,8 +102,9 @@ pub struct BootFiles<'a> {
     pub http_base: &'a str,
 }
 
-/// The arm64 UEFI iPXE build's file name.
-pub const UEFI_ARM64_FILE: &str = "arm64/snponly.efi";
+/// The arm64 UEFI iPXE build's file name: the full build, as Debian ships it (no arm64
+/// `snponly.efi` there; the full build uses the firmware's SNP where it has no driver).
+pub const UEFI_ARM64_FILE: &str = "arm64/ipxe.efi";
 /// The BIOS iPXE build's file name.
 pub const BIOS_FILE: &str = "undionly.kpxe";
 
@@ -251,6 +252,47 @@ mod tests {
         }
     }
 
+    /// Every iPXE build DHCP can name, for either `uefiBootFile`, is one the container image
+    /// carries in its TFTP root: `images/containers/contents.lock` pins each as
+    /// `ipxe/<its path under the root>`.
+    #[test]
+    fn every_build_dhcp_names_is_in_the_image() {
+        let lock = include_str!("../../images/containers/contents.lock");
+        let in_image: Vec<&str> = lock
+            .lines()
+            .filter_map(|l| {
+                let mut words = l.split_whitespace();
+                (words.next() == Some("file"))
+                    .then(|| words.next())
+                    .flatten()
+                    .and_then(|name| name.strip_prefix("ipxe/"))
+            })
+            .collect();
+        let mac = MacAddr([0x52, 0x54, 0, 0, 0, 1]);
+        for uefi_x64 in ["snponly.efi", "ipxe.efi"] {
+            let files = BootFiles {
+                uefi_x64,
+                http_base: "http://10.99.0.1:8080",
+            };
+            for kind in [
+                ClientKind::BiosPxe,
+                ClientKind::UefiX64Pxe,
+                ClientKind::UefiArm64Pxe,
+                ClientKind::UefiX64Http,
+                ClientKind::UefiArm64Http,
+            ] {
+                let name = boot_file(kind, &files, &mac).unwrap().name;
+                let path = name
+                    .strip_prefix("http://10.99.0.1:8080/ipxe/")
+                    .unwrap_or(&name);
+                assert!(
+                    in_image.contains(&path),
+                    "{kind:?} with {uefi_x64}: {path} is not in {in_image:?}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn classification_and_boot_file_table() {
         let files = BootFiles {
@@ -286,7 +328,7 @@ mod tests {
                 "arm64 UEFI",
                 hints(Some(11), "PXEClient:Arch:00011", "", false),
                 ClientKind::UefiArm64Pxe,
-                Some(("arm64/snponly.efi", false)),
+                Some(("arm64/ipxe.efi", false)),
             ),
             (
                 "x86-64 HTTP boot",
@@ -298,7 +340,7 @@ mod tests {
                 "arm64 HTTP boot",
                 hints(Some(19), "HTTPClient:Arch:00019", "", false),
                 ClientKind::UefiArm64Http,
-                Some(("http://10.99.0.1:8080/ipxe/arm64/snponly.efi", true)),
+                Some(("http://10.99.0.1:8080/ipxe/arm64/ipxe.efi", true)),
             ),
             (
                 "iPXE by user class",

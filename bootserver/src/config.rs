@@ -17,7 +17,7 @@
 //!       dns: [10.99.0.1]
 //!       domain: lab.example
 //!       leaseSeconds: 3600
-//! tftp: {root: /usr/lib/ipxe, port: 69}
+//! tftp: {root: /usr/lib/ipxe, port: 69}   # root: default --default-tftp-root (the image's)
 //! power:                          # the PXE provider (backend kubernetes only)
 //!   enabled: true
 //!   pollSeconds: 30               # how often power state is read
@@ -303,14 +303,36 @@ pub struct Settings {
     pub credentials: Option<crate::credentials::IssuerSettings>,
 }
 
+/// Defaults that depend on where the bootserver runs rather than on the file: the
+/// container image carries its own iPXE builds (`--default-tftp-root`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Defaults {
+    /// `tftp.root` when the file names none.
+    pub tftp_root: PathBuf,
+}
+
+impl Default for Defaults {
+    fn default() -> Self {
+        Self {
+            // Debian's `ipxe` package.
+            tftp_root: PathBuf::from("/usr/lib/ipxe"),
+        }
+    }
+}
+
 impl Settings {
     /// Reads and validates a configuration file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        Self::load_with(path, &Defaults::default())
+    }
+
+    /// Reads and validates a configuration file, with `defaults` for what it leaves out.
+    pub fn load_with(path: &Path, defaults: &Defaults) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_owned(),
             source,
         })?;
-        Self::parse(&text).map_err(|e| match e {
+        Self::parse_with(&text, defaults).map_err(|e| match e {
             ConfigError::Parse { message, .. } => ConfigError::Parse {
                 path: path.to_owned(),
                 message,
@@ -321,6 +343,11 @@ impl Settings {
 
     /// Parses and validates configuration text.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        Self::parse_with(text, &Defaults::default())
+    }
+
+    /// Parses and validates configuration text, with `defaults` for what it leaves out.
+    pub fn parse_with(text: &str, defaults: &Defaults) -> Result<Self, ConfigError> {
         let file: File = serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
             path: PathBuf::new(),
             message: e.to_string(),
@@ -373,10 +400,7 @@ impl Settings {
             uefi_boot_file,
             dhcp_port: file.dhcp.port.unwrap_or(67),
             proxy_port: file.dhcp.proxy_port.unwrap_or(4011),
-            tftp_root: file
-                .tftp
-                .root
-                .unwrap_or_else(|| PathBuf::from("/usr/lib/ipxe")),
+            tftp_root: file.tftp.root.unwrap_or_else(|| defaults.tftp_root.clone()),
             tftp_port: file.tftp.port.unwrap_or(69),
             http_port: file.http.port.unwrap_or(8080),
             images_dir: file
@@ -606,6 +630,47 @@ machines:
         assert_eq!(s.subnets[0].lease_seconds, 3600);
         assert_eq!(s.machines[0].hostname.as_deref(), Some("node-1"));
         assert_eq!(s.http_base(), "http://10.99.0.1:8080");
+    }
+
+    /// The configuration `deploy/bootserver.yaml` ships in its ConfigMap is valid, and serves
+    /// the iPXE builds the image carries.
+    #[test]
+    fn the_deployment_s_configuration_is_valid() {
+        let manifest = include_str!("../../deploy/bootserver.yaml");
+        let mut lines = manifest
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with("bootserver.yaml: |"));
+        let header = lines.next().unwrap();
+        let indent = header.len() - header.trim_start().len() + 2;
+        let text: String = lines
+            .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() >= indent)
+            .map(|l| format!("{}\n", l.get(indent..).unwrap_or_default()))
+            .collect();
+        let settings = Settings::parse(&text).unwrap();
+        assert_eq!(settings.tftp_root, Path::new("/usr/share/unbounded/ipxe"));
+        assert_eq!(settings.images_dir, Path::new("/var/lib/unbounded/images"));
+        assert_eq!(settings.backend, BackendKind::Kubernetes);
+    }
+
+    #[test]
+    fn the_tftp_root_defaults_to_where_the_bootserver_runs() {
+        let text = "serverAddress: 10.0.0.1\ndhcp: {mode: proxy}\n";
+        assert_eq!(
+            Settings::parse(text).unwrap().tftp_root,
+            Path::new("/usr/lib/ipxe")
+        );
+        let image = Defaults {
+            tftp_root: PathBuf::from("/usr/share/unbounded/ipxe"),
+        };
+        assert_eq!(
+            Settings::parse_with(text, &image).unwrap().tftp_root,
+            image.tftp_root
+        );
+        let explicit = format!("{text}tftp: {{root: /srv/tftp}}\n");
+        assert_eq!(
+            Settings::parse_with(&explicit, &image).unwrap().tftp_root,
+            Path::new("/srv/tftp")
+        );
     }
 
     #[test]

@@ -41,7 +41,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use ring::rand::{SecureRandom, SystemRandom};
-use unbounded_api::agent::{self, CredentialRequest, Credentials, agent_username};
+use unbounded_api::agent::{CredentialRequest, Credentials, agent_username};
+use unbounded_runtime::tokens::{self, MintError};
 
 /// Settings of the issuer (the `credentials` section of the configuration).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,7 +91,10 @@ pub enum IssueError {
     TimedOut(u64),
     /// Kubernetes refused or failed.
     #[error("the API server failed: {0}")]
-    Kube(String),
+    Kube(#[source] kube::Error),
+    /// Minting a token failed (other than the ServiceAccount not existing yet).
+    #[error(transparent)]
+    Mint(MintError),
 }
 
 /// What the agent is told to wait before it retries a request that the bootserver could
@@ -113,7 +117,7 @@ impl IssueError {
             Self::WrongAddress | Self::Nonce(_) => 403,
             Self::Unauthenticated | Self::BadToken => 401,
             Self::RateLimited { .. } => 429,
-            Self::NotReady | Self::TimedOut(_) | Self::Kube(_) => 503,
+            Self::NotReady | Self::TimedOut(_) | Self::Kube(_) | Self::Mint(_) => 503,
         }
     }
 
@@ -123,7 +127,9 @@ impl IssueError {
         match self {
             Self::Nonce(NonceRefusal::Busy) => Some(retry_after::BUSY),
             Self::RateLimited { retry_after } => Some(*retry_after),
-            Self::NotReady | Self::TimedOut(_) | Self::Kube(_) => Some(retry_after::UNAVAILABLE),
+            Self::NotReady | Self::TimedOut(_) | Self::Kube(_) | Self::Mint(_) => {
+                Some(retry_after::UNAVAILABLE)
+            }
             Self::WrongAddress | Self::Nonce(_) | Self::Unauthenticated | Self::BadToken => None,
         }
     }
@@ -139,7 +145,7 @@ impl IssueError {
             Self::RateLimited { .. } => "rate_limited",
             Self::NotReady => "not_ready",
             Self::TimedOut(_) => "api_timeout",
-            Self::Kube(_) => "api_error",
+            Self::Kube(_) | Self::Mint(_) => "api_error",
         }
     }
 }
@@ -545,7 +551,7 @@ impl Issuer {
         let reviewed = Api::<TokenReview>::all(self.client.clone())
             .create(&PostParams::default(), &review)
             .await
-            .map_err(|e| IssueError::Kube(e.to_string()))?;
+            .map_err(IssueError::Kube)?;
         let status = reviewed.status.unwrap_or_default();
         let username = status.user.and_then(|u| u.username);
         if status.authenticated == Some(true)
@@ -563,7 +569,7 @@ impl Issuer {
         bootstrap: bool,
     ) -> Result<(Credentials, Option<String>), IssueError> {
         let (token, expiration) =
-            agent::mint_service_account_token(&self.client, machine, self.settings.token_seconds)
+            tokens::mint_service_account_token(&self.client, machine, self.settings.token_seconds)
                 .await
                 .map_err(mint_error)?;
         let lifetime = u64::try_from(self.settings.token_seconds).unwrap_or(3600);
@@ -571,9 +577,9 @@ impl Issuer {
             let owner = Api::<unbounded_api::Machine>::all(self.client.clone())
                 .get(machine)
                 .await
-                .map_err(|e| IssueError::Kube(e.to_string()))?;
+                .map_err(IssueError::Kube)?;
             let seconds = u64::try_from(self.settings.bootstrap_token_seconds).unwrap_or(3600);
-            let (token, id) = agent::create_bootstrap_token(&self.client, &owner, seconds)
+            let (token, id) = tokens::create_bootstrap_token(&self.client, &owner, seconds)
                 .await
                 .map_err(mint_error)?;
             (Some(token), Some(id))
@@ -594,10 +600,10 @@ impl Issuer {
     }
 }
 
-fn mint_error(error: agent::MintError) -> IssueError {
+fn mint_error(error: MintError) -> IssueError {
     match error {
-        agent::MintError::NotReady => IssueError::NotReady,
-        other => IssueError::Kube(other.to_string()),
+        MintError::NotReady => IssueError::NotReady,
+        other => IssueError::Mint(other),
     }
 }
 
@@ -678,7 +684,7 @@ mod tests {
                 Some(retry_after::UNAVAILABLE),
             ),
             (
-                IssueError::Kube("x".into()),
+                IssueError::Kube(kube::Error::TlsRequired),
                 503,
                 Some(retry_after::UNAVAILABLE),
             ),

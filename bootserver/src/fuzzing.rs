@@ -225,7 +225,7 @@ fn files() -> &'static Files {
             std::fs::write(base.join("secret"), SECRET)?;
             std::fs::write(root.join("undionly.kpxe"), vec![0x55; 70_000])?;
             std::fs::write(root.join("snponly.efi"), vec![0xaa; 1468 * 3])?;
-            std::fs::write(root.join("arm64/snponly.efi"), b"arm")?;
+            std::fs::write(root.join("arm64/ipxe.efi"), b"arm")?;
             std::fs::write(root.join("empty"), b"")?;
             std::fs::write(images.join("vmlinuz"), vec![1u8; 10_000])?;
             std::fs::write(images.join("initrd.img"), b"initrd")?;

@@ -9,6 +9,10 @@
 //! | `GET,HEAD /ipxe/<path>` | the iPXE builds (UEFI HTTP boot) |
 //! | `GET /machines/<name>/config` | the agent's configuration: only to the machine itself |
 //! | `/healthz`, `/readyz`, `/metrics` | liveness, backend synced, Prometheus |
+//!
+//! The same three answer on the probe address (`--probe-addr`, [`probe_router`]) from the
+//! moment the process starts: while the start-up check ([`crate::preflight`]) finds
+//! problems, `/readyz` answers 503 with each problem on a line of its own.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -30,6 +34,7 @@ use crate::credentials::{Issuer, Origin};
 use crate::files::{self, InlineFs};
 use crate::leases::Leases;
 use crate::metrics::{Metrics, Service};
+use crate::preflight::Readiness;
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -313,6 +318,69 @@ async fn machine_credentials(
             }
             response
         }
+    }
+}
+
+/// The health routes on their own listener (`--probe-addr`): the kubelet probes the pod's
+/// address, which with `hostNetwork` is the node's, not necessarily `serverAddress`; and
+/// they must answer while the start-up check keeps the boot services off.
+#[derive(Debug)]
+pub struct Probe {
+    /// The start-up check's problems.
+    pub readiness: Arc<Readiness>,
+    /// The running server's state, once it runs.
+    serving: std::sync::OnceLock<AppState>,
+}
+
+impl Probe {
+    /// A probe for a server that has not started.
+    pub fn new(readiness: Arc<Readiness>) -> Self {
+        Self {
+            readiness,
+            serving: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Records that the server runs with `state`: `/readyz` and `/metrics` are then its own.
+    pub fn serving(&self, state: AppState) {
+        let _ = self.serving.set(state);
+    }
+}
+
+/// `/healthz`, `/readyz` and `/metrics` for a [`Probe`].
+pub fn probe_router(probe: Arc<Probe>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(probe_ready))
+        .route("/metrics", get(probe_metrics))
+        .with_state(probe)
+}
+
+/// 503 with the start-up check's problems, one per line.
+fn not_ready(problems: &[String]) -> Response {
+    let mut body = String::from("not serving: the start-up check found problems\n");
+    for problem in problems {
+        body.push_str(problem);
+        body.push('\n');
+    }
+    (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
+}
+
+async fn probe_ready(State(probe): State<Arc<Probe>>) -> Response {
+    let problems = probe.readiness.problems();
+    if !problems.is_empty() {
+        return not_ready(&problems);
+    }
+    match probe.serving.get() {
+        Some(state) => ready(State(state.clone())).await,
+        None => (StatusCode::SERVICE_UNAVAILABLE, "starting\n").into_response(),
+    }
+}
+
+async fn probe_metrics(State(probe): State<Arc<Probe>>) -> Response {
+    match probe.serving.get() {
+        Some(state) => metrics(State(state.clone())).await,
+        None => (StatusCode::SERVICE_UNAVAILABLE, "starting\n").into_response(),
     }
 }
 

@@ -11,10 +11,17 @@
 //! request dropped. A service task that ends anyway stops the process with a non-zero exit
 //! and a message naming it ([`server`]). The request paths are fuzzed ([`fuzzing`],
 //! `scripts/fuzz`).
+//!
+//! Nothing is served half-configured: [`preflight`] compares the settings with the host
+//! (the interface and its addresses, the iPXE builds, the installed boot images) before any
+//! service starts, and holds the start, with the reasons in the log and in `/readyz`, until
+//! they agree. [`boot_images`] installs versioned sets of boot images
+//! (`unbounded-bootserver install-images`).
 
 pub mod backend;
 pub mod bmc_secrets;
 pub mod boot;
+pub mod boot_images;
 pub mod config;
 pub mod credentials;
 pub mod dhcp;
@@ -22,10 +29,12 @@ pub mod files;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;
+pub mod interfaces;
 pub mod kube_backend;
 pub mod leases;
 pub mod metrics;
 pub mod power;
+pub mod preflight;
 pub mod pxe_provider;
 pub mod ra;
 pub mod server;

@@ -2,15 +2,25 @@
 //! Kubernetes backend the PXE provider. DHCP, TFTP and HTTP serve on every replica; the PXE
 //! provider runs only on the replica that leads the Lease `unbounded-pxe-provider`
 //! (`unbounded_runtime::leader`), so that two bootservers never drive one BMC.
+//!
+//! Nothing starts until the start-up check passes (`unbounded_bootserver::preflight`); the
+//! health routes answer from the first moment on `--probe-addr`.
+//!
+//! `unbounded-bootserver install-images --from <set> --to <imagesDir>` installs a set of
+//! boot images (`unbounded_bootserver::boot_images`): the init container of the
+//! Deployment.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
 use unbounded_bootserver::backend::{MachineBackend, StaticBackend};
-use unbounded_bootserver::config::{BackendKind, Settings};
+use unbounded_bootserver::config::{BackendKind, Defaults, Settings};
+use unbounded_bootserver::http::Probe;
 use unbounded_bootserver::kube_backend::KubeBackend;
+use unbounded_bootserver::preflight::Readiness;
 use unbounded_bootserver::server::Background;
 use unbounded_runtime::leader::{ElectionFlags, Elector, lead_repeatedly, name_user_agent};
 
@@ -19,21 +29,92 @@ const LEASE_NAME: &str = "unbounded-pxe-provider";
 
 /// Network-boots machines: DHCP or ProxyDHCP, TFTP and HTTP (iPXE).
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(version, subcommand_negates_reqs = true)]
 struct Args {
     /// The configuration file (YAML; see the crate documentation).
-    #[arg(long, env = "UNBOUNDED_BOOTSERVER_CONFIG")]
-    config: PathBuf,
+    #[arg(long, env = "UNBOUNDED_BOOTSERVER_CONFIG", required = true)]
+    config: Option<PathBuf>,
+    /// The TFTP root when the configuration names none (`tftp.root`). The container image
+    /// sets it to the iPXE builds it carries.
+    #[arg(
+        long,
+        env = "UNBOUNDED_BOOTSERVER_TFTP_ROOT",
+        default_value = "/usr/lib/ipxe"
+    )]
+    default_tftp_root: PathBuf,
+    /// Where `/healthz`, `/readyz` and `/metrics` also answer, from the moment the process
+    /// starts (the kubelet's probes: with `hostNetwork` they reach the node's address, not
+    /// necessarily `serverAddress`).
+    #[arg(long, env = "UNBOUNDED_BOOTSERVER_PROBE_ADDR")]
+    probe_addr: Option<SocketAddr>,
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
     /// Leader election of the PXE provider (with the Kubernetes backend and `power.enabled`).
     #[command(flatten)]
     election: ElectionFlags,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Installs a set of boot images (a directory with `manifest.json`, a kernel, an initrd
+    /// and a node image) into `<to>/<version>/`, verifying every file against the manifest;
+    /// refuses on any mismatch, and when the version is installed with other contents.
+    InstallImages {
+        /// The set.
+        #[arg(long)]
+        from: PathBuf,
+        /// The images directory the bootserver serves (`http.imagesDir`).
+        #[arg(long)]
+        to: PathBuf,
+    },
+}
+
+fn install_images(from: &std::path::Path, to: &std::path::Path) -> ExitCode {
+    use unbounded_bootserver::boot_images::{InstallOutcome, install};
+    match install(from, to) {
+        Ok(InstallOutcome::Installed { version, bytes }) => {
+            println!(
+                "installed boot images {version} ({bytes} bytes, every file verified) into {}",
+                to.join(&version).display()
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(InstallOutcome::AlreadyInstalled { version }) => {
+            println!(
+                "boot images {version} are already installed in {}, intact",
+                to.join(&version).display()
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(InstallOutcome::Repaired { version, faults }) => {
+            for fault in &faults {
+                println!("boot images {version}: the installed copy was damaged: {fault}");
+            }
+            println!(
+                "boot images {version}: replaced with a verified copy in {}",
+                to.join(&version).display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("unbounded-bootserver install-images: {error}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(Command::InstallImages { from, to }) = &args.command {
+        return install_images(from, to);
+    }
+    let Some(config) = &args.config else {
+        eprintln!("unbounded-bootserver: --config is required");
+        return ExitCode::from(2);
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // ipmi-rs logs its RAKP messages at debug level; they carry HMACs of the BMC password.
@@ -48,7 +129,10 @@ fn main() -> ExitCode {
     } else {
         builder.init();
     }
-    let settings = match Settings::load(&args.config) {
+    let defaults = Defaults {
+        tftp_root: args.default_tftp_root.clone(),
+    };
+    let settings = match Settings::load_with(config, &defaults) {
         Ok(s) => s,
         Err(error) => {
             eprintln!("unbounded-bootserver: {error}");
@@ -75,6 +159,30 @@ fn main() -> ExitCode {
     // Tasks the server depends on: if one ever ends, the process exits non-zero.
     let _guard = runtime.enter();
     let mut background = Background::new();
+    let probe = Arc::new(Probe::new(Arc::new(Readiness::default())));
+    if let Some(addr) = args.probe_addr {
+        match runtime.block_on(tokio::net::TcpListener::bind(addr)) {
+            Ok(listener) => {
+                tracing::info!(%addr, "probe HTTP listening (/healthz, /readyz, /metrics)");
+                let probe = probe.clone();
+                background.spawn(async move {
+                    unbounded_bootserver::server::serve_probe(listener, probe).await;
+                    "probe HTTP"
+                });
+            }
+            Err(error) => {
+                eprintln!("unbounded-bootserver: --probe-addr {addr}: {error}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    // Nothing serves, and the PXE provider powers nothing on, before the configuration
+    // agrees with the host.
+    runtime.block_on(unbounded_bootserver::server::preflight(
+        &settings,
+        &probe,
+        args.probe_addr.is_none(),
+    ));
     let mut issuer = None;
     let backend: Arc<dyn MachineBackend> = match settings.backend {
         BackendKind::File => Arc::new(StaticBackend::new(settings.machines.clone())),
@@ -120,7 +228,12 @@ fn main() -> ExitCode {
         let _ = tokio::signal::ctrl_c().await;
     };
     match runtime.block_on(unbounded_bootserver::server::run(
-        settings, backend, issuer, background, shutdown,
+        settings,
+        backend,
+        issuer,
+        background,
+        shutdown,
+        Some(probe),
     )) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

@@ -1,5 +1,5 @@
 //! The PXE provider: `provider: pxe` Machines powered through their BMCs, on the shared
-//! provider loop ([`unbounded_api::provider`]) and the MachineOperation handler API.
+//! provider loop ([`unbounded_runtime::provider`]) and the MachineOperation handler API.
 //!
 //! - create: one-time PXE boot, then power on (the bootserver's DHCP/TFTP/HTTP take it
 //!   from there); `InfrastructureReady=True`, `status.power`, `status.addresses` and
@@ -22,7 +22,7 @@
 //! and the controller finds the Machine's Node by it. An ID recorded earlier that names
 //! another of the Machine's MACs is kept (the list was reordered); one that names none of
 //! them is a terminal `ProviderIDMismatch`, as is a BMC address or CA bundle that cannot
-//! be used (`BmcAddressInvalid`): see [`unbounded_api::provider`] for what is terminal and
+//! be used (`BmcAddressInvalid`): see [`unbounded_runtime::provider`] for what is terminal and
 //! why so little is. The addresses are the Machine's reservation (`spec.pxe.ipv4`, as
 //! `InternalIP`): the address the bootserver's DHCP gives it. A pool address leased by
 //! DHCP is not reported here: the lease store lives with the DHCP server, which may be
@@ -38,13 +38,13 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::sync::Semaphore;
-use unbounded_api::handler::{Execute, OperationHandler, Outcome};
-use unbounded_api::provider::{Observed, Provider, ProviderError};
 use unbounded_api::well_known::{field_managers, finalizers, operations};
 use unbounded_api::{
     Firmware, HandlerKind, Machine, MachineAddress, MachineOperation, MachineProvider, PowerState,
     PxeSpec,
 };
+use unbounded_runtime::handler::{Execute, OperationHandler, Outcome};
+use unbounded_runtime::provider::{Observed, Provider, ProviderError};
 
 use crate::backend::MacAddr;
 use crate::bmc_secrets::BmcSecrets;
@@ -62,7 +62,7 @@ pub struct PowerSettings {
     /// Retries of transient BMC failures within one call.
     pub backoff: Backoff,
     /// The provider loop's pacing.
-    pub loop_settings: unbounded_api::provider::Settings,
+    pub loop_settings: unbounded_runtime::provider::Settings,
 }
 
 impl Default for PowerSettings {
@@ -71,7 +71,7 @@ impl Default for PowerSettings {
             timeout: Duration::from_secs(10),
             graceful_shutdown: Duration::from_secs(60),
             backoff: Backoff::default(),
-            loop_settings: unbounded_api::provider::Settings::default(),
+            loop_settings: unbounded_runtime::provider::Settings::default(),
         }
     }
 }
@@ -438,7 +438,7 @@ impl Execute for PowerOperations {
                 operation.spec.operation_name
             ));
         };
-        let Some(name) = unbounded_api::handler::target(&operation) else {
+        let Some(name) = unbounded_runtime::handler::target(&operation) else {
             return Outcome::Failed("no target Machine".into());
         };
         let machines: Api<Machine> = Api::all(self.client.clone());
@@ -490,7 +490,7 @@ pub async fn run(client: Client, settings: PowerSettings) {
         }
     };
     let provider_loop =
-        unbounded_api::provider::run(client, SharedProvider(provider), settings.loop_settings);
+        unbounded_runtime::provider::run(client, SharedProvider(provider), settings.loop_settings);
     tokio::select! {
         () = reflect => tracing::error!("the Machine watch of the PXE provider ended"),
         () = operations => {}

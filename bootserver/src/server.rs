@@ -5,6 +5,9 @@
 //! ends anyway (an error, a panic that escaped, a watch that stopped), [`run`] returns an
 //! error naming it, and the binary exits non-zero with that message: the process is never
 //! left half alive, and its supervisor (Kubernetes, systemd) restarts it.
+//!
+//! Before any of it, [`preflight`] holds the start until the configuration agrees with the
+//! host ([`crate::preflight`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,7 +19,7 @@ use tokio::task::JoinSet;
 use crate::backend::MachineBackend;
 use crate::config::{DhcpMode, Settings};
 use crate::dhcp::{self, DhcpError, Responder};
-use crate::http::{self, AppState};
+use crate::http::{self, AppState, Probe};
 use crate::leases::{FileStore, LeaseError, Leases};
 use crate::metrics::Metrics;
 use crate::tftp::{self, TftpError};
@@ -54,14 +57,68 @@ pub enum ServerError {
 /// provider): each returns its name if it ever ends.
 pub type Background = JoinSet<&'static str>;
 
+/// Serves the health routes of `probe` on `listener` (the `--probe-addr` listener, for the
+/// process's whole life); returns only if serving fails.
+pub async fn serve_probe(listener: tokio::net::TcpListener, probe: Arc<Probe>) {
+    let addr = listener.local_addr().ok();
+    if let Err(error) = axum::serve(listener, http::probe_router(probe)).await {
+        tracing::error!(%error, ?addr, "probe HTTP stopped");
+    }
+}
+
+/// Returns once the start-up check passes ([`crate::preflight`]); until then the check runs
+/// every [`crate::preflight::RECHECK_INTERVAL`]. When `fallback_probe` is set (no
+/// `--probe-addr`), the health routes answer meanwhile on the HTTP address, if it can be
+/// bound, so that `curl http://<serverAddress>:<port>/readyz` shows what is wrong.
+pub async fn preflight(settings: &Settings, probe: &Arc<Probe>, fallback_probe: bool) {
+    let mut checker = crate::preflight::Checker::default();
+    if checker.run_once(settings, &probe.readiness).await {
+        return;
+    }
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let fallback = if fallback_probe {
+        let addr = settings.http_listen();
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => {
+                let router = http::probe_router(probe.clone());
+                Some(tokio::spawn(async move {
+                    let _ = axum::serve(listener, router)
+                        .with_graceful_shutdown(async {
+                            let _ = stopped.await;
+                        })
+                        .await;
+                }))
+            }
+            Err(error) => {
+                tracing::warn!(%addr, %error, "preflight: /readyz cannot answer here either (pass --probe-addr for an address that always works)");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    loop {
+        tokio::time::sleep(crate::preflight::RECHECK_INTERVAL).await;
+        if checker.run_once(settings, &probe.readiness).await {
+            break;
+        }
+    }
+    let _ = stop.send(());
+    if let Some(task) = fallback {
+        let _ = task.await;
+    }
+}
+
 /// Runs DHCP (full or proxy), TFTP and HTTP until one of them (or of `background`) ends, or
-/// `shutdown` resolves.
+/// `shutdown` resolves. With a `probe`, its `/readyz` and `/metrics` then answer for this
+/// server.
 pub async fn run(
     settings: Settings,
     backend: Arc<dyn MachineBackend>,
     issuer: Option<Arc<crate::credentials::Issuer>>,
     mut background: Background,
     shutdown: impl std::future::Future<Output = ()> + Send,
+    probe: Option<Arc<Probe>>,
 ) -> Result<(), ServerError> {
     let settings = Arc::new(settings);
     let mut registry = Registry::default();
@@ -136,14 +193,18 @@ pub async fn run(
             source,
         })?;
     tracing::info!(addr = %http_addr, images = %settings.images_dir.display(), "HTTP listening");
-    let app = http::router(AppState {
+    let state = AppState {
         settings: settings.clone(),
         backend,
         leases,
         metrics,
         registry: Arc::new(registry),
         issuer,
-    });
+    };
+    if let Some(probe) = &probe {
+        probe.serving(state.clone());
+    }
+    let app = http::router(state);
     tasks.spawn(async move {
         // Nagle's algorithm would hold a small response back until the client's delayed ACK
         // (tens of milliseconds per request on a keep-alive connection).
@@ -205,6 +266,7 @@ mod tests {
             None,
             background,
             std::future::pending(),
+            None,
         )
         .await;
         match result {

@@ -17,11 +17,15 @@ fn link_with_address() -> Link {
 /// A TFTP root with the iPXE builds, a large file, and a symbolic link that points out.
 fn tftp_root(secret: &std::path::Path) -> tempfile::TempDir {
     let root = tempfile::tempdir().unwrap();
-    std::fs::copy(
-        "/usr/lib/ipxe/undionly.kpxe",
-        root.path().join("undionly.kpxe"),
-    )
-    .unwrap();
+    // The builds the configuration's BIOS and UEFI machines ask for (the start-up check
+    // wants both).
+    for file in ["undionly.kpxe", "snponly.efi"] {
+        std::fs::copy(
+            std::path::Path::new("/usr/lib/ipxe").join(file),
+            root.path().join(file),
+        )
+        .unwrap();
+    }
     let big: Vec<u8> = (0..3_000_000u32).map(|i| (i * 31 % 253) as u8).collect();
     std::fs::write(root.path().join("big.bin"), big).unwrap();
     std::os::unix::fs::symlink(secret, root.path().join("escape")).unwrap();

@@ -253,6 +253,7 @@ async fn apply(
 }
 
 /// Reconciles one Machine's agent access.
+#[tracing::instrument(skip_all, fields(machine = %machine.name_any()))]
 pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<AccessContext>) -> Result<Action, Error> {
     if machine.metadata.deletion_timestamp.is_some() {
         // Garbage collection removes the objects with the Machine; until then the agent

@@ -23,31 +23,24 @@ use unbounded_api::{
 use crate::context::Context;
 use crate::error::{Error, is_not_found, kube_err};
 use crate::expectations::{Expectation, expecting};
-use crate::metrics::Metrics;
 use crate::rolling::Rollout;
 use crate::rollout::{RolloutState, some_names};
 use crate::versioning::{self, ExistingVersion, VersionAction};
 
 /// Reconciles one MachineConfiguration.
+#[tracing::instrument(skip_all, fields(configuration = %configuration.name_any()))]
 pub async fn reconcile(
     configuration: Arc<MachineConfiguration>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
-    let labels = Metrics::controller("configuration");
-    ctx.metrics.reconciles.get_or_create(&labels).inc();
-    let started = std::time::Instant::now();
-    let result = if configuration.metadata.deletion_timestamp.is_some() {
+    let _timer = ctx.metrics.reconcile_timer("configuration");
+    if configuration.metadata.deletion_timestamp.is_some() {
         // Its versions go with it through their ownerReference (garbage collection); the
         // admission policy keeps referenced ones until no Machine uses them.
         Ok(Action::await_change())
     } else {
         apply(&configuration, &ctx).await
-    };
-    ctx.metrics
-        .duration
-        .get_or_create(&labels)
-        .observe(started.elapsed().as_secs_f64());
-    result
+    }
 }
 
 /// For each version number of `configuration`, how many Machines reference it: the version

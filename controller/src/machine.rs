@@ -16,12 +16,8 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use unbounded_api::condition;
-use unbounded_api::well_known::{
-    annotations, conditions, field_managers, finalizers, operations, reasons,
-};
-use unbounded_api::{
-    Machine, MachineConfigurationVersion, MachinePhase, OperationState, ResolvedConfiguration,
-};
+use unbounded_api::well_known::{annotations, conditions, field_managers, finalizers, reasons};
+use unbounded_api::{Machine, MachineConfigurationVersion, MachinePhase, ResolvedConfiguration};
 
 use crate::context::Context;
 use crate::drain;
@@ -29,34 +25,22 @@ use crate::error::{Error, kube_err};
 use crate::expectations::{Expectation, expecting};
 use crate::index::catalog::OwnedCandidate;
 use crate::lifecycle::{ConditionPlan, MachineFacts, ObservedNode, plan_machine};
-use crate::repave::{self, RepaveStep, RequestState};
+use crate::repave;
 use crate::selection::{self, Resolution};
 
 /// Reconciles one Machine.
+#[tracing::instrument(skip_all, fields(machine = %machine.name_any()))]
 pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let labels = Context::controller_labels("machine");
-    ctx.metrics.reconciles.get_or_create(&labels).inc();
-    let started = std::time::Instant::now();
+    let _timer = ctx.metrics.reconcile_timer("machine");
     let api: Api<Machine> = Api::all(ctx.client.clone());
-    let result = finalizer(&api, finalizers::MACHINE, machine, |event| async {
+    finalizer(&api, finalizers::MACHINE, machine, |event| async {
         match event {
             FinalizerEvent::Apply(machine) => apply(&machine, &ctx).await,
             FinalizerEvent::Cleanup(machine) => cleanup(&machine, &ctx).await,
         }
     })
     .await
-    .map_err(|e| Error::Finalizer(Box::new(e)));
-    ctx.metrics
-        .duration
-        .get_or_create(&labels)
-        .observe(started.elapsed().as_secs_f64());
-    result
-}
-
-impl Context {
-    fn controller_labels(name: &str) -> crate::metrics::ControllerLabels {
-        crate::metrics::Metrics::controller(name)
-    }
+    .map_err(|e| Error::Finalizer(Box::new(e)))
 }
 
 /// The Node of a Machine: by name (`spec.nodeName`, default the Machine's name), else by
@@ -104,22 +88,9 @@ async fn apply(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
     );
     let mut node = find_node(machine, ctx);
     let node_name = machine.node_name();
-    let request = match repave::read_request(machine.annotations()) {
-        RequestState::Requested(request) => Some(request),
-        RequestState::Invalid(why) => {
-            ctx.event(
-                machine,
-                EventType::Warning,
-                reasons::INVALID_REPAVE_REQUEST,
-                why,
-            )
-            .await;
-            None
-        }
-        RequestState::None => None,
-    };
+    let request = repave::requested(machine, ctx).await;
     if let Some(request) = &request
-        && drain_for_repave(machine, &status, request, node.as_deref(), ctx).await?
+        && repave::drain_and_delete(machine, &status, request, node.as_deref(), ctx).await?
     {
         node = None;
     }
@@ -162,26 +133,9 @@ async fn apply(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
     )
     .await?;
 
-    if let Some(request) = &request {
-        repave::finish(machine, request, ctx).await?;
-    } else if plan.phase == MachinePhase::Running
-        && machine.annotations().contains_key(annotations::REPAVING)
-    {
-        repave::clear_repaving(machine, ctx).await?;
-    }
-
+    repave::settle(machine, request.as_ref(), plan.phase, ctx).await?;
     if plan.repave {
-        let note = match &plan.configuration {
-            Some(c) => format!(
-                "Node {node_name} was deleted; repaving with {} version {}",
-                c.name, c.version
-            ),
-            None => {
-                format!("Node {node_name} was deleted; waiting for a configuration to repave with")
-            }
-        };
-        ctx.event(machine, EventType::Normal, reasons::REPAVE, note)
-            .await;
+        repave::announce(machine, &node_name, plan.configuration.as_ref(), ctx).await;
     }
     if let Some(c) = &plan.configuration
         && plan.configuration != status.configuration
@@ -217,111 +171,6 @@ async fn apply(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
         Resolution::AwaitingFirstVersion { .. } => Action::requeue(Duration::from_secs(2)),
         _ => Action::requeue(ctx.settings.resync),
     })
-}
-
-/// Drains and deletes the Machine's recorded Node for a repave request ([`repave`]);
-/// returns whether it deleted it. Waits (an error the runner retries soon) while pods
-/// remain, until the drain timeout has passed since the request.
-async fn drain_for_repave(
-    machine: &Machine,
-    status: &unbounded_api::MachineStatus,
-    request: &repave::RepaveRequest,
-    node: Option<&Node>,
-    ctx: &Context,
-) -> Result<bool, Error> {
-    let recorded_uid = status.node_ref.as_ref().and_then(|n| n.uid.as_deref());
-    let observed = node.map(|n| {
-        (
-            n.metadata.name.as_deref().unwrap_or_default(),
-            n.metadata.uid.as_deref(),
-        )
-    });
-    let step = repave::next_step(
-        request,
-        recorded_uid,
-        observed,
-        ctx.settings.drain_timeout,
-        condition::now(),
-    );
-    let RepaveStep::DrainAndDelete {
-        node: node_name,
-        timed_out,
-    } = step
-    else {
-        return Ok(false);
-    };
-    let outcome = drain::drain(&ctx.client, &node_name).await?;
-    if outcome.remaining > 0 && !timed_out {
-        ctx.event(
-            machine,
-            EventType::Normal,
-            reasons::DRAINING,
-            format!(
-                "repave requested at {}: draining Node {node_name}, {} pod(s) left",
-                request.value, outcome.remaining
-            ),
-        )
-        .await;
-        return Err(Error::Waiting(format!(
-            "Node {node_name} still has {} pod(s) to evict before its repave",
-            outcome.remaining
-        )));
-    }
-    if outcome.remaining > 0 {
-        ctx.event(
-            machine,
-            EventType::Warning,
-            reasons::DRAINING,
-            format!(
-                "drain timeout ({} s) passed with {} pod(s) left on Node {node_name}; deleting it for the repave anyway",
-                ctx.settings.drain_timeout.as_secs(),
-                outcome.remaining
-            ),
-        )
-        .await;
-    }
-    if request.then.as_deref() == Some(unbounded_api::well_known::operations::POWER_OFF) {
-        match repave::follow_up_state(machine, operations::POWER_OFF, request, ctx).await? {
-            Some(OperationState::Complete) => {}
-            Some(OperationState::Failed) => {
-                ctx.event(
-                    machine,
-                    EventType::Warning,
-                    reasons::REPAVE_REQUESTED,
-                    format!("powerOff failed; deleting Node {node_name} anyway (its kubelet may register it again)"),
-                )
-                .await;
-            }
-            _ => {
-                return Err(Error::Waiting(format!(
-                    "powering {} off before deleting Node {node_name}",
-                    machine.name_any()
-                )));
-            }
-        }
-    }
-    match recorded_uid {
-        Some(uid) => {
-            expecting(
-                &ctx.expectations,
-                Expectation::DeletedNode(uid.to_owned()),
-                drain::delete_node(&ctx.client, &node_name),
-            )
-            .await?;
-        }
-        None => drain::delete_node(&ctx.client, &node_name).await?,
-    }
-    ctx.event(
-        machine,
-        EventType::Normal,
-        reasons::REPAVE_REQUESTED,
-        format!(
-            "drained and deleted Node {node_name} for the repave requested at {}",
-            request.value
-        ),
-    )
-    .await;
-    Ok(true)
 }
 
 fn condition_matches(current: &[Condition], plan: &ConditionPlan) -> bool {

@@ -25,25 +25,19 @@ use crate::dispatch::{
 use crate::error::{Error, kube_err};
 
 /// Reconciles one MachineOperation.
+#[tracing::instrument(skip_all, fields(operation = %operation.name_any()))]
 pub async fn reconcile(
     operation: Arc<MachineOperation>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
-    let labels = crate::metrics::Metrics::controller("operation");
-    ctx.metrics.reconciles.get_or_create(&labels).inc();
-    let started = std::time::Instant::now();
-    let result = if operation.metadata.deletion_timestamp.is_some() {
+    let _timer = ctx.metrics.reconcile_timer("operation");
+    if operation.metadata.deletion_timestamp.is_some() {
         Ok(Action::await_change())
     } else if operation.spec.machine_selector.is_some() {
         reconcile_parent(&operation, &ctx).await
     } else {
         reconcile_single(&operation, &ctx).await
-    };
-    ctx.metrics
-        .duration
-        .get_or_create(&labels)
-        .observe(started.elapsed().as_secs_f64());
-    result
+    }
 }
 
 fn clock(operation: &MachineOperation) -> Clock {

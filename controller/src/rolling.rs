@@ -20,7 +20,6 @@ use unbounded_api::{MachineConfiguration, RolloutStatus, UpdateStrategyType};
 
 use crate::context::Context;
 use crate::error::Error;
-use crate::expectations::{Expectation, MemberChange, expecting};
 use crate::members::{facts_of, machines_named, resolve_target, resolved};
 use crate::repave;
 use crate::rollout::{self, Member, RolloutState, some_names};
@@ -107,17 +106,7 @@ pub async fn roll(
         let batch = rollout::next_batch(&members, max_unavailable);
         if !batch.is_empty() {
             for machine in &batch {
-                let expectation = Expectation::Member {
-                    owner: owner_key(&name),
-                    machine: machine.clone(),
-                    change: MemberChange::RepaveRequested(repave::format_time(now)),
-                };
-                expecting(
-                    &ctx.expectations,
-                    expectation,
-                    repave::request(ctx, machine, None, now),
-                )
-                .await?;
+                repave::request(ctx, owner_key(&name), machine, None, now).await?;
             }
             let progress = match &state {
                 RolloutState::RollingOut { updated, total, .. } => {

@@ -30,7 +30,8 @@ use crate::index::operations::{NodeIndex, OperationIndex};
 use crate::index::pools::PoolIndex;
 use crate::metrics::{Metrics, PhaseLabels};
 use crate::recount::{PendingRecounts, RecountTiming};
-use crate::watches::{self, Groups, Triggers, drive};
+use crate::triggers::Lookups;
+use crate::watches::{self, Triggers, drive};
 use crate::{configuration, machine, operation, pool};
 
 /// Tasks that end when their owner is dropped: [`run`] is the leadership's work, and dropping
@@ -87,22 +88,19 @@ pub async fn run(
         machines_live: Arc::new(AtomicBool::new(false)),
     };
 
-    let groups = Groups {
+    let lookups = Lookups {
+        machines: machine_index.clone(),
         pools: pool_index.clone(),
         catalog: catalog.clone(),
-        expectations: expectations.clone(),
+        operation_index: operation_index.clone(),
+        operations: operations.clone(),
     };
     let watches = [
         drive(
             Api::<Machine>::all(client.clone()),
             machine_writer,
             watches::trim_machine,
-            triggers.on_machine(
-                machine_index.clone(),
-                operations.clone(),
-                operation_index.clone(),
-                groups.clone(),
-            ),
+            triggers.on_machine(lookups.clone(), expectations.clone()),
         ),
         drive(
             Api::<MachinePool>::all(client.clone()),
@@ -114,30 +112,25 @@ pub async fn run(
             Api::<MachineOperation>::all(client.clone()),
             operation_writer,
             watches::trim_operation,
-            triggers.on_operation(operation_index.clone(), operations.clone()),
+            triggers.on_operation(lookups.clone()),
         ),
         drive(
             Api::<MachineConfiguration>::all(client.clone()),
             configuration_writer,
             watches::trim_configuration,
-            triggers.on_configuration(catalog.clone(), machine_index.clone(), pool_index.clone()),
+            triggers.on_configuration(lookups.clone()),
         ),
         drive(
             Api::<MachineConfigurationVersion>::all(client.clone()),
             version_writer,
             watches::trim_version,
-            triggers.on_version(
-                catalog.clone(),
-                machine_index.clone(),
-                expectations.clone(),
-                pool_index.clone(),
-            ),
+            triggers.on_version(lookups.clone(), expectations.clone()),
         ),
         drive(
             Api::<Node>::all(client.clone()),
             node_writer,
             watches::trim_node,
-            triggers.on_node(node_index.clone(), machine_index.clone(), groups),
+            triggers.on_node(node_index.clone(), lookups, expectations.clone()),
         ),
     ];
     let mut tasks = AbortOnDrop(Vec::new());

@@ -22,22 +22,19 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::api::Api;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use unbounded_api::well_known::annotations;
 use unbounded_api::{
     Machine, MachineConfiguration, MachineConfigurationVersion, MachineOperation, MachinePool,
-    MachineProvider,
 };
 
 use crate::expectations::{Expectations, ObservedMachine};
-use crate::index::Shared;
-use crate::index::catalog::{Catalog, ConfigurationKeys, VersionKeys};
-use crate::index::machines::{MachineIndex, MachineKeys};
-use crate::index::operations::{NodeIndex, OperationIndex, OperationKeys};
-use crate::index::pools::{PoolIndex, PoolKeys};
+use crate::index::operations::NodeIndex;
+use crate::index::pools::PoolIndex;
+use crate::index::{Change, KeyedIndex, Shared};
 use crate::recount::PendingRecounts;
-use crate::triggers;
+use crate::triggers::{Lookups, Reconciles};
 
 /// What a watch saw, after the store has it.
 #[derive(Debug)]
@@ -185,191 +182,136 @@ fn send<K: kube::Resource<DynamicType = ()>>(
     }
 }
 
+/// The index step every handler takes, once for all kinds: an applied object's keys
+/// replace its old ones, a deleted one's are removed, and a finished (re)list removes every
+/// name it did not list. Returns each object's keys before and after.
+pub fn index_change<K, I>(index: &mut I, seen: &Seen<'_, K>) -> Vec<Change<I::Keys>>
+where
+    K: ResourceExt,
+    I: KeyedIndex<K>,
+{
+    match seen {
+        Seen::Applied(object) => {
+            let name = object.name_any();
+            let new = I::keys_of(object);
+            let old = index.apply_keys(&name, new.clone());
+            vec![Change {
+                name,
+                old,
+                new: Some(new),
+            }]
+        }
+        Seen::Deleted(object) => {
+            let name = object.name_any();
+            let old = index.remove_keys(&name);
+            vec![Change {
+                name,
+                old,
+                new: None,
+            }]
+        }
+        Seen::Listed(present) => index
+            .retain_keys(present)
+            .into_iter()
+            .map(|(name, old)| Change {
+                name,
+                old: Some(old),
+                new: None,
+            })
+            .collect(),
+    }
+}
+
 impl Triggers {
     fn live(&self) -> bool {
         self.live.load(Ordering::Acquire)
     }
 
-    fn send_machines(&self, names: impl IntoIterator<Item = impl AsRef<str>>) {
+    /// Sends what a change reaches. Machines wait for the first pass ([`Self::machines_live`]).
+    fn send(&self, reconciles: Reconciles) {
         if self.machines_live.load(Ordering::Acquire) {
-            send(&self.machines, names);
+            send(&self.machines, &reconciles.machines);
         }
+        send(&self.access, &reconciles.access);
+        if !reconciles.recount.is_empty() {
+            self.recount
+                .write()
+                .mark_all(reconciles.recount, Instant::now());
+        }
+        send(&self.operations, &reconciles.operations);
+        send(&self.pools, &reconciles.pools);
+        send(&self.configurations, &reconciles.configurations);
     }
 
-    /// The Machine handler: expectations met and index, then the Machine itself, the
-    /// configurations whose counts changed, the unfinished operations on it, its pool (and
-    /// the short PXE pools a free Machine could serve), and the rolling configurations it
-    /// records or names.
-    pub fn on_machine(
+    /// A handler for kind `K`: `observe` first (the expectations a change meets), then the
+    /// index step, then, once the stores are complete, what `decide` says each change
+    /// reaches.
+    fn handler<K, I>(
         &self,
-        index: Shared<MachineIndex>,
-        operations: Store<MachineOperation>,
-        operation_index: Shared<OperationIndex>,
-        groups: Groups,
-    ) -> impl FnMut(Seen<'_, Machine>) + Send + 'static {
+        index: Shared<I>,
+        mut observe: impl FnMut(&Seen<'_, K>) + Send + 'static,
+        decide: impl Fn(&Change<I::Keys>) -> Reconciles + Send + 'static,
+    ) -> impl FnMut(Seen<'_, K>) + Send + 'static
+    where
+        K: ResourceExt,
+        I: KeyedIndex<K> + Send + Sync + 'static,
+    {
         let this = self.clone();
         move |seen| {
-            observe_members(&groups.expectations, &seen);
-            let changes: Vec<(String, Option<MachineKeys>, Option<MachineKeys>)> = {
-                let mut index = index.write();
-                match seen {
-                    Seen::Applied(m) => {
-                        let keys = MachineKeys::of(m);
-                        let old = index.apply(&m.name_any(), keys.clone());
-                        vec![(m.name_any(), old, Some(keys))]
-                    }
-                    Seen::Deleted(m) => {
-                        let old = index.remove(&m.name_any());
-                        vec![(m.name_any(), old, None)]
-                    }
-                    Seen::Listed(present) => index
-                        .retain(present)
-                        .into_iter()
-                        .map(|(name, old)| (name, Some(old), None))
-                        .collect(),
-                }
-            };
+            observe(&seen);
+            let changes = index_change(&mut *index.write(), &seen);
             if !this.live() {
                 return;
             }
-            for (name, old, new) in changes {
-                this.send_machines([&name]);
-                if new.is_some() {
-                    send(&this.access, [&name]);
-                }
-                let recount = triggers::recounted_configurations(old.as_ref(), new.as_ref());
-                if !recount.is_empty() {
-                    this.recount.write().mark_all(recount, Instant::now());
-                }
-                send(
-                    &this.operations,
-                    unfinished_operations_on(&operations, &operation_index, &name),
-                );
-                this.send_groups(&groups, old.as_ref(), new.as_ref());
+            for change in &changes {
+                this.send(decide(change));
             }
         }
     }
 
-    /// The pools and rolling configurations a Machine's change concerns.
-    fn send_groups(&self, groups: &Groups, old: Option<&MachineKeys>, new: Option<&MachineKeys>) {
-        let mut pools: BTreeSet<String> = [old, new]
-            .into_iter()
-            .flatten()
-            .filter_map(|k| k.pool().map(str::to_owned))
-            .collect();
-        if let Some(keys) = new
-            && keys.pool().is_none()
-            && keys.provider == MachineProvider::Pxe
-            && !keys.deleting
-        {
-            pools.extend(groups.pools.read().short_pools_matching(&keys.labels));
-        }
-        send(&self.pools, &pools);
-        if old == new {
-            return;
-        }
-        let catalog = groups.catalog.read();
-        let rolling: BTreeSet<&str> = [old, new]
-            .into_iter()
-            .flatten()
-            .filter(|k| k.pool().is_none())
-            .flat_map(MachineKeys::configurations)
-            .filter(|c| catalog.configuration(c).is_some_and(|k| k.rolling))
-            .collect();
-        send(&self.configurations, rolling);
+    /// The Machine handler: the owners' expected changes met, then
+    /// [`Lookups::after_machine`].
+    pub fn on_machine(
+        &self,
+        lookups: Lookups,
+        expectations: Shared<Expectations>,
+    ) -> impl FnMut(Seen<'_, Machine>) + Send + 'static {
+        self.handler(
+            lookups.machines.clone(),
+            move |seen| observe_members(&expectations, seen),
+            move |change| lookups.after_machine(change),
+        )
     }
 
-    /// The MachinePool handler: index, then the pool.
+    /// The MachinePool handler: [`Lookups::after_pool`].
     pub fn on_pool(
         &self,
         index: Shared<PoolIndex>,
     ) -> impl FnMut(Seen<'_, MachinePool>) + Send + 'static {
-        let this = self.clone();
-        move |seen| {
-            let touched: Vec<String> = {
-                let mut index = index.write();
-                match seen {
-                    Seen::Applied(p) => {
-                        index.apply(&p.name_any(), PoolKeys::of(p));
-                        vec![p.name_any()]
-                    }
-                    Seen::Deleted(p) => {
-                        index.remove(&p.name_any());
-                        vec![]
-                    }
-                    Seen::Listed(present) => {
-                        index.retain(present);
-                        vec![]
-                    }
-                }
-            };
-            if this.live() {
-                send(&this.pools, touched);
-            }
-        }
+        self.handler(index, |_| {}, Lookups::after_pool)
     }
 
-    /// The MachineConfiguration handler: index, then the configuration, and when its
-    /// selection inputs changed, the Machines it selected, selects, or that name it.
+    /// The MachineConfiguration handler: [`Lookups::after_configuration`].
     pub fn on_configuration(
         &self,
-        catalog: Shared<Catalog>,
-        machines: Shared<MachineIndex>,
-        pools: Shared<PoolIndex>,
+        lookups: Lookups,
     ) -> impl FnMut(Seen<'_, MachineConfiguration>) + Send + 'static {
-        let this = self.clone();
-        move |seen| {
-            type Change = (String, Option<ConfigurationKeys>, Option<ConfigurationKeys>);
-            let changes: Vec<Change> = {
-                let mut catalog = catalog.write();
-                match seen {
-                    Seen::Applied(c) => {
-                        let keys = ConfigurationKeys::of(c);
-                        let old = catalog.apply_configuration(&c.name_any(), keys.clone());
-                        vec![(c.name_any(), old, Some(keys))]
-                    }
-                    Seen::Deleted(c) => {
-                        let old = catalog.remove_configuration(&c.name_any());
-                        vec![(c.name_any(), old, None)]
-                    }
-                    Seen::Listed(present) => catalog
-                        .retain_configurations(present)
-                        .into_iter()
-                        .map(|(name, old)| (name, Some(old), None))
-                        .collect(),
-                }
-            };
-            if !this.live() {
-                return;
-            }
-            for (name, old, new) in changes {
-                send(&this.configurations, [&name]);
-                if triggers::configuration_changes_selection(old.as_ref(), new.as_ref()) {
-                    send(&this.pools, pools.read().pools_for_configuration(&name));
-                    let selectors = [old, new]
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|k| k.selector)
-                        .collect::<Vec<_>>();
-                    this.send_machines(affected_machines(&machines, &name, &selectors));
-                }
-            }
-        }
+        self.handler(
+            lookups.catalog.clone(),
+            |_| {},
+            move |change| lookups.after_configuration(change),
+        )
     }
 
-    /// The MachineConfigurationVersion handler: expectations met and index, then its
-    /// configuration (at once when selection changes, else in the next recount batch) and,
-    /// when selection changes, the Machines the configuration selects or that name it.
+    /// The MachineConfigurationVersion handler: the versions expected to be created or
+    /// locked met, then [`Lookups::after_version`].
     pub fn on_version(
         &self,
-        catalog: Shared<Catalog>,
-        machines: Shared<MachineIndex>,
+        lookups: Lookups,
         expectations: Shared<Expectations>,
-        pools: Shared<PoolIndex>,
     ) -> impl FnMut(Seen<'_, MachineConfigurationVersion>) + Send + 'static {
-        let this = self.clone();
-        move |seen| {
-            if let Seen::Applied(v) = &seen {
+        let observe = move |seen: &Seen<'_, MachineConfigurationVersion>| {
+            if let Seen::Applied(v) = seen {
                 let mut expectations = expectations.write();
                 expectations.expire(Instant::now());
                 expectations
@@ -379,153 +321,40 @@ impl Triggers {
                     expectations.locked_versions.observed(&v.name_any());
                 }
             }
-            let changes: Vec<(Option<VersionKeys>, Option<VersionKeys>)> = {
-                let mut catalog = catalog.write();
-                match seen {
-                    Seen::Applied(v) => {
-                        let keys = VersionKeys::of(v);
-                        let old = catalog.apply_version(&v.name_any(), keys.clone());
-                        vec![(old, Some(keys))]
-                    }
-                    Seen::Deleted(v) => vec![(catalog.remove_version(&v.name_any()), None)],
-                    Seen::Listed(present) => catalog
-                        .retain_versions(present)
-                        .into_iter()
-                        .map(|(_, old)| (Some(old), None))
-                        .collect(),
-                }
-            };
-            if !this.live() {
-                return;
-            }
-            for (old, new) in changes {
-                let Some(configuration) = new
-                    .as_ref()
-                    .or(old.as_ref())
-                    .map(|k| k.configuration.clone())
-                else {
-                    continue;
-                };
-                if triggers::version_changes_selection(old.as_ref(), new.as_ref()) {
-                    send(&this.configurations, [&configuration]);
-                    send(
-                        &this.pools,
-                        pools.read().pools_for_configuration(&configuration),
-                    );
-                    let selector = catalog
-                        .read()
-                        .configuration(&configuration)
-                        .and_then(|c| c.selector.clone());
-                    this.send_machines(affected_machines(
-                        &machines,
-                        &configuration,
-                        selector.as_slice(),
-                    ));
-                } else {
-                    this.recount.write().mark(configuration, Instant::now());
-                }
-            }
-        }
+        };
+        self.handler(lookups.catalog.clone(), observe, move |change| {
+            lookups.after_version(change)
+        })
     }
 
-    /// The Node handler: index, then the Machines whose Node it is.
+    /// The Node handler: a deleted Node expected met, then [`Lookups::after_node`].
     pub fn on_node(
         &self,
         nodes: Shared<NodeIndex>,
-        machines: Shared<MachineIndex>,
-        groups: Groups,
+        lookups: Lookups,
+        expectations: Shared<Expectations>,
     ) -> impl FnMut(Seen<'_, Node>) + Send + 'static {
-        let this = self.clone();
-        move |seen| {
-            if let Seen::Deleted(n) = &seen
+        let observe = move |seen: &Seen<'_, Node>| {
+            if let Seen::Deleted(n) = seen
                 && let Some(uid) = &n.metadata.uid
             {
-                groups.expectations.write().deleted_nodes.observed(uid);
+                expectations.write().deleted_nodes.observed(uid);
             }
-            let touched: Vec<(String, Option<String>)> = {
-                let mut nodes = nodes.write();
-                match seen {
-                    Seen::Applied(n) => {
-                        let id = NodeIndex::provider_id(n);
-                        nodes.apply(&n.name_any(), id.clone());
-                        vec![(n.name_any(), id)]
-                    }
-                    Seen::Deleted(n) => {
-                        nodes.remove(&n.name_any());
-                        vec![(n.name_any(), NodeIndex::provider_id(n))]
-                    }
-                    Seen::Listed(present) => nodes.retain(present),
-                }
-            };
-            if !this.live() {
-                return;
-            }
-            let machines = machines.read();
-            for (node, provider_id) in touched {
-                let of_node = machines.of_node(&node, provider_id.as_deref());
-                for name in &of_node {
-                    let keys = machines.get(name);
-                    this.send_groups(&groups, keys, None);
-                }
-                this.send_machines(of_node);
-            }
-        }
+        };
+        self.handler(nodes, observe, move |change| lookups.after_node(change))
     }
 
-    /// The MachineOperation handler: index, then the operation, its parent, and the
-    /// unfinished operations on its Machine (the next may run once this one finishes).
+    /// The MachineOperation handler: [`Lookups::after_operation`].
     pub fn on_operation(
         &self,
-        index: Shared<OperationIndex>,
-        operations: Store<MachineOperation>,
+        lookups: Lookups,
     ) -> impl FnMut(Seen<'_, MachineOperation>) + Send + 'static {
-        let this = self.clone();
-        move |seen| {
-            let touched: Vec<(String, Option<OperationKeys>)> = {
-                let mut index = index.write();
-                match seen {
-                    Seen::Applied(o) => {
-                        let keys = OperationKeys::of(o);
-                        index.apply(&o.name_any(), keys.clone());
-                        vec![(o.name_any(), Some(keys))]
-                    }
-                    Seen::Deleted(o) => vec![(o.name_any(), index.remove(&o.name_any()))],
-                    Seen::Listed(present) => index
-                        .retain(present)
-                        .into_iter()
-                        .map(|(name, keys)| (name, Some(keys)))
-                        .collect(),
-                }
-            };
-            if !this.live() {
-                return;
-            }
-            for (name, keys) in touched {
-                send(&this.operations, [&name]);
-                let Some(keys) = keys else { continue };
-                send(&this.operations, keys.parents.iter().map(|(name, _)| name));
-                if let Some(machine) = &keys.machine {
-                    // Its agent's role lists the operations routed to it.
-                    send(&this.access, [machine]);
-                    send(
-                        &this.operations,
-                        unfinished_operations_on(&operations, &index, machine),
-                    );
-                }
-            }
-        }
+        self.handler(
+            lookups.operation_index.clone(),
+            |_| {},
+            move |change| lookups.after_operation(change),
+        )
     }
-}
-
-/// What the Machine and Node handlers need to trigger pools and rolling configurations.
-#[derive(Clone, Debug)]
-pub struct Groups {
-    /// Pools by configuration, and the short PXE pools.
-    pub pools: Shared<PoolIndex>,
-    /// Configurations (which ones roll).
-    pub catalog: Shared<Catalog>,
-    /// Owners' writes to Machines not seen yet.
-    pub expectations: Shared<Expectations>,
 }
 
 /// Marks the owners' expected changes of a Machine as seen.
@@ -552,52 +381,12 @@ fn observe_members(expectations: &Shared<Expectations>, seen: &Seen<'_, Machine>
     }
 }
 
-/// Machines whose resolution may change with `configuration`: those its selectors (before
-/// and after a change) match, and those that record or name it.
-fn affected_machines(
-    machines: &Shared<MachineIndex>,
-    configuration: &str,
-    selectors: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector],
-) -> BTreeSet<String> {
-    let machines = machines.read();
-    let mut affected: BTreeSet<String> = machines
-        .of_configuration(configuration)
-        .map(str::to_owned)
-        .collect();
-    for selector in selectors {
-        affected.extend(
-            machines
-                .matching(Some(selector))
-                .into_iter()
-                .map(str::to_owned),
-        );
-    }
-    affected
-}
-
-/// The unfinished single-machine operations on a Machine.
-pub fn unfinished_operations_on(
-    operations: &Store<MachineOperation>,
-    index: &Shared<OperationIndex>,
-    machine: &str,
-) -> Vec<String> {
-    let names = index.read().on_machine(machine);
-    names
-        .into_iter()
-        .filter(|name| {
-            operations.get(&ObjectRef::new(name)).is_some_and(|o| {
-                !o.status
-                    .as_ref()
-                    .and_then(|s| s.state)
-                    .is_some_and(|s| s.is_finished())
-            })
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::index::catalog::Catalog;
+    use crate::index::machines::{MachineIndex, MachineKeys};
+    use crate::index::operations::OperationIndex;
     use crate::work_queue::{WorkReceiver, work_queue};
     use futures::FutureExt;
     use serde_json::json;
@@ -635,11 +424,13 @@ mod tests {
                 .write()
                 .apply(&format!("m{i}"), MachineKeys::of(&machine));
         }
-        let mut on_configuration = triggers.on_configuration(
-            Shared::new(Catalog::default()),
-            index,
-            Shared::new(PoolIndex::default()),
-        );
+        let mut on_configuration = triggers.on_configuration(Lookups {
+            machines: index,
+            pools: Shared::new(PoolIndex::default()),
+            catalog: Shared::new(Catalog::default()),
+            operation_index: Shared::new(OperationIndex::default()),
+            operations: kube::runtime::reflector::store().0,
+        });
         let mut change = |priority: i32| {
             let configuration: MachineConfiguration = serde_json::from_value(json!({
                 "apiVersion": "unbounded-cloud.io/v1alpha1", "kind": "MachineConfiguration",

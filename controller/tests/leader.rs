@@ -41,11 +41,7 @@ const TIMING: [&str; 6] = [
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn plane() -> &'static LocalControlPlane {
-    LocalControlPlane::shared_with(PlaneOptions {
-        audit_log: true,
-        ..PlaneOptions::default()
-    })
-    .expect("control plane")
+    LocalControlPlane::shared_with(PlaneOptions::audited()).expect("control plane")
 }
 
 /// A controller replica (the binary), killed on drop.

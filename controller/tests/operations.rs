@@ -14,9 +14,9 @@ use common::*;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use unbounded_api::handler::{Claim, Execute, OperationHandler, Outcome, WorkingOn};
 use unbounded_api::well_known::labels;
 use unbounded_api::{HandlerKind, MachineOperation, OperationState};
+use unbounded_runtime::handler::{Claim, Execute, OperationHandler, Outcome, WorkingOn};
 
 /// Runs operations on Machines whose names start with `prefix`, with a fixed outcome, and
 /// records what it ran.

@@ -32,6 +32,7 @@ async fn a_fleet_converges_and_a_change_reaches_every_selected_machine() {
         converge_timeout: Duration::from_secs(240),
         change_timeout: Duration::from_secs(180),
         quiet: Duration::from_secs(2),
+        change: true,
         log_dir: log_dir.path().to_path_buf(),
     };
     let report = run(plane, &settings, &|line| eprintln!("scale: {line}"))

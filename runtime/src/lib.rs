@@ -1,5 +1,17 @@
-//! What every Unbounded component runs on. For now: [`leader`], the leader election that the
-//! controller, the PXE provider (in the bootserver) and the Azure provider share, so that at
-//! most one replica of each acts at a time.
+//! What Unbounded's components run on, apart from the types they agree on
+//! (`unbounded-api`, which does no I/O), as kube-rs keeps `kube-runtime` apart from
+//! `kube-core`:
+//!
+//! - [`leader`]: the leader election that the controller, the PXE provider (in the
+//!   bootserver) and the Azure provider share, so that at most one replica of each acts at a
+//!   time;
+//! - [`provider`]: the Provider contract and the reconcile loop every infrastructure provider
+//!   runs on (PXE in the bootserver, Azure in `azure`);
+//! - [`handler`]: claiming, running and finishing the MachineOperations routed to an agent or
+//!   a provider;
+//! - [`tokens`]: minting an agent's ServiceAccount token and kubelet's bootstrap token.
 
+pub mod handler;
 pub mod leader;
+pub mod provider;
+pub mod tokens;

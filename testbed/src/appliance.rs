@@ -691,19 +691,25 @@ impl Appliance {
     }
 }
 
-/// Pushes every container image `images --containers` built, as `unbounded/<short name>`.
+/// Pushes every container image `images --containers` built (the project's images and the
+/// boot images image), as `unbounded/<name>`.
 fn push_images(registry: &RegistryAddress, images: &Images) -> Result<Vec<PushedLayout>, LabError> {
-    if images.containers.is_empty() {
+    let Some(built) = &images.containers else {
         return Err(step(
             "no container images were built: run `cargo run -p unbounded-testbed -- images --containers`",
         ));
-    }
-    images
-        .containers
+    };
+    built
+        .images
         .iter()
+        .chain(std::iter::once(&built.boot_images))
         .map(|image| {
-            let short = overlay::short_name(&image.reference).to_owned();
-            let tag = crate::oci::tag_of(&image.reference).to_owned();
+            let reference = image
+                .references
+                .first()
+                .ok_or_else(|| step(format!("the image {} has no reference", image.name)))?;
+            let short = overlay::short_name(reference).to_owned();
+            let tag = crate::oci::tag_of(reference).to_owned();
             let repository = format!("unbounded/{short}");
             let digest = registry.push_layout(&image.layout, &tag, &repository, &tag)?;
             Ok(PushedLayout {

@@ -286,7 +286,28 @@ pub struct PlaneOptions {
     /// Also run kube-scheduler, so that pods get a Node (the lab, `cluster up`). Off for
     /// tests, whose fake Nodes and pods must stay where the test puts them.
     pub scheduler: bool,
+    /// Serve MutatingAdmissionPolicy (beta in 1.35: a feature gate and the v1beta1 API) and
+    /// apply `deploy/components/finalizer-at-creation`, so Machines are created with the
+    /// controller's finalizer.
+    pub finalizer_at_creation: bool,
 }
+
+impl PlaneOptions {
+    /// The defaults with [`PlaneOptions::audit_log`].
+    pub fn audited() -> Self {
+        Self {
+            audit_log: true,
+            ..Self::default()
+        }
+    }
+}
+
+/// A Machine created (dry run) to see [`PlaneOptions::finalizer_at_creation`]'s policy act.
+const FINALIZER_PROBE: &str = "apiVersion: unbounded-cloud.io/v1alpha1
+kind: Machine
+metadata: {name: finalizer-policy-probe}
+spec: {provider: manual}
+";
 
 /// The audit policy of [`PlaneOptions::audit_log`]: writes at the Metadata level, once each
 /// (when the answer has been sent), nothing else.
@@ -461,6 +482,12 @@ impl LocalControlPlane {
             "--allow-privileged=true".into(),
             "--profiling=false".into(),
         ];
+        if self.options.finalizer_at_creation {
+            apiserver_args.extend([
+                "--feature-gates=MutatingAdmissionPolicy=true".into(),
+                "--runtime-config=admissionregistration.k8s.io/v1beta1=true".into(),
+            ]);
+        }
         if self.options.audit_log {
             let policy = self.dir.join("audit-policy.yaml");
             fs::write(&policy, AUDIT_POLICY)
@@ -555,6 +582,15 @@ impl LocalControlPlane {
                 args.push(path.display().to_string());
             }
         }
+        if self.options.finalizer_at_creation {
+            args.push("-f".to_owned());
+            args.push(
+                deploy
+                    .join("components/finalizer-at-creation/policy.yaml")
+                    .display()
+                    .to_string(),
+            );
+        }
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         self.kubectl_output(&refs)?;
         self.kubectl_output(&[
@@ -564,6 +600,24 @@ impl LocalControlPlane {
             "--all",
             "--timeout=60s",
         ])?;
+        if self.options.finalizer_at_creation {
+            // The API server applies a new policy once its informer has it: ready when a
+            // server-side dry-run create comes back with the finalizer.
+            self.wait_ready("kube-apiserver", || {
+                self.kubectl_with_input(
+                    &[
+                        "create",
+                        "--dry-run=server",
+                        "-f",
+                        "-",
+                        "-o",
+                        "jsonpath={.metadata.finalizers}",
+                    ],
+                    Some(FINALIZER_PROBE),
+                )
+                .is_ok_and(|out| out.contains("unbounded-cloud.io/machine"))
+            })?;
+        }
         Ok(())
     }
 

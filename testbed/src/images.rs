@@ -1,13 +1,15 @@
-//! `unbounded-testbed images`: builds the host OS boot image, the node image and the
-//! container images of the controller and the bootserver, each cached under
+//! `unbounded-testbed images`: builds the host OS boot image, the node image and, with
+//! `--containers`, the project's container images ([`crate::containers`]: controller,
+//! bootserver, Azure provider, and the boot images image), each cached under
 //! `~/.cache/unbounded/images/` by a key over everything that goes into it (recipes,
-//! overlays, pinned versions, input binaries), so that a second run costs seconds and a
-//! changed input rebuilds exactly what depends on it.
+//! overlays, pinned versions, input binaries, the code that writes it), so that a second
+//! run costs seconds and a changed input rebuilds exactly what depends on it.
 //!
 //! The recipes live in the repository's `images/` directory (shell, so that an operator can
 //! read and run them without Rust); this module orders them, computes the keys, builds the
 //! Rust binaries that go in, writes the pause and container images as OCI layouts
-//! ([`crate::oci`]) and reports progress per step.
+//! ([`crate::oci`]) and reports progress per step. What `--containers` built is recorded
+//! in `containers.json` ([`cached_containers`]).
 
 use std::fmt::Write as _;
 use std::fs;
@@ -16,7 +18,12 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use crate::cluster::{self, KUBERNETES_VERSION};
-use crate::oci::{self, ImageSpec, LayerFile};
+use crate::containers::{
+    self, BootSet, BuiltContainers, BuiltImage, ContainerError, Contents, PROJECT_IMAGES,
+    RustBinary,
+};
+use crate::oci::{self, ImageSpec, Layer, LayerCompression, LayerFile};
+use crate::sbom;
 
 /// Version pins that go into the node image (also in the keys).
 pub const CONTAINERD_VERSION: &str = "v2.2.1";
@@ -44,6 +51,9 @@ pub enum ImagesError {
     /// Writing an OCI image failed.
     #[error(transparent)]
     Oci(#[from] oci::OciError),
+    /// Putting a container image together failed.
+    #[error(transparent)]
+    Container(#[from] ContainerError),
 }
 
 fn step_err(step: &'static str, message: impl Into<String>) -> ImagesError {
@@ -71,17 +81,6 @@ pub struct NodeImage {
     pub sha256: String,
 }
 
-/// A container image of one of our binaries.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ContainerImage {
-    /// Its reference, as `deploy/` names it.
-    pub reference: String,
-    /// The OCI layout directory.
-    pub layout: PathBuf,
-    /// A tar of the layout (`ctr images import`).
-    pub archive: PathBuf,
-}
-
 /// Everything `images` built.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Images {
@@ -89,15 +88,15 @@ pub struct Images {
     pub host: HostImage,
     /// The node image.
     pub node: NodeImage,
-    /// The controller's and the bootserver's container images, when asked for.
-    pub containers: Vec<ContainerImage>,
+    /// The container images, when asked for.
+    pub containers: Option<BuiltContainers>,
 }
 
 /// What to build.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
-    /// Also build the controller's and the bootserver's container images (a static release
-    /// build of both: several minutes the first time).
+    /// Also build the container images (controller, bootserver, Azure provider, boot
+    /// images): a static release build of three binaries, several minutes the first time.
     pub containers: bool,
 }
 
@@ -281,6 +280,30 @@ fn prune(name: &str, keep: &Path) {
     }
 }
 
+/// The variables among `names` that `cargo run` set for this program and a nested
+/// `cargo build` must not inherit: a build script that tracks one (ring's tracks
+/// `CARGO_MANIFEST_DIR`) reruns when its value differs from the last build's, and everything
+/// above it rebuilds, each time `cargo run -p unbounded-testbed` and the builds it starts
+/// alternate (minutes per `bench` run).
+pub fn set_by_cargo_run(names: impl Iterator<Item = String>) -> Vec<String> {
+    names
+        .filter(|name| {
+            name.starts_with("CARGO_PKG_")
+                || matches!(
+                    name.as_str(),
+                    "CARGO_MANIFEST_DIR"
+                        | "CARGO_MANIFEST_PATH"
+                        | "CARGO_MANIFEST_LINKS"
+                        | "CARGO_CRATE_NAME"
+                        | "CARGO_BIN_NAME"
+                        | "CARGO_PRIMARY_PACKAGE"
+                        | "CARGO_TARGET_TMPDIR"
+                        | "CARGO_RUSTC_CURRENT_DIR"
+                )
+        })
+        .collect()
+}
+
 /// Builds Rust binaries with cargo and returns each one's path.
 pub fn cargo_build(
     packages: &[&str],
@@ -293,13 +316,36 @@ pub fn cargo_build(
     command
         .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
         .args(["build", "--message-format=json-render-diagnostics"]);
+    for name in set_by_cargo_run(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok())) {
+        command.env_remove(name);
+    }
     if release {
         command.arg("--release");
     }
     if static_target {
         // glibc, linked statically: no musl toolchain needed, nothing to install in the image.
-        command.args(["--target", "x86_64-unknown-linux-gnu"]);
-        command.env("RUSTFLAGS", "-C target-feature=+crt-static");
+        // Source paths (in panic messages) are remapped, so that the same commit gives the
+        // same binary in any checkout and under any home directory.
+        command.args(["--target", containers::TARGET]);
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap_or(Path::new("."))
+            .to_path_buf();
+        let cargo_home = std::env::var_os("CARGO_HOME").map_or_else(
+            || {
+                PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+                    .join(".cargo")
+            },
+            PathBuf::from,
+        );
+        command.env(
+            "RUSTFLAGS",
+            format!(
+                "-C target-feature=+crt-static --remap-path-prefix={}=/unbounded --remap-path-prefix={}=/cargo",
+                workspace.display(),
+                cargo_home.display()
+            ),
+        );
     }
     for package in packages {
         command.args(["-p", package]);
@@ -341,7 +387,7 @@ pub fn cargo_build(
 pub fn build(options: &Options) -> Result<Images, ImagesError> {
     let recipes = recipes_dir();
     let mut progress = Progress {
-        total: if options.containers { 7 } else { 6 },
+        total: if options.containers { 10 } else { 6 },
         done: 0,
     };
     let kubelet = progress.run(
@@ -397,15 +443,16 @@ pub fn build(options: &Options) -> Result<Images, ImagesError> {
             )?;
             oci::write_image(
                 &ImageSpec {
-                    reference: PAUSE_REFERENCE.into(),
-                    files: vec![LayerFile {
-                        path: "/pause".into(),
-                        source: binary,
-                        mode: 0o755,
+                    references: vec![PAUSE_REFERENCE.into()],
+                    layers: vec![Layer {
+                        files: vec![LayerFile::copy("/pause", binary, 0o755)],
+                        compression: LayerCompression::Gzip,
+                        comment: "one layer of static files".into(),
                     }],
                     entrypoint: vec!["/pause".into()],
                     user: "65535:65535".into(),
                     env: vec![],
+                    labels: vec![],
                 },
                 dir,
             )?;
@@ -485,15 +532,12 @@ pub fn build(options: &Options) -> Result<Images, ImagesError> {
         ))
     })?;
 
+    record_current(&host, &node)?;
     let containers = if options.containers {
-        progress.run(
-            "container images of the controller and the bootserver",
-            || Ok((container_images()?, false)),
-        )?
+        Some(container_images(&mut progress, &recipes, &host, &node)?)
     } else {
-        Vec::new()
+        None
     };
-    record_current(&host, &node, &containers)?;
     Ok(Images {
         host,
         node,
@@ -506,32 +550,16 @@ pub fn current_path() -> PathBuf {
     images_cache().join("current.json")
 }
 
-/// Records what this run built; the container images only when it built them (a lab that
-/// runs the pods needs the ones of this build, not an older one's).
-fn record_current(
-    host: &HostImage,
-    node: &NodeImage,
-    containers: &[ContainerImage],
-) -> Result<(), ImagesError> {
-    let containers: Vec<serde_json::Value> = containers
-        .iter()
-        .map(|c| {
-            serde_json::json!({
-                "reference": c.reference, "layout": c.layout, "archive": c.archive,
-            })
-        })
-        .collect();
+fn record_current(host: &HostImage, node: &NodeImage) -> Result<(), ImagesError> {
     let json = serde_json::json!({
         "kernel": host.kernel, "initrd": host.initrd,
         "node": node.archive, "nodeSha256": node.sha256,
-        "containers": containers,
     });
     fs::write(current_path(), json.to_string()).map_err(|e| step_err("cache", e.to_string()))
 }
 
-/// The images the last `images` run built (the container images if it was run with
-/// `--containers`), without building anything (tests use them; the test command builds them
-/// first).
+/// The images the last `images` run built, without building anything (tests use them; the
+/// test command builds them first).
 pub fn cached() -> Result<Images, ImagesError> {
     let missing = || {
         step_err(
@@ -558,28 +586,13 @@ pub fn cached() -> Result<Images, ImagesError> {
     ) else {
         return Err(missing());
     };
-    let containers = value["containers"]
-        .as_array()
-        .map(|all| {
-            all.iter()
-                .filter_map(|c| {
-                    Some(ContainerImage {
-                        reference: c["reference"].as_str()?.to_owned(),
-                        layout: PathBuf::from(c["layout"].as_str()?),
-                        archive: PathBuf::from(c["archive"].as_str()?),
-                    })
-                })
-                .filter(|c| c.layout.is_dir())
-                .collect()
-        })
-        .unwrap_or_default();
     Ok(Images {
         host: HostImage { kernel, initrd },
         node: NodeImage {
             archive: node,
             sha256: sha.to_owned(),
         },
-        containers,
+        containers: None,
     })
 }
 
@@ -598,64 +611,355 @@ fn go_path() -> String {
     }
 }
 
-/// The image references `deploy/` uses, by binary.
-pub const CONTAINER_IMAGES: [(&str, &str, &str); 2] = [
-    (
-        "unbounded-controller",
-        "unbounded-controller",
-        "docker.io/unbounded/controller",
-    ),
-    (
-        "unbounded-bootserver",
-        "unbounded-bootserver",
-        "docker.io/unbounded/bootserver",
-    ),
+/// The code that writes the container images: part of their keys, so that a change to
+/// how an image is put together rebuilds it.
+const IMAGE_WRITER: [&str; 3] = [
+    include_str!("oci.rs"),
+    include_str!("sbom.rs"),
+    include_str!("containers.rs"),
 ];
 
-/// Static release builds of the controller and the bootserver, each as an OCI image.
-fn container_images() -> Result<Vec<ContainerImage>, ImagesError> {
-    let packages: Vec<&str> = CONTAINER_IMAGES.iter().map(|(p, _, _)| *p).collect();
-    let binaries: Vec<&str> = CONTAINER_IMAGES.iter().map(|(_, b, _)| *b).collect();
-    let built = cargo_build(&packages, &binaries, true, true)?;
-    let mut images = Vec::new();
-    for ((_, binary, repository), path) in CONTAINER_IMAGES.iter().zip(built) {
-        let reference = format!("{repository}:{VERSION}");
-        let out = images_cache().join(format!("container-{binary}"));
-        fs::create_dir_all(&out).map_err(|e| step_err("container images", e.to_string()))?;
-        let written = oci::write_image(
-            &ImageSpec {
-                reference: reference.clone(),
-                files: vec![
-                    LayerFile {
-                        path: format!("/usr/local/bin/{binary}"),
-                        source: path,
-                        mode: 0o755,
-                    },
-                    // CA certificates for the API server and Redfish BMCs with public CAs.
-                    LayerFile {
-                        path: "/etc/ssl/certs/ca-certificates.crt".into(),
-                        source: PathBuf::from("/etc/ssl/certs/ca-certificates.crt"),
-                        mode: 0o644,
-                    },
-                ],
-                entrypoint: vec![format!("/usr/local/bin/{binary}")],
-                user: "65532:65532".into(),
-                env: vec!["SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt".into()],
-            },
-            &out,
-        )?;
-        images.push(ContainerImage {
-            reference,
-            layout: written.layout,
-            archive: written.archive,
-        });
+fn writer_key(key: Key) -> Key {
+    IMAGE_WRITER
+        .iter()
+        .fold(key, |key, source| key.text("writer", source))
+        .text("version", VERSION)
+        .text("created", &sbom::creation_time())
+}
+
+/// Where `images --containers` records what it built.
+pub fn containers_path() -> PathBuf {
+    images_cache().join("containers.json")
+}
+
+/// The container images the last `images --containers` built, without building anything.
+pub fn cached_containers() -> Result<BuiltContainers, ImagesError> {
+    let missing = |why: String| {
+        step_err(
+            "images",
+            format!(
+                "no container images recorded ({why}): run `cargo run -p unbounded-testbed -- images --containers` first"
+            ),
+        )
+    };
+    let text = fs::read_to_string(containers_path())
+        .map_err(|e| missing(format!("{}: {e}", containers_path().display())))?;
+    let built: BuiltContainers = serde_json::from_str(&text).map_err(|e| missing(e.to_string()))?;
+    for image in built
+        .images
+        .iter()
+        .chain(std::iter::once(&built.boot_images))
+    {
+        if !image.layout.join("index.json").exists() {
+            return Err(missing(format!("{} is gone", image.layout.display())));
+        }
     }
-    Ok(images)
+    Ok(built)
+}
+
+/// One line of a command's standard output, or an error naming the command.
+fn command_line(step: &'static str, command: &mut Command) -> Result<String, ImagesError> {
+    let output = command
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| step_err(step, format!("{command:?}: {e}")))?;
+    if !output.status.success() {
+        return Err(step_err(step, format!("{command:?}: {}", output.status)));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// The crates linked into `package`'s binary for the image target, from `cargo tree`.
+fn crates_of(package: &str) -> Result<Vec<sbom::Crate>, ImagesError> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let text = command_line(
+        "SBOM",
+        Command::new(cargo)
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+            .args([
+                "tree",
+                "--locked",
+                "-p",
+                package,
+                "--target",
+                containers::TARGET,
+            ])
+            .args(["--edges", "normal,no-proc-macro", "--prefix", "none"])
+            .args(["--format", "{p}|{l}"]),
+    )?;
+    sbom::parse_cargo_tree(&text).map_err(|e| step_err("SBOM", e))
+}
+
+/// `rustc`'s version and the Debian version of the static C library.
+fn toolchain_versions() -> Result<(String, String), ImagesError> {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let rustc = command_line("SBOM", Command::new(rustc).arg("--version"))?;
+    let rustc = rustc
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("unknown")
+        .to_owned();
+    let libc = command_line(
+        "SBOM",
+        Command::new("dpkg-query").args(["-W", "-f=${Version}", "libc6-dev"]),
+    )?;
+    Ok((rustc, libc.trim().to_owned()))
+}
+
+/// The static release builds of the three binaries, each with its SBOM packages.
+fn rust_binaries() -> Result<Vec<RustBinary>, ImagesError> {
+    let packages: Vec<&str> = PROJECT_IMAGES.iter().map(|i| i.package).collect();
+    let built = cargo_build(&packages, &packages, true, true)?;
+    let lock = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.lock"))
+        .map_err(|e| step_err("SBOM", format!("Cargo.lock: {e}")))?;
+    let checksums = sbom::lock_checksums(&lock);
+    let (rustc, libc) = toolchain_versions()?;
+    packages
+        .iter()
+        .zip(built)
+        .map(|(package, path)| {
+            let crates = crates_of(package)?;
+            Ok(RustBinary {
+                package: (*package).to_owned(),
+                path,
+                packages: sbom::rust_packages(package, &crates, &checksums, &rustc, &libc),
+            })
+        })
+        .collect()
+}
+
+/// What `images/containers/build-contents.sh` makes: the iPXE builds and the CA bundle,
+/// from the pinned Debian packages; each file checked again against the lock here, built
+/// now or cached.
+fn container_contents(recipes: &Path) -> Result<(Contents, bool), ImagesError> {
+    let script = recipes.join("containers/build-contents.sh");
+    let lock_path = recipes.join("containers/contents.lock");
+    let key = Key::default()
+        .path("script", &script)?
+        .path("lock", &lock_path)?
+        .finish();
+    let (dir, cached) = cached_build("contents", &key, |dir| {
+        run_logged(
+            "container contents",
+            Command::new("bash").arg(&script).arg(dir),
+            &dir.join("build.log"),
+        )
+    })?;
+    let contents = Contents::read(&dir)?;
+    let lock = fs::read_to_string(&lock_path)
+        .map_err(|e| {
+            step_err(
+                "container contents",
+                format!("{}: {e}", lock_path.display()),
+            )
+        })
+        .and_then(|t| {
+            containers::parse_contents(&t).map_err(|e| step_err("container contents", e))
+        })?;
+    for pinned in lock.iter().filter(|l| l.kind == "file") {
+        let actual =
+            file_sha256(&dir.join(&pinned.name)).map_err(|e| step_err("container contents", e))?;
+        if pinned.sha256.as_deref() != Some(actual.as_str()) {
+            return Err(step_err(
+                "container contents",
+                format!(
+                    "{}: sha256 {actual}, contents.lock pins {}",
+                    pinned.name,
+                    pinned.sha256.as_deref().unwrap_or("-")
+                ),
+            ));
+        }
+    }
+    Ok((contents, cached))
+}
+
+fn built_image(
+    name: &str,
+    dir: &Path,
+    written: &oci::WrittenImage,
+    spec: &ImageSpec,
+) -> BuiltImage {
+    BuiltImage {
+        name: name.to_owned(),
+        references: spec.references.clone(),
+        layout: written.layout.clone(),
+        archive: written.archive.clone(),
+        manifest_digest: written.manifest_digest.clone(),
+        sbom: dir.join("sbom.spdx.json"),
+    }
+}
+
+/// The recorded image of a cached build directory.
+fn recorded(dir: &Path) -> Result<BuiltImage, ImagesError> {
+    let path = dir.join("image.json");
+    let text = fs::read_to_string(&path).map_err(|e| step_err("images", e.to_string()))?;
+    serde_json::from_str(&text).map_err(|e| step_err("images", e.to_string()))
+}
+
+fn record(dir: &Path, image: &BuiltImage) -> Result<(), ImagesError> {
+    let text =
+        serde_json::to_string_pretty(image).map_err(|e| step_err("images", e.to_string()))?;
+    fs::write(dir.join("image.json"), text).map_err(|e| step_err("images", e.to_string()))
+}
+
+/// The four container images, each cached by its inputs; records them in
+/// `containers.json`.
+fn container_images(
+    progress: &mut Progress,
+    recipes: &Path,
+    host: &HostImage,
+    node: &NodeImage,
+) -> Result<BuiltContainers, ImagesError> {
+    let contents = progress.run("container contents (iPXE builds, CA certificates)", || {
+        container_contents(recipes)
+    })?;
+    let binaries = progress.run(
+        "controller, bootserver, Azure provider (static release builds, SBOMs)",
+        || Ok((rust_binaries()?, false)),
+    )?;
+    let created = sbom::creation_time();
+    let images = progress.run("container images (controller, bootserver, azure)", || {
+        let mut all_cached = true;
+        let mut out = Vec::new();
+        for (image, binary) in PROJECT_IMAGES.iter().zip(&binaries) {
+            let key = writer_key(Key::default())
+                .text("image", image.name)
+                .path("binary", &binary.path)?
+                .path("contents", &contents.dir)?
+                .path(
+                    "lock",
+                    &Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.lock"),
+                )?
+                .finish();
+            let mut built = None;
+            let (dir, cached) = cached_build(&format!("image-{}", image.name), &key, |dir| {
+                let assembled =
+                    containers::project_image(image, binary, &contents, VERSION, &created)?;
+                let written = containers::write(&assembled, dir)?;
+                let b = built_image(image.name, dir, &written, &assembled.spec);
+                record(dir, &b)?;
+                built = Some(b);
+                Ok(())
+            })?;
+            all_cached &= cached;
+            out.push(match built {
+                Some(b) => b,
+                None => recorded(&dir)?,
+            });
+        }
+        Ok((out, all_cached))
+    })?;
+    let bootserver = binaries
+        .iter()
+        .find(|b| b.package == "unbounded-bootserver")
+        .ok_or_else(|| step_err("boot images", "no bootserver was built"))?;
+    let (boot_images, manifest) = progress.run("boot images image (host OS, node image, installer)", || {
+        let key = writer_key(Key::default())
+            .path("installer", &bootserver.path)?
+            .path("kernel", &host.kernel)?
+            .path("initrd", &host.initrd)?
+            .text("node", &node.sha256)
+            .finish();
+        let mut built = None;
+        let (dir, cached) = cached_build("image-boot-images", &key, |dir| {
+            let text = |path: &Path| {
+                fs::read_to_string(path.with_file_name("manifest.txt"))
+                    .unwrap_or_default()
+                    .lines()
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            };
+            let set = BootSet {
+                kernel: host.kernel.clone(),
+                initrd: host.initrd.clone(),
+                node: node.archive.clone(),
+                host_description: format!(
+                    "Unbounded's host OS (images/host/build.sh): {}",
+                    text(&host.kernel)
+                ),
+                node_description: format!(
+                    "Unbounded's node image (images/node/build.sh): {}; containerd {CONTAINERD_VERSION}, CNI plugins {CNI_PLUGINS_VERSION}",
+                    text(&node.archive)
+                ),
+            };
+            let boot = containers::boot_images_image(bootserver, &set, VERSION, &created)?;
+            let written = containers::write(&boot.assembled, dir)?;
+            let b = built_image(containers::BOOT_IMAGES_NAME, dir, &written, &boot.assembled.spec);
+            record(dir, &b)?;
+            fs::write(dir.join("manifest.json"), boot.manifest.to_json())
+                .map_err(|e| step_err("boot images", e.to_string()))?;
+            if let Some(values) = boot.values() {
+                fs::write(
+                    dir.join("machineconfiguration.yaml"),
+                    format!(
+                        "# spec.template of a MachineConfiguration that boots the set {v}\n# (installed by {r}):\n{}",
+                        values.template_yaml(),
+                        v = boot.manifest.version,
+                        r = b.references.first().map_or("", String::as_str),
+                    ),
+                )
+                .map_err(|e| step_err("boot images", e.to_string()))?;
+            }
+            built = Some(b);
+            Ok(())
+        })?;
+        let image = match built {
+            Some(b) => b,
+            None => recorded(&dir)?,
+        };
+        let manifest = fs::read(dir.join("manifest.json"))
+            .map_err(|e| step_err("boot images", e.to_string()))
+            .and_then(|bytes| {
+                unbounded_api::boot_images::BootImagesManifest::parse(&bytes)
+                    .map_err(|e| step_err("boot images", e.to_string()))
+            })?;
+        Ok(((image, manifest), cached))
+    })?;
+    let machine_configuration = boot_images
+        .layout
+        .with_file_name("machineconfiguration.yaml");
+    let built = BuiltContainers {
+        version: VERSION.to_owned(),
+        images,
+        boot_images,
+        boot_images_manifest: manifest,
+        machine_configuration,
+    };
+    let text =
+        serde_json::to_string_pretty(&built).map_err(|e| step_err("images", e.to_string()))?;
+    fs::write(containers_path(), text).map_err(|e| step_err("images", e.to_string()))?;
+    Ok(built)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nested_build_does_not_inherit_what_cargo_run_set() {
+        let names = [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_PKG_NAME",
+            "CARGO_PKG_VERSION_MAJOR",
+            "CARGO_PRIMARY_PACKAGE",
+            // What the nested build needs stays.
+            "CARGO",
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "CARGO_BUILD_JOBS",
+            "PATH",
+        ];
+        assert_eq!(
+            set_by_cargo_run(names.iter().map(|n| (*n).to_owned())),
+            vec![
+                "CARGO_MANIFEST_DIR",
+                "CARGO_PKG_NAME",
+                "CARGO_PKG_VERSION_MAJOR",
+                "CARGO_PRIMARY_PACKAGE"
+            ]
+        );
+    }
 
     #[test]
     fn keys_change_with_any_input() {

@@ -56,10 +56,10 @@ enum Commands {
     /// Build (once, cached) or locate the Kubernetes binaries and print their paths.
     KubernetesBinaries,
     /// Build (or find cached) the host OS boot image, the node image and, with
-    /// `--containers`, the controller's and the bootserver's container images; prints what
-    /// was built.
+    /// `--containers`, the container images (controller, bootserver, Azure provider, boot
+    /// images; OCI layouts with SBOMs); prints what was built.
     Images {
-        /// Also build the container images (OCI layouts; a static release build).
+        /// Also build the container images (a static release build of three binaries).
         #[arg(long)]
         containers: bool,
     },
@@ -83,6 +83,10 @@ enum Commands {
         /// The report folder (default `~/.cache/unbounded/bench/<time>`).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Also write the results into the blocks of docs/benchmarks.md and its charts into
+        /// docs/bench/ (not with --smoke).
+        #[arg(long)]
+        publish: bool,
     },
     /// (internal) Simulated clients of `bench`, run inside its client namespace.
     #[command(hide = true, subcommand)]
@@ -215,7 +219,12 @@ fn main() -> ExitCode {
         } => cluster_down(),
         Commands::KubernetesBinaries => kubernetes_binaries(),
         Commands::Images { containers } => build_images(containers),
-        Commands::Bench { mode, smoke, out } => run_bench(mode, smoke, out),
+        Commands::Bench {
+            mode,
+            smoke,
+            out,
+            publish,
+        } => run_bench(mode, smoke, out, publish),
         Commands::BenchClient(command) => bench_client(command),
     };
     match result {
@@ -241,7 +250,17 @@ enum CliError {
     Other(String),
 }
 
-fn run_bench(mode: BenchMode, smoke: bool, out: Option<PathBuf>) -> Result<(), CliError> {
+fn run_bench(
+    mode: BenchMode,
+    smoke: bool,
+    out: Option<PathBuf>,
+    publish: bool,
+) -> Result<(), CliError> {
+    if publish && smoke {
+        return Err(CliError::Other(
+            bench::publish::PublishError::Smoke.to_string(),
+        ));
+    }
     let modes: Vec<Mode> = match mode {
         BenchMode::Dhcp => vec![Mode::Dhcp],
         BenchMode::Tftp => vec![Mode::Tftp],
@@ -320,6 +339,20 @@ fn run_bench(mode: BenchMode, smoke: bool, out: Option<PathBuf>) -> Result<(), C
     }
     println!("report: {}", out.join("report.md").display());
     result.map_err(|e| CliError::Other(e.to_string()))?;
+    if publish {
+        let provenance = bench::publish::Provenance::here(&command, &started);
+        let written = bench::publish::publish(
+            &bench::publish::default_page(),
+            &modes,
+            &report,
+            &charts,
+            &provenance,
+        )
+        .map_err(|e| CliError::Other(e.to_string()))?;
+        for path in written {
+            println!("published: {}", path.display());
+        }
+    }
     if let Some(first) = report.problems.first() {
         return Err(CliError::Other(format!(
             "{} problem(s), the first: {first}",
@@ -479,7 +512,10 @@ fn serve(options: LabOptions) -> Result<(), CliError> {
     let say = |m: &str| eprintln!("testbed: {m}");
     let started = Instant::now();
     let result = (|| -> Result<Lab, CliError> {
-        let images = images::cached()?;
+        let mut images = images::cached()?;
+        if options.mode == LabMode::Pods {
+            images.containers = Some(images::cached_containers()?);
+        }
         let mut lab = Lab::start(&options, &images, &say)?;
         let lab_started = started.elapsed();
         lab.apply_machines()?;
@@ -652,14 +688,29 @@ fn build_images(containers: bool) -> Result<(), CliError> {
     println!("host initrd   {}", built.host.initrd.display());
     println!("node image    {}", built.node.archive.display());
     println!("node sha256   {}", built.node.sha256);
-    for image in &built.containers {
+    if let Some(containers) = &built.containers {
+        for image in containers
+            .images
+            .iter()
+            .chain(std::iter::once(&containers.boot_images))
+        {
+            for reference in &image.references {
+                println!(
+                    "{reference}  oci:{}:{}  {}",
+                    image.layout.display(),
+                    unbounded_testbed::oci::tag_of(reference),
+                    image.manifest_digest
+                );
+            }
+            println!("    archive {}", image.archive.display());
+            println!("    sbom    {}", image.sbom.display());
+        }
         println!(
-            "{:<13} oci:{}:{}",
-            image.reference,
-            image.layout.display(),
-            images::VERSION
+            "boot images {}: MachineConfiguration values in {}",
+            containers.boot_images_manifest.version,
+            containers.machine_configuration.display()
         );
-        println!("{:<13} {}", "", image.archive.display());
+        println!("recorded in {}", images::containers_path().display());
     }
     Ok(())
 }

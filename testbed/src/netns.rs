@@ -384,7 +384,10 @@ mod host_route_tests {
             stale_route_link("10.99.0.0/24 via 10.99.1.2 dev vh30437x1"),
             Some(("vh30437x1".into(), 30437))
         );
-        assert_eq!(stale_route_link("10.99.0.0/24 via 192.0.2.1 dev eth0"), None);
+        assert_eq!(
+            stale_route_link("10.99.0.0/24 via 192.0.2.1 dev eth0"),
+            None
+        );
         assert_eq!(stale_route_link("10.99.0.0/24 dev vhost0 scope link"), None);
         assert_eq!(stale_route_link(""), None);
     }

@@ -384,15 +384,16 @@ mod tests {
         fs::write(&bin, b"\x7fELF...").unwrap();
         let written = crate::oci::write_image(
             &crate::oci::ImageSpec {
-                reference: "example.invalid/x:1".into(),
-                files: vec![crate::oci::LayerFile {
-                    path: "/usr/local/bin/x".into(),
-                    source: bin,
-                    mode: 0o755,
+                references: vec!["example.invalid/x:1".into()],
+                layers: vec![crate::oci::Layer {
+                    files: vec![crate::oci::LayerFile::copy("/usr/local/bin/x", bin, 0o755)],
+                    compression: crate::oci::LayerCompression::Gzip,
+                    comment: "x".into(),
                 }],
                 entrypoint: vec!["/usr/local/bin/x".into()],
                 user: "65532:65532".into(),
                 env: vec![],
+                labels: vec![],
             },
             &dir.path().join("a"),
         )

@@ -68,17 +68,84 @@ pub fn open_socket(settings: &Settings, port: u16) -> Result<UdpSocket, DhcpErro
     }
     // The default buffer (~200 KiB, a few hundred datagrams) overflows within milliseconds
     // when a burst of clients meets a busy core. With CAP_NET_ADMIN the size is forced past
-    // net.core.rmem_max; without, the kernel caps it there.
-    let enlarged =
-        rustix::net::sockopt::set_socket_recv_buffer_size_force(&socket, RECV_BUFFER_BYTES)
-            .or_else(|_| socket.set_recv_buffer_size(RECV_BUFFER_BYTES));
-    if let Err(error) = enlarged {
-        tracing::warn!(%error, %what, "could not enlarge the DHCP receive buffer");
+    // net.core.rmem_max; without (the Deployment does not grant it), the kernel caps it
+    // there: the log says which, and what to raise.
+    let forced =
+        rustix::net::sockopt::set_socket_recv_buffer_size_force(&socket, RECV_BUFFER_BYTES).is_ok();
+    let plain_error = if forced {
+        None
+    } else {
+        socket.set_recv_buffer_size(RECV_BUFFER_BYTES).err()
+    };
+    let reported = socket.recv_buffer_size().ok();
+    match receive_buffer(RECV_BUFFER_BYTES, forced, reported) {
+        ReceiveBuffer::Capped { asked, granted } => tracing::warn!(
+            %what,
+            asked,
+            granted,
+            error = plain_error.map(|e| e.to_string()),
+            "DHCP receive buffer: {granted} of the {asked} bytes asked; net.core.rmem_max caps it and this process lacks CAP_NET_ADMIN to go past it (the Deployment does not grant it): a burst of clients may overflow the buffer; set net.core.rmem_max to at least {asked} on this host (sysctl)"
+        ),
+        ReceiveBuffer::Forced { bytes } => tracing::info!(
+            %what,
+            bytes,
+            "DHCP receive buffer: {bytes} bytes, forced past net.core.rmem_max with CAP_NET_ADMIN"
+        ),
+        ReceiveBuffer::Granted { bytes } => tracing::info!(
+            %what,
+            bytes,
+            "DHCP receive buffer: {bytes} bytes, within net.core.rmem_max"
+        ),
+        ReceiveBuffer::Unknown => tracing::warn!(
+            %what,
+            "DHCP receive buffer: its size could not be read back"
+        ),
     }
     socket.set_nonblocking(true).map_err(err)?;
     let addr = SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
     socket.bind(&addr.into()).map_err(err)?;
     UdpSocket::from_std(socket.into()).map_err(err)
+}
+
+/// What a DHCP socket's receive buffer became.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReceiveBuffer {
+    /// Forced to the size asked, past `net.core.rmem_max` (`SO_RCVBUFFORCE`, CAP_NET_ADMIN).
+    Forced {
+        /// Bytes.
+        bytes: usize,
+    },
+    /// The size asked, which `net.core.rmem_max` allows.
+    Granted {
+        /// Bytes.
+        bytes: usize,
+    },
+    /// Less than asked: `net.core.rmem_max` caps it and it could not be forced.
+    Capped {
+        /// Bytes asked.
+        asked: usize,
+        /// Bytes granted.
+        granted: usize,
+    },
+    /// The size could not be read back.
+    Unknown,
+}
+
+/// Decides what the buffer became from the size asked, whether forcing it succeeded and
+/// the size the kernel reports (`SO_RCVBUF`, which Linux reports doubled: half is its
+/// bookkeeping).
+pub fn receive_buffer(asked: usize, forced: bool, reported: Option<usize>) -> ReceiveBuffer {
+    let Some(reported) = reported else {
+        return ReceiveBuffer::Unknown;
+    };
+    let granted = reported / 2;
+    if forced {
+        ReceiveBuffer::Forced { bytes: granted }
+    } else if granted >= asked {
+        ReceiveBuffer::Granted { bytes: granted }
+    } else {
+        ReceiveBuffer::Capped { asked, granted }
+    }
 }
 
 /// Validates and decides one datagram, catching a panic of either step: the request's
@@ -289,6 +356,38 @@ async fn send(socket: &UdpSocket, reply: &Reply, to: SocketAddrV4, metrics: &Met
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_receive_buffer_is_described_as_the_kernel_set_it() {
+        let asked = RECV_BUFFER_BYTES;
+        let cases = [
+            (
+                "forced with CAP_NET_ADMIN",
+                true,
+                Some(2 * asked),
+                ReceiveBuffer::Forced { bytes: asked },
+            ),
+            (
+                "rmem_max large enough",
+                false,
+                Some(2 * asked),
+                ReceiveBuffer::Granted { bytes: asked },
+            ),
+            (
+                "capped at Debian's default rmem_max",
+                false,
+                Some(2 * 212_992),
+                ReceiveBuffer::Capped {
+                    asked,
+                    granted: 212_992,
+                },
+            ),
+            ("unreadable", false, None, ReceiveBuffer::Unknown),
+        ];
+        for (case, forced, reported, expected) in cases {
+            assert_eq!(receive_buffer(asked, forced, reported), expected, "{case}");
+        }
+    }
 
     #[tokio::test]
     async fn dhcp_sockets_get_a_large_receive_buffer() {

@@ -22,10 +22,123 @@ pub mod machines;
 pub mod operations;
 pub mod pools;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use unbounded_api::{
+    Machine, MachineConfiguration, MachineConfigurationVersion, MachineOperation, MachinePool,
+};
+
+use catalog::{Catalog, ConfigurationKeys, VersionKeys};
+use machines::{MachineIndex, MachineKeys};
+use operations::{NodeIndex, OperationIndex, OperationKeys};
+use pools::{PoolIndex, PoolKeys};
+
+/// One object's change as its index saw it: its keys before and after (`None`: it did not
+/// exist, or no longer does).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change<Keys> {
+    /// The object's name.
+    pub name: String,
+    /// Its keys before the change.
+    pub old: Option<Keys>,
+    /// Its keys after the change.
+    pub new: Option<Keys>,
+}
+
+/// An index of one kind `K` by object name, as its watch keeps it: every update returns
+/// what the index held before, so that the watch can tell what changed
+/// ([`crate::watches::index_change`]).
+pub trait KeyedIndex<K> {
+    /// What the index keeps of one object.
+    type Keys: Clone;
+    /// The keys of an object.
+    fn keys_of(object: &K) -> Self::Keys;
+    /// Records an object's keys; returns the previous ones.
+    fn apply_keys(&mut self, name: &str, keys: Self::Keys) -> Option<Self::Keys>;
+    /// Forgets an object; returns its keys.
+    fn remove_keys(&mut self, name: &str) -> Option<Self::Keys>;
+    /// After a relist: forgets every object not in `present`; returns them with their keys.
+    fn retain_keys(&mut self, present: &BTreeSet<String>) -> Vec<(String, Self::Keys)>;
+}
+
+/// Implements [`KeyedIndex`] with an index's own methods.
+macro_rules! keyed_index {
+    ($index:ty, $kind:ty, $keys:ty, $of:path, $apply:ident, $remove:ident, $retain:ident) => {
+        impl KeyedIndex<$kind> for $index {
+            type Keys = $keys;
+            fn keys_of(object: &$kind) -> $keys {
+                $of(object)
+            }
+            fn apply_keys(&mut self, name: &str, keys: $keys) -> Option<$keys> {
+                self.$apply(name, keys)
+            }
+            fn remove_keys(&mut self, name: &str) -> Option<$keys> {
+                self.$remove(name)
+            }
+            fn retain_keys(&mut self, present: &BTreeSet<String>) -> Vec<(String, $keys)> {
+                self.$retain(present)
+            }
+        }
+    };
+}
+
+keyed_index!(
+    MachineIndex,
+    Machine,
+    MachineKeys,
+    MachineKeys::of,
+    apply,
+    remove,
+    retain
+);
+keyed_index!(
+    PoolIndex,
+    MachinePool,
+    PoolKeys,
+    PoolKeys::of,
+    apply,
+    remove,
+    retain
+);
+keyed_index!(
+    OperationIndex,
+    MachineOperation,
+    OperationKeys,
+    OperationKeys::of,
+    apply,
+    remove,
+    retain
+);
+keyed_index!(
+    NodeIndex,
+    Node,
+    Option<String>,
+    NodeIndex::provider_id,
+    apply,
+    remove,
+    retain
+);
+keyed_index!(
+    Catalog,
+    MachineConfiguration,
+    ConfigurationKeys,
+    ConfigurationKeys::of,
+    apply_configuration,
+    remove_configuration,
+    retain_configurations
+);
+keyed_index!(
+    Catalog,
+    MachineConfigurationVersion,
+    VersionKeys,
+    VersionKeys::of,
+    apply_version,
+    remove_version,
+    retain_versions
+);
 
 /// An index shared by the watch driver that writes it and the reconcilers that read it.
 #[derive(Debug, Default)]

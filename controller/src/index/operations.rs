@@ -132,13 +132,15 @@ impl NodeIndex {
         node.spec.as_ref().and_then(|s| s.provider_id.clone())
     }
 
-    /// Records a Node and its provider ID.
-    pub fn apply(&mut self, name: &str, provider_id: Option<String>) {
-        self.remove(name);
+    /// Records a Node and its provider ID; returns whether it was known, with its previous
+    /// provider ID.
+    pub fn apply(&mut self, name: &str, provider_id: Option<String>) -> Option<Option<String>> {
+        let old = self.remove(name);
         if let Some(id) = &provider_id {
             self.by_provider_id.insert(id, name);
         }
         self.provider_ids.insert(name.to_owned(), provider_id);
+        old
     }
 
     /// Forgets a Node; returns whether it was known, with its provider ID.

@@ -40,21 +40,25 @@ pub struct PoolIndex {
 }
 
 impl PoolIndex {
-    /// Records a pool's keys.
-    pub fn apply(&mut self, name: &str, keys: PoolKeys) {
-        self.pools.insert(name.to_owned(), keys);
+    /// Records a pool's keys; returns the previous ones.
+    pub fn apply(&mut self, name: &str, keys: PoolKeys) -> Option<PoolKeys> {
+        self.pools.insert(name.to_owned(), keys)
     }
 
-    /// Forgets a pool.
-    pub fn remove(&mut self, name: &str) {
-        self.pools.remove(name);
+    /// Forgets a pool; returns its keys.
+    pub fn remove(&mut self, name: &str) -> Option<PoolKeys> {
         self.short.remove(name);
+        self.pools.remove(name)
     }
 
-    /// After a relist: forgets pools not in `present`.
-    pub fn retain(&mut self, present: &BTreeSet<String>) {
-        self.pools.retain(|name, _| present.contains(name));
+    /// After a relist: forgets pools not in `present`; returns them with their keys.
+    pub fn retain(&mut self, present: &BTreeSet<String>) -> Vec<(String, PoolKeys)> {
         self.short.retain(|name| present.contains(name));
+        let (kept, gone): (BTreeMap<_, _>, BTreeMap<_, _>) = std::mem::take(&mut self.pools)
+            .into_iter()
+            .partition(|(name, _)| present.contains(name));
+        self.pools = kept;
+        gone.into_iter().collect()
     }
 
     /// Whether a PXE pool found too few free Machines at its last pass.

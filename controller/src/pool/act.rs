@@ -246,22 +246,15 @@ pub async fn delete(pool: &MachinePool, name: &str, ctx: &Context) -> Result<(),
     }
 }
 
-/// Requests a repave of a member.
+/// Requests a repave of a member ([`repave::request`]), now.
 pub async fn request_repave(
     pool: &MachinePool,
     name: &str,
     then: Option<&str>,
     ctx: &Context,
 ) -> Result<(), Error> {
-    let now = Timestamp::now();
-    let change = MemberChange::RepaveRequested(repave::format_time(now));
-    expecting(
-        &ctx.expectations,
-        member(pool, name, change),
-        repave::request(ctx, name, then, now),
-    )
-    .await?;
-    Ok(())
+    let owner = owner_key(&pool.name_any());
+    repave::request(ctx, owner, name, then, Timestamp::now()).await
 }
 
 /// Brings a member's labels, annotations and configurationRef in step with the template

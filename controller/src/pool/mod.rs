@@ -40,7 +40,6 @@ use unbounded_api::{MachinePool, MachineProvider, PoolStrategyType};
 
 use crate::context::Context;
 use crate::error::Error;
-use crate::metrics::Metrics;
 use crate::rollout::{self, RolloutState, some_names};
 use plan::{PoolFacts, Rolling, plan_pool};
 use status::Counts;
@@ -49,24 +48,18 @@ use status::Counts;
 const BUSY_RECHECK: Duration = Duration::from_secs(10);
 
 /// Reconciles one MachinePool.
+#[tracing::instrument(skip_all, fields(pool = %pool.name_any()))]
 pub async fn reconcile(pool: Arc<MachinePool>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let labels = Metrics::controller("pool");
-    ctx.metrics.reconciles.get_or_create(&labels).inc();
-    let started = Instant::now();
+    let _timer = ctx.metrics.reconcile_timer("pool");
     let api: Api<MachinePool> = Api::all(ctx.client.clone());
-    let result = finalizer(&api, finalizers::POOL, pool, |event| async {
+    finalizer(&api, finalizers::POOL, pool, |event| async {
         match event {
             FinalizerEvent::Apply(pool) => apply(&pool, &ctx).await,
             FinalizerEvent::Cleanup(pool) => cleanup(&pool, &ctx).await,
         }
     })
     .await
-    .map_err(|e| Error::Finalizer(Box::new(e)));
-    ctx.metrics
-        .duration
-        .get_or_create(&labels)
-        .observe(started.elapsed().as_secs_f64());
-    result
+    .map_err(|e| Error::Finalizer(Box::new(e)))
 }
 
 /// The pool creates its Machines (azure, manual) rather than claiming them (pxe).
@@ -218,7 +211,7 @@ async fn apply(pool: &MachinePool, ctx: &Context) -> Result<Action, Error> {
             .await;
         }
     }
-    status::write(pool, &counts, &planned, ctx).await?;
+    status::write(pool, &counts, &planned, &ctx.client).await?;
     ctx.metrics.set_pool(&name, pool.spec.replicas, &counts);
     ctx.pool_index.write().set_short(&name, plan.short > 0);
 

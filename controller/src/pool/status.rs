@@ -10,7 +10,6 @@ use unbounded_api::well_known::{conditions, field_managers, labels, reasons};
 use unbounded_api::{MachinePool, MachinePoolStatus};
 
 use super::plan::{HealthState, PoolPlan};
-use crate::context::Context;
 use crate::error::{Error, kube_err};
 use crate::rollout::{RolloutState, some_names};
 
@@ -190,7 +189,7 @@ pub async fn write(
     pool: &MachinePool,
     counts: &Counts,
     planned: &[PoolCondition],
-    ctx: &Context,
+    client: &kube::Client,
 ) -> Result<(), Error> {
     let generation = pool.metadata.generation;
     let current = pool.status.clone().unwrap_or_default();
@@ -234,7 +233,7 @@ pub async fn write(
         "kind": MachinePool::kind(&()),
         "status": wanted,
     });
-    let api: Api<MachinePool> = Api::all(ctx.client.clone());
+    let api: Api<MachinePool> = Api::all(client.clone());
     let name = pool.name_any();
     api.patch_status(
         &name,

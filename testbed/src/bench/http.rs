@@ -7,7 +7,7 @@ use super::bed::{Bed, BedError, files};
 use super::clients::{dhcp::format_mac, storm_mac};
 use super::peers::{BenchMachine, NET};
 use super::proc::{Daemon, ProcError, run_client};
-use super::report::{Cell, Report, Row};
+use super::report::{Better, Cell, Report, Row};
 
 const WRK_SCRIPT: &str = r#"done = function(summary, latency, requests)
   local e = summary.errors
@@ -191,20 +191,73 @@ pub fn run(
         }
     }
     let nginx_small = peer_cells.first().cloned().flatten();
+    let mut cost_rows = Vec::new();
     for ((case, ours), peer) in cases.iter().zip(ours_cells).zip(peer_cells) {
         let peer = peer.or_else(|| nginx_small.clone());
+        let peers = |cell: fn(&Measured) -> Cell| {
+            peer.as_ref()
+                .map(|m| ("nginx".to_owned(), cell(m)))
+                .into_iter()
+                .collect::<Vec<_>>()
+        };
         report.rows.push(Row {
             mode: "http",
             case: case.case.to_owned(),
             what: case.what.clone(),
             metric: if case.image { "mb_per_s" } else { "req_per_s" },
             unit: if case.image { "MB/s" } else { "req/s" },
-            ours: Some(ours),
-            peers: peer.map(|c| ("nginx".to_owned(), c)).into_iter().collect(),
+            ours: Some(ours.throughput.clone()),
+            peers: peers(|m| m.throughput.clone()),
+            better: Better::Higher,
             target: Some(case.target),
         });
+        cost_rows.push(Row {
+            mode: "http",
+            case: format!("{}_cpu", case.case),
+            what: format!(
+                "server CPU per {}: {}",
+                if case.image { "MB" } else { "request" },
+                case.what
+            ),
+            metric: if case.image {
+                "cpu_ms_per_mb"
+            } else {
+                "cpu_us_per_request"
+            },
+            unit: if case.image { "ms" } else { "µs" },
+            ours: Some(ours.cost.clone()),
+            peers: peers(|m| m.cost.clone()),
+            better: Better::Lower,
+            target: Some(COST_TARGET),
+        });
     }
+    report.rows.extend(cost_rows);
     Ok(())
+}
+
+/// The target for every cost row: at most nginx's CPU per request and per MB (the issue).
+const COST_TARGET: f64 = 1.0;
+
+/// What one case measured on one server: its throughput and what the server's processes
+/// spent per request (µs) or per MB (ms) for it.
+#[derive(Debug, Clone)]
+struct Measured {
+    throughput: Cell,
+    cost: Cell,
+}
+
+/// CPU µs per request, or CPU ms per MB for an image; `NaN` when nothing was served.
+fn cost_of(cpu_seconds: f64, result: &WrkResult, image: bool) -> f64 {
+    let served = if image {
+        result.bytes as f64 / 1e6
+    } else {
+        result.requests as f64
+    };
+    if served <= 0.0 {
+        return f64::NAN;
+    }
+    let scale = if image { 1e3 } else { 1e6 };
+    cpu_seconds * scale / served
 }
 
 fn report_figures(report: &mut Report, key: &str, result: &WrkResult) {
@@ -230,25 +283,33 @@ fn measure(
     case: &str,
     path: &str,
     image: bool,
-) -> Result<Cell, BedError> {
+) -> Result<Measured, BedError> {
     let connections = if image {
         load.image_connections
     } else {
         load.connections
     };
+    let cpu_before = daemon.tree_cpu_seconds();
     let result = wrk(bed, path, connections, load.seconds)?;
+    let cpu = daemon.tree_cpu_seconds() - cpu_before;
+    let cost = cost_of(cpu, &result, image);
     report_figures(
         report,
         &format!("http.{case}.{}", super::report::slug(server)),
         &result,
     );
     say(format!(
-        "http {server} {path}: {:.0} req/s, {:.1} MB/s, mean {:.2} ms, p99 {:.2} ms, {} errors",
+        "http {server} {path}: {:.0} req/s, {:.1} MB/s, mean {:.2} ms, p99 {:.2} ms, {} errors, server CPU {cpu:.2} s ({cost:.2} {})",
         result.requests_per_second(),
         result.mb_per_second(),
         result.mean_ms,
         result.p99_ms,
-        result.errors
+        result.errors,
+        if image {
+            "ms per MB"
+        } else {
+            "µs per request"
+        }
     ));
     if result.errors > 0 {
         report.problem(format!("http {server} {path}: {} errors", result.errors));
@@ -261,15 +322,42 @@ fn measure(
     } else {
         result.requests_per_second()
     };
-    Ok(Cell::with_note(
-        value,
-        format!("mean {:.2} ms, p99 {:.2} ms", result.mean_ms, result.p99_ms),
-    ))
+    Ok(Measured {
+        throughput: Cell::with_note(
+            value,
+            format!("mean {:.2} ms, p99 {:.2} ms", result.mean_ms, result.p99_ms),
+        ),
+        cost: Cell::with_note(
+            cost,
+            format!("at {}", super::report::human(value)) + if image { " MB/s" } else { " req/s" },
+        ),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cost_is_server_cpu_per_request_or_per_mb() {
+        let result = WrkResult {
+            requests: 200_000,
+            bytes: 500_000_000,
+            seconds: 10.0,
+            errors: 0,
+            mean_ms: 1.0,
+            p99_ms: 2.0,
+        };
+        // 3.44 s of CPU: 17.2 µs per request, 6.88 ms per MB.
+        assert!((cost_of(3.44, &result, false) - 17.2).abs() < 1e-9);
+        assert!((cost_of(3.44, &result, true) - 6.88).abs() < 1e-9);
+        let nothing = WrkResult {
+            requests: 0,
+            bytes: 0,
+            ..result
+        };
+        assert!(cost_of(1.0, &nothing, false).is_nan());
+    }
 
     #[test]
     fn the_summary_line_is_read() {

@@ -6,7 +6,7 @@
 //!   nginx), measured with neutral clients (perfdhcp, atftp, wrk) in network namespaces
 //!   the command creates ([`bed`]), and the controller at scale with the PXE provider
 //!   ([`scale`]); a Markdown report, SVG charts ([`chart`]) and one `figure` line per
-//!   number ([`report`]).
+//!   number ([`report`]); with `--publish`, the blocks of `docs/benchmarks.md` ([`publish`]).
 
 pub mod bed;
 pub mod chart;
@@ -17,6 +17,7 @@ pub mod http;
 pub mod peers;
 pub mod proc;
 pub mod provider;
+pub mod publish;
 pub mod report;
 pub mod scale;
 pub mod storm;

@@ -106,6 +106,22 @@ impl Daemon {
         probe::cpu_seconds(self.pid()).unwrap_or(0.0)
     }
 
+    /// The CPU time so far of it and every process under it (nginx's workers, tftpd-hpa's
+    /// forked transfers, reaped or not), seconds: what the server as a whole spent.
+    pub fn tree_cpu_seconds(&self) -> f64 {
+        let entries = std::fs::read_dir("/proc").map(|dir| {
+            dir.filter_map(Result::ok)
+                .filter_map(|entry| {
+                    let name = entry.file_name();
+                    name.to_str()?.parse::<u32>().ok()?;
+                    std::fs::read_to_string(entry.path().join("stat")).ok()
+                })
+                .filter_map(|text| ProcStat::parse(&text))
+                .collect::<Vec<_>>()
+        });
+        tree_ticks(&entries.unwrap_or_default(), self.pid()) as f64 / 100.0
+    }
+
     /// Its peak resident memory so far, KiB.
     pub fn peak_rss_kib(&self) -> u64 {
         probe::memory(self.pid()).map_or(0, |m| m.peak_kib)
@@ -189,6 +205,60 @@ impl Drop for Daemon {
     }
 }
 
+/// What the CPU accounting needs of one `/proc/<pid>/stat` line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    /// The process.
+    pub pid: u32,
+    /// Its parent.
+    pub ppid: u32,
+    /// Its own user + system time, clock ticks.
+    pub ticks: u64,
+    /// Its reaped children's user + system time (`cutime` + `cstime`), clock ticks.
+    pub children_ticks: u64,
+}
+
+impl ProcStat {
+    /// Parses a `/proc/<pid>/stat` line; `None` when it is not one.
+    pub fn parse(stat: &str) -> Option<Self> {
+        let (head, rest) = stat.rsplit_once(')')?;
+        let pid = head.split_whitespace().next()?.parse().ok()?;
+        // After the command name: state, ppid, …, utime (14), stime, cutime, cstime (17).
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
+        Some(Self {
+            pid,
+            ppid: u32::try_from(field(1)?).ok()?,
+            ticks: field(11)? + field(12)?,
+            children_ticks: field(13)? + field(14)?,
+        })
+    }
+}
+
+/// The CPU ticks of `root` and its descendants among `procs`: each live process's own time,
+/// plus what the root has reaped (its children's time ends up there when they exit).
+/// Descendants' reaped children are counted through them; nothing is counted twice.
+pub fn tree_ticks(procs: &[ProcStat], root: u32) -> u64 {
+    let mut inside = std::collections::BTreeSet::from([root]);
+    // Parents may come after their children in /proc's order: repeat until no process joins.
+    loop {
+        let before = inside.len();
+        for p in procs {
+            if inside.contains(&p.ppid) {
+                inside.insert(p.pid);
+            }
+        }
+        if inside.len() == before {
+            break;
+        }
+    }
+    procs
+        .iter()
+        .filter(|p| inside.contains(&p.pid))
+        .map(|p| p.ticks + p.children_ticks)
+        .sum()
+}
+
 /// Whether a `/proc/net/{tcp,udp}` table has a socket on local `port` (TCP: in LISTEN).
 pub fn listens(table: &str, port: u16, tcp: bool) -> bool {
     let hex = format!(":{port:04X}");
@@ -240,6 +310,48 @@ mod tests {
    0: 0161610A:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0000000000000000 100 0 0 10 0
    1: 0161610A:0045 0261610A:9C40 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0000000000000000 100 0 0 10 0
 ";
+
+    #[test]
+    fn a_stat_line_gives_parent_and_times() {
+        // A command name with spaces and parentheses, as `/proc` writes it.
+        let line = "4242 (nginx: worker (x)) S 4241 4241 1 0 -1 4194624 100 0 0 0 \
+                    120 30 7 3 20 0 1 0 555 1000000 300 18446744073709551615";
+        assert_eq!(
+            ProcStat::parse(line),
+            Some(ProcStat {
+                pid: 4242,
+                ppid: 4241,
+                ticks: 150,
+                children_ticks: 10,
+            })
+        );
+        assert_eq!(ProcStat::parse("garbage"), None);
+        assert_eq!(ProcStat::parse("1 (init) S"), None);
+    }
+
+    #[test]
+    fn a_tree_counts_the_root_its_descendants_and_what_they_reaped() {
+        let stat = |pid, ppid, ticks, children_ticks| ProcStat {
+            pid,
+            ppid,
+            ticks,
+            children_ticks,
+        };
+        let procs = [
+            // A grandchild listed before its parent.
+            stat(12, 11, 5, 0),
+            stat(10, 1, 100, 40),
+            stat(11, 10, 50, 2),
+            stat(13, 10, 7, 0),
+            // Not ours: the parent of the root, and an unrelated process.
+            stat(1, 0, 1000, 1000),
+            stat(20, 1, 9, 0),
+        ];
+        assert_eq!(tree_ticks(&procs, 10), 100 + 40 + 50 + 2 + 5 + 7);
+        assert_eq!(tree_ticks(&procs, 11), 57);
+        // A root that is gone counts nothing.
+        assert_eq!(tree_ticks(&procs, 99), 0);
+    }
 
     #[test]
     fn listening_sockets_are_found_by_port_and_state() {

@@ -17,7 +17,7 @@ use serde_json::json;
 
 use super::controller::probe::{self, RequestCounts};
 use super::proc::Daemon;
-use super::report::{Cell, Report, Row};
+use super::report::{Better, Cell, Report, Row};
 use crate::cluster::LocalControlPlane;
 
 /// The provider benchmark's size.
@@ -326,11 +326,19 @@ pub async fn run(
     let config = dir.join("bootserver.yaml");
     let images = dir.join("images");
     std::fs::create_dir_all(&images).map_err(|e| e.to_string())?;
+    // Nothing network-boots here, but the start-up check wants the iPXE builds a BIOS or
+    // UEFI machine would ask for: stand-ins.
+    let tftp_root = dir.join("tftp");
+    std::fs::create_dir_all(&tftp_root).map_err(|e| e.to_string())?;
+    for build in ["undionly.kpxe", "snponly.efi"] {
+        std::fs::write(tftp_root.join(build), b"stand-in").map_err(|e| e.to_string())?;
+    }
     std::fs::write(
         &config,
         format!(
-            "serverAddress: 127.0.0.1\nrouterAdvertisements: false\nbackend: kubernetes\ndhcp: {{mode: off}}\ntftp: {{root: {images}, port: {tftp}}}\nhttp: {{port: {http}, imagesDir: {images}}}\npower: {{enabled: true, pollSeconds: {poll}, timeoutSeconds: 10}}\n",
+            "serverAddress: 127.0.0.1\nrouterAdvertisements: false\nbackend: kubernetes\ndhcp: {{mode: off}}\ntftp: {{root: {tftp_root}, port: {tftp}}}\nhttp: {{port: {http}, imagesDir: {images}}}\npower: {{enabled: true, pollSeconds: {poll}, timeoutSeconds: 10}}\n",
             images = images.display(),
+            tftp_root = tftp_root.display(),
             tftp = free_port()?,
             http = free_port()?,
             poll = plan.poll_seconds,
@@ -449,6 +457,7 @@ pub async fn run(
             ),
         )),
         peers: Vec::new(),
+        better: Better::Higher,
         target: None,
     });
     report.note(line);

@@ -31,7 +31,16 @@ impl Cell {
     }
 }
 
-/// One row of the table: ours and the peers on one case, higher is better.
+/// Which way a row's metric is better.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Better {
+    /// Throughput: more is better, and the target is a least ratio.
+    Higher,
+    /// Cost (CPU per operation, memory): less is better, and the target is a most ratio.
+    Lower,
+}
+
+/// One row of the table: ours and the peers on one case.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
     /// The benchmark (`dhcp`, `tftp`, …), first part of each figure's key.
@@ -48,17 +57,24 @@ pub struct Row {
     pub ours: Option<Cell>,
     /// Each peer by name.
     pub peers: Vec<(String, Cell)>,
-    /// The target ratio against the best peer, when the issue sets one.
+    /// Which way is better.
+    pub better: Better,
+    /// The target ratio against the best peer, when the issue sets one (a least ratio for
+    /// [`Better::Higher`], a most ratio for [`Better::Lower`]).
     pub target: Option<f64>,
 }
 
 impl Row {
-    /// The best peer (highest value), if any ran.
+    /// The best peer (highest value, or lowest positive one for a cost), if any ran.
     pub fn best_peer(&self) -> Option<&(String, Cell)> {
-        self.peers
-            .iter()
-            .filter(|(_, c)| c.value.is_finite())
-            .max_by(|a, b| a.1.value.total_cmp(&b.1.value))
+        let measured = self.peers.iter().filter(|(_, c)| c.value.is_finite());
+        match self.better {
+            Better::Higher => measured.max_by(|a, b| a.1.value.total_cmp(&b.1.value)),
+            // A cost of zero is no measurement (a process that did not run).
+            Better::Lower => measured
+                .filter(|(_, c)| c.value > 0.0)
+                .min_by(|a, b| a.1.value.total_cmp(&b.1.value)),
+        }
     }
 
     /// Ours divided by the best peer.
@@ -70,7 +86,11 @@ impl Row {
 
     /// Whether the target is met; `None` without a target or a ratio.
     pub fn meets_target(&self) -> Option<bool> {
-        Some(self.ratio()? >= self.target?)
+        let (ratio, target) = (self.ratio()?, self.target?);
+        Some(match self.better {
+            Better::Higher => ratio >= target,
+            Better::Lower => ratio <= target,
+        })
     }
 }
 
@@ -165,10 +185,14 @@ impl Report {
                     format!("{r:.2}× {against}")
                 },
             );
+            let sign = match row.better {
+                Better::Higher => "≥",
+                Better::Lower => "≤",
+            };
             let target = match (row.target, row.meets_target()) {
-                (Some(t), Some(true)) => format!("≥ {t}×: met"),
-                (Some(t), Some(false)) => format!("≥ {t}×: missed"),
-                (Some(t), None) => format!("≥ {t}×"),
+                (Some(t), Some(true)) => format!("{sign} {t}×: met"),
+                (Some(t), Some(false)) => format!("{sign} {t}×: missed"),
+                (Some(t), None) => format!("{sign} {t}×"),
                 (None, _) => String::new(),
             };
             let _ = writeln!(
@@ -286,6 +310,7 @@ mod tests {
                 .iter()
                 .map(|(n, v)| ((*n).to_owned(), Cell::new(*v)))
                 .collect(),
+            better: Better::Higher,
             target,
         }
     }
@@ -306,6 +331,36 @@ mod tests {
         assert_eq!(row(Some(1.0), &[], None).ratio(), None);
         assert_eq!(row(Some(1.0), &[("a", 0.0)], None).ratio(), None);
         assert_eq!(row(Some(1.0), &[("a", 2.0)], None).meets_target(), None);
+    }
+
+    #[test]
+    fn for_a_cost_the_best_peer_is_the_cheapest_and_the_target_a_ceiling() {
+        let mut r = row(
+            Some(154.0),
+            &[
+                ("Kea 1 thread", 113.0),
+                ("Kea 2 threads", 163.0),
+                ("dnsmasq", 0.0),
+            ],
+            Some(0.7),
+        );
+        r.better = Better::Lower;
+        // A zero cost is no measurement: dnsmasq is not the best.
+        assert_eq!(r.best_peer().map(|(n, _)| n.as_str()), Some("Kea 1 thread"));
+        let ratio = r.ratio().unwrap_or_default();
+        assert!((ratio - 154.0 / 113.0).abs() < 1e-9);
+        assert_eq!(r.meets_target(), Some(false));
+        r.ours = Some(Cell::new(70.0));
+        assert_eq!(r.meets_target(), Some(true));
+        let table = Report {
+            rows: vec![r],
+            ..Report::default()
+        }
+        .table();
+        assert!(
+            table.contains("| 0.62× Kea 1 thread | ≤ 0.7×: met |"),
+            "{table}"
+        );
     }
 
     #[test]

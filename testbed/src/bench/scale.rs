@@ -8,9 +8,9 @@ use std::time::Duration;
 use super::controller::layout::Layout;
 use super::controller::{self, render};
 use super::provider;
-use super::report::{Cell, Report, Row};
+use super::report::{Better, Cell, Report, Row};
 use super::suite::SuiteError;
-use crate::cluster::{Lifetime, LocalControlPlane};
+use crate::cluster::{Lifetime, LocalControlPlane, PlaneOptions};
 
 /// Sizes of the controller benchmarks.
 #[derive(Debug, Clone)]
@@ -23,6 +23,9 @@ pub struct ScaleOptions {
     pub converge_timeout: Duration,
     /// The provider's part.
     pub provider: provider::Plan,
+    /// Also converge the same set-up on an API server that sets the controller's finalizer
+    /// at creation (`deploy/components/finalizer-at-creation`): one write per Machine less.
+    pub finalizer_at_creation: bool,
 }
 
 impl ScaleOptions {
@@ -33,6 +36,7 @@ impl ScaleOptions {
             layout: Layout::ISSUE,
             converge_timeout: Duration::from_secs(900),
             provider: provider::Plan::full(),
+            finalizer_at_creation: true,
         }
     }
 
@@ -48,6 +52,7 @@ impl ScaleOptions {
             },
             converge_timeout: Duration::from_secs(300),
             provider: provider::Plan::smoke(),
+            finalizer_at_creation: true,
         }
     }
 }
@@ -100,6 +105,7 @@ pub fn run(
         converge_timeout: options.converge_timeout,
         change_timeout: Duration::from_secs(300),
         quiet: Duration::from_secs(if options.release { 10 } else { 2 }),
+        change: true,
         log_dir: log_dir.join("controller"),
     };
     // The controller benchmark reports from several tasks.
@@ -109,6 +115,29 @@ pub fn run(
         .map_err(failed)?;
     drop(plane);
     take_figures(report, &render::figure_lines(&scale));
+    let with_policy = if options.finalizer_at_creation {
+        say("starting a fresh local control plane that sets the finalizer at creation".into());
+        let plane = LocalControlPlane::start_with(
+            Lifetime::TiedToThread,
+            PlaneOptions {
+                finalizer_at_creation: true,
+                ..PlaneOptions::default()
+            },
+        )
+        .map_err(failed)?;
+        let settings = controller::Settings {
+            change: false,
+            log_dir: log_dir.join("controller-finalizer-at-creation"),
+            ..settings.clone()
+        };
+        let scale = runtime
+            .block_on(controller::run(&plane, &settings, &say_sync))
+            .map_err(failed)?;
+        drop(plane);
+        Some(scale.converge)
+    } else {
+        None
+    };
     let machines = super::report::human(options.layout.machines as f64);
     for (case, what, phase) in [
         (
@@ -129,6 +158,11 @@ pub fn run(
                 )
             ),
             scale.change.as_ref(),
+        ),
+        (
+            "converge_finalizer_at_creation",
+            "the same, the controller's finalizer set at creation by an admission policy (deploy/components/finalizer-at-creation)".to_owned(),
+            with_policy.as_ref(),
         ),
     ] {
         let Some(phase) = phase else { continue };
@@ -155,6 +189,7 @@ pub fn run(
                 ),
             )),
             peers: Vec::new(),
+            better: Better::Lower,
             target: None,
         });
     }

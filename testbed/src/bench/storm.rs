@@ -7,7 +7,7 @@ use super::bed::{Bed, BedError, files};
 use super::clients::{StormSummary, dhcp::format_mac, storm_mac};
 use super::peers::{BenchMachine, NET};
 use super::proc::{ProcError, run_client};
-use super::report::{Cell, Report, Row};
+use super::report::{Better, Cell, Report, Row};
 
 /// The storm's size.
 #[derive(Debug, Clone, Copy)]
@@ -127,6 +127,7 @@ pub fn run(
         unit: "booted",
         ours: Some(Cell::with_note(f64::from(summary.booted), note)),
         peers: Vec::new(),
+        better: Better::Higher,
         target: None,
     });
     Ok(())

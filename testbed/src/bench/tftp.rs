@@ -12,7 +12,7 @@ use super::bed::{Bed, BedError, files};
 use super::chart;
 use super::peers::NET;
 use super::proc::{Daemon, ProcError};
-use super::report::{Cell, Report, Row};
+use super::report::{Better, Cell, Report, Row};
 
 const SERVERS: [&str; 3] = ["ours", "tftpd-hpa", "dnsmasq"];
 const WINDOWS: [u32; 3] = [1, 8, 16];
@@ -86,14 +86,14 @@ fn atftp(bed: &Bed, remote: &str, local: &Path, window: Option<u32>) -> Result<C
     })
 }
 
-/// Downloads `remotes` at once; returns MB/s over all of them, or an error when one failed
-/// or differs from its source.
+/// Downloads `remotes` at once; returns MB/s over all of them and the MB downloaded, or an
+/// error when one failed or differs from its source.
 fn download(
     bed: &Bed,
     remotes: &[String],
     window: Option<u32>,
     expected: &[String],
-) -> Result<Result<f64, String>, BedError> {
+) -> Result<Result<(f64, f64), String>, BedError> {
     let got = bed.dir.join("got");
     std::fs::create_dir_all(&got).map_err(|source| BedError::Io {
         what: "creating the download directory".into(),
@@ -129,7 +129,35 @@ fn download(
     if let Some(first) = failures.first() {
         return Ok(Err(first.clone()));
     }
-    Ok(Ok(bytes as f64 / 1e6 / seconds))
+    let mb = bytes as f64 / 1e6;
+    Ok(Ok((mb / seconds, mb)))
+}
+
+/// The target for every cost row: at most this share of the best peer's CPU per MB.
+const COST_TARGET: f64 = 0.7;
+
+/// A throughput row's twin: what the server spent per MB on the same downloads.
+fn cost_row(row: &Row) -> Row {
+    Row {
+        mode: "tftp",
+        case: format!("{}_cpu", row.case),
+        what: format!("server CPU per MB: {}", row.what),
+        metric: "cpu_ms_per_mb",
+        unit: "ms",
+        ours: None,
+        peers: Vec::new(),
+        better: Better::Lower,
+        target: Some(COST_TARGET),
+    }
+}
+
+/// CPU ms per MB; `NaN` when nothing was downloaded.
+fn cpu_ms_per_mb(cpu_seconds: f64, mb: f64) -> f64 {
+    if mb > 0.0 {
+        cpu_seconds * 1e3 / mb
+    } else {
+        f64::NAN
+    }
 }
 
 /// Every case on every server, the rows, and a chart of MB/s per windowsize.
@@ -158,6 +186,7 @@ pub fn run(
             unit: "MB/s",
             ours: None,
             peers: Vec::new(),
+            better: Better::Higher,
             target: (*w == 16).then_some(3.0),
         })
         .collect();
@@ -173,8 +202,10 @@ pub fn run(
         unit: "MB/s",
         ours: None,
         peers: Vec::new(),
+        better: Better::Higher,
         target: Some(1.5),
     });
+    let mut cost_rows: Vec<Row> = rows.iter().map(cost_row).collect();
     for server in SERVERS {
         let daemon = start(bed, server)?;
         let cases: Vec<(Vec<String>, Option<u32>, Vec<String>)> = WINDOWS
@@ -182,22 +213,36 @@ pub fn run(
             .map(|w| (vec![files::BIG.to_owned()], Some(*w), vec![big_sum.clone()]))
             .chain(std::iter::once((each.clone(), None, each_sums.clone())))
             .collect();
-        for (row, (remotes, window, sums)) in rows.iter_mut().zip(cases) {
-            let cell = match download(bed, &remotes, window, &sums)? {
-                Ok(rate) => {
-                    say(format!("tftp {server}: {}: {rate:.1} MB/s", row.what));
-                    Cell::new(rate)
+        for ((row, cost_row), (remotes, window, sums)) in
+            rows.iter_mut().zip(cost_rows.iter_mut()).zip(cases)
+        {
+            let cpu_before = daemon.tree_cpu_seconds();
+            let downloaded = download(bed, &remotes, window, &sums)?;
+            let cpu = daemon.tree_cpu_seconds() - cpu_before;
+            let (cell, cost) = match downloaded {
+                Ok((rate, mb)) => {
+                    let cost = cpu_ms_per_mb(cpu, mb);
+                    say(format!(
+                        "tftp {server}: {}: {rate:.1} MB/s, server CPU {cpu:.2} s ({cost:.2} ms per MB)",
+                        row.what
+                    ));
+                    (Cell::new(rate), Cell::new(cost))
                 }
                 Err(failure) => {
                     say(format!("tftp {server}: {}: FAILED: {failure}", row.what));
                     report.problem(format!("tftp {server} {}: {failure}", row.what));
-                    Cell::with_note(f64::NAN, "failed")
+                    (
+                        Cell::with_note(f64::NAN, "failed"),
+                        Cell::with_note(f64::NAN, "failed"),
+                    )
                 }
             };
             if server == "ours" {
                 row.ours = Some(cell);
+                cost_row.ours = Some(cost);
             } else {
                 row.peers.push((server.to_owned(), cell));
+                cost_row.peers.push((server.to_owned(), cost));
             }
         }
         drop(daemon);
@@ -233,5 +278,34 @@ pub fn run(
         ),
     ));
     report.rows.extend(rows);
+    report.rows.extend(cost_rows);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_throughput_row_has_a_cost_twin() {
+        let row = Row {
+            mode: "tftp",
+            case: "50mib_w16".into(),
+            what: "50 MiB, blksize 1468, windowsize 16".into(),
+            metric: "mb_per_s",
+            unit: "MB/s",
+            ours: Some(Cell::new(273.0)),
+            peers: Vec::new(),
+            better: Better::Higher,
+            target: Some(3.0),
+        };
+        let twin = cost_row(&row);
+        assert_eq!(twin.case, "50mib_w16_cpu");
+        assert_eq!(twin.metric, "cpu_ms_per_mb");
+        assert_eq!(twin.better, Better::Lower);
+        assert_eq!(twin.target, Some(COST_TARGET));
+        assert_eq!(twin.ours, None);
+        assert!((cpu_ms_per_mb(0.5, 52.4288) - 9.5367).abs() < 1e-3);
+        assert!(cpu_ms_per_mb(0.5, 0.0).is_nan());
+    }
 }

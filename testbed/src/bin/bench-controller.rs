@@ -82,6 +82,7 @@ fn bench(flags: Flags) -> Result<(), String> {
         converge_timeout: Duration::from_secs(flags.converge_timeout_seconds),
         change_timeout: Duration::from_secs(flags.change_timeout_seconds),
         quiet: Duration::from_secs(flags.quiet_seconds),
+        change: true,
         log_dir: flags.log_dir,
     };
     eprintln!("bench-controller: starting a fresh local control plane");

@@ -54,6 +54,8 @@ pub struct Settings {
     pub change_timeout: Duration,
     /// How long to count requests after convergence.
     pub quiet: Duration,
+    /// Whether to run the change phase after convergence.
+    pub change: bool,
     /// Where the controller's log goes.
     pub log_dir: PathBuf,
 }
@@ -270,7 +272,7 @@ pub async fn run(
         change: None,
         controller_log,
     };
-    if report.converge.seconds.is_some() {
+    if report.converge.seconds.is_some() && settings.change {
         let before = request_counts(&client).await?;
         tokio::time::sleep(settings.quiet).await;
         report.quiet_requests = probe::difference(&before, &request_counts(&client).await?);

@@ -1,6 +1,7 @@
-//! DHCP: the knee of each server under perfdhcp ([`search`]) and, for ours, a `kill -9`
-//! in the middle of a run ([`crash`]).
+//! DHCP: the knee of each server under perfdhcp ([`search`]), what each spends per DORA
+//! below it ([`cost`]) and, for ours, a `kill -9` in the middle of a run ([`crash`]).
 
+pub mod cost;
 pub mod crash;
 pub mod search;
 
@@ -8,7 +9,7 @@ use super::bed::{Bed, BedError};
 use super::chart::{self, Series};
 use super::peers::{KeaThreads, NET};
 use super::proc::{Daemon, ProcError};
-use super::report::{Cell, Report, Row};
+use super::report::{Better, Cell, Report, Row};
 use search::{Next, Plan, Step};
 
 /// The servers, in the order they run.
@@ -109,6 +110,7 @@ fn knee_of(
 pub fn run(
     bed: &Bed,
     plan: &Plan,
+    cost_plan: &cost::CostPlan,
     crash_seconds: u32,
     report: &mut Report,
     charts: &mut Vec<(String, String)>,
@@ -126,6 +128,7 @@ pub fn run(
         unit: "DORA/s",
         ours: None,
         peers: Vec::new(),
+        better: Better::Higher,
         target: Some(1.5),
     };
     let mut series = Vec::new();
@@ -177,5 +180,6 @@ pub fn run(
         ),
     ));
     report.rows.push(row);
+    cost::run(bed, cost_plan, report, charts, say)?;
     crash::run(bed, crash_seconds, report, say)
 }

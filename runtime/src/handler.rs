@@ -30,8 +30,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use crate::well_known::labels;
-use crate::{HandlerKind, MachineOperation, OperationState};
+use unbounded_api::well_known::labels;
+use unbounded_api::{HandlerKind, MachineOperation, OperationState};
 
 /// Errors of the handler side.
 #[derive(Debug, thiserror::Error)]
@@ -286,7 +286,7 @@ pub async fn claim(
         "metadata": {"name": name, "resourceVersion": operation.resource_version()},
         "status": {
             "state": OperationState::InProgress,
-            "startTime": Time(crate::condition::now()),
+            "startTime": Time(unbounded_api::condition::now()),
             "handler": field_manager,
             "message": format!("{field_manager} is running it"),
         },
@@ -342,7 +342,7 @@ pub async fn finish(
             "status": {
                 "state": outcome.state(),
                 "startTime": status.start_time,
-                "completionTime": Time(crate::condition::now()),
+                "completionTime": Time(unbounded_api::condition::now()),
                 "handler": field_manager,
                 "message": outcome.message(),
             },
@@ -361,7 +361,7 @@ pub async fn finish(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{MachineOperationSpec, MachineOperationStatus, MachineRef};
+    use unbounded_api::{MachineOperationSpec, MachineOperationStatus, MachineRef};
 
     fn operation(
         state: Option<OperationState>,

@@ -13,21 +13,25 @@
 //! The request applies to the Node recorded in `status.nodeRef` (by UID): a Node registered
 //! after the repave is never drained for the same request, even when the controller reads a
 //! stale copy of the Machine.
+//!
+//! Everything about repaving lives here, so that the Machine reconciler, rolling updates
+//! ([`crate::rolling`]) and pools ([`crate::pool`]) call one room: this module decides
+//! (reading a request, the next step, the names and patches), [`act`] carries it out
+//! ([`request`] for owners, [`requested`], [`drain_and_delete`], [`settle`] and
+//! [`announce`] for the Machine reconciler).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::events::EventType;
-use kube::{Resource, ResourceExt};
 use serde_json::json;
-use unbounded_api::well_known::{annotations, labels, reasons};
-use unbounded_api::{Machine, MachineOperation};
+use unbounded_api::well_known::annotations;
 
-use crate::context::Context;
-use crate::error::{Error, kube_err};
 use crate::rollout::elapsed;
+
+pub mod act;
+
+pub use act::{announce, drain_and_delete, request, requested, settle};
 
 /// A repave request, read from a Machine's annotations.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,62 +145,6 @@ pub fn format_time(t: Timestamp) -> String {
     t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
-/// Requests a repave of `machine` (a merge patch of its annotations).
-pub async fn request(
-    ctx: &Context,
-    machine: &str,
-    then: Option<&str>,
-    now: Timestamp,
-) -> Result<String, Error> {
-    let api: Api<Machine> = Api::all(ctx.client.clone());
-    let patch = request_patch(now, then);
-    api.patch(machine, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map_err(kube_err(format!(
-            "requesting a repave of Machine {machine}"
-        )))?;
-    Ok(format_time(now))
-}
-
-/// Carries out the request's last step: the follow-up operation, then the annotations
-/// (`repave` and `repave-then` gone, `repaving` set, except after a `powerOff`: a Machine
-/// switched off is not coming back by itself).
-pub async fn finish(
-    machine: &Machine,
-    request: &RepaveRequest,
-    ctx: &Context,
-) -> Result<(), Error> {
-    let name = machine.name_any();
-    if let Some(operation) = &request.then {
-        create_follow_up(machine, operation, request, ctx).await?;
-    }
-    let api: Api<Machine> = Api::all(ctx.client.clone());
-    let powering_off =
-        request.then.as_deref() == Some(unbounded_api::well_known::operations::POWER_OFF);
-    let patch = json!({"metadata": {"annotations": {
-        annotations::REPAVE: null,
-        annotations::REPAVE_THEN: null,
-        annotations::REPAVING: (!powering_off).then_some(&request.value),
-    }}});
-    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map_err(kube_err(format!("finishing the repave of Machine {name}")))?;
-    Ok(())
-}
-
-/// Removes the `repaving` mark of a Machine that is Running again.
-pub async fn clear_repaving(machine: &Machine, ctx: &Context) -> Result<(), Error> {
-    let name = machine.name_any();
-    let api: Api<Machine> = Api::all(ctx.client.clone());
-    let patch = json!({"metadata": {"annotations": {annotations::REPAVING: null}}});
-    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map_err(kube_err(format!(
-            "clearing the repaving mark of Machine {name}"
-        )))?;
-    Ok(())
-}
-
 /// The follow-up operation's name: one per request, so that retries create it once.
 pub fn follow_up_name(machine: &str, operation: &str, request: &RepaveRequest) -> String {
     crate::dispatch::child_name(
@@ -207,59 +155,6 @@ pub fn follow_up_name(machine: &str, operation: &str, request: &RepaveRequest) -
             request.requested.as_second()
         ),
     )
-}
-
-/// Creates the follow-up operation if it does not exist yet and returns its state (`None`
-/// while no handler has taken it).
-pub async fn follow_up_state(
-    machine: &Machine,
-    operation: &str,
-    request: &RepaveRequest,
-    ctx: &Context,
-) -> Result<Option<unbounded_api::OperationState>, Error> {
-    create_follow_up(machine, operation, request, ctx).await?;
-    let name = follow_up_name(&machine.name_any(), operation, request);
-    let api: Api<MachineOperation> = Api::all(ctx.client.clone());
-    let found = api
-        .get_opt(&name)
-        .await
-        .map_err(kube_err(format!("reading MachineOperation {name}")))?;
-    Ok(found.and_then(|o| o.status).and_then(|s| s.state))
-}
-
-async fn create_follow_up(
-    machine: &Machine,
-    operation: &str,
-    request: &RepaveRequest,
-    ctx: &Context,
-) -> Result<(), Error> {
-    let machine_name = machine.name_any();
-    let name = follow_up_name(&machine_name, operation, request);
-    let object: MachineOperation = serde_json::from_value(json!({
-        "apiVersion": MachineOperation::api_version(&()),
-        "kind": MachineOperation::kind(&()),
-        "metadata": {"name": name, "labels": {labels::MACHINE: machine_name}},
-        "spec": {"machineRef": {"name": machine_name}, "operationName": operation, "ttlSecondsAfterFinished": 86400},
-    }))
-    .map_err(|source| Error::Serialize {
-        what: format!("MachineOperation {name}"),
-        source,
-    })?;
-    let api: Api<MachineOperation> = Api::all(ctx.client.clone());
-    match api.create(&PostParams::default(), &object).await {
-        Ok(_) => {
-            ctx.event(
-                machine,
-                EventType::Normal,
-                reasons::REPAVE_REQUESTED,
-                format!("Node deleted; created MachineOperation {name} ({operation})"),
-            )
-            .await;
-            Ok(())
-        }
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-        Err(e) => Err(kube_err(format!("creating MachineOperation {name}"))(e)),
-    }
 }
 
 #[cfg(test)]

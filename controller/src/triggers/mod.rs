@@ -10,8 +10,15 @@
 //! - A version appearing, disappearing or becoming deployed changes what Machines resolve to
 //!   (newest, newest deployed): the same Machines are reconciled. A version's count or
 //!   finalizer changing does not; its configuration is recounted.
+//!
+//! [`fan_out`] turns each kind's change, through the indexes, into the objects to
+//! reconcile.
 
 use std::collections::BTreeSet;
+
+pub mod fan_out;
+
+pub use fan_out::{Lookups, Reconciles};
 
 use crate::index::catalog::{ConfigurationKeys, VersionKeys};
 use crate::index::machines::MachineKeys;

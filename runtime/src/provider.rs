@@ -69,8 +69,8 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
-use crate::well_known::conditions;
-use crate::{Machine, MachineAddress, MachineProvider, PowerState, condition};
+use unbounded_api::well_known::conditions;
+use unbounded_api::{Machine, MachineAddress, MachineProvider, PowerState, condition};
 
 /// What a provider reports about a Machine's infrastructure.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -265,7 +265,9 @@ pub fn backoff(settings: &Settings, failures: u32) -> Duration {
 pub fn requeue_after(settings: &Settings, error: &LoopError, failures: u32) -> Duration {
     match error {
         LoopError::WaitingForNode(_) => settings.wait,
-        LoopError::Provider(_) | LoopError::Kube(_) => backoff(settings, failures),
+        LoopError::Provider(_) | LoopError::Kube { .. } | LoopError::Finalizer(_) => {
+            backoff(settings, failures)
+        }
     }
 }
 
@@ -275,9 +277,18 @@ pub enum LoopError {
     /// The provider failed (reported in status and an Event already).
     #[error(transparent)]
     Provider(#[from] ProviderError),
-    /// The API server failed.
+    /// A call to the API server failed.
+    #[error("{action}: {source}")]
+    Kube {
+        /// What was being done.
+        action: String,
+        /// Why it failed.
+        #[source]
+        source: kube::Error,
+    },
+    /// Adding or removing the provider's finalizer failed.
     #[error("{0}")]
-    Kube(String),
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<LoopError>>),
     /// The Node still exists: the controller drains and deletes it first.
     #[error("waiting for Node {0} to be drained and deleted")]
     WaitingForNode(String),
@@ -354,7 +365,7 @@ async fn reconcile<P: Provider>(
         Ok(action) => Ok(action),
         Err(kube::runtime::finalizer::Error::ApplyFailed(e))
         | Err(kube::runtime::finalizer::Error::CleanupFailed(e)) => Err(e),
-        Err(e) => Err(LoopError::Kube(e.to_string())),
+        Err(e) => Err(LoopError::Finalizer(Box::new(e))),
     }
 }
 
@@ -448,7 +459,10 @@ async fn cleanup<P: Provider>(machine: &Machine, ctx: &Context<P>) -> Result<Act
     if nodes
         .get_opt(&node)
         .await
-        .map_err(|e| LoopError::Kube(format!("reading Node {node}: {e}")))?
+        .map_err(|source| LoopError::Kube {
+            action: format!("reading Node {node}"),
+            source,
+        })?
         .is_some()
     {
         return Err(LoopError::WaitingForNode(node));
@@ -596,11 +610,9 @@ async fn write_status<P: Provider>(
             &Patch::Apply(body),
         )
         .await
-        .map_err(|e| {
-            LoopError::Kube(format!(
-                "writing the status of Machine {}: {e}",
-                machine.name_any()
-            ))
+        .map_err(|source| LoopError::Kube {
+            action: format!("writing the status of Machine {}", machine.name_any()),
+            source,
         })?;
     Ok(())
 }
@@ -631,7 +643,14 @@ mod tests {
             (&waiting, 40, s.wait),
             (&failed, 1, s.first_backoff),
             (&failed, 40, s.max_backoff),
-            (&LoopError::Kube("x".into()), 2, s.first_backoff * 2),
+            (
+                &LoopError::Kube {
+                    action: "x".into(),
+                    source: kube::Error::TlsRequired,
+                },
+                2,
+                s.first_backoff * 2,
+            ),
         ];
         for (error, failures, expected) in cases {
             assert_eq!(
@@ -676,7 +695,7 @@ mod tests {
                 serde_json::from_value(json!({"provider": "pxe"})).unwrap(),
             );
             m.metadata.generation = Some(generation);
-            m.status = Some(crate::MachineStatus {
+            m.status = Some(unbounded_api::MachineStatus {
                 failure_reason: reason.map(str::to_owned),
                 conditions: vec![condition::new_condition(
                     conditions::INFRASTRUCTURE_READY,
@@ -736,7 +755,7 @@ mod tests {
             serde_json::from_value(json!({"provider": "pxe"})).unwrap(),
         );
         assert_eq!(next_step(&machine), Step::Create);
-        let mut status = crate::MachineStatus::default();
+        let mut status = unbounded_api::MachineStatus::default();
         status.conditions.push(condition::new_condition(
             conditions::INFRASTRUCTURE_READY,
             false,

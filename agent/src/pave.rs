@@ -1,0 +1,193 @@
+//! Paving: the node image fetched, verified and unpacked into a staging root, kubelet's and
+//! the configuration's files written into it, the old container stopped and replaced, the
+//! new one started. Everything that can be refused (the image URL, the nspawn settings, the
+//! files' modes, kubelet's flags) is checked before anything on the host changes, and the
+//! state file says a pave is under way, so that an agent restarted in the middle starts it
+//! over ([`crate::plan`]).
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+use unbounded_api::{Machine, MachineConfigurationVersion, ResolvedConfiguration};
+
+use crate::container_root::{self, ContainerRootError};
+use crate::context::Context;
+use crate::credentials::{self, CredentialError};
+use crate::plan::{PaveReason, Paved};
+use crate::render::{self, KubeletInput};
+use crate::rootfs::{self, RootfsError};
+use crate::state::KeptState;
+use crate::status;
+use crate::systemd::{self, SystemdError};
+
+/// Why a pave failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PaveError {
+    #[error("the configuration version has no node image (spec.template.image)")]
+    NoImage,
+    #[error(
+        "the node image URL {0:?} is relative, and this machine has no bootserver to resolve it against: give the configuration an absolute http(s) URL"
+    )]
+    RelativeImage(String),
+    #[error(transparent)]
+    Render(#[from] render::RenderError),
+    #[error(transparent)]
+    Rootfs(#[from] RootfsError),
+    #[error(transparent)]
+    Credentials(#[from] CredentialError),
+    #[error(transparent)]
+    Systemd(#[from] SystemdError),
+    #[error("the credentials carried no bootstrap token")]
+    NoBootstrapToken,
+    #[error(transparent)]
+    Root(#[from] ContainerRootError),
+}
+
+impl PaveError {
+    pub(crate) fn reason(&self) -> &'static str {
+        match self {
+            Self::NoImage | Self::RelativeImage(_) | Self::Render(_) => {
+                status::reasons::INVALID_CONFIGURATION
+            }
+            Self::Rootfs(e) => e.reason(),
+            Self::Credentials(_) | Self::NoBootstrapToken => status::reasons::CREDENTIALS_FAILED,
+            Self::Systemd(_) => status::reasons::CONTAINER_FAILED,
+            Self::Root(e) => e.reason(),
+        }
+    }
+}
+
+/// Paves the node container with `version` of `configuration`, and starts it.
+pub(crate) async fn pave(
+    ctx: &Context,
+    kept: &mut KeptState,
+    machine: &Machine,
+    configuration: &ResolvedConfiguration,
+    version: &MachineConfigurationVersion,
+    reason: PaveReason,
+) -> Result<(), PaveError> {
+    let template = &version.spec.template;
+    let image = template.image.as_ref().ok_or(PaveError::NoImage)?;
+    let kubernetes = template.kubernetes.clone().unwrap_or_default();
+    let bus_dir = ctx.paths.bus.join(&ctx.node);
+    // Everything that can be refused is checked before anything changes.
+    let nspawn = render::nspawn_settings(template.nspawn.as_ref(), &bus_dir.display().to_string())?;
+    let mut files = Vec::new();
+    for file in &template.files {
+        files.push((
+            file.path.clone(),
+            file.content.clone(),
+            rootfs::parse_mode(file.mode.as_deref())?,
+        ));
+    }
+    let empty_check = KubeletInput {
+        node_name: &ctx.node,
+        server: "",
+        bootstrap_token: "",
+        provider_id: machine.spec.provider_id.as_deref(),
+        labels: &kubernetes.node_labels,
+        taints: &kubernetes.node_taints,
+        extra_args: &kubernetes.kubelet_extra_args,
+    };
+    render::kubelet_env(&empty_check)?;
+
+    kept.state.paving = Some(configuration.clone());
+    kept.save();
+    let staging = ctx.paths.machines.join(format!(".{}.staging", ctx.node));
+    let url = rootfs::image_url(&image.url, ctx.identity.bootserver.as_deref())
+        .ok_or_else(|| PaveError::RelativeImage(image.url.clone()))?;
+    let source = rootfs::ImageSource {
+        url,
+        sha256: image.sha256.clone(),
+        max_bytes: rootfs::size_limit(image.max_size_bytes),
+    };
+    let started = Instant::now();
+    let bytes = rootfs::fetch_verify_unpack(&ctx.http, &source, &staging).await?;
+    println!(
+        "unbounded-agent: node image {} MB fetched, verified and unpacked in {:.1} s",
+        bytes / 1_000_000,
+        started.elapsed().as_secs_f64()
+    );
+    let credentials = credentials::obtain(&ctx.http, &ctx.identity, &ctx.store, true).await?;
+    let token = credentials
+        .bootstrap_token
+        .clone()
+        .ok_or(PaveError::NoBootstrapToken)?;
+    let input = KubeletInput {
+        server: &credentials.server,
+        bootstrap_token: &token,
+        ..empty_check
+    };
+    let rendered = [
+        (render::KUBELET_ENV, render::kubelet_env(&input)?, 0o644),
+        (
+            render::KUBELET_CONFIG,
+            render::kubelet_config(&input),
+            0o644,
+        ),
+        (
+            render::BOOTSTRAP_KUBECONFIG,
+            render::bootstrap_kubeconfig(&input),
+            0o600,
+        ),
+        (
+            render::CA_FILE,
+            credentials.certificate_authority.clone(),
+            0o644,
+        ),
+    ];
+    let writes = rendered
+        .into_iter()
+        .map(|(path, content, mode)| (path.to_owned(), content.into_bytes(), mode))
+        .chain(
+            files
+                .into_iter()
+                .map(|(path, content, mode)| (path, content.into_bytes(), mode)),
+        )
+        .collect();
+    container_root::write_files(&staging, writes).await?;
+    let root = ctx.paths.machines.join(&ctx.node);
+    // The Node's identity survives a repave (kubelet's client certificate and
+    // kubeconfig), so it joins again without a new bootstrap token, as the same Node user.
+    container_root::carry_kubelet_identity(&root, &staging).await?;
+    // The new root is ready: only now does the old container go.
+    let unit = systemd::container_unit(&ctx.node);
+    ctx.host.stop(&unit, Duration::from_secs(120)).await?;
+    if reason == PaveReason::NodeDeleted {
+        remove_reregistered_node(&ctx.nodes, &ctx.node).await;
+    }
+    container_root::replace(&staging, &root).await?;
+    container_root::write_settings(&ctx.paths.nspawn, &ctx.node, nspawn, &bus_dir).await?;
+    kept.state.paved = Some(Paved {
+        container: ctx.node.clone(),
+        configuration: configuration.clone(),
+        image_sha256: image.sha256.clone(),
+        joined_node_uid: None,
+        starts: 1,
+    });
+    kept.state.paving = None;
+    kept.save();
+    ctx.host.start(&unit, Duration::from_secs(120)).await?;
+    Ok(())
+}
+
+/// Deletes the Node that the old container's kubelet registered again after the operator
+/// deleted it (kubelet does so within seconds): the new kubelet would find it and never
+/// apply its own labels and taints to an existing Node, so a rollback that changes them
+/// would not show. The old container is stopped, so nothing registers it again before the
+/// new kubelet does. Not fatal: without it the Node keeps its old labels, as said.
+async fn remove_reregistered_node(nodes: &Api<Node>, name: &str) {
+    match nodes
+        .delete(name, &kube::api::DeleteParams::default())
+        .await
+    {
+        Ok(_) => {
+            println!("unbounded-agent: removed Node {name}, which the old kubelet registered again")
+        }
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(error) => println!(
+            "unbounded-agent: could not remove the re-registered Node {name} ({error}); its labels and taints stay as the old kubelet left them"
+        ),
+    }
+}

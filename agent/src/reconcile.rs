@@ -1,0 +1,267 @@
+//! One pass of the agent's loop: the Machine (and the version it resolves to), its Node and
+//! the container's unit read, the next step decided ([`crate::plan::decide`]), carried out
+//! (pave, start, restart kubelet, remember the join) and reported. A failed step is retried
+//! with a growing backoff, and the Machine's status says why and when.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::Resource;
+use kube::api::Api;
+use unbounded_api::{Machine, MachineConfigurationVersion, ResolvedConfiguration};
+use unbounded_runtime::handler::Outcome;
+
+use crate::context::Context;
+use crate::operation_tasks::restart_service;
+use crate::operations::Scope;
+use crate::pave::pave;
+use crate::plan::{self, Action, ContainerState, Facts};
+use crate::retry::backoff;
+use crate::state::KeptState;
+use crate::status::{self, Readiness};
+use crate::systemd;
+
+/// What the loop remembers from one pass to the next.
+pub(crate) struct Reconciler {
+    /// This boot's state (what was paved), kept on disk.
+    kept: KeptState,
+    /// Deployed (immutable) versions read so far.
+    version_cache: BTreeMap<String, Arc<MachineConfigurationVersion>>,
+    /// Failed steps in a row.
+    failures: u32,
+    /// No pave or start before this.
+    retry_after: Option<Instant>,
+    /// When kubelet was last restarted for a Node that never registered.
+    kubelet_restarted: Option<Instant>,
+}
+
+impl Reconciler {
+    /// Starts from this boot's state in `state_dir`.
+    pub(crate) fn new(state_dir: &Path, boot_id: &str) -> Self {
+        Self {
+            kept: KeptState::load(state_dir, boot_id),
+            version_cache: BTreeMap::new(),
+            failures: 0,
+            retry_after: None,
+            kubelet_restarted: None,
+        }
+    }
+}
+
+/// The Ready condition's message of a Node that is not Ready.
+fn node_not_ready_message(node: Option<&Node>) -> Option<&str> {
+    let ready = node?
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")?;
+    (ready.status != "True").then(|| ready.message.as_deref().unwrap_or_default())
+}
+
+impl Reconciler {
+    async fn version(
+        &mut self,
+        versions: &Api<MachineConfigurationVersion>,
+        resolved: &ResolvedConfiguration,
+    ) -> Option<Arc<MachineConfigurationVersion>> {
+        let name = resolved.version_name();
+        if let Some(v) = self.version_cache.get(&name) {
+            return Some(v.clone());
+        }
+        match versions.get(&name).await {
+            Ok(v) => {
+                let v = Arc::new(v);
+                // Deployed versions are immutable: caching them is safe.
+                if v.status.as_ref().is_some_and(|s| s.deployed) {
+                    self.version_cache.insert(name, v.clone());
+                }
+                Some(v)
+            }
+            Err(error) => {
+                // 403 until the controller adds it to our role: the role's change wakes us.
+                tracing::debug!(%error, version = %name, "version not readable yet");
+                None
+            }
+        }
+    }
+
+    /// One pass: decide from the Machine, its Node and this host, act, report.
+    pub(crate) async fn reconcile(
+        &mut self,
+        ctx: &Context,
+        versions: &Api<MachineConfigurationVersion>,
+        machine: &Machine,
+        node: Option<&Node>,
+    ) {
+        let status = machine.status.as_ref();
+        let desired = status.and_then(|s| s.configuration.clone());
+        let version = match &desired {
+            Some(d) => self.version(versions, d).await,
+            None => None,
+        };
+        let unit = systemd::container_unit(&ctx.node);
+        let container = match ctx.host.unit_state(&unit).await {
+            Ok((load, active)) if self.kept.state.paved.is_some() => {
+                systemd::container_state(&load, &active)
+            }
+            Ok(_) => ContainerState::Absent,
+            Err(error) => {
+                tracing::warn!(%error, "reading the container's unit failed");
+                ContainerState::Absent
+            }
+        };
+        let node_uid = node.and_then(|n| n.meta().uid.clone());
+        let action = plan::decide(&Facts {
+            deleting: machine.metadata.deletion_timestamp.is_some(),
+            desired: desired.as_ref(),
+            version_loaded: version.is_some(),
+            recorded_node_uid: status
+                .and_then(|s| s.node_ref.as_ref())
+                .and_then(|r| r.uid.as_deref()),
+            node_uid: node_uid.as_deref(),
+            node_name: &ctx.node,
+            paved: self.kept.state.paved.as_ref(),
+            interrupted: self.kept.state.paving.is_some(),
+            container,
+            node_not_ready: node_not_ready_message(node),
+            kubelet_recently_restarted: self
+                .kubelet_restarted
+                .is_some_and(|t| t.elapsed() < Duration::from_secs(60)),
+        });
+        let paved_label = self.kept.state.paved.as_ref().map(|p| {
+            format!(
+                "{} version {}",
+                p.configuration.name, p.configuration.version
+            )
+        });
+        let mut readiness = status::readiness(&action, container, paved_label.as_deref());
+        let backing_off = self.retry_after.is_some_and(|t| Instant::now() < t);
+        match &action {
+            Action::Pave { .. } | Action::Start if backing_off => {}
+            Action::Pave {
+                configuration,
+                reason,
+            } => {
+                let Some(version) = version else { return };
+                println!(
+                    "unbounded-agent: paving {} with {} version {} ({})",
+                    ctx.node,
+                    configuration.name,
+                    configuration.version,
+                    reason.as_str()
+                );
+                let _ = ctx.reporter.report(|_| {}, Some(readiness.clone())).await;
+                match pave(
+                    ctx,
+                    &mut self.kept,
+                    machine,
+                    configuration,
+                    &version,
+                    *reason,
+                )
+                .await
+                {
+                    Ok(()) => {
+                        self.failures = 0;
+                        self.retry_after = None;
+                        println!("unbounded-agent: node container {} started", ctx.node);
+                        readiness = Readiness {
+                            ready: true,
+                            reason: status::reasons::CONTAINER_RUNNING.into(),
+                            message: format!(
+                                "node container paved with {} version {} is running",
+                                configuration.name, configuration.version
+                            ),
+                        };
+                    }
+                    Err(error) => {
+                        println!("unbounded-agent: pave failed: {error}");
+                        readiness = self.failed(error.reason(), &error.to_string());
+                    }
+                }
+            }
+            Action::Start => {
+                if let Some(paved) = self.kept.state.paved.as_mut() {
+                    paved.starts += 1;
+                }
+                self.kept.save();
+                match ctx.host.start(&unit, Duration::from_secs(120)).await {
+                    Ok(()) => {
+                        self.failures = 0;
+                        self.retry_after = None;
+                    }
+                    Err(error) => {
+                        readiness =
+                            self.failed(status::reasons::CONTAINER_FAILED, &error.to_string());
+                    }
+                }
+            }
+            Action::RestartKubelet => {
+                self.kubelet_restarted = Some(Instant::now());
+                println!(
+                    "unbounded-agent: kubelet on {} gave up initialising CSINode before its Node existed; restarting it",
+                    ctx.node
+                );
+                if let Outcome::Failed(message) =
+                    restart_service(ctx, "kubelet.service", Scope::Node).await
+                {
+                    tracing::warn!(message, "restarting kubelet failed");
+                }
+            }
+            Action::RecordJoin(uid) => {
+                println!("unbounded-agent: Node {} registered (uid {uid})", ctx.node);
+                if let Some(paved) = self.kept.state.paved.as_mut() {
+                    paved.joined_node_uid = Some(uid.clone());
+                }
+                self.kept.save();
+            }
+            Action::Wait(_) | Action::Steady => {}
+        }
+        let container = match ctx.host.unit_state(&unit).await {
+            Ok((load, active)) if self.kept.state.paved.is_some() => {
+                systemd::container_state(&load, &active)
+            }
+            _ => ContainerState::Absent,
+        };
+        let paved = self
+            .kept
+            .state
+            .paved
+            .as_ref()
+            .map(|p| p.configuration.clone());
+        if let Err(error) = ctx
+            .reporter
+            .report(
+                |agent| {
+                    agent.container_state = Some(container.as_str().to_owned());
+                    agent.paved = paved;
+                },
+                Some(readiness),
+            )
+            .await
+        {
+            tracing::warn!(%error, "reporting status failed");
+        }
+    }
+
+    fn failed(&mut self, reason: &str, message: &str) -> Readiness {
+        self.failures += 1;
+        let wait = backoff(
+            self.failures,
+            Duration::from_secs(5),
+            Duration::from_secs(300),
+        );
+        self.retry_after = Some(Instant::now() + wait);
+        tracing::warn!(reason, message, retry_in = ?wait, "pave step failed");
+        Readiness {
+            ready: false,
+            reason: reason.to_owned(),
+            message: format!("{message} (retrying in {} s)", wait.as_secs()),
+        }
+    }
+}
