@@ -496,14 +496,14 @@ pub fn build(options: &Options) -> Result<Images, ImagesError> {
         ))
     })?;
 
-    let agent = progress.run("unbounded-agent (release build)", || {
-        let agent = cargo_build(&["unbounded-agent"], &["unbounded-agent"], true, false)?;
-        let agent = agent
-            .into_iter()
-            .next()
-            .ok_or_else(|| step_err("agent", "cargo built no agent"))?;
-        Ok((agent, false))
-    })?;
+    let (agent, image_binaries) = progress.run(
+        if options.containers {
+            "release build (static): agent, controller, bootserver, azure"
+        } else {
+            "release build (static): agent"
+        },
+        || Ok((release_builds(options.containers)?, false)),
+    )?;
 
     let host = progress.run("host OS image (debootstrap, kernel, agent)", || {
         let key = Key::default()
@@ -534,7 +534,13 @@ pub fn build(options: &Options) -> Result<Images, ImagesError> {
 
     record_current(&host, &node)?;
     let containers = if options.containers {
-        Some(container_images(&mut progress, &recipes, &host, &node)?)
+        Some(container_images(
+            &mut progress,
+            &recipes,
+            &host,
+            &node,
+            image_binaries,
+        )?)
     } else {
         None
     };
@@ -707,10 +713,24 @@ fn toolchain_versions() -> Result<(String, String), ImagesError> {
     Ok((rustc, libc.trim().to_owned()))
 }
 
-/// The static release builds of the three binaries, each with its SBOM packages.
-fn rust_binaries() -> Result<Vec<RustBinary>, ImagesError> {
+/// The agent's static release build and, for the container images, the three binaries'
+/// in the same cargo run: one set of dependencies compiled once for both (a release build
+/// of the dependencies is the longest step of a cold `images --containers`).
+fn release_builds(containers: bool) -> Result<(PathBuf, Vec<PathBuf>), ImagesError> {
+    let mut packages = vec!["unbounded-agent"];
+    if containers {
+        packages.extend(PROJECT_IMAGES.iter().map(|i| i.package));
+    }
+    let mut built = cargo_build(&packages, &packages, true, true)?.into_iter();
+    let agent = built
+        .next()
+        .ok_or_else(|| step_err("agent", "cargo built no agent"))?;
+    Ok((agent, built.collect()))
+}
+
+/// The three images' binaries (as `release_builds` made them), each with its SBOM packages.
+fn rust_binaries(built: Vec<PathBuf>) -> Result<Vec<RustBinary>, ImagesError> {
     let packages: Vec<&str> = PROJECT_IMAGES.iter().map(|i| i.package).collect();
-    let built = cargo_build(&packages, &packages, true, true)?;
     let lock = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.lock"))
         .map_err(|e| step_err("SBOM", format!("Cargo.lock: {e}")))?;
     let checksums = sbom::lock_checksums(&lock);
@@ -810,13 +830,14 @@ fn container_images(
     recipes: &Path,
     host: &HostImage,
     node: &NodeImage,
+    built: Vec<PathBuf>,
 ) -> Result<BuiltContainers, ImagesError> {
     let contents = progress.run("container contents (iPXE builds, CA certificates)", || {
         container_contents(recipes)
     })?;
     let binaries = progress.run(
-        "controller, bootserver, Azure provider (static release builds, SBOMs)",
-        || Ok((rust_binaries()?, false)),
+        "controller, bootserver, Azure provider (SBOMs of their static builds)",
+        || Ok((rust_binaries(built)?, false)),
     )?;
     let created = sbom::creation_time();
     let images = progress.run("container images (controller, bootserver, azure)", || {

@@ -13,17 +13,23 @@ fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// A binary of this workspace, built beside this test.
-fn workspace_binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(|p| p.parent()).unwrap();
-    let path = dir.join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: build the workspace first (cargo test --workspace does)",
-        path.display()
-    );
-    path
+mod common;
+use common::workspace_binary;
+
+/// Whether `<program> <args> --help` exits 0; else the first lines of what it said.
+fn accepts_with_help(program: &Path, args: &[String]) -> Result<(), String> {
+    let out = Command::new(program)
+        .args(args)
+        .arg("--help")
+        .output()
+        .unwrap();
+    out.status.success().then_some(()).ok_or_else(|| {
+        String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    })
 }
 
 /// The Markdown files people read.
@@ -253,33 +259,9 @@ fn every_command_in_the_docs_is_accepted() {
                         Ok(())
                     }
                     Check::Binary(binary, args) => {
-                        let out = Command::new(workspace_binary(binary))
-                            .args(parseable(args))
-                            .arg("--help")
-                            .output()
-                            .unwrap();
-                        out.status.success().then_some(()).ok_or_else(|| {
-                            String::from_utf8_lossy(&out.stderr)
-                                .lines()
-                                .take(3)
-                                .collect::<Vec<_>>()
-                                .join(" ")
-                        })
+                        accepts_with_help(&workspace_binary(binary), &parseable(args))
                     }
-                    Check::Kubectl(args) => {
-                        let out = Command::new(kubectl())
-                            .args(parseable(args))
-                            .arg("--help")
-                            .output()
-                            .unwrap();
-                        out.status.success().then_some(()).ok_or_else(|| {
-                            String::from_utf8_lossy(&out.stderr)
-                                .lines()
-                                .take(3)
-                                .collect::<Vec<_>>()
-                                .join(" ")
-                        })
-                    }
+                    Check::Kubectl(args) => accepts_with_help(&kubectl(), &parseable(args)),
                 };
                 if let Err(why) = outcome {
                     failures.push(format!("{name}: `{}`: {why}", words.join(" ")));

@@ -11,7 +11,6 @@
 //! images --containers`, which the test command runs first); the controller binary that the
 //! lab runs outside the cluster for the appliance's first join from this build.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use unbounded_testbed::appliance_scenarios;
@@ -20,18 +19,8 @@ use unbounded_testbed::lab::{Lab, LabMode, LabOptions};
 use unbounded_testbed::progress;
 use unbounded_testbed::scenario::{self, LabAccess as _};
 
-/// A binary of this workspace, built beside this test.
-fn workspace_binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(|p| p.parent()).unwrap();
-    let path = dir.join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: build the workspace first (cargo test --workspace does)",
-        path.display()
-    );
-    path
-}
+mod common;
+use common::workspace_binary;
 
 #[test]
 fn the_appliance_runs_deploy_as_pods_that_boot_machines_to_ready_nodes() {
