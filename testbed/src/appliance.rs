@@ -19,8 +19,10 @@
 //! the Lease.
 //!
 //! Everything the appliance and the pods pull comes from the lab's registry
-//! ([`crate::registry`]): the project's images by digest, and the boot artifacts (kernel,
-//! initramfs, node image) as blobs named by their SHA-256. Pods reach the API server at its
+//! ([`crate::registry`]): the project's images by digest, and the appliance's own boot
+//! artifacts (kernel, initramfs, node image) as blobs named by their SHA-256. The machines
+//! the appliance boots use the boot image set its bootserver pod installs (the boot-images
+//! init container), served by the pod. Pods reach the API server at its
 //! address on the bridge (`testbed/overlay`: no kube-proxy runs here), and the host
 //! reaches the bridge through a routed veth ([`crate::netns::HostRoute`]) so that the API
 //! server reaches the kubelets (`kubectl logs`, `exec`).
@@ -482,10 +484,14 @@ impl Appliance {
         let pushed = steps.run("pushing the container images (skopeo)", || {
             push_images(&address, images)
         })?;
+        // The appliance boots before any bootserver serves: its configuration names the
+        // registry's blobs. The machines it boots use the set its bootserver pod installs
+        // (the boot-images init container), as an operator's would.
         let artifacts = steps.run(
             "pushing the kernel, initramfs and node image as blobs",
             || push_artifacts(&address, images),
         )?;
+        let machines_artifacts = installed_set_artifacts(images)?;
         steps.run("applying deploy/ through testbed/overlay", || {
             apply_overlay(plane, &options.dir, &pushed)
         })?;
@@ -567,7 +573,7 @@ impl Appliance {
                 bootserver_url: format!("http://{ADDRESS}:8080"),
                 images: pushed,
             },
-            artifacts,
+            artifacts: machines_artifacts,
             timeline: Timeline::default(),
             steps: Vec::new(),
             dir: options.dir.clone(),
@@ -721,6 +727,24 @@ fn push_images(registry: &RegistryAddress, images: &Images) -> Result<Vec<Pushed
             })
         })
         .collect()
+}
+
+/// What a MachineConfiguration names to boot the set the boot-images image installs: paths
+/// relative to the bootserver's image directory.
+fn installed_set_artifacts(images: &Images) -> Result<BootArtifacts, LabError> {
+    let values = images
+        .containers
+        .as_ref()
+        .and_then(|built| built.boot_images_manifest.configuration_values())
+        .ok_or_else(|| {
+            step("no boot image set was built: run `cargo run -p unbounded-testbed -- images --containers`")
+        })?;
+    Ok(BootArtifacts {
+        kernel_url: values.kernel_url,
+        initrd_url: values.initrd_url,
+        node_url: values.image_url,
+        node_sha256: values.image_sha256,
+    })
 }
 
 /// Pushes the kernel, the initramfs and the node image as blobs; their URLs name them by
