@@ -225,7 +225,8 @@ fn main() -> ExitCode {
         },
     };
     let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
+        let signal = unbounded_runtime::shutdown::requested().await;
+        tracing::info!(%signal, "shutting down");
     };
     match runtime.block_on(unbounded_bootserver::server::run(
         settings,
