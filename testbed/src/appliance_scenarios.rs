@@ -140,9 +140,12 @@ fn seconds_since_epoch() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Deletes the leading controller pod in the middle of a rolling update of `testbed`.
+/// Deletes the leading controller pod in the middle of a rolling update of `testbed` that
+/// takes down at most `max_unavailable` machines at a time (the scenario: 1, one machine
+/// after the other; CI's reduced form: all of them in one batch).
 pub fn leader_failover(
     lab: &Lab,
+    max_unavailable: usize,
     timeout: Duration,
     say: &dyn Fn(&str),
 ) -> Result<Failover, LabError> {
@@ -164,7 +167,7 @@ pub fn leader_failover(
     let next = before + 1;
 
     say(&format!(
-        "leader-failover: rolling update of testbed to version {next} (maxUnavailable 1)"
+        "leader-failover: rolling update of testbed to version {next} (maxUnavailable {max_unavailable})"
     ));
     let started = Instant::now();
     lab.kubectl(
@@ -175,7 +178,7 @@ pub fn leader_failover(
             "--type=merge",
             "-p",
             &format!(
-                r#"{{"spec":{{"updateStrategy":{{"type":"RollingUpdate","rollingUpdate":{{"maxUnavailable":1}}}},"template":{{"kubernetes":{{"nodeLabels":{{"unbounded-cloud.io/generation":"failover-{}"}}}}}}}}}}"#,
+                r#"{{"spec":{{"updateStrategy":{{"type":"RollingUpdate","rollingUpdate":{{"maxUnavailable":{max_unavailable}}}}},"template":{{"kubernetes":{{"nodeLabels":{{"unbounded-cloud.io/generation":"failover-{}"}}}}}}}}}}"#,
                 seconds_since_epoch()
             ),
         ],
@@ -262,7 +265,8 @@ pub fn leader_failover(
         )));
     }
 
-    let deadline = timeout * u32::try_from(names.len() + 1).unwrap_or(4);
+    let batches = names.len().div_ceil(max_unavailable.max(1));
+    let deadline = timeout * u32::try_from(batches + 1).unwrap_or(4);
     wait_until(
         &format!("every lab machine Running on version {next} with a Ready, schedulable Node"),
         deadline,
