@@ -868,6 +868,7 @@ power: {{enabled: true, pollSeconds: 10}}
 credentials:
   apiServer: https://{LAB_ADDRESS}:{LAB_API_PORT}
   caFile: "{ca}"
+  nonceFile: "{dir}/nonces.json"
 "#,
         dir = dir.display(),
         images = images.display(),
