@@ -170,6 +170,20 @@ pub fn leader_failover(
         "leader-failover: rolling update of testbed to version {next} (maxUnavailable {max_unavailable})"
     ));
     let started = Instant::now();
+    // A change that needs a repave (the host OS reads its kernel arguments when it network
+    // boots): labels or files would be applied in place, without taking a machine down.
+    let mut kernel_args: Vec<String> = crate::lab::LAB_KERNEL_ARGS
+        .iter()
+        .map(|a| (*a).to_owned())
+        .collect();
+    kernel_args.push(format!(
+        "unbounded.testbed.rollout={}",
+        seconds_since_epoch()
+    ));
+    let patch = serde_json::json!({"spec": {
+        "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": max_unavailable}},
+        "template": {"boot": {"kernelArgs": kernel_args}},
+    }});
     lab.kubectl(
         &[
             "patch",
@@ -177,10 +191,7 @@ pub fn leader_failover(
             "testbed",
             "--type=merge",
             "-p",
-            &format!(
-                r#"{{"spec":{{"updateStrategy":{{"type":"RollingUpdate","rollingUpdate":{{"maxUnavailable":{max_unavailable}}}}},"template":{{"kubernetes":{{"nodeLabels":{{"unbounded-cloud.io/generation":"failover-{}"}}}}}}}}}}"#,
-                seconds_since_epoch()
-            ),
+            &patch.to_string(),
         ],
         None,
     )?;

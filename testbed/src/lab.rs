@@ -726,6 +726,10 @@ impl crate::scenario::LabAccess for RunningLab {
     }
 }
 
+/// The kernel arguments of the lab's machines. `quiet`: the kernel's own log over an
+/// emulated UART costs seconds; systemd still shows its progress.
+pub const LAB_KERNEL_ARGS: [&str; 3] = ["console=ttyS0", "quiet", "systemd.show_status=true"];
+
 /// The MachineConfiguration of the lab's machines.
 pub fn configuration_yaml(name: &str, artifacts: &BootArtifacts) -> String {
     format!(
@@ -738,14 +742,13 @@ spec:
     boot:
       kernelURL: "{kernel}"
       initrdURL: "{initrd}"
-      # quiet: the kernel's own log over an emulated UART costs seconds; systemd still
-      # shows its progress.
-      kernelArgs: [console=ttyS0, quiet, systemd.show_status=true]
+      kernelArgs: [{kernel_args}]
     image: {{url: "{node}", sha256: {sha}}}
     kubernetes:
       version: {KUBERNETES_VERSION}
       nodeLabels: {{{LAB_LABEL}: "true"}}
 "#,
+        kernel_args = LAB_KERNEL_ARGS.join(", "),
         kernel = artifacts.kernel_url,
         initrd = artifacts.initrd_url,
         node = artifacts.node_url,
