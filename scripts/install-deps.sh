@@ -13,6 +13,8 @@ packages=(
   # images: host OS and node root file systems, static pause (and the static binaries of the
   # container images), OCI checks
   debootstrap skopeo libc6-dev
+  # the lab's container registry (the appliance pulls the project's images from it)
+  docker-registry
   # BMC emulators driving QEMU through libvirt (sushy-tools in a venv; OpenIPMI's ipmi_sim)
   libvirt-daemon-system libvirt-dev pkg-config python3-venv python3-dev gcc ipmitool openipmi
   # the kubectl plugin's terminal test (status --watch in a real terminal)

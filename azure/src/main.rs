@@ -78,7 +78,7 @@ fn main() -> ExitCode {
                 tracing::info!(lease = %elector.lease_name(), %identity, "waiting to become leader");
                 tokio::select! {
                     () = elector.acquire() => {}
-                    _ = tokio::signal::ctrl_c() => return ExitCode::SUCCESS,
+                    _ = unbounded_runtime::shutdown::requested() => return ExitCode::SUCCESS,
                 }
                 Some(elector)
             }
@@ -93,7 +93,7 @@ fn main() -> ExitCode {
                         ExitCode::FAILURE
                     }
                 },
-                _ = tokio::signal::ctrl_c() => ExitCode::SUCCESS,
+                _ = unbounded_runtime::shutdown::requested() => ExitCode::SUCCESS,
             }
         };
         let Some(elector) = elector.as_mut() else {

@@ -232,6 +232,15 @@ pub fn refusal(reason: &str) -> String {
     format!("#!ipxe\necho Unbounded: {reason}\nsleep 5\nexit 1\n")
 }
 
+/// A script that asks for `url` again after a pause: the answer cannot be given right now
+/// (the bootserver could not record what the script would carry), and the machine should
+/// neither boot without it nor give up.
+pub fn retry_later(url: &str) -> String {
+    format!(
+        "#!ipxe\necho Unbounded: the bootserver cannot answer yet; asking again in 10 s\nsleep 10\nchain --autofree {url}\n"
+    )
+}
+
 /// The script every iPXE client fetches first: it asks again with its MAC address, so that
 /// one URL in DHCP serves every machine.
 pub fn chain_script(http_base: &str) -> String {

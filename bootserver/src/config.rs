@@ -30,6 +30,7 @@
 //!   tokenSeconds: 3600            # ServiceAccount token lifetime (600–86400)
 //!   bootstrapTokenSeconds: 3600   # kubelet bootstrap token lifetime
 //!   nonceSeconds: 1800            # how long a boot script's nonce stays valid
+//!   nonceFile: /var/lib/unbounded/nonces.json   # nonces kept across restarts (memory only if unset)
 //!   mintTimeoutSeconds: 20        # API server wait per request, then 503 + Retry-After (1–25)
 //! machines:                       # standalone mode (no cluster): the machines we boot
 //!   - name: node-1
@@ -138,6 +139,7 @@ struct CredentialsFile {
     token_seconds: Option<i64>,
     bootstrap_token_seconds: Option<i64>,
     nonce_seconds: Option<u64>,
+    nonce_file: Option<PathBuf>,
     mint_timeout_seconds: Option<u64>,
 }
 
@@ -488,6 +490,7 @@ fn validate_credentials(
         token_seconds: seconds("tokenSeconds", c.token_seconds, 3600)?,
         bootstrap_token_seconds: seconds("bootstrapTokenSeconds", c.bootstrap_token_seconds, 3600)?,
         nonce_seconds,
+        nonce_file: c.nonce_file.clone(),
         mint_timeout: Duration::from_secs(mint_timeout_seconds),
     })
 }

@@ -44,6 +44,8 @@ use ring::rand::{SecureRandom, SystemRandom};
 use unbounded_api::agent::{CredentialRequest, Credentials, agent_username};
 use unbounded_runtime::tokens::{self, MintError};
 
+use crate::nonce_file::{NonceFile, NonceFileError, StoredNonce, digest_hex};
+
 /// Settings of the issuer (the `credentials` section of the configuration).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IssuerSettings {
@@ -57,6 +59,9 @@ pub struct IssuerSettings {
     pub bootstrap_token_seconds: i64,
     /// How long a nonce stays valid after its script was served.
     pub nonce_seconds: u64,
+    /// Where the nonces are kept across restarts (`credentials.nonceFile`); memory only
+    /// when `None`.
+    pub nonce_file: Option<std::path::PathBuf>,
     /// How long one request may wait for the API server (token review and mint) before it
     /// is answered 503 with `Retry-After`: below the agent's request timeout.
     pub mint_timeout: Duration,
@@ -169,16 +174,19 @@ pub enum NonceRefusal {
 
 #[derive(Debug, Clone)]
 struct NonceEntry {
-    value: String,
+    /// SHA-256 of the nonce (hex): what is kept, in memory and on disk.
+    digest: String,
     ip: Ipv4Addr,
     expires_unix: u64,
     reserved: bool,
 }
 
-/// One-time nonces per machine, bound to the address their script was served to.
+/// One-time nonces per machine, bound to the address their script was served to; kept in
+/// the nonce file too when there is one ([`crate::nonce_file`]), so that a restart keeps them.
 #[derive(Debug, Default)]
 pub struct Nonces {
     entries: Mutex<HashMap<String, NonceEntry>>,
+    file: Option<NonceFile>,
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -186,20 +194,90 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 impl Nonces {
+    /// Nonces kept in `file`, starting with the unexpired ones it holds.
+    pub fn persistent(file: NonceFile, now: u64) -> Result<Self, NonceFileError> {
+        let entries = file
+            .load(now)?
+            .into_iter()
+            .map(|(machine, stored)| {
+                (
+                    machine,
+                    NonceEntry {
+                        digest: stored.sha256,
+                        ip: stored.ip,
+                        expires_unix: stored.expires_unix,
+                        reserved: false,
+                    },
+                )
+            })
+            .collect();
+        Ok(Self {
+            entries: Mutex::new(entries),
+            file: Some(file),
+        })
+    }
+
+    /// How many unspent nonces it holds.
+    pub fn len(&self) -> usize {
+        self.entries.lock().map_or(0, |e| e.len())
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn persist(&self, entries: &HashMap<String, NonceEntry>) -> Result<(), NonceFileError> {
+        let Some(file) = &self.file else {
+            return Ok(());
+        };
+        file.store(
+            &entries
+                .iter()
+                .map(|(machine, e)| {
+                    (
+                        machine.clone(),
+                        StoredNonce {
+                            sha256: e.digest.clone(),
+                            ip: e.ip,
+                            expires_unix: e.expires_unix,
+                        },
+                    )
+                })
+                .collect(),
+        )
+    }
+
     /// Records `value` as `machine`'s nonce for `ip` until `expires_unix`; the previous one
-    /// is forgotten.
-    pub fn insert(&self, machine: &str, value: String, ip: Ipv4Addr, expires_unix: u64) {
-        if let Ok(mut entries) = self.entries.lock() {
-            entries.insert(
-                machine.to_owned(),
-                NonceEntry {
-                    value,
-                    ip,
-                    expires_unix,
-                    reserved: false,
-                },
-            );
+    /// is forgotten. With a nonce file, it is on disk when this returns `Ok` (and not
+    /// recorded at all when writing failed: the script must not carry it).
+    pub fn insert(
+        &self,
+        machine: &str,
+        value: &str,
+        ip: Ipv4Addr,
+        expires_unix: u64,
+    ) -> Result<(), NonceFileError> {
+        let Ok(mut entries) = self.entries.lock() else {
+            return Ok(());
+        };
+        let previous = entries.insert(
+            machine.to_owned(),
+            NonceEntry {
+                digest: digest_hex(value),
+                ip,
+                expires_unix,
+                reserved: false,
+            },
+        );
+        if let Err(error) = self.persist(&entries) {
+            match previous {
+                Some(previous) => entries.insert(machine.to_owned(), previous),
+                None => entries.remove(machine),
+            };
+            return Err(error);
         }
+        Ok(())
     }
 
     /// The address the machine's current nonce is bound to.
@@ -218,7 +296,7 @@ impl Nonces {
     ) -> Result<Reservation<'_>, NonceRefusal> {
         let mut entries = self.entries.lock().map_err(|_| NonceRefusal::Busy)?;
         let entry = entries.get_mut(machine).ok_or(NonceRefusal::NoneIssued)?;
-        if !constant_time_eq(entry.value.as_bytes(), presented.as_bytes()) {
+        if !constant_time_eq(entry.digest.as_bytes(), digest_hex(presented).as_bytes()) {
             return Err(NonceRefusal::Mismatch);
         }
         if entry.expires_unix <= now {
@@ -232,24 +310,9 @@ impl Nonces {
         Ok(Reservation {
             nonces: self,
             machine: machine.to_owned(),
-            value: entry.value.clone(),
+            digest: entry.digest.clone(),
             spent: false,
         })
-    }
-
-    /// Applies `change` to `machine`'s entry if it still holds `value` (a newer boot script
-    /// may have replaced it while a mint was under way: that one is left alone).
-    fn with_entry(
-        &self,
-        machine: &str,
-        value: &str,
-        change: impl FnOnce(&mut HashMap<String, NonceEntry>),
-    ) {
-        if let Ok(mut entries) = self.entries.lock()
-            && entries.get(machine).is_some_and(|e| e.value == value)
-        {
-            change(&mut entries);
-        }
     }
 }
 
@@ -260,18 +323,28 @@ impl Nonces {
 pub struct Reservation<'a> {
     nonces: &'a Nonces,
     machine: String,
-    value: String,
+    digest: String,
     spent: bool,
 }
 
 impl Reservation<'_> {
-    /// Spends the nonce: it is never accepted again.
+    /// Spends the nonce: it is never accepted again (by this process; the file forgets it
+    /// too unless writing fails, which is logged: the nonce still expires).
     pub fn spend(mut self) {
         self.spent = true;
-        self.nonces
-            .with_entry(&self.machine, &self.value, |entries| {
-                entries.remove(&self.machine);
-            });
+        let Ok(mut entries) = self.nonces.entries.lock() else {
+            return;
+        };
+        // A newer boot script may have replaced it while the mint ran: that one stays.
+        if entries
+            .get(&self.machine)
+            .is_some_and(|e| e.digest == self.digest)
+        {
+            entries.remove(&self.machine);
+            if let Err(error) = self.nonces.persist(&entries) {
+                tracing::warn!(machine = %self.machine, %error, "a spent nonce stays in the nonce file until it expires");
+            }
+        }
     }
 }
 
@@ -280,13 +353,13 @@ impl Drop for Reservation<'_> {
         if self.spent {
             return;
         }
-        let machine = self.machine.clone();
-        self.nonces
-            .with_entry(&self.machine, &self.value, |entries| {
-                if let Some(entry) = entries.get_mut(&machine) {
-                    entry.reserved = false;
-                }
-            });
+        if let Ok(mut entries) = self.nonces.entries.lock()
+            && let Some(entry) = entries
+                .get_mut(&self.machine)
+                .filter(|e| e.digest == self.digest)
+        {
+            entry.reserved = false;
+        }
     }
 }
 
@@ -404,16 +477,21 @@ pub struct Origin {
 }
 
 impl Issuer {
-    /// An issuer over a cluster client.
-    pub fn new(settings: IssuerSettings, client: kube::Client) -> Self {
-        Self {
+    /// An issuer over a cluster client; its nonces kept in `settings.nonce_file` (those
+    /// still valid in it are accepted again) or in memory only.
+    pub fn new(settings: IssuerSettings, client: kube::Client) -> Result<Self, NonceFileError> {
+        let nonces = match &settings.nonce_file {
+            Some(path) => Nonces::persistent(NonceFile::new(path), now_unix())?,
+            None => Nonces::default(),
+        };
+        Ok(Self {
             settings,
             client,
-            nonces: Nonces::default(),
+            nonces,
             rate: RateLimit::default(),
             last_ip: Mutex::default(),
             metrics: IssuerMetrics::default(),
-        }
+        })
     }
 
     /// Registers the issuer's metrics: `unbounded_bootserver_credential_requests_in_flight`
@@ -432,20 +510,27 @@ impl Issuer {
         );
     }
 
-    /// A new nonce for `machine`'s boot script served to `origin`, or `None` when that
-    /// origin must not get one.
-    pub fn nonce_for_script(&self, machine: &str, origin: Origin) -> Option<String> {
+    /// A new nonce for `machine`'s boot script served to `origin`, `None` when that origin
+    /// must not get one, or an error when it could not be recorded (the nonce file): then
+    /// no script may carry it.
+    pub fn nonce_for_script(
+        &self,
+        machine: &str,
+        origin: Origin,
+    ) -> Result<Option<String>, NonceFileError> {
         if origin.addresses_known && !origin.holds_address {
-            return None;
+            return Ok(None);
         }
-        let value = random_hex(16)?;
+        let Some(value) = random_hex(16) else {
+            return Ok(None);
+        };
         self.nonces.insert(
             machine,
-            value.clone(),
+            &value,
             origin.peer,
             now_unix() + self.settings.nonce_seconds,
-        );
-        Some(value)
+        )?;
+        Ok(Some(value))
     }
 
     /// Answers a credential request for `machine`.
@@ -615,7 +700,7 @@ mod tests {
     fn nonces_are_single_use_bound_and_expire() {
         let nonces = Nonces::default();
         let ip = Ipv4Addr::new(10, 99, 0, 21);
-        nonces.insert("m", "aaaa".into(), ip, 100);
+        nonces.insert("m", "aaaa", ip, 100).unwrap();
         assert_eq!(nonces.bound_ip("m"), Some(ip));
         assert_eq!(
             nonces.reserve("m", "bbbb", 50).err(),
@@ -641,13 +726,13 @@ mod tests {
             Some(NonceRefusal::NoneIssued),
             "spent"
         );
-        nonces.insert("m", "cccc".into(), ip, 100);
+        nonces.insert("m", "cccc", ip, 100).unwrap();
         assert_eq!(
             nonces.reserve("m", "cccc", 100).err(),
             Some(NonceRefusal::Expired)
         );
-        nonces.insert("m", "dddd".into(), ip, 100);
-        nonces.insert("m", "eeee".into(), ip, 100);
+        nonces.insert("m", "dddd", ip, 100).unwrap();
+        nonces.insert("m", "eeee", ip, 100).unwrap();
         assert_eq!(
             nonces.reserve("m", "dddd", 50).err(),
             Some(NonceRefusal::Mismatch),
@@ -656,18 +741,63 @@ mod tests {
     }
 
     #[test]
+    fn nonces_in_a_file_outlive_the_process_until_spent() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nonces.json");
+        let ip = Ipv4Addr::new(10, 99, 0, 21);
+        let before = Nonces::persistent(NonceFile::new(&path), 0).unwrap();
+        before.insert("m", "aaaa", ip, 100).unwrap();
+        before.insert("n", "bbbb", ip, 100).unwrap();
+        drop(before);
+        // A new process: the script served by the old one is still honoured.
+        let after = Nonces::persistent(NonceFile::new(&path), 50).unwrap();
+        assert_eq!(after.bound_ip("m"), Some(ip));
+        assert_eq!(
+            after.reserve("m", "zzzz", 50).err(),
+            Some(NonceRefusal::Mismatch)
+        );
+        after.reserve("m", "aaaa", 50).unwrap().spend();
+        drop(after);
+        let again = Nonces::persistent(NonceFile::new(&path), 50).unwrap();
+        assert_eq!(
+            again.reserve("m", "aaaa", 50).err(),
+            Some(NonceRefusal::NoneIssued),
+            "spent before the restart: spent after it"
+        );
+        assert!(again.reserve("n", "bbbb", 50).is_ok());
+        drop(again);
+        let expired = Nonces::persistent(NonceFile::new(&path), 100).unwrap();
+        assert!(expired.is_empty(), "expired while no process ran");
+    }
+
+    #[test]
+    fn a_nonce_that_cannot_be_written_is_not_issued() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gone/nonces.json");
+        let ip = Ipv4Addr::new(10, 99, 0, 21);
+        let nonces = Nonces::persistent(NonceFile::new(&path), 0).unwrap();
+        let error = nonces.insert("m", "aaaa", ip, 100).unwrap_err().to_string();
+        assert!(error.contains("gone/nonces.json"), "{error}");
+        assert!(!error.contains("aaaa"), "no nonce in errors: {error}");
+        assert_eq!(
+            nonces.reserve("m", "aaaa", 50).err(),
+            Some(NonceRefusal::NoneIssued)
+        );
+    }
+
+    #[test]
     fn a_newer_script_s_nonce_survives_the_end_of_an_older_mint() {
         let nonces = Nonces::default();
         let ip = Ipv4Addr::new(10, 99, 0, 21);
-        nonces.insert("m", "old".into(), ip, 100);
+        nonces.insert("m", "old", ip, 100).unwrap();
         let reservation = nonces.reserve("m", "old", 50).unwrap();
         // The machine rebooted and fetched a new script while the old mint ran.
-        nonces.insert("m", "new".into(), ip, 100);
+        nonces.insert("m", "new", ip, 100).unwrap();
         reservation.spend();
         let reservation = nonces
             .reserve("m", "new", 50)
             .expect("not spent by the old mint");
-        nonces.insert("m", "newer".into(), ip, 100);
+        nonces.insert("m", "newer", ip, 100).unwrap();
         drop(reservation);
         assert!(nonces.reserve("m", "newer", 50).is_ok());
     }

@@ -161,9 +161,17 @@ async fn boot_script(
                 (Some(issuer), IpAddr::V4(peer), Some(_)) => {
                     issuer.nonce_for_script(&machine.name, origin(&state, &machine, peer))
                 }
-                _ => None,
+                _ => Ok(None),
             };
-            boot::machine_script(&machine, &base, nonce.as_deref())
+            match nonce {
+                Ok(nonce) => boot::machine_script(&machine, &base, nonce.as_deref()),
+                // A script whose nonce could not be kept would boot an agent that can never
+                // authenticate: iPXE asks again instead.
+                Err(error) => {
+                    tracing::error!(machine = %machine.name, %error, "boot script withheld: its nonce could not be recorded");
+                    boot::retry_later(&format!("{base}/boot.ipxe?mac={mac}"))
+                }
+            }
         }
         None if state.settings.unknown_machines == UnknownMachines::Discover => {
             format!("#!ipxe\nchain {base}/discover.ipxe?mac={mac}\n")

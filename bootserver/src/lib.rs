@@ -34,6 +34,7 @@ pub mod interfaces;
 pub mod kube_backend;
 pub mod leases;
 pub mod metrics;
+pub mod nonce_file;
 pub mod power;
 pub mod preflight;
 pub mod pxe_provider;

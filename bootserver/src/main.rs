@@ -210,12 +210,18 @@ fn main() -> ExitCode {
                         }
                     }
                 }
-                issuer = settings.credentials.clone().map(|c| {
-                    Arc::new(unbounded_bootserver::credentials::Issuer::new(
-                        c,
-                        client.clone(),
-                    ))
-                });
+                issuer = match settings
+                    .credentials
+                    .clone()
+                    .map(|c| unbounded_bootserver::credentials::Issuer::new(c, client.clone()))
+                {
+                    Some(Ok(issuer)) => Some(Arc::new(issuer)),
+                    Some(Err(error)) => {
+                        eprintln!("unbounded-bootserver: {error}");
+                        return ExitCode::FAILURE;
+                    }
+                    None => None,
+                };
                 KubeBackend::start(client, &mut background)
             }
             Err(error) => {
@@ -225,7 +231,8 @@ fn main() -> ExitCode {
         },
     };
     let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
+        let signal = unbounded_runtime::shutdown::requested().await;
+        tracing::info!(%signal, "shutting down");
     };
     match runtime.block_on(unbounded_bootserver::server::run(
         settings,

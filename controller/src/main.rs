@@ -128,8 +128,8 @@ async fn main() -> anyhow::Result<()> {
     };
 
     let shutdown = futures::FutureExt::shared(Box::pin(async {
-        let _ = tokio::signal::ctrl_c().await;
-        tracing::info!("shutting down");
+        let signal = unbounded_runtime::shutdown::requested().await;
+        tracing::info!(%signal, "shutting down");
     }));
     let Some(election) = election else {
         return run(client, settings, metrics, shutdown)

@@ -370,3 +370,57 @@ async fn a_leader_whose_lease_route_stalls_stops_writing_before_the_next_one_lea
 async fn a_leader_whose_connection_stalls_exits_before_the_next_one_leads() {
     stalled_leader_stops_before_the_new_one_starts("le-all", true).await;
 }
+
+/// Kubernetes stops a pod with SIGTERM. The leader must treat it as a request to stop:
+/// release its Lease and exit 0, so that the follower leads at its next try instead of after
+/// the lease expires (in a container the binary is PID 1, where an unhandled SIGTERM is
+/// ignored: the pod lingers for its grace period and the Lease stays held).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leader_stopped_with_sigterm_releases_its_lease_and_exits_cleanly() {
+    let _serial = SERIAL.lock().await;
+    let cp = plane();
+    let client = cp.client().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let lease = "le-term-lease";
+    let (a, b) = ("le-term-a", "le-term-b");
+    let direct = cp.kubeconfig_path();
+    let mut replica_a = Replica::start(a, lease, direct, None, dir.path());
+    wait_long(&format!("{a} to lead"), Duration::from_secs(60), || async {
+        (holder(&client, lease).await.as_deref() == Some(a)).then_some(())
+    })
+    .await;
+    let replica_b = Replica::start(b, lease, direct, None, dir.path());
+    wait_long(
+        &format!("{b} to follow"),
+        Duration::from_secs(60),
+        || async { replica_b.log().contains("following").then_some(()) },
+    )
+    .await;
+
+    let pid = replica_a.child.id().to_string();
+    let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(sent.success());
+    let status = wait_long(&format!("{a} to exit"), Duration::from_secs(30), || {
+        let status = replica_a.child.try_wait().unwrap();
+        async move { status }
+    })
+    .await;
+    assert!(
+        status.success(),
+        "{a} exits 0 on SIGTERM, not killed by it: {status}\n{}",
+        replica_a.log()
+    );
+    // Released before the exit: the Lease no longer names the old leader.
+    let after_exit = holder(&client, lease).await;
+    assert_ne!(
+        after_exit.as_deref(),
+        Some(a),
+        "{a} exited still holding the Lease\n{}",
+        replica_a.log()
+    );
+    assert!(replica_a.log().contains("SIGTERM"), "{}", replica_a.log());
+    wait_long(&format!("{b} to lead"), Duration::from_secs(30), || async {
+        (holder(&client, lease).await.as_deref() == Some(b)).then_some(())
+    })
+    .await;
+}

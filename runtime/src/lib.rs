@@ -14,4 +14,5 @@
 pub mod handler;
 pub mod leader;
 pub mod provider;
+pub mod shutdown;
 pub mod tokens;

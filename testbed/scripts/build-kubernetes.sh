@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-controller-manager, kubectl and kubelet from
+# Builds kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kubelet from
 # Kubernetes' own Go modules at one pinned release, through the Go module
 # proxy, into OUT_DIR. Idempotent: exits at once when every binary is there.
 #
@@ -8,7 +8,7 @@ set -euo pipefail
 
 version="${1:?usage: build-kubernetes.sh VERSION OUT_DIR}"
 out="${2:?usage: build-kubernetes.sh VERSION OUT_DIR}"
-binaries=(kube-apiserver kube-controller-manager kubectl kubelet)
+binaries=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet)
 
 all_present=1
 for b in "${binaries[@]}"; do [ -x "$out/$b" ] || all_present=0; done
@@ -54,6 +54,7 @@ package tools
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubelet"
 	_ "k8s.io/kubectl/pkg/cmd"
 	_ "k8s.io/kubernetes/cmd/kubectl"

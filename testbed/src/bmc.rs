@@ -5,7 +5,8 @@
 //! libvirtd is one per machine (its socket is `/run/libvirt/libvirt-sock`), so a test binary
 //! starts one and runs its VM tests one at a time. It runs inside the test's namespace so
 //! that the taps it creates for VMs join that namespace's bridge; the emulators listen on
-//! the host's loopback and reach libvirtd through its Unix socket.
+//! a loopback (or, for a bootserver that runs on a VM of that bridge, on the bridge's
+//! address) and reach libvirtd through its Unix socket.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -432,6 +433,16 @@ impl SushyEmulator {
 
     /// Starts the emulator with one user on the loopback of `ns` (or the host's).
     pub fn start_in(ns: Option<&Netns>, username: &str, password: &str) -> Result<Self, BmcError> {
+        Self::start_bound(ns, "127.0.0.1", username, password)
+    }
+
+    /// Starts the emulator with one user on `address` (an address of `ns`, or of the host).
+    pub fn start_bound(
+        ns: Option<&Netns>,
+        address: &str,
+        username: &str,
+        password: &str,
+    ) -> Result<Self, BmcError> {
         let bin = emulators_bin()?;
         let dir = tempfile::tempdir().map_err(|e| setup(e.to_string()))?;
         let auth = dir.path().join("htpasswd");
@@ -466,7 +477,7 @@ impl SushyEmulator {
         command
             .arg("--config")
             .arg(&config)
-            .args(["--interface", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--interface", address, "--port", &port.to_string()])
             .args(["--libvirt-uri", LIBVIRT_URI]);
         let daemon = spawn(command, &dir.path().join("sushy.log"))?;
         let this = Self {
@@ -475,14 +486,14 @@ impl SushyEmulator {
             dir,
         };
         wait_until("sushy-emulator", Duration::from_secs(60), || match ns {
-            None => std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+            None => std::net::TcpStream::connect((address, port)).is_ok(),
             Some(ns) => ns
                 .exec(&[
                     "curl",
                     "-s",
                     "-o",
                     "/dev/null",
-                    &format!("http://127.0.0.1:{port}/"),
+                    &format!("http://{address}:{port}/"),
                 ])
                 .is_ok(),
         })
@@ -568,6 +579,17 @@ impl IpmiSim {
         username: &str,
         password: &str,
     ) -> Result<Self, BmcError> {
+        Self::start_bound(ns, "127.0.0.1", domain, username, password)
+    }
+
+    /// Starts the simulator on `address` (an address of `ns`, or of the host).
+    pub fn start_bound(
+        ns: Option<&Netns>,
+        address: &str,
+        domain: &str,
+        username: &str,
+        password: &str,
+    ) -> Result<Self, BmcError> {
         let dir = tempfile::tempdir().map_err(|e| setup(e.to_string()))?;
         let port = free_port(true)?;
         let script = dir.path().join("chassis.sh");
@@ -578,7 +600,7 @@ impl IpmiSim {
         std::fs::write(
             &conf,
             format!(
-                "name \"ubsim\"\nset_working_mc 0x20\n  startlan 1\n    addr 127.0.0.1 {port}\n    priv_limit admin\n    allowed_auths_callback none md5\n    allowed_auths_user none md5\n    allowed_auths_operator none md5\n    allowed_auths_admin none md5\n    guid a123456789abcdefa123456789abcdef\n  endlan\n  chassis_control \"{}\"\nuser 2 true \"{username}\" \"{password}\" admin 10 none md5\n",
+                "name \"ubsim\"\nset_working_mc 0x20\n  startlan 1\n    addr {address} {port}\n    priv_limit admin\n    allowed_auths_callback none md5\n    allowed_auths_user none md5\n    allowed_auths_operator none md5\n    allowed_auths_admin none md5\n    guid a123456789abcdefa123456789abcdef\n  endlan\n  chassis_control \"{}\"\nuser 2 true \"{username}\" \"{password}\" admin 10 none md5\n",
                 script.display()
             ),
         )
@@ -639,7 +661,7 @@ impl IpmiSim {
                     "-C",
                     "3",
                     "-H",
-                    "127.0.0.1",
+                    address,
                     "-p",
                     &port.to_string(),
                 ])

@@ -1,5 +1,6 @@
-//! A real, local Kubernetes control plane: etcd, kube-apiserver and kube-controller-manager on
-//! loopback, with Unbounded's CRDs and policies installed.
+//! A real, local Kubernetes control plane: etcd, kube-apiserver, kube-controller-manager and
+//! (when asked, [`PlaneOptions::scheduler`]) kube-scheduler on loopback, with Unbounded's CRDs
+//! and policies installed.
 //!
 //! Tests use [`LocalControlPlane::shared`] (one instance per test binary, its processes die
 //! with the test binary); people use `unbounded-testbed cluster up|down`, which leaves the
@@ -26,7 +27,7 @@ use serde::{Deserialize, Serialize};
 pub const KUBERNETES_VERSION: &str = "v1.35.4";
 
 /// Environment variable naming a directory with kube-apiserver, kube-controller-manager,
-/// kubectl and kubelet to use instead of building them.
+/// kube-scheduler, kubectl and kubelet to use instead of building them.
 pub const BIN_DIR_ENV: &str = "UNBOUNDED_KUBERNETES_BIN_DIR";
 
 const BUILD_SCRIPT: &str = include_str!("../scripts/build-kubernetes.sh");
@@ -142,6 +143,8 @@ pub struct Binaries {
     pub kube_apiserver: PathBuf,
     /// kube-controller-manager.
     pub kube_controller_manager: PathBuf,
+    /// kube-scheduler.
+    pub kube_scheduler: PathBuf,
     /// kubectl.
     pub kubectl: PathBuf,
     /// kubelet.
@@ -178,6 +181,7 @@ impl Binaries {
         Ok(Self {
             kube_apiserver: in_dir("kube-apiserver")?,
             kube_controller_manager: in_dir("kube-controller-manager")?,
+            kube_scheduler: in_dir("kube-scheduler")?,
             kubectl: in_dir("kubectl")?,
             kubelet: in_dir("kubelet")?,
             etcd: find_program(
@@ -194,6 +198,7 @@ fn build_kubernetes(out: &Path) -> Result<(), ClusterError> {
     let wanted = [
         "kube-apiserver",
         "kube-controller-manager",
+        "kube-scheduler",
         "kubectl",
         "kubelet",
     ];
@@ -278,6 +283,9 @@ pub struct PlaneOptions {
     /// user agent and the answer), one JSON object a line, at
     /// [`LocalControlPlane::audit_log_path`].
     pub audit_log: bool,
+    /// Also run kube-scheduler, so that pods get a Node (the lab, `cluster up`). Off for
+    /// tests, whose fake Nodes and pods must stay where the test puts them.
+    pub scheduler: bool,
     /// Serve MutatingAdmissionPolicy (beta in 1.35: a feature gate and the v1beta1 API) and
     /// apply `deploy/components/finalizer-at-creation`, so Machines are created with the
     /// controller's finalizer.
@@ -312,7 +320,7 @@ rules:
   - level: None
 ";
 
-/// A running etcd + kube-apiserver + kube-controller-manager.
+/// A running etcd + kube-apiserver + kube-controller-manager (+ kube-scheduler).
 #[derive(Debug)]
 pub struct LocalControlPlane {
     dir: PathBuf,
@@ -416,6 +424,14 @@ impl LocalControlPlane {
             &p("kcm.crt"),
             &p("kcm.key"),
         )?;
+        let scheduler_kubeconfig = self.dir.join("scheduler.kubeconfig");
+        write_kubeconfig(
+            &scheduler_kubeconfig,
+            &self.server,
+            &p("ca.crt"),
+            &p("scheduler.crt"),
+            &p("scheduler.key"),
+        )?;
 
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let peer_url = format!("http://127.0.0.1:{etcd_peer_port}");
@@ -507,6 +523,9 @@ impl LocalControlPlane {
         ];
         let kcm = self.binaries.kube_controller_manager.clone();
         self.spawn("kube-controller-manager", &kcm, &kcm_args)?;
+        if self.options.scheduler {
+            self.start_scheduler(&scheduler_kubeconfig)?;
+        }
 
         self.install_manifests()?;
         // The service-account controller creating `default` shows the controller manager's
@@ -524,6 +543,33 @@ impl LocalControlPlane {
             .is_ok()
         })?;
         Ok(())
+    }
+
+    /// kube-scheduler with its own identity (`system:kube-scheduler`, which the API server's
+    /// bootstrap RBAC binds), one instance, no leader election; ready when its `/healthz`
+    /// answers (an unauthenticated path).
+    fn start_scheduler(&mut self, kubeconfig: &Path) -> Result<(), ClusterError> {
+        let port = free_port()?;
+        let args: Vec<String> = vec![
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--authentication-kubeconfig={}", kubeconfig.display()),
+            format!("--authorization-kubeconfig={}", kubeconfig.display()),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={port}"),
+            "--leader-elect=false".into(),
+            "--profiling=false".into(),
+        ];
+        let scheduler = self.binaries.kube_scheduler.clone();
+        self.spawn("kube-scheduler", &scheduler, &args)?;
+        let url = format!("https://127.0.0.1:{port}/healthz");
+        self.wait_ready("kube-scheduler", || {
+            Command::new("curl")
+                .args(["-sk", "--max-time", "2", &url])
+                .stdin(Stdio::null())
+                .stderr(Stdio::null())
+                .output()
+                .is_ok_and(|o| o.status.success() && o.stdout.trim_ascii() == b"ok")
+        })
     }
 
     fn install_manifests(&self) -> Result<(), ClusterError> {
@@ -671,7 +717,8 @@ impl LocalControlPlane {
         &self.dir
     }
 
-    /// The process id of a component (`etcd`, `kube-apiserver`, `kube-controller-manager`).
+    /// The process id of a component (`etcd`, `kube-apiserver`, `kube-controller-manager`,
+    /// `kube-scheduler`).
     pub fn pid(&self, component: &str) -> Option<u32> {
         self.children
             .iter()
@@ -719,6 +766,7 @@ impl LocalControlPlane {
                 let exe = match name.as_str() {
                     "etcd" => self.binaries.etcd.clone(),
                     "kube-apiserver" => self.binaries.kube_apiserver.clone(),
+                    "kube-scheduler" => self.binaries.kube_scheduler.clone(),
                     _ => self.binaries.kube_controller_manager.clone(),
                 };
                 let exe = fs::canonicalize(&exe).unwrap_or(exe);
@@ -811,7 +859,13 @@ pub fn start_detached() -> Result<DetachedState, ClusterError> {
         // A previous `up` that was never taken down: stop it first so ports and state are clean.
         stop_detached()?;
     }
-    let plane = LocalControlPlane::start(Lifetime::Detached)?;
+    let plane = LocalControlPlane::start_with(
+        Lifetime::Detached,
+        PlaneOptions {
+            scheduler: true,
+            ..PlaneOptions::default()
+        },
+    )?;
     let state = plane.detach();
     if let Some(parent) = state_path.parent() {
         fs::create_dir_all(parent).map_err(io_err(format!("creating {}", parent.display())))?;
@@ -1001,6 +1055,12 @@ fn generate_pki(dir: &Path) -> Result<(), ClusterError> {
         CertRequest {
             name: "kcm",
             subject: "/CN=system:kube-controller-manager",
+            usage: "clientAuth",
+            alt_names: None,
+        },
+        CertRequest {
+            name: "scheduler",
+            subject: "/CN=system:kube-scheduler",
             usage: "clientAuth",
             alt_names: None,
         },

@@ -2,13 +2,17 @@
 //!
 //! - a network namespace with a bridge (`br0`, [`LAB_ADDRESS`]/24): the provisioning network;
 //! - the local control plane, reachable from the VMs at `https://10.99.0.1:6443` through a
-//!   forwarder, with `deploy/` applied (CRDs, policies, RBAC, Deployments);
-//! - the bootserver binary in the namespace (Kubernetes backend, full DHCP, router
-//!   advertisements, agent credentials) and the controller binary, each with its own
-//!   ServiceAccount's token and `deploy/`'s RBAC, not as cluster-admin;
+//!   forwarder;
+//! - the project's components, one of two ways ([`LabMode`]):
+//!   - **as shipped** (the default): `deploy/` applied through its testbed overlay and run as
+//!     pods on the appliance node, a VM on the bridge that is an Unbounded node itself, with
+//!     the images pulled from the lab's registry ([`crate::appliance`]);
+//!   - **host binaries** (fast development): the bootserver binary in the namespace and the
+//!     controller binary on the host, each with its own ServiceAccount's token and `deploy/`'s
+//!     RBAC, not as cluster-admin;
 //! - libvirtd in the namespace and one domain per machine (TCG where KVM cannot run guests),
-//!   each behind an emulated BMC: sushy-tools (Redfish) for odd machines, `ipmi_sim` (IPMI)
-//!   for even ones; BIOS and UEFI alternate;
+//!   each behind an emulated BMC on the bridge's address: sushy-tools (Redfish) for odd
+//!   machines, `ipmi_sim` (IPMI) for even ones; BIOS and UEFI alternate;
 //! - a MachineConfiguration with the host and node images, and one Machine per VM.
 //!
 //! Everything is owned by [`Lab`] and stopped when it is dropped (processes die with the
@@ -18,13 +22,15 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::appliance::{Appliance, ApplianceOptions, BootArtifacts, PodsInfo};
 use crate::bmc::{self, Domain, DomainOptions, IpmiSim, Libvirtd, SushyEmulator};
-use crate::cluster::{KUBERNETES_VERSION, Lifetime, LocalControlPlane};
+use crate::cluster::{KUBERNETES_VERSION, Lifetime, LocalControlPlane, PlaneOptions};
 use crate::images::Images;
 use crate::netns::{LoopbackForward, Netns};
+use crate::process::{Process, tail_text};
 use crate::progress::{self, Stage, Timeline};
 
 /// The bootserver's (and the API server's, for the VMs) address on the provisioning bridge.
@@ -68,6 +74,16 @@ fn step(message: impl Into<String>) -> LabError {
     LabError::Step(message.into())
 }
 
+/// How the lab runs the project's components.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LabMode {
+    /// As shipped: `deploy/` as pods on the appliance node (a VM), images from the lab's
+    /// registry.
+    Pods,
+    /// The controller and bootserver binaries as processes of the host (fast development).
+    HostBinaries,
+}
+
 /// How a lab machine's BMC speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BmcKind {
@@ -105,82 +121,35 @@ pub struct LabOptions {
     pub memory_mib: u32,
     /// Where logs and generated files go.
     pub dir: PathBuf,
-    /// The controller binary.
+    /// The controller binary (run on the host in [`LabMode::HostBinaries`]; for the
+    /// appliance's first join in [`LabMode::Pods`]).
     pub controller: PathBuf,
-    /// The bootserver binary.
+    /// The bootserver binary ([`LabMode::HostBinaries`]).
     pub bootserver: PathBuf,
+    /// How the components run.
+    pub mode: LabMode,
+    /// Memory of the appliance VM ([`LabMode::Pods`]).
+    pub appliance_memory_mib: u32,
+    /// How long one stage may take.
+    pub stage_timeout: Duration,
 }
 
-/// A child process killed (and reaped) on drop; it also dies with the thread that started
-/// it (`PR_SET_PDEATHSIG`).
+/// The project's components as the lab runs them.
 #[derive(Debug)]
-struct Process {
-    name: &'static str,
-    child: Child,
-    log: PathBuf,
-}
-
-impl Process {
-    fn spawn(
-        name: &'static str,
-        ns: Option<&Netns>,
-        program: &Path,
-        args: &[String],
-        env: &[(&str, String)],
-        log: PathBuf,
-    ) -> Result<Self, LabError> {
-        let file = fs::File::create(&log).map_err(|e| step(format!("{}: {e}", log.display())))?;
-        let err = file.try_clone().map_err(|e| step(e.to_string()))?;
-        let mut command = match ns {
-            Some(ns) => ns.command("setpriv"),
-            None => Command::new("setpriv"),
-        };
-        command
-            .args(["--pdeathsig", "KILL", "--"])
-            .arg(program)
-            .args(args)
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .stdin(Stdio::null())
-            .stdout(file)
-            .stderr(err);
-        let child = command
-            .spawn()
-            .map_err(|e| step(format!("starting {name} ({}): {e}", program.display())))?;
-        Ok(Self { name, child, log })
-    }
-
-    fn exited(&mut self) -> Option<String> {
-        match self.child.try_wait() {
-            Ok(Some(status)) => Some(format!("{} exited ({status})", self.name)),
-            _ => None,
-        }
-    }
-
-    fn tail(&self, lines: usize) -> String {
-        let text = fs::read_to_string(&self.log).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        let start = all.len().saturating_sub(lines);
-        format!(
-            "--- {} ({}):\n{}",
-            self.name,
-            self.log.display(),
-            all[start..].join("\n")
-        )
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+enum Components {
+    /// The controller and the bootserver as processes of the host.
+    HostBinaries {
+        controller: Process,
+        bootserver: Process,
+    },
+    /// `deploy/` as pods on the appliance node.
+    Pods(Box<Appliance>),
 }
 
 /// The lab. Fields drop in order: the components that talk to others go first.
 #[derive(Debug)]
 pub struct Lab {
-    controller: Process,
-    bootserver: Process,
+    components: Components,
     /// The machines.
     pub machines: Vec<LabMachine>,
     sushy: Option<SushyEmulator>,
@@ -195,6 +164,8 @@ pub struct Lab {
     pub kubeconfig: PathBuf,
     /// When each machine was powered on (the provider's first power-on seen).
     powered_on: BTreeMap<String, Instant>,
+    /// Where the machines get their boot artifacts.
+    artifacts: BootArtifacts,
 }
 
 fn write(path: &Path, content: &str) -> Result<(), LabError> {
@@ -220,11 +191,21 @@ impl Lab {
             ns.ip(args).map_err(|e| step(e.to_string()))?;
         }
 
+        let pods = options.mode == LabMode::Pods;
         say(&format!(
-            "control plane: etcd, kube-apiserver, kube-controller-manager {KUBERNETES_VERSION}"
+            "control plane: etcd, kube-apiserver, kube-controller-manager{} {KUBERNETES_VERSION}",
+            if pods { ", kube-scheduler" } else { "" }
         ));
-        let plane =
-            LocalControlPlane::start(Lifetime::TiedToThread).map_err(|e| step(e.to_string()))?;
+        let plane = LocalControlPlane::start_with(
+            Lifetime::TiedToThread,
+            PlaneOptions {
+                // Pods need a scheduler; the host-binary lab has nothing to schedule (its
+                // Deployments' pods would only land on the machines and fail to pull).
+                scheduler: pods,
+                ..PlaneOptions::default()
+            },
+        )
+        .map_err(|e| step(e.to_string()))?;
         let api_port = plane
             .server_url()
             .rsplit(':')
@@ -239,92 +220,37 @@ impl Lab {
         )
         .map_err(|e| step(e.to_string()))?;
         let kubeconfig = plane.kubeconfig_path().to_path_buf();
-        let kubectl = |args: &[&str], stdin: Option<&str>| kubectl(&plane, args, stdin);
 
-        say("applying deploy/ (CRDs, policies, RBAC, Deployments)");
-        kubectl(
-            &[
-                "apply",
-                "--server-side",
-                "-k",
-                &crate::cluster::deploy_dir().display().to_string(),
-            ],
-            None,
-        )?;
+        let (components, artifacts) = match options.mode {
+            LabMode::Pods => {
+                let appliance = Appliance::start(
+                    &ns,
+                    &plane,
+                    &ApplianceOptions {
+                        dir: options.dir.clone(),
+                        memory_mib: options.appliance_memory_mib,
+                        vcpus: 2,
+                        controller: options.controller.clone(),
+                        timeout: options.stage_timeout,
+                    },
+                    images,
+                    say,
+                )?;
+                let artifacts = appliance.artifacts.clone();
+                (Components::Pods(Box::new(appliance)), artifacts)
+            }
+            LabMode::HostBinaries => (
+                start_host_binaries(options, &ns, &plane, images, say)?,
+                BootArtifacts::on_bootserver(&images.node.sha256),
+            ),
+        };
 
-        let ca = plane.data_dir().join("pki/ca.crt");
-        let controller_kubeconfig = options.dir.join("controller.kubeconfig");
-        let bootserver_kubeconfig = options.dir.join("bootserver.kubeconfig");
-        write(
-            &controller_kubeconfig,
-            &service_account_kubeconfig(&plane, "unbounded-controller", plane.server_url(), &ca)?,
-        )?;
-        write(
-            &bootserver_kubeconfig,
-            &service_account_kubeconfig(
-                &plane,
-                "unbounded-bootserver",
-                &format!("https://{LAB_ADDRESS}:{LAB_API_PORT}"),
-                &ca,
-            )?,
-        )?;
-
-        say("libvirtd and the BMC emulators (sushy-tools for Redfish, ipmi_sim for IPMI)");
+        say(
+            "libvirtd and the BMC emulators on 10.99.0.1 (sushy-tools for Redfish, ipmi_sim for IPMI)",
+        );
         let libvirtd = Libvirtd::start(&ns).map_err(|e| step(e.to_string()))?;
-        let sushy = SushyEmulator::start_in(Some(&ns), BMC_USER, BMC_PASSWORD)
+        let sushy = SushyEmulator::start_bound(Some(&ns), LAB_ADDRESS, BMC_USER, BMC_PASSWORD)
             .map_err(|e| step(e.to_string()))?;
-
-        let images_dir = options.dir.join("images");
-        fs::create_dir_all(&images_dir).map_err(|e| step(e.to_string()))?;
-        for (name, source) in [
-            ("vmlinuz", &images.host.kernel),
-            ("initrd.img", &images.host.initrd),
-            ("node.tar.zst", &images.node.archive),
-        ] {
-            let link = images_dir.join(name);
-            let _ = fs::remove_file(&link);
-            std::os::unix::fs::symlink(source, &link)
-                .map_err(|e| step(format!("linking {name}: {e}")))?;
-        }
-
-        say("bootserver (Kubernetes backend, full DHCP, router advertisements, agent credentials)");
-        let config = options.dir.join("bootserver.yaml");
-        write(&config, &bootserver_config(&options.dir, &images_dir, &ca))?;
-        let bootserver = Process::spawn(
-            "bootserver",
-            Some(&ns),
-            &options.bootserver,
-            &[
-                "--config".into(),
-                config.display().to_string(),
-                // Elects the PXE provider as in a cluster (deploy/'s RBAC allows its Lease).
-                "--leader-election-identity".into(),
-                "testbed-bootserver".into(),
-            ],
-            &[
-                ("KUBECONFIG", bootserver_kubeconfig.display().to_string()),
-                ("RUST_LOG", "info".into()),
-            ],
-            options.dir.join("bootserver.log"),
-        )?;
-        say("controller");
-        let metrics_port = bmc::free_port(false).map_err(|e| step(e.to_string()))?;
-        let controller = Process::spawn(
-            "controller",
-            None,
-            &options.controller,
-            &[
-                "--metrics-addr".into(),
-                format!("127.0.0.1:{metrics_port}"),
-                "--leader-election-identity".into(),
-                "testbed".into(),
-            ],
-            &[
-                ("KUBECONFIG", controller_kubeconfig.display().to_string()),
-                ("RUST_LOG", "info".into()),
-            ],
-            options.dir.join("controller.log"),
-        )?;
 
         say(&format!("{} VMs with their BMCs", options.machines));
         let pid = std::process::id();
@@ -352,8 +278,14 @@ impl Lab {
             .map_err(|e| step(e.to_string()))?;
             let ipmi = match bmc {
                 BmcKind::Ipmi => Some(
-                    IpmiSim::start_in(Some(&ns), &domain.name, BMC_USER, BMC_PASSWORD)
-                        .map_err(|e| step(e.to_string()))?,
+                    IpmiSim::start_bound(
+                        Some(&ns),
+                        LAB_ADDRESS,
+                        &domain.name,
+                        BMC_USER,
+                        BMC_PASSWORD,
+                    )
+                    .map_err(|e| step(e.to_string()))?,
                 ),
                 BmcKind::Redfish => None,
             };
@@ -368,8 +300,7 @@ impl Lab {
             });
         }
         let mut lab = Self {
-            controller,
-            bootserver,
+            components,
             machines,
             sushy: Some(sushy),
             libvirtd,
@@ -379,6 +310,7 @@ impl Lab {
             dir: options.dir.clone(),
             kubeconfig,
             powered_on: BTreeMap::new(),
+            artifacts,
         };
         if let Some(message) = lab.component_exited() {
             return Err(step(format!("{message}\n{}", lab.logs())));
@@ -387,14 +319,49 @@ impl Lab {
     }
 
     fn component_exited(&mut self) -> Option<String> {
-        self.controller
-            .exited()
-            .or_else(|| self.bootserver.exited())
+        match &mut self.components {
+            Components::HostBinaries {
+                controller,
+                bootserver,
+            } => controller.exited().or_else(|| bootserver.exited()),
+            Components::Pods(appliance) => appliance.exited(),
+        }
+    }
+
+    /// The appliance, when the lab runs the pods.
+    pub fn appliance(&self) -> Option<&Appliance> {
+        match &self.components {
+            Components::Pods(appliance) => Some(appliance),
+            Components::HostBinaries { .. } => None,
+        }
+    }
+
+    /// Where the machines get their kernel, initramfs and node image.
+    pub fn artifacts(&self) -> &BootArtifacts {
+        &self.artifacts
     }
 
     /// The tails of the components' logs.
     pub fn logs(&self) -> String {
-        let mut out = vec![self.bootserver.tail(40), self.controller.tail(30)];
+        let mut out = match &self.components {
+            Components::HostBinaries {
+                controller,
+                bootserver,
+            } => vec![bootserver.tail(40), controller.tail(30)],
+            Components::Pods(appliance) => {
+                let mut out = vec![
+                    format!(
+                        "--- pods of unbounded-system:\n{}",
+                        crate::appliance::pod_summary(&self.plane)
+                    ),
+                    appliance.console_tail(20),
+                ];
+                for (pod, lines) in self.pod_logs(40) {
+                    out.push(format!("--- pod {pod}:\n{}", tail_text(&lines, 40)));
+                }
+                out
+            }
+        };
         out.push(format!(
             "--- libvirtd:\n{}",
             tail_text(&self.libvirtd.log(), 10)
@@ -405,16 +372,74 @@ impl Lab {
         out.join("\n")
     }
 
+    /// `(pod, log)` of every pod of the project's namespace (all containers; the last
+    /// `lines` lines, or all with 0), through the API server and the kubelets.
+    fn pod_logs(&self, lines: usize) -> Vec<(String, String)> {
+        use crate::scenario::LabAccess as _;
+        let pods = self
+            .kubectl(
+                &[
+                    "get",
+                    "pods",
+                    "-n",
+                    crate::appliance::SYSTEM_NAMESPACE,
+                    "-o",
+                    "jsonpath={.items[*].metadata.name}",
+                ],
+                None,
+            )
+            .unwrap_or_default();
+        let tail = if lines == 0 {
+            "-1".to_owned()
+        } else {
+            lines.to_string()
+        };
+        pods.split_whitespace()
+            .map(|pod| {
+                let log = self
+                    .kubectl(
+                        &[
+                            "logs",
+                            "-n",
+                            crate::appliance::SYSTEM_NAMESPACE,
+                            pod,
+                            "--all-containers",
+                            "--tail",
+                            &tail,
+                        ],
+                        None,
+                    )
+                    .unwrap_or_else(|e| format!("(no log: {e})"));
+                (pod.to_owned(), log)
+            })
+            .collect()
+    }
+
     /// Every secret or credential that a component's log or a machine's console shows: the
     /// BMC password, a token, a bootstrap token (`leaks::find`), as `file:line: what`.
     pub fn secret_leaks(&self) -> Vec<String> {
-        let mut files: Vec<PathBuf> =
-            vec![self.bootserver.log.clone(), self.controller.log.clone()];
+        let mut files: Vec<PathBuf> = match &self.components {
+            Components::HostBinaries {
+                controller,
+                bootserver,
+            } => vec![
+                bootserver.log_path().to_path_buf(),
+                controller.log_path().to_path_buf(),
+            ],
+            Components::Pods(appliance) => appliance.logs(),
+        };
         files.extend(self.machines.iter().map(|m| m.domain.console_path()));
         let mut texts: Vec<(String, Vec<u8>)> = files
             .iter()
             .map(|f| (f.display().to_string(), fs::read(f).unwrap_or_default()))
             .collect();
+        if matches!(self.components, Components::Pods(_)) {
+            texts.extend(
+                self.pod_logs(0)
+                    .into_iter()
+                    .map(|(pod, log)| (format!("pod {pod}"), log.into_bytes())),
+            );
+        }
         texts.push(("libvirtd".into(), self.libvirtd.log().into_bytes()));
         if let Some(s) = &self.sushy {
             texts.push(("sushy-emulator".into(), s.log().into_bytes()));
@@ -437,9 +462,9 @@ impl Lab {
     /// The BMC address of a machine.
     fn bmc_address(&self, machine: &LabMachine) -> String {
         match (machine.bmc, &machine.ipmi, &self.sushy) {
-            (BmcKind::Ipmi, Some(sim), _) => format!("ipmi://127.0.0.1:{}", sim.port),
+            (BmcKind::Ipmi, Some(sim), _) => format!("ipmi://{LAB_ADDRESS}:{}", sim.port),
             (_, _, Some(sushy)) => format!(
-                "redfish+http://127.0.0.1:{}/redfish/v1/Systems/{}",
+                "redfish+http://{LAB_ADDRESS}:{}/redfish/v1/Systems/{}",
                 sushy.port, machine.domain.uuid
             ),
             _ => String::new(),
@@ -448,12 +473,12 @@ impl Lab {
 
     /// Applies the BMC Secret, the MachineConfiguration and one Machine per VM: the BMCs
     /// power the machines on.
-    pub fn apply_machines(&mut self, images: &Images) -> Result<(), LabError> {
+    pub fn apply_machines(&mut self) -> Result<(), LabError> {
         use crate::scenario::LabAccess as _;
         let mut yaml = format!(
             "apiVersion: v1\nkind: Secret\nmetadata: {{name: testbed-bmc, namespace: unbounded-system}}\n\
              stringData: {{username: {BMC_USER}, password: {BMC_PASSWORD}}}\n---\n{}",
-            configuration_yaml("testbed", &images.node.sha256, &[])
+            configuration_yaml("testbed", &self.artifacts)
         );
         for m in &self.machines {
             yaml.push_str(&format!(
@@ -614,6 +639,18 @@ impl crate::scenario::LabAccess for Lab {
     fn machine_names(&self) -> Vec<String> {
         self.machines.iter().map(|m| m.name.clone()).collect()
     }
+
+    fn console(&self, machine: &str) -> String {
+        self.machines
+            .iter()
+            .find(|m| m.name == machine)
+            .map(|m| m.domain.console())
+            .unwrap_or_default()
+    }
+
+    fn pods(&self) -> Option<PodsInfo> {
+        self.appliance().map(|a| a.info.clone())
+    }
 }
 
 /// What `testbed up` records about the lab it left running (`<cache>/testbed/state.json`).
@@ -631,6 +668,9 @@ pub struct RunningLab {
     pub kubectl: PathBuf,
     /// `(machine, serial console file)`.
     pub machines: Vec<(String, PathBuf)>,
+    /// What a lab running the pods offers scenarios (absent for host binaries).
+    #[serde(default)]
+    pub pods: Option<PodsInfo>,
 }
 
 impl RunningLab {
@@ -671,14 +711,27 @@ impl crate::scenario::LabAccess for RunningLab {
     fn machine_names(&self) -> Vec<String> {
         self.machines.iter().map(|(n, _)| n.clone()).collect()
     }
+
+    fn console(&self, machine: &str) -> String {
+        self.machines
+            .iter()
+            .find(|(n, _)| n == machine)
+            .and_then(|(_, path)| fs::read(path).ok())
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    }
+
+    fn pods(&self) -> Option<PodsInfo> {
+        self.pods.clone()
+    }
 }
 
-/// The MachineConfiguration of the lab.
-pub fn configuration_yaml(name: &str, image_sha256: &str, extra_labels: &[(&str, &str)]) -> String {
-    let mut labels = format!("{LAB_LABEL}: \"true\"");
-    for (k, v) in extra_labels {
-        labels.push_str(&format!(", {k}: \"{v}\""));
-    }
+/// The kernel arguments of the lab's machines. `quiet`: the kernel's own log over an
+/// emulated UART costs seconds; systemd still shows its progress.
+pub const LAB_KERNEL_ARGS: [&str; 3] = ["console=ttyS0", "quiet", "systemd.show_status=true"];
+
+/// The MachineConfiguration of the lab's machines.
+pub fn configuration_yaml(name: &str, artifacts: &BootArtifacts) -> String {
     format!(
         r#"apiVersion: unbounded-cloud.io/v1alpha1
 kind: MachineConfiguration
@@ -687,17 +740,115 @@ spec:
   machineSelector: {{matchLabels: {{{LAB_LABEL}: "true"}}}}
   template:
     boot:
-      kernelURL: vmlinuz
-      initrdURL: initrd.img
-      # quiet: the kernel's own log over an emulated UART costs seconds; systemd still
-      # shows its progress.
-      kernelArgs: [console=ttyS0, quiet, systemd.show_status=true]
-    image: {{url: node.tar.zst, sha256: {image_sha256}}}
+      kernelURL: "{kernel}"
+      initrdURL: "{initrd}"
+      kernelArgs: [{kernel_args}]
+    image: {{url: "{node}", sha256: {sha}}}
     kubernetes:
       version: {KUBERNETES_VERSION}
-      nodeLabels: {{{labels}}}
-"#
+      nodeLabels: {{{LAB_LABEL}: "true"}}
+"#,
+        kernel_args = LAB_KERNEL_ARGS.join(", "),
+        kernel = artifacts.kernel_url,
+        initrd = artifacts.initrd_url,
+        node = artifacts.node_url,
+        sha = artifacts.node_sha256,
     )
+}
+
+/// The controller and the bootserver binaries as `deploy/` runs them, each with its own
+/// ServiceAccount's token and `deploy/`'s RBAC: the bootserver in the namespace, on the
+/// bridge; the controller on the host. The boot artifacts are served from the bootserver's
+/// image directory (links to the image cache).
+fn start_host_binaries(
+    options: &LabOptions,
+    ns: &Netns,
+    plane: &LocalControlPlane,
+    images: &Images,
+    say: &dyn Fn(&str),
+) -> Result<Components, LabError> {
+    say("applying deploy/ (CRDs, policies, RBAC, Deployments)");
+    kubectl(
+        plane,
+        &[
+            "apply",
+            "--server-side",
+            "-k",
+            &crate::cluster::deploy_dir().display().to_string(),
+        ],
+        None,
+    )?;
+    let ca = plane.data_dir().join("pki/ca.crt");
+    let controller_kubeconfig = options.dir.join("controller.kubeconfig");
+    let bootserver_kubeconfig = options.dir.join("bootserver.kubeconfig");
+    write(
+        &controller_kubeconfig,
+        &service_account_kubeconfig(plane, "unbounded-controller", plane.server_url(), &ca)?,
+    )?;
+    write(
+        &bootserver_kubeconfig,
+        &service_account_kubeconfig(
+            plane,
+            "unbounded-bootserver",
+            &format!("https://{LAB_ADDRESS}:{LAB_API_PORT}"),
+            &ca,
+        )?,
+    )?;
+    let images_dir = options.dir.join("images");
+    fs::create_dir_all(&images_dir).map_err(|e| step(e.to_string()))?;
+    for (name, source) in [
+        ("vmlinuz", &images.host.kernel),
+        ("initrd.img", &images.host.initrd),
+        ("node.tar.zst", &images.node.archive),
+    ] {
+        let link = images_dir.join(name);
+        let _ = fs::remove_file(&link);
+        std::os::unix::fs::symlink(source, &link)
+            .map_err(|e| step(format!("linking {name}: {e}")))?;
+    }
+
+    say("bootserver (Kubernetes backend, full DHCP, router advertisements, agent credentials)");
+    let config = options.dir.join("bootserver.yaml");
+    write(&config, &bootserver_config(&options.dir, &images_dir, &ca))?;
+    let bootserver = Process::spawn(
+        "bootserver",
+        Some(ns),
+        &options.bootserver,
+        &[
+            "--config".into(),
+            config.display().to_string(),
+            // Elects the PXE provider as in a cluster (deploy/'s RBAC allows its Lease).
+            "--leader-election-identity".into(),
+            "testbed-bootserver".into(),
+        ],
+        &[
+            ("KUBECONFIG", bootserver_kubeconfig.display().to_string()),
+            ("RUST_LOG", "info".into()),
+        ],
+        options.dir.join("bootserver.log"),
+    )?;
+    say("controller");
+    let metrics_port = bmc::free_port(false).map_err(|e| step(e.to_string()))?;
+    let controller = Process::spawn(
+        "controller",
+        None,
+        &options.controller,
+        &[
+            "--metrics-addr".into(),
+            format!("127.0.0.1:{metrics_port}"),
+            "--leader-election-identity".into(),
+            "testbed".into(),
+        ],
+        &[
+            ("KUBECONFIG", controller_kubeconfig.display().to_string()),
+            ("RUST_LOG", "info".into()),
+        ],
+        options.dir.join("controller.log"),
+    )?;
+    Ok(Components::HostBinaries {
+        controller,
+        bootserver,
+    })
 }
 
 fn bootserver_config(dir: &Path, images: &Path, ca: &Path) -> String {
@@ -720,6 +871,7 @@ power: {{enabled: true, pollSeconds: 10}}
 credentials:
   apiServer: https://{LAB_ADDRESS}:{LAB_API_PORT}
   caFile: "{ca}"
+  nonceFile: "{dir}/nonces.json"
 "#,
         dir = dir.display(),
         images = images.display(),
@@ -741,7 +893,7 @@ fn run_kubectl(command: Command, args: &[&str], stdin: Option<&str>) -> Result<S
 
 /// A kubeconfig for a ServiceAccount of `unbounded-system`, with a token that does not
 /// expire while the lab runs (a ServiceAccount token Secret, filled by the token controller).
-fn service_account_kubeconfig(
+pub(crate) fn service_account_kubeconfig(
     plane: &LocalControlPlane,
     account: &str,
     server: &str,
@@ -798,9 +950,4 @@ fn service_account_kubeconfig(
          current-context: lab\n",
         ca = ca.display()
     ))
-}
-
-fn tail_text(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }

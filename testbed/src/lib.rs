@@ -4,6 +4,8 @@
 //! Everything here is used by the project's own tests and by `unbounded-testbed up`, the
 //! main job a person runs.
 
+pub mod appliance;
+pub mod appliance_scenarios;
 pub mod bench;
 pub mod bmc;
 pub mod cluster;
@@ -13,9 +15,12 @@ pub mod lab;
 pub mod leaks;
 pub mod netns;
 pub mod oci;
+pub mod overlay;
 pub mod pool_scenario;
+pub mod process;
 pub mod progress;
 pub mod qemu;
+pub mod registry;
 pub mod sbom;
 pub mod scenario;
 pub mod setup;

@@ -10,8 +10,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use unbounded_testbed::bench::suite::{self, Mode};
 use unbounded_testbed::bench::{self, report::Report, scale};
 use unbounded_testbed::cluster::{self, ClusterError, KUBERNETES_VERSION};
-use unbounded_testbed::lab::{Lab, LabError, LabOptions, RunningLab};
-use unbounded_testbed::{images, progress, scenario, setup};
+use unbounded_testbed::lab::{Lab, LabError, LabMode, LabOptions, RunningLab};
+use unbounded_testbed::{appliance_scenarios, images, progress, scenario, setup};
 
 #[derive(Parser, Debug)]
 #[command(name = "unbounded-testbed", version, about = "Unbounded's testbed")]
@@ -22,10 +22,11 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Commands {
-    /// Build what is missing, start the control plane, the bootserver, the controller,
-    /// emulated BMCs and QEMU VMs, and follow the VMs from power-off to Ready Nodes. Prints
-    /// a per-stage timing table and `KUBECONFIG=<path>` as its last line; everything keeps
-    /// running until `down`.
+    /// Build what is missing, start the control plane, the project as shipped (`deploy/`'s
+    /// pods on an appliance VM, images from a local registry), emulated BMCs and QEMU VMs,
+    /// and follow the VMs from power-off to Ready Nodes. Prints per-step and per-stage
+    /// timing tables and `KUBECONFIG=<path>` as its last line; everything keeps running
+    /// until `down`.
     Up {
         /// How many machines (BIOS through Redfish and UEFI through IPMI alternate).
         #[arg(long, default_value_t = 2)]
@@ -36,6 +37,13 @@ enum Commands {
         /// How long one stage may take before `up` gives up and prints the logs.
         #[arg(long, default_value_t = 420)]
         stage_timeout: u64,
+        /// Run the controller and the bootserver as binaries of the host instead of pods
+        /// (fast development: no container images, no appliance VM).
+        #[arg(long)]
+        host_binaries: bool,
+        /// Memory of the appliance VM, in MiB.
+        #[arg(long, default_value_t = 2560)]
+        appliance_memory: u32,
     },
     /// Stop everything `up` started.
     Down,
@@ -98,13 +106,17 @@ enum Commands {
         controller: PathBuf,
         #[arg(long)]
         bootserver: PathBuf,
+        #[arg(long)]
+        host_binaries: bool,
+        #[arg(long)]
+        appliance_memory: u32,
     },
 }
 
 #[derive(Subcommand, Debug)]
 enum ClusterCommand {
-    /// Start etcd, kube-apiserver and kube-controller-manager on loopback, building them the
-    /// first time, and apply `deploy/` and its examples. Prints `KUBECONFIG=<path>` last.
+    /// Start etcd, kube-apiserver, kube-controller-manager and kube-scheduler on loopback, building
+    /// them the first time, and apply `deploy/` and its examples. Prints `KUBECONFIG=<path>` last.
     Up,
     /// Stop exactly what `cluster up` started.
     Down,
@@ -150,6 +162,12 @@ enum ScenarioName {
     /// new version one machine at a time, scale down releasing the annotated machine,
     /// remediate a machine that died, then release everything and boot it again.
     Pool,
+    /// A rolling update of the lab's configuration; the leading controller pod is deleted in
+    /// its middle: the other replica takes over, the rollout completes, one version made.
+    LeaderFailover,
+    /// A machine reboots into a network boot; right after its boot script the bootserver
+    /// moves to a new image: leases kept, the boot completes.
+    BootserverRestart,
 }
 
 fn main() -> ExitCode {
@@ -159,7 +177,15 @@ fn main() -> ExitCode {
             machines,
             memory,
             stage_timeout,
-        } => up(machines, memory, stage_timeout),
+            host_binaries,
+            appliance_memory,
+        } => up(UpOptions {
+            machines,
+            memory,
+            stage_timeout,
+            host_binaries,
+            appliance_memory,
+        }),
         Commands::Serve {
             machines,
             memory,
@@ -167,16 +193,22 @@ fn main() -> ExitCode {
             dir,
             controller,
             bootserver,
-        } => serve(
-            LabOptions {
-                machines,
-                memory_mib: memory,
-                dir,
-                controller,
-                bootserver,
+            host_binaries,
+            appliance_memory,
+        } => serve(LabOptions {
+            machines,
+            memory_mib: memory,
+            dir,
+            controller,
+            bootserver,
+            mode: if host_binaries {
+                LabMode::HostBinaries
+            } else {
+                LabMode::Pods
             },
-            stage_timeout,
-        ),
+            appliance_memory_mib: appliance_memory,
+            stage_timeout: Duration::from_secs(stage_timeout),
+        }),
         Commands::Down => down(),
         Commands::Scenario { name } => run_scenario(name),
         Commands::Cluster {
@@ -352,7 +384,23 @@ fn testbed_dir() -> PathBuf {
     cluster::cache_dir().join("testbed")
 }
 
-fn up(machines: usize, memory: u32, stage_timeout: u64) -> Result<(), CliError> {
+/// What `up` was asked for.
+struct UpOptions {
+    machines: usize,
+    memory: u32,
+    stage_timeout: u64,
+    host_binaries: bool,
+    appliance_memory: u32,
+}
+
+fn up(options: UpOptions) -> Result<(), CliError> {
+    let UpOptions {
+        machines,
+        memory,
+        stage_timeout,
+        host_binaries,
+        appliance_memory,
+    } = options;
     if machines == 0 {
         return Err(CliError::Other("--machines must be at least 1".into()));
     }
@@ -362,8 +410,14 @@ fn up(machines: usize, memory: u32, stage_timeout: u64) -> Result<(), CliError> 
         eprintln!("testbed: a testbed is running; stopping it first");
         down()?;
     }
-    eprintln!("testbed: images (host OS, node)");
-    images::build(&images::Options::default())?;
+    if host_binaries {
+        eprintln!("testbed: images (host OS, node)");
+    } else {
+        eprintln!("testbed: images (host OS, node, and the project's container images)");
+    }
+    images::build(&images::Options {
+        containers: !host_binaries,
+    })?;
     eprintln!("testbed: building the controller and the bootserver");
     let binaries = images::cargo_build(
         &["unbounded-controller", "unbounded-bootserver"],
@@ -392,6 +446,8 @@ fn up(machines: usize, memory: u32, stage_timeout: u64) -> Result<(), CliError> 
         .args(["serve", "--machines", &machines.to_string()])
         .args(["--memory", &memory.to_string()])
         .args(["--stage-timeout", &stage_timeout.to_string()])
+        .args(["--appliance-memory", &appliance_memory.to_string()])
+        .args(host_binaries.then_some("--host-binaries"))
         .arg("--dir")
         .arg(&dir)
         .arg("--controller")
@@ -452,23 +508,41 @@ fn kubectl_path() -> Result<PathBuf, CliError> {
 }
 
 /// Runs the lab in this process until SIGTERM or SIGINT.
-fn serve(options: LabOptions, stage_timeout: u64) -> Result<(), CliError> {
+fn serve(options: LabOptions) -> Result<(), CliError> {
     let say = |m: &str| eprintln!("testbed: {m}");
     let started = Instant::now();
     let result = (|| -> Result<Lab, CliError> {
-        let images = images::cached()?;
+        let mut images = images::cached()?;
+        if options.mode == LabMode::Pods {
+            images.containers = Some(images::cached_containers()?);
+        }
         let mut lab = Lab::start(&options, &images, &say)?;
-        lab.apply_machines(&images)?;
+        let lab_started = started.elapsed();
+        lab.apply_machines()?;
         say("MachineConfiguration and Machines applied; following the machines");
-        let timelines = lab.wait_ready(Duration::from_secs(stage_timeout), &say)?;
-        say(&format!(
-            "every Node is Ready, {:.0} s after `up` started the lab; seconds since power-on (step):",
+        let mut timelines = lab.wait_ready(options.stage_timeout, &say)?;
+        let mut report = String::new();
+        if let Some(appliance) = lab.appliance() {
+            report.push_str("the lab's steps (seconds):\n");
+            report.push_str(&progress::steps_table(&appliance.steps));
+            timelines.insert(
+                0,
+                (
+                    unbounded_testbed::appliance::NAME.to_owned(),
+                    appliance.timeline.clone(),
+                ),
+            );
+        }
+        report.push_str(&format!(
+            "lab started in {:.0} s; every Node Ready {:.0} s after `up` started the lab; seconds since power-on (step):\n",
+            lab_started.as_secs_f64(),
             started.elapsed().as_secs_f64()
         ));
-        for line in progress::table(&timelines).lines() {
+        report.push_str(&progress::table(&timelines));
+        for line in report.lines() {
             say(line);
         }
-        std::fs::write(options.dir.join("timings.txt"), progress::table(&timelines))
+        std::fs::write(options.dir.join("timings.txt"), &report)
             .map_err(|e| CliError::Other(e.to_string()))?;
         Ok(lab)
     })();
@@ -492,6 +566,7 @@ fn serve(options: LabOptions, stage_timeout: u64) -> Result<(), CliError> {
             .iter()
             .map(|m| (m.name.clone(), m.domain.console_path()))
             .collect(),
+        pods: lab.appliance().map(|a| a.info.clone()),
     }
     .save()?;
     say(&format!("READY {}", lab.kubeconfig.display()));
@@ -550,7 +625,6 @@ fn run_scenario(name: ScenarioName) -> Result<(), CliError> {
             "no testbed is running: start one with `cargo run -p unbounded-testbed -- up`".into(),
         )
     })?;
-    let images = images::cached()?;
     let say = |m: &str| eprintln!("testbed: {m}");
     let timeout = Duration::from_secs(420);
     let first = lab
@@ -561,12 +635,32 @@ fn run_scenario(name: ScenarioName) -> Result<(), CliError> {
     let run = |which: ScenarioName| -> Result<(), LabError> {
         match which {
             ScenarioName::Repave => scenario::repave(&lab, &first, timeout, &say).map(|_| ()),
-            ScenarioName::Rollback => {
-                scenario::rollback(&lab, &first, &images.node.sha256, timeout, &say)
-            }
+            ScenarioName::Rollback => scenario::rollback(&lab, &first, timeout, &say),
             ScenarioName::Operations => scenario::operations(&lab, timeout, &say),
-            ScenarioName::Pool => {
-                unbounded_testbed::pool_scenario::pool(&lab, &images.node.sha256, timeout, &say)
+            ScenarioName::Pool => unbounded_testbed::pool_scenario::pool(&lab, timeout, &say),
+            ScenarioName::LeaderFailover => {
+                appliance_scenarios::leader_failover(&lab, 1, timeout, &say).map(|f| {
+                    say(&format!(
+                        "leader-failover: {} took over from {} in {:.1} s (bound {} s); rollout to version {} {:.0} s",
+                        f.new_leader,
+                        f.old_leader,
+                        f.takeover.as_secs_f64(),
+                        f.bound.as_secs(),
+                        f.version,
+                        f.rollout.as_secs_f64()
+                    ));
+                })
+            }
+            ScenarioName::BootserverRestart => {
+                appliance_scenarios::bootserver_restart(&lab, &first, timeout, &say).map(|r| {
+                    say(&format!(
+                        "bootserver-restart: new pod Ready in {:.1} s, leases {} → {}, {first} Ready {:.0} s after its reboot",
+                        r.restart.as_secs_f64(),
+                        r.leases.0,
+                        r.leases.1,
+                        r.boot.as_secs_f64()
+                    ));
+                })
             }
             ScenarioName::All => Ok(()),
         }
@@ -625,7 +719,7 @@ fn cluster_up() -> Result<(), CliError> {
     eprintln!("testbed: checking packages");
     setup::install_dependencies()?;
     eprintln!(
-        "testbed: starting etcd, kube-apiserver and kube-controller-manager {KUBERNETES_VERSION}"
+        "testbed: starting etcd, kube-apiserver, kube-controller-manager and kube-scheduler {KUBERNETES_VERSION}"
     );
     let state = cluster::start_detached()?;
     let kubeconfig = state.kubeconfig.display().to_string();
@@ -675,6 +769,7 @@ fn kubernetes_binaries() -> Result<(), CliError> {
     for path in [
         &binaries.kube_apiserver,
         &binaries.kube_controller_manager,
+        &binaries.kube_scheduler,
         &binaries.kubectl,
         &binaries.kubelet,
         &binaries.etcd,

@@ -3,6 +3,7 @@
 //! touches the host's own interfaces; everything is deleted when the value is dropped.
 
 use std::os::unix::process::CommandExt as _;
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -291,5 +292,103 @@ impl Drop for LoopbackForward {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// A routed link from the host's namespace into a namespace: a veth pair with an address on
+/// each end and a host route to `subnet` (the addresses behind the namespace's bridge)
+/// through it; the namespace forwards between the two. Host processes then reach the
+/// machines on that bridge: the API server reaches their kubelets (`kubectl logs`, `exec`),
+/// a person's `curl` reaches their ports. Nothing of the host's existing interfaces or
+/// routes is touched; the pair (and with it the route) is deleted on drop.
+#[derive(Debug)]
+pub struct HostRoute {
+    host_if: String,
+}
+
+impl HostRoute {
+    /// Links `ns` to the host: `host_cidr` on the host's end, `ns_cidr` on the namespace's,
+    /// and the host route `subnet via <ns address>`. Refused when the host already routes
+    /// `subnet` (another lab, or a network of the host's own).
+    pub fn new(
+        ns: &Netns,
+        host_cidr: &str,
+        ns_cidr: &str,
+        subnet: &str,
+    ) -> Result<Self, NetnsError> {
+        let taken = run(&["ip", "route", "show", subnet])?;
+        let taken = String::from_utf8_lossy(&taken.stdout).trim().to_owned();
+        // A lab killed before its destructors ran leaves its veth (and with it the route):
+        // its name carries the pid of the process that made it; a dead one's is removed.
+        if let Some((link, pid)) = stale_route_link(&taken)
+            && !Path::new(&format!("/proc/{pid}")).exists()
+        {
+            let _ = run(&["ip", "link", "del", &link]);
+        }
+        let taken = run(&["ip", "route", "show", subnet])?;
+        if !String::from_utf8_lossy(&taken.stdout).trim().is_empty() {
+            return Err(NetnsError::Command {
+                command: format!("ip route add {subnet}"),
+                message: format!("the host already routes {subnet} (another lab running?)"),
+            });
+        }
+        let host_if = unique("vh");
+        let ns_if = unique("vn");
+        run(&[
+            "ip", "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if,
+        ])?;
+        let this = Self { host_if };
+        let via = ns_cidr.split('/').next().unwrap_or(ns_cidr);
+        run(&["ip", "link", "set", &ns_if, "netns", ns.name()])?;
+        run(&["ip", "addr", "add", host_cidr, "dev", &this.host_if])?;
+        run(&["ip", "link", "set", &this.host_if, "up"])?;
+        ns.ip(&["addr", "add", ns_cidr, "dev", &ns_if])?;
+        ns.ip(&["link", "set", &ns_if, "up"])?;
+        ns.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+        run(&[
+            "ip",
+            "route",
+            "add",
+            subnet,
+            "via",
+            via,
+            "dev",
+            &this.host_if,
+        ])?;
+        Ok(this)
+    }
+}
+
+/// The host link of a [`HostRoute`] in `ip route show <subnet>`'s answer, and the pid in
+/// its name (`vh<pid mod 100000>x<n>`); `None` for a route through anything else.
+pub fn stale_route_link(route: &str) -> Option<(String, u32)> {
+    let mut words = route.split_whitespace();
+    let link = words.by_ref().skip_while(|w| *w != "dev").nth(1)?;
+    let pid = link.strip_prefix("vh")?.split_once('x')?.0.parse().ok()?;
+    Some((link.to_owned(), pid))
+}
+
+impl Drop for HostRoute {
+    fn drop(&mut self) {
+        let _ = run(&["ip", "link", "del", &self.host_if]);
+    }
+}
+
+#[cfg(test)]
+mod host_route_tests {
+    use super::*;
+
+    #[test]
+    fn a_route_through_a_lab_link_names_its_pid() {
+        assert_eq!(
+            stale_route_link("10.99.0.0/24 via 10.99.1.2 dev vh30437x1"),
+            Some(("vh30437x1".into(), 30437))
+        );
+        assert_eq!(
+            stale_route_link("10.99.0.0/24 via 192.0.2.1 dev eth0"),
+            None
+        );
+        assert_eq!(stale_route_link("10.99.0.0/24 dev vhost0 scope link"), None);
+        assert_eq!(stale_route_link(""), None);
     }
 }

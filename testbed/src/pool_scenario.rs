@@ -13,8 +13,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::lab::{LAB_LABEL, LabError, configuration_yaml};
-use crate::scenario::{Lab, get, operation, step, wait_complete, wait_until};
+use crate::lab::{LAB_LABEL, LabError};
+use crate::scenario::{
+    Lab, get, operation, set_configuration_label, step, wait_complete, wait_until,
+};
 
 const POOL: &str = "tb-pool";
 /// The pool's provisioning timeout: a machine without a Ready Node this long is repaved.
@@ -78,7 +80,7 @@ fn node_ready(lab: &Lab, name: &str) -> bool {
 
 /// The names of the Nodes that are Ready and schedulable, from one list (a consistent view,
 /// and one `kubectl` call per poll so that short windows are not missed).
-fn ready_nodes(lab: &Lab) -> Result<Vec<String>, LabError> {
+pub(crate) fn ready_nodes(lab: &Lab) -> Result<Vec<String>, LabError> {
     let listing = lab.kubectl(
         &[
             "get",
@@ -183,12 +185,7 @@ fn pool_condition(lab: &Lab, type_: &str) -> String {
 }
 
 /// Runs the scenario.
-pub fn pool(
-    lab: &Lab,
-    image_sha256: &str,
-    timeout: Duration,
-    say: &dyn Fn(&str),
-) -> Result<(), LabError> {
+pub fn pool(lab: &Lab, timeout: Duration, say: &dyn Fn(&str)) -> Result<(), LabError> {
     let mut names = lab.machine_names();
     names.sort();
     if names.len() < 2 {
@@ -228,16 +225,10 @@ pub fn pool(
     let generation = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    lab.kubectl(
-        &["apply", "-f", "-"],
-        Some(&configuration_yaml(
-            "testbed",
-            image_sha256,
-            &[(
-                "unbounded-cloud.io/generation",
-                &format!("pool-{generation}"),
-            )],
-        )),
+    set_configuration_label(
+        lab,
+        "unbounded-cloud.io/generation",
+        &format!("pool-{generation}"),
     )?;
     let mut next = String::new();
     wait_until("a new testbed version", Duration::from_secs(60), || {

@@ -175,9 +175,51 @@ pub fn table(machines: &[(String, Timeline)]) -> String {
     out
 }
 
+/// A table of the lab's own steps (registry, overlay, the appliance's first join, …) and
+/// how long each took, with their total.
+pub fn steps_table(steps: &[(String, Duration)]) -> String {
+    let width = steps
+        .iter()
+        .map(|(s, _)| s.chars().count())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let mut out = String::new();
+    for (what, took) in steps {
+        let pad = width - what.chars().count();
+        let _ = writeln!(
+            out,
+            "{what}{} {:>7.1} s",
+            " ".repeat(pad),
+            took.as_secs_f64()
+        );
+    }
+    let total: Duration = steps.iter().map(|(_, d)| *d).sum();
+    let _ = writeln!(out, "{:<width$} {:>7.1} s", "total", total.as_secs_f64());
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn steps_table_lists_each_step_and_the_total() {
+        let text = steps_table(&[
+            ("registry".into(), Duration::from_millis(1500)),
+            ("appliance → Ready".into(), Duration::from_secs(90)),
+        ]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "registry              1.5 s",
+                "appliance → Ready    90.0 s",
+                "total                91.5 s",
+            ],
+            "one line per step, aligned, and the total"
+        );
+    }
 
     #[test]
     fn stages_from_a_bios_console() {

@@ -4,20 +4,27 @@
 //!   by deleting its Node; then the old version pinned and applied the same way;
 //! - **operations**: `reboot` (Complete once the machine is back with a new boot ID),
 //!   `restartService` of kubelet, and `powerCycle` by selector across every machine;
-//! - **pool**: a MachinePool over the lab's machines ([`crate::pool_scenario`]).
+//! - **pool**: a MachinePool over the lab's machines ([`crate::pool_scenario`]);
+//! - **leader-failover** and **bootserver-restart**: the appliance on day 2
+//!   ([`crate::appliance_scenarios`]).
 
 use std::time::{Duration, Instant};
 
-use crate::lab::{LAB_LABEL, LabError, configuration_yaml};
+use crate::appliance::PodsInfo;
+use crate::lab::{LAB_LABEL, LabError};
 
-/// What a scenario needs of a lab: `kubectl` and the machines' names. Implemented by the
-/// in-process [`crate::lab::Lab`] and by [`crate::lab::RunningLab`] (a lab that `testbed up`
-/// left running).
+/// What a scenario needs of a lab: `kubectl`, the machines' names and consoles, and what
+/// the pods mode pushed. Implemented by the in-process [`crate::lab::Lab`] and by
+/// [`crate::lab::RunningLab`] (a lab that `testbed up` left running).
 pub trait LabAccess {
     /// `kubectl` as the admin.
     fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String, LabError>;
     /// The lab's Machine names, in order.
     fn machine_names(&self) -> Vec<String>;
+    /// What a machine's serial console printed so far (empty for an unknown machine).
+    fn console(&self, machine: &str) -> String;
+    /// The registry, the images pushed and the bootserver's URL, when the lab runs the pods.
+    fn pods(&self) -> Option<PodsInfo>;
 }
 
 pub(crate) type Lab = dyn LabAccess;
@@ -167,23 +174,33 @@ pub fn repave(
     Ok(took)
 }
 
+/// Sets a Node label in the template of the lab's configuration `testbed`: a new version.
+pub fn set_configuration_label(lab: &Lab, key: &str, value: &str) -> Result<(), LabError> {
+    lab.kubectl(
+        &[
+            "patch",
+            "machineconfiguration",
+            "testbed",
+            "--type=merge",
+            "-p",
+            &format!(
+                r#"{{"spec":{{"template":{{"kubernetes":{{"nodeLabels":{{"{key}":"{value}"}}}}}}}}}}"#
+            ),
+        ],
+        None,
+    )?;
+    Ok(())
+}
+
 /// A canary on a new version, then a rollback, on `machine`.
 pub fn rollback(
     lab: &Lab,
     machine: &str,
-    image_sha256: &str,
     timeout: Duration,
     say: &dyn Fn(&str),
 ) -> Result<(), LabError> {
     say("rollback: changing the configuration (version 2 adds a Node label)");
-    lab.kubectl(
-        &["apply", "-f", "-"],
-        Some(&configuration_yaml(
-            "testbed",
-            image_sha256,
-            &[("unbounded-cloud.io/generation", "2")],
-        )),
-    )?;
+    set_configuration_label(lab, "unbounded-cloud.io/generation", "2")?;
     wait_until("version 2 to exist", Duration::from_secs(60), || {
         let latest = get(
             lab,

@@ -74,8 +74,8 @@ fn cluster_up_then_down_leaves_nothing_running() {
         .collect();
     assert_eq!(
         pids.len(),
-        3,
-        "etcd, kube-apiserver, kube-controller-manager"
+        4,
+        "etcd, kube-apiserver, kube-controller-manager, kube-scheduler"
     );
     assert!(pids.iter().all(|pid| alive(*pid)));
 

@@ -1,25 +1,33 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
-//! The whole flow on QEMU: two VMs (BIOS through Redfish, UEFI through IPMI) go from
-//! power-off to Ready Nodes through the bootserver, the controller and the agent, as the
-//! binaries `deploy/` runs with `deploy/`'s RBAC; then one Node is deleted and the machine
-//! repaves and joins again.
+//! The whole flow on QEMU, as shipped: `deploy/` applied through its testbed overlay runs as
+//! pods on the appliance node (a VM that joined as a `manual` Machine), with the images of
+//! this build pulled from the lab's registry; the bootserver's pod powers two VMs (BIOS
+//! through Redfish, UEFI through IPMI) through their BMCs and boots them, and they become
+//! Ready Nodes. Then the reduced day-2 scenario of the appliance runs: a rolling update
+//! repaves both machines in one batch, and the leading controller pod is deleted in the
+//! middle of it; both come back Ready on the new version.
 //!
-//! The host and node images come from the image cache (`unbounded-testbed images`, which
-//! the test command runs first); the controller and bootserver binaries from this build.
+//! The host, node and container images come from the image cache (`unbounded-testbed
+//! images --containers`, which the test command runs first); the controller binary that the
+//! lab runs outside the cluster for the appliance's first join from this build.
 
 use std::time::Duration;
 
+use unbounded_testbed::appliance_scenarios;
 use unbounded_testbed::images;
-use unbounded_testbed::lab::{Lab, LabOptions};
+use unbounded_testbed::lab::{Lab, LabMode, LabOptions};
 use unbounded_testbed::progress;
-use unbounded_testbed::scenario;
+use unbounded_testbed::scenario::{self, LabAccess as _};
 
 mod common;
 use common::workspace_binary;
 
 #[test]
-fn pxe_machines_become_ready_nodes_and_a_deleted_node_is_repaved() {
-    let images = images::cached().unwrap();
+fn the_appliance_runs_deploy_as_pods_that_boot_machines_to_ready_nodes() {
+    let mut images = images::cached().unwrap();
+    images.containers = Some(images::cached_containers().unwrap_or_else(|e| {
+        panic!("{e} (scripts/test runs `unbounded-testbed images --containers` first)")
+    }));
     let dir = tempfile::tempdir().unwrap();
     let options = LabOptions {
         machines: 2,
@@ -27,21 +35,64 @@ fn pxe_machines_become_ready_nodes_and_a_deleted_node_is_repaved() {
         dir: dir.path().to_path_buf(),
         controller: workspace_binary("unbounded-controller"),
         bootserver: workspace_binary("unbounded-bootserver"),
+        mode: LabMode::Pods,
+        appliance_memory_mib: 2560,
+        stage_timeout: Duration::from_secs(420),
     };
     let say = |m: &str| eprintln!("lab: {m}");
-    let mut lab = Lab::start(&options, &images, &say).unwrap();
-    lab.apply_machines(&images).unwrap();
-    let timelines = lab
+    let mut lab = Lab::start(&options, &images, &say).unwrap_or_else(|e| panic!("{e}"));
+    lab.apply_machines().unwrap();
+    let mut timelines = lab
         .wait_ready(Duration::from_secs(420), &say)
         .unwrap_or_else(|e| panic!("{e}"));
+    let appliance = lab.appliance().expect("the lab runs the pods");
+    eprintln!("{}", progress::steps_table(&appliance.steps));
+    timelines.insert(0, ("appliance".into(), appliance.timeline.clone()));
     eprintln!("{}", progress::table(&timelines));
+
+    // Every pod of the project Running, on the appliance, with the images of the lab's
+    // registry by digest.
+    let pods = lab
+        .kubectl(
+            &[
+                "get",
+                "pods",
+                "-n",
+                "unbounded-system",
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.name}|{.status.phase}|{.spec.nodeName}|{.spec.containers[*].image}{\"\\n\"}{end}",
+            ],
+            None,
+        )
+        .unwrap();
+    let lines: Vec<&str> = pods.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(lines.len(), 3, "two controllers and a bootserver:\n{pods}");
+    for line in &lines {
+        let fields: Vec<&str> = line.split('|').collect();
+        assert_eq!(fields[1], "Running", "{pods}");
+        assert_eq!(fields[2], "appliance", "{pods}");
+        assert!(
+            fields[3].starts_with("10.99.0.1:5000/unbounded/") && fields[3].contains("@sha256:"),
+            "{pods}"
+        );
+    }
 
     scenario::check_running_and_annotated(&lab, 1)
         .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
-    scenario::repave(&lab, "machine-1", Duration::from_secs(420), &say)
+    // The reduced leader-failover: both machines repave in one batch (the scenario command
+    // rolls them one at a time), and the leading controller pod is deleted mid-rollout.
+    let failover = appliance_scenarios::leader_failover(&lab, 2, Duration::from_secs(420), &say)
         .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
+    eprintln!(
+        "leader failover: {} → {} in {:.1} s (bound {} s); rollout {:.0} s",
+        failover.old_leader,
+        failover.new_leader,
+        failover.takeover.as_secs_f64(),
+        failover.bound.as_secs(),
+        failover.rollout.as_secs_f64()
+    );
 
-    // No BMC password, token or bootstrap token in any component's log or console.
+    // No BMC password, token or bootstrap token in any component's log, pod log or console.
     let leaks = lab.secret_leaks();
     assert!(
         leaks.is_empty(),
