@@ -210,10 +210,20 @@ fn render(
     }
     let mut script = String::from("#!ipxe\n");
     let _ = writeln!(script, "echo Unbounded: booting {}", machine.name);
-    let _ = writeln!(script, "kernel {kernel} {}", args.join(" "));
-    let _ = writeln!(script, "initrd --name initrd {initrd}");
-    script.push_str("boot\n");
+    let _ = writeln!(script, "kernel {kernel} {} || goto retry", args.join(" "));
+    let _ = writeln!(script, "initrd --name initrd {initrd} || goto retry");
+    script.push_str("boot || goto retry\n");
+    script.push_str(&retry_section(http_base));
     script
+}
+
+/// Where a machine script goes when a download or the boot fails (a bootserver restarting
+/// mid-transfer, a network blip): it frees what it loaded and asks for a fresh script after
+/// a pause, instead of falling through to the next boot device and stopping there.
+fn retry_section(http_base: &str) -> String {
+    format!(
+        ":retry\necho Unbounded: fetching or booting failed; asking the bootserver again in 10 s\nimgfree\nsleep 10\nchain --autofree {http_base}/boot.ipxe?mac=${{net0/mac}}\n"
+    )
 }
 
 /// A script that prints why and gives the machine back to its firmware (which moves on to
@@ -414,8 +424,13 @@ mod tests {
         assert_eq!(
             script,
             "#!ipxe\necho Unbounded: booting node-1\n\
-             kernel http://10.99.0.1:8080/images/vmlinuz initrd=initrd unbounded.machine=node-1 unbounded.bootserver=http://10.99.0.1:8080 unbounded.configuration=general unbounded.version=3 console=ttyS0\n\
-             initrd --name initrd https://mirror.example/initrd.img\nboot\n"
+             kernel http://10.99.0.1:8080/images/vmlinuz initrd=initrd unbounded.machine=node-1 unbounded.bootserver=http://10.99.0.1:8080 unbounded.configuration=general unbounded.version=3 console=ttyS0 || goto retry\n\
+             initrd --name initrd https://mirror.example/initrd.img || goto retry\n\
+             boot || goto retry\n\
+             :retry\n\
+             echo Unbounded: fetching or booting failed; asking the bootserver again in 10 s\n\
+             imgfree\nsleep 10\n\
+             chain --autofree http://10.99.0.1:8080/boot.ipxe?mac=${net0/mac}\n"
         );
     }
 
