@@ -219,10 +219,11 @@ fn render(
 
 /// Where a machine script goes when a download or the boot fails (a bootserver restarting
 /// mid-transfer, a network blip): it frees what it loaded and asks for a fresh script after
-/// a pause, instead of falling through to the next boot device and stopping there.
+/// a pause — again and again while the bootserver does not answer — instead of falling
+/// through to the next boot device and stopping there.
 fn retry_section(http_base: &str) -> String {
     format!(
-        ":retry\necho Unbounded: fetching or booting failed; asking the bootserver again in 10 s\nimgfree\nsleep 10\nchain --autofree {http_base}/boot.ipxe?mac=${{net0/mac}}\n"
+        ":retry\necho Unbounded: fetching or booting failed; asking the bootserver again in 10 s\nimgfree\nsleep 10\nchain --autofree {http_base}/boot.ipxe?mac=${{net0/mac}} || goto retry\n"
     )
 }
 
@@ -430,7 +431,7 @@ mod tests {
              :retry\n\
              echo Unbounded: fetching or booting failed; asking the bootserver again in 10 s\n\
              imgfree\nsleep 10\n\
-             chain --autofree http://10.99.0.1:8080/boot.ipxe?mac=${net0/mac}\n"
+             chain --autofree http://10.99.0.1:8080/boot.ipxe?mac=${net0/mac} || goto retry\n"
         );
     }
 
