@@ -474,7 +474,7 @@ async fn progress(
         return Ok(None);
     }
     let start = status.start_time.unwrap_or(Time(now()));
-    write(
+    crate::operation::write_status(
         operation,
         json!({"state": OperationState::InProgress, "message": message, "startTime": start,
                "handler": field_managers::CONTROLLER}),
@@ -492,7 +492,7 @@ async fn finish(
 ) -> Result<Action, Error> {
     let status = operation.status.clone().unwrap_or_default();
     let start = status.start_time.unwrap_or(Time(now()));
-    write(
+    crate::operation::write_status(
         operation,
         json!({"state": state, "message": message, "startTime": start,
                "completionTime": Time(now()), "handler": field_managers::CONTROLLER}),
@@ -501,37 +501,6 @@ async fn finish(
     .await?;
     // Requeue for the TTL.
     Ok(Action::requeue(std::time::Duration::from_secs(1)))
-}
-
-async fn write(
-    operation: &MachineOperation,
-    status: serde_json::Value,
-    ctx: &Context,
-) -> Result<MachineOperation, Error> {
-    let name = operation.name_any();
-    let patch = json!({
-        "apiVersion": MachineOperation::api_version(&()),
-        "kind": MachineOperation::kind(&()),
-        "metadata": {"name": name, "resourceVersion": operation.resource_version()},
-        "status": status,
-    });
-    let api: Api<MachineOperation> = Api::all(ctx.client.clone());
-    match api
-        .patch_status(
-            &name,
-            &PatchParams::apply(field_managers::CONTROLLER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await
-    {
-        Ok(written) => Ok(written),
-        Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::Waiting(format!(
-            "MachineOperation {name} changed meanwhile"
-        ))),
-        Err(e) => Err(kube_err(format!(
-            "writing the status of MachineOperation {name}"
-        ))(e)),
-    }
 }
 
 #[cfg(test)]

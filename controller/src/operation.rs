@@ -212,12 +212,12 @@ async fn ensure_machine_label(
 
 /// Writes the controller's part of the status, with the observed `resourceVersion` as a
 /// precondition so that a handler's claim in between is never overwritten (the conflict
-/// makes the reconcile run again on fresh data).
-async fn write_status(
+/// makes the reconcile run again on fresh data). Returns the operation as written.
+pub(crate) async fn write_status(
     operation: &MachineOperation,
     status: serde_json::Value,
     ctx: &Context,
-) -> Result<(), Error> {
+) -> Result<MachineOperation, Error> {
     let name = operation.name_any();
     // A null in an apply patch would be taken as a value; leave unset fields out.
     let status = match status {
@@ -241,7 +241,7 @@ async fn write_status(
         )
         .await
     {
-        Ok(_) => Ok(()),
+        Ok(written) => Ok(written),
         Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::Waiting(format!(
             "MachineOperation {name} changed meanwhile"
         ))),
