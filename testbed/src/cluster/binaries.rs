@@ -1,0 +1,131 @@
+//! The Kubernetes binaries: built from Kubernetes' own Go modules at [`KUBERNETES_VERSION`]
+//! (`testbed/scripts/build-kubernetes.sh`) and cached, or taken from [`BIN_DIR_ENV`].
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use super::{BIN_DIR_ENV, ClusterError, KUBERNETES_VERSION, cache_dir, io_err};
+
+const BUILD_SCRIPT: &str = include_str!("../../scripts/build-kubernetes.sh");
+
+/// Paths of the Kubernetes binaries.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    /// kube-apiserver.
+    pub kube_apiserver: PathBuf,
+    /// kube-controller-manager.
+    pub kube_controller_manager: PathBuf,
+    /// kube-scheduler.
+    pub kube_scheduler: PathBuf,
+    /// kubectl.
+    pub kubectl: PathBuf,
+    /// kubelet.
+    pub kubelet: PathBuf,
+    /// etcd (Debian's etcd-server).
+    pub etcd: PathBuf,
+}
+
+impl Binaries {
+    /// Finds the binaries, building the Kubernetes ones into the cache when missing (with
+    /// progress on stderr). Concurrent callers wait for one build.
+    pub fn ensure() -> Result<Self, ClusterError> {
+        let dir = match std::env::var_os(BIN_DIR_ENV) {
+            Some(dir) => PathBuf::from(dir),
+            None => {
+                let dir = cache_dir().join(format!("kubernetes-{KUBERNETES_VERSION}"));
+                build_kubernetes(&dir)?;
+                dir
+            }
+        };
+        let in_dir = |name: &str| -> Result<PathBuf, ClusterError> {
+            let path = dir.join(name);
+            if path.is_file() {
+                Ok(path)
+            } else {
+                Err(ClusterError::MissingProgram {
+                    program: path.display().to_string(),
+                    hint: format!(
+                        "unset {BIN_DIR_ENV} to build Kubernetes {KUBERNETES_VERSION}, or put the binary there"
+                    ),
+                })
+            }
+        };
+        Ok(Self {
+            kube_apiserver: in_dir("kube-apiserver")?,
+            kube_controller_manager: in_dir("kube-controller-manager")?,
+            kube_scheduler: in_dir("kube-scheduler")?,
+            kubectl: in_dir("kubectl")?,
+            kubelet: in_dir("kubelet")?,
+            etcd: find_program(
+                "etcd",
+                "run scripts/install-deps.sh (Debian package etcd-server)",
+            )?,
+        })
+    }
+}
+
+/// Builds the Kubernetes binaries into `out` unless they are there. Holds a lock file so that
+/// test binaries started together build once.
+fn build_kubernetes(out: &Path) -> Result<(), ClusterError> {
+    let wanted = [
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kubectl",
+        "kubelet",
+    ];
+    if wanted.iter().all(|b| out.join(b).is_file()) {
+        return Ok(());
+    }
+    find_program(
+        "go",
+        "install the Go toolchain (it builds Kubernetes from its Go modules)",
+    )?;
+    find_program("flock", "install util-linux")?;
+    let parent = out.parent().unwrap_or(Path::new("/tmp"));
+    fs::create_dir_all(parent).map_err(io_err(format!("creating {}", parent.display())))?;
+    let lock = parent.join(format!("kubernetes-{KUBERNETES_VERSION}.lock"));
+    eprintln!(
+        "testbed: building Kubernetes {KUBERNETES_VERSION} into {} (first time only: ~10 min on 2 cores)",
+        out.display()
+    );
+    let mut child = Command::new("flock")
+        .arg(&lock)
+        .args(["bash", "-s", KUBERNETES_VERSION])
+        .arg(out)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(io_err("starting the Kubernetes build"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(BUILD_SCRIPT.as_bytes())
+            .map_err(io_err("passing the build script"))?;
+    }
+    let status = child
+        .wait()
+        .map_err(io_err("waiting for the Kubernetes build"))?;
+    if !status.success() {
+        return Err(ClusterError::Build {
+            version: KUBERNETES_VERSION.to_owned(),
+            status: status.to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Finds a program on PATH.
+pub fn find_program(name: &str, hint: &str) -> Result<PathBuf, ClusterError> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+        .ok_or_else(|| ClusterError::MissingProgram {
+            program: name.to_owned(),
+            hint: hint.to_owned(),
+        })
+}

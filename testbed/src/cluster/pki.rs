@@ -1,0 +1,178 @@
+//! The control plane's PKI (a CA and the certificates of each component, by openssl) and
+//! its kubeconfigs.
+
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use super::{ClusterError, io_err};
+
+fn run_openssl(args: &[&str], dir: &Path) -> Result<(), ClusterError> {
+    let output = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(io_err("running openssl"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(ClusterError::Command {
+            what: format!("openssl {}", args.first().copied().unwrap_or_default()),
+            output: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+        })
+    }
+}
+
+/// A certificate to issue from the local CA.
+struct CertRequest<'a> {
+    name: &'a str,
+    subject: &'a str,
+    usage: &'a str,
+    alt_names: Option<&'a str>,
+}
+
+/// Generates the CA, the API server's serving certificate, client certificates and the
+/// service-account key pair (ECDSA P-256: quick to generate).
+pub(super) fn generate_pki(dir: &Path) -> Result<(), ClusterError> {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut ca = vec!["req", "-x509"];
+    ca.extend(ec);
+    ca.extend([
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "3650",
+        "-subj",
+        "/CN=unbounded-local-ca",
+    ]);
+    run_openssl(&ca, dir)?;
+
+    let certs = [
+        CertRequest {
+            name: "apiserver",
+            subject: "/CN=kube-apiserver",
+            usage: "serverAuth",
+            alt_names: Some(
+                // 10.99.0.1: the testbed's provisioning bridge, where VMs reach it.
+                "IP:127.0.0.1,IP:10.99.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:10.96.0.1",
+            ),
+        },
+        CertRequest {
+            name: "admin",
+            subject: "/O=system:masters/CN=unbounded-admin",
+            usage: "clientAuth",
+            alt_names: None,
+        },
+        CertRequest {
+            name: "kcm",
+            subject: "/CN=system:kube-controller-manager",
+            usage: "clientAuth",
+            alt_names: None,
+        },
+        CertRequest {
+            name: "scheduler",
+            subject: "/CN=system:kube-scheduler",
+            usage: "clientAuth",
+            alt_names: None,
+        },
+        CertRequest {
+            name: "apiserver-kubelet-client",
+            subject: "/O=system:masters/CN=kube-apiserver-kubelet-client",
+            usage: "clientAuth",
+            alt_names: None,
+        },
+    ];
+    for cert in certs {
+        let key = format!("{}.key", cert.name);
+        let csr = format!("{}.csr", cert.name);
+        let crt = format!("{}.crt", cert.name);
+        let ext = format!("{}.ext", cert.name);
+        let mut ext_text = format!(
+            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage={}\n",
+            cert.usage
+        );
+        if let Some(alt) = cert.alt_names {
+            ext_text.push_str(&format!("subjectAltName={alt}\n"));
+        }
+        fs::write(dir.join(&ext), ext_text)
+            .map_err(io_err("writing a certificate extension file"))?;
+        let mut req = vec!["req"];
+        req.extend(ec);
+        req.extend(["-keyout", &key, "-out", &csr, "-subj", cert.subject]);
+        run_openssl(&req, dir)?;
+        run_openssl(
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "3650",
+                "-out",
+                &crt,
+                "-extfile",
+                &ext,
+            ],
+            dir,
+        )?;
+    }
+    run_openssl(
+        &[
+            "ecparam",
+            "-name",
+            "prime256v1",
+            "-genkey",
+            "-noout",
+            "-out",
+            "sa.key",
+        ],
+        dir,
+    )?;
+    run_openssl(&["ec", "-in", "sa.key", "-pubout", "-out", "sa.pub"], dir)?;
+    Ok(())
+}
+
+pub(super) fn write_kubeconfig(
+    path: &Path,
+    server: &str,
+    ca: &str,
+    cert: &str,
+    key: &str,
+) -> Result<(), ClusterError> {
+    let text = format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: unbounded-local
+  cluster:
+    server: {server}
+    certificate-authority: {ca}
+users:
+- name: user
+  user:
+    client-certificate: {cert}
+    client-key: {key}
+contexts:
+- name: unbounded-local
+  context:
+    cluster: unbounded-local
+    user: user
+current-context: unbounded-local
+"
+    );
+    fs::write(path, text).map_err(io_err(format!("writing {}", path.display())))
+}
