@@ -1,0 +1,129 @@
+//! What the appliance and its pods pull from the lab's registry, and the lab's overlay
+//! of `deploy/`.
+
+use std::fs;
+use std::path::Path;
+
+use super::{BootArtifacts, PushedLayout, kubectl, step};
+use crate::cluster::LocalControlPlane;
+use crate::images::Images;
+use crate::lab::{LAB_ADDRESS, LabError};
+use crate::overlay::{self, PushedImage};
+use crate::registry::RegistryAddress;
+
+/// Pushes every container image `images --containers` built (the project's images and the
+/// boot images image), as `unbounded/<name>`.
+pub(super) fn push_images(
+    registry: &RegistryAddress,
+    images: &Images,
+) -> Result<Vec<PushedLayout>, LabError> {
+    let Some(built) = &images.containers else {
+        return Err(step(
+            "no container images were built: run `cargo run -p unbounded-testbed -- images --containers`",
+        ));
+    };
+    built
+        .images
+        .iter()
+        .chain(std::iter::once(&built.boot_images))
+        .map(|image| {
+            let reference = image
+                .references
+                .first()
+                .ok_or_else(|| step(format!("the image {} has no reference", image.name)))?;
+            let short = overlay::short_name(reference).to_owned();
+            let tag = crate::oci::tag_of(reference).to_owned();
+            let repository = format!("unbounded/{short}");
+            let digest = registry.push_layout(&image.layout, &tag, &repository, &tag)?;
+            Ok(PushedLayout {
+                short_name: short,
+                layout: image.layout.clone(),
+                layout_tag: tag,
+                repository,
+                digest,
+            })
+        })
+        .collect()
+}
+
+/// What a MachineConfiguration names to boot the set the boot-images image installs: paths
+/// relative to the bootserver's image directory.
+pub(super) fn installed_set_artifacts(images: &Images) -> Result<BootArtifacts, LabError> {
+    let values = images
+        .containers
+        .as_ref()
+        .and_then(|built| built.boot_images_manifest.configuration_values())
+        .ok_or_else(|| {
+            step("no boot image set was built: run `cargo run -p unbounded-testbed -- images --containers`")
+        })?;
+    Ok(BootArtifacts {
+        kernel_url: values.kernel_url,
+        initrd_url: values.initrd_url,
+        node_url: values.image_url,
+        node_sha256: values.image_sha256,
+    })
+}
+
+/// Pushes the kernel, the initramfs and the node image as blobs; their URLs name them by
+/// SHA-256.
+pub(super) fn push_artifacts(
+    registry: &RegistryAddress,
+    images: &Images,
+) -> Result<BootArtifacts, LabError> {
+    let sha = |path: &Path| crate::images::file_sha256(path).map_err(step);
+    let kernel = registry.push_blob(
+        "unbounded/boot",
+        &images.host.kernel,
+        &sha(&images.host.kernel)?,
+    )?;
+    let initrd = registry.push_blob(
+        "unbounded/boot",
+        &images.host.initrd,
+        &sha(&images.host.initrd)?,
+    )?;
+    let node = registry.push_blob("unbounded/boot", &images.node.archive, &images.node.sha256)?;
+    Ok(BootArtifacts {
+        kernel_url: kernel,
+        initrd_url: initrd,
+        node_url: node,
+        node_sha256: images.node.sha256.clone(),
+    })
+}
+
+/// Writes the lab's kustomization over `testbed/overlay` and applies it.
+pub(super) fn apply_overlay(
+    plane: &LocalControlPlane,
+    dir: &Path,
+    pushed: &[PushedLayout],
+) -> Result<(), LabError> {
+    let base = overlay::testbed_overlay();
+    let base = fs::canonicalize(&base).map_err(|e| step(format!("{}: {e}", base.display())))?;
+    let rendered = kubectl(plane, &["kustomize", &base.display().to_string()], None)?;
+    let pushed: Vec<PushedImage> = pushed
+        .iter()
+        .map(|p| PushedImage {
+            short_name: p.short_name.clone(),
+            repository: format!(
+                "{LAB_ADDRESS}:{}/{}",
+                crate::registry::REGISTRY_PORT,
+                p.repository
+            ),
+            digest: p.digest.clone(),
+        })
+        .collect();
+    let overrides = overlay::image_overrides(&overlay::manifest_images(&rendered), &pushed);
+    let out = dir.join("overlay");
+    fs::create_dir_all(&out).map_err(|e| step(format!("{}: {e}", out.display())))?;
+    let out = fs::canonicalize(&out).map_err(|e| step(format!("{}: {e}", out.display())))?;
+    fs::write(
+        out.join("kustomization.yaml"),
+        overlay::lab_kustomization(&overlay::relative_path(&out, &base), &overrides),
+    )
+    .map_err(|e| step(format!("{}: {e}", out.display())))?;
+    kubectl(
+        plane,
+        &["apply", "--server-side", "-k", &out.display().to_string()],
+        None,
+    )?;
+    Ok(())
+}
