@@ -1,0 +1,199 @@
+//! `--host-binaries`: the bootserver binary in the lab's namespace and the controller on
+//! the host, each with its ServiceAccount's token and `deploy/`'s RBAC.
+
+use std::fs;
+use std::io::Write as _;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{Components, LAB_ADDRESS, LAB_API_PORT, LabError, LabOptions, kubectl, step, write};
+use crate::bmc;
+use crate::cluster::LocalControlPlane;
+use crate::images::Images;
+use crate::netns::Netns;
+use crate::process::Process;
+
+/// The controller and the bootserver binaries as `deploy/` runs them, each with its own
+/// ServiceAccount's token and `deploy/`'s RBAC: the bootserver in the namespace, on the
+/// bridge; the controller on the host. The boot artifacts are served from the bootserver's
+/// image directory (links to the image cache).
+pub(super) fn start_host_binaries(
+    options: &LabOptions,
+    ns: &Netns,
+    plane: &LocalControlPlane,
+    images: &Images,
+    say: &dyn Fn(&str),
+) -> Result<Components, LabError> {
+    say("applying deploy/ (CRDs, policies, RBAC, Deployments)");
+    kubectl(
+        plane,
+        &[
+            "apply",
+            "--server-side",
+            "-k",
+            &crate::cluster::deploy_dir().display().to_string(),
+        ],
+        None,
+    )?;
+    let ca = plane.data_dir().join("pki/ca.crt");
+    let controller_kubeconfig = options.dir.join("controller.kubeconfig");
+    let bootserver_kubeconfig = options.dir.join("bootserver.kubeconfig");
+    write(
+        &controller_kubeconfig,
+        &service_account_kubeconfig(plane, "unbounded-controller", plane.server_url(), &ca)?,
+    )?;
+    write(
+        &bootserver_kubeconfig,
+        &service_account_kubeconfig(
+            plane,
+            "unbounded-bootserver",
+            &format!("https://{LAB_ADDRESS}:{LAB_API_PORT}"),
+            &ca,
+        )?,
+    )?;
+    let images_dir = options.dir.join("images");
+    fs::create_dir_all(&images_dir).map_err(|e| step(e.to_string()))?;
+    for (name, source) in [
+        ("vmlinuz", &images.host.kernel),
+        ("initrd.img", &images.host.initrd),
+        ("node.tar.zst", &images.node.archive),
+    ] {
+        let link = images_dir.join(name);
+        let _ = fs::remove_file(&link);
+        std::os::unix::fs::symlink(source, &link)
+            .map_err(|e| step(format!("linking {name}: {e}")))?;
+    }
+
+    say("bootserver (Kubernetes backend, full DHCP, router advertisements, agent credentials)");
+    let config = options.dir.join("bootserver.yaml");
+    write(&config, &bootserver_config(&options.dir, &images_dir, &ca))?;
+    let bootserver = Process::spawn(
+        "bootserver",
+        Some(ns),
+        &options.bootserver,
+        &[
+            "--config".into(),
+            config.display().to_string(),
+            // Elects the PXE provider as in a cluster (deploy/'s RBAC allows its Lease).
+            "--leader-election-identity".into(),
+            "testbed-bootserver".into(),
+        ],
+        &[
+            ("KUBECONFIG", bootserver_kubeconfig.display().to_string()),
+            ("RUST_LOG", "info".into()),
+        ],
+        options.dir.join("bootserver.log"),
+    )?;
+    say("controller");
+    let metrics_port = bmc::free_port(false).map_err(|e| step(e.to_string()))?;
+    let controller = Process::spawn(
+        "controller",
+        None,
+        &options.controller,
+        &[
+            "--metrics-addr".into(),
+            format!("127.0.0.1:{metrics_port}"),
+            "--leader-election-identity".into(),
+            "testbed".into(),
+        ],
+        &[
+            ("KUBECONFIG", controller_kubeconfig.display().to_string()),
+            ("RUST_LOG", "info".into()),
+        ],
+        options.dir.join("controller.log"),
+    )?;
+    Ok(Components::HostBinaries {
+        controller,
+        bootserver,
+    })
+}
+
+fn bootserver_config(dir: &Path, images: &Path, ca: &Path) -> String {
+    format!(
+        r#"interface: br0
+serverAddress: {LAB_ADDRESS}
+routerAdvertisements: true
+backend: kubernetes
+dhcp:
+  mode: full
+  leaseFile: "{dir}/leases.log"
+  subnets:
+    - subnet: 10.99.0.0/24
+      pool: [10.99.0.100, 10.99.0.199]
+      gateway: {LAB_ADDRESS}
+      leaseSeconds: 3600
+tftp: {{root: /usr/lib/ipxe}}
+http: {{port: 8080, imagesDir: "{images}"}}
+power: {{enabled: true, pollSeconds: 10}}
+credentials:
+  apiServer: https://{LAB_ADDRESS}:{LAB_API_PORT}
+  caFile: "{ca}"
+  nonceFile: "{dir}/nonces.json"
+"#,
+        dir = dir.display(),
+        images = images.display(),
+        ca = ca.display(),
+    )
+}
+
+/// A kubeconfig for a ServiceAccount of `unbounded-system`, with a token that does not
+/// expire while the lab runs (a ServiceAccount token Secret, filled by the token controller).
+pub(crate) fn service_account_kubeconfig(
+    plane: &LocalControlPlane,
+    account: &str,
+    server: &str,
+    ca: &Path,
+) -> Result<String, LabError> {
+    let secret = format!("{account}-testbed-token");
+    kubectl(
+        plane,
+        &["apply", "-f", "-"],
+        Some(&format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {secret}\n  namespace: unbounded-system\n  \
+             annotations: {{kubernetes.io/service-account.name: {account}}}\ntype: kubernetes.io/service-account-token\n"
+        )),
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let token = loop {
+        let encoded = kubectl(
+            plane,
+            &[
+                "get",
+                "secret",
+                "-n",
+                "unbounded-system",
+                &secret,
+                "-o",
+                "jsonpath={.data.token}",
+            ],
+            None,
+        )
+        .unwrap_or_default();
+        if !encoded.is_empty() {
+            let out = Command::new("base64")
+                .arg("-d")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .and_then(|mut c| {
+                    if let Some(mut i) = c.stdin.take() {
+                        i.write_all(encoded.as_bytes())?;
+                    }
+                    c.wait_with_output()
+                })
+                .map_err(|e| step(format!("base64: {e}")))?;
+            break String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+        if Instant::now() > deadline {
+            return Err(step(format!("the token controller did not fill {secret}")));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    Ok(format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\n\
+         users:\n- name: {account}\n  user:\n    token: {token}\ncontexts:\n- name: lab\n  context:\n    cluster: lab\n    user: {account}\n\
+         current-context: lab\n",
+        ca = ca.display()
+    ))
+}

@@ -1,0 +1,442 @@
+//! The testbed lab: everything between power-off and Ready Nodes, on one machine.
+//!
+//! - a network namespace with a bridge (`br0`, [`LAB_ADDRESS`]/24): the provisioning network;
+//! - the local control plane, reachable from the VMs at `https://10.99.0.1:6443` through a
+//!   forwarder;
+//! - the project's components, one of two ways ([`LabMode`]):
+//!   - **as shipped** (the default): `deploy/` applied through its testbed overlay and run as
+//!     pods on the appliance node, a VM on the bridge that is an Unbounded node itself, with
+//!     the images pulled from the lab's registry ([`crate::appliance`]);
+//!   - **host binaries** (fast development): the bootserver binary in the namespace and the
+//!     controller binary on the host, each with its own ServiceAccount's token and `deploy/`'s
+//!     RBAC, not as cluster-admin;
+//! - libvirtd in the namespace and one domain per machine (TCG where KVM cannot run guests),
+//!   each behind an emulated BMC on the bridge's address: sushy-tools (Redfish) for odd
+//!   machines, `ipmi_sim` (IPMI) for even ones; BIOS and UEFI alternate;
+//! - a MachineConfiguration with the host and node images, and one Machine per VM.
+//!
+//! Everything is owned by [`Lab`] and stopped when it is dropped (processes die with the
+//! thread that started them, too).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::appliance::{Appliance, ApplianceOptions, BootArtifacts};
+use crate::bmc::{self, Domain, DomainOptions, IpmiSim, Libvirtd, SushyEmulator};
+use crate::cluster::{KUBERNETES_VERSION, Lifetime, LocalControlPlane, PlaneOptions};
+use crate::images::Images;
+use crate::netns::{LoopbackForward, Netns};
+use crate::process::Process;
+
+/// The bootserver's (and the API server's, for the VMs) address on the provisioning bridge.
+pub const LAB_ADDRESS: &str = "10.99.0.1";
+/// The API server's port as the VMs reach it.
+pub const LAB_API_PORT: u16 = 6443;
+/// The label every lab Machine carries (the configuration selects by it).
+pub const LAB_LABEL: &str = "unbounded-cloud.io/testbed";
+/// The BMC user and password of the emulators (test credentials, in a Secret).
+const BMC_USER: &str = "admin";
+// At most 16 characters: IPMI 1.5 and some BMCs (ipmi_sim among them) stop there.
+const BMC_PASSWORD: &str = "tb-bmc-s3cret";
+
+/// Errors of the lab.
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    /// A step failed.
+    #[error("{0}")]
+    Step(String),
+    /// A machine did not reach a stage in time.
+    #[error(
+        "{machine} did not reach {stage} within {seconds} s (last: {last}); console tail:\n{console}\n{logs}"
+    )]
+    Timeout {
+        /// The machine.
+        machine: String,
+        /// The stage waited for.
+        stage: &'static str,
+        /// How long.
+        seconds: u64,
+        /// The last stage it reached.
+        last: &'static str,
+        /// The tail of its serial console.
+        console: String,
+        /// Tails of the components' logs.
+        logs: String,
+    },
+}
+
+fn step(message: impl Into<String>) -> LabError {
+    LabError::Step(message.into())
+}
+
+/// How the lab runs the project's components.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LabMode {
+    /// As shipped: `deploy/` as pods on the appliance node (a VM), images from the lab's
+    /// registry.
+    Pods,
+    /// The controller and bootserver binaries as processes of the host (fast development).
+    HostBinaries,
+}
+
+/// How a lab machine's BMC speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BmcKind {
+    /// sushy-tools.
+    Redfish,
+    /// ipmi_sim.
+    Ipmi,
+}
+
+/// One machine of the lab.
+#[derive(Debug)]
+pub struct LabMachine {
+    /// The Machine's (and Node's) name.
+    pub name: String,
+    /// Its NIC's MAC.
+    pub mac: String,
+    /// Its reserved address.
+    pub ip: String,
+    /// UEFI (else BIOS).
+    pub uefi: bool,
+    /// Its BMC.
+    pub bmc: BmcKind,
+    /// Its libvirt domain.
+    pub domain: Domain,
+    /// Its IPMI simulator, when it has one.
+    ipmi: Option<IpmiSim>,
+}
+
+/// What to build.
+#[derive(Debug, Clone)]
+pub struct LabOptions {
+    /// How many machines (BIOS/Redfish and UEFI/IPMI alternate).
+    pub machines: usize,
+    /// Memory per VM.
+    pub memory_mib: u32,
+    /// Where logs and generated files go.
+    pub dir: PathBuf,
+    /// The controller binary (run on the host in [`LabMode::HostBinaries`]; for the
+    /// appliance's first join in [`LabMode::Pods`]).
+    pub controller: PathBuf,
+    /// The bootserver binary ([`LabMode::HostBinaries`]).
+    pub bootserver: PathBuf,
+    /// How the components run.
+    pub mode: LabMode,
+    /// Memory of the appliance VM ([`LabMode::Pods`]).
+    pub appliance_memory_mib: u32,
+    /// How long one stage may take.
+    pub stage_timeout: Duration,
+}
+
+/// The project's components as the lab runs them.
+#[derive(Debug)]
+enum Components {
+    /// The controller and the bootserver as processes of the host.
+    HostBinaries {
+        controller: Process,
+        bootserver: Process,
+    },
+    /// `deploy/` as pods on the appliance node.
+    Pods(Box<Appliance>),
+}
+
+/// The lab. Fields drop in order: the components that talk to others go first.
+#[derive(Debug)]
+pub struct Lab {
+    components: Components,
+    /// The machines.
+    pub machines: Vec<LabMachine>,
+    sushy: Option<SushyEmulator>,
+    libvirtd: Libvirtd,
+    _forward: LoopbackForward,
+    /// The control plane.
+    pub plane: LocalControlPlane,
+    _ns: Netns,
+    /// Where logs and generated files are.
+    pub dir: PathBuf,
+    /// The admin kubeconfig.
+    pub kubeconfig: PathBuf,
+    /// When each machine was powered on (the provider's first power-on seen).
+    powered_on: BTreeMap<String, Instant>,
+    /// Where the machines get their boot artifacts.
+    artifacts: BootArtifacts,
+}
+
+fn write(path: &Path, content: &str) -> Result<(), LabError> {
+    fs::write(path, content).map_err(|e| step(format!("writing {}: {e}", path.display())))
+}
+
+impl Lab {
+    /// Starts everything except the Machines (see [`Lab::apply_machines`]).
+    pub fn start(
+        options: &LabOptions,
+        images: &Images,
+        say: &dyn Fn(&str),
+    ) -> Result<Self, LabError> {
+        fs::create_dir_all(&options.dir)
+            .map_err(|e| step(format!("{}: {e}", options.dir.display())))?;
+        say("provisioning network: namespace with bridge br0 (10.99.0.1/24)");
+        let ns = Netns::new("ubtb").map_err(|e| step(e.to_string()))?;
+        for args in [
+            &["link", "add", "br0", "type", "bridge"][..],
+            &["addr", "add", "10.99.0.1/24", "dev", "br0"],
+            &["link", "set", "br0", "up"],
+        ] {
+            ns.ip(args).map_err(|e| step(e.to_string()))?;
+        }
+
+        let pods = options.mode == LabMode::Pods;
+        say(&format!(
+            "control plane: etcd, kube-apiserver, kube-controller-manager{} {KUBERNETES_VERSION}",
+            if pods { ", kube-scheduler" } else { "" }
+        ));
+        let plane = LocalControlPlane::start_with(
+            Lifetime::TiedToThread,
+            PlaneOptions {
+                // Pods need a scheduler; the host-binary lab has nothing to schedule (its
+                // Deployments' pods would only land on the machines and fail to pull).
+                scheduler: pods,
+                ..PlaneOptions::default()
+            },
+        )
+        .map_err(|e| step(e.to_string()))?;
+        let api_port = plane
+            .server_url()
+            .rsplit(':')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        let forward = LoopbackForward::bound(
+            &ns,
+            LAB_ADDRESS,
+            LAB_API_PORT,
+            &format!("127.0.0.1:{api_port}"),
+        )
+        .map_err(|e| step(e.to_string()))?;
+        let kubeconfig = plane.kubeconfig_path().to_path_buf();
+
+        let (components, artifacts) = match options.mode {
+            LabMode::Pods => {
+                let appliance = Appliance::start(
+                    &ns,
+                    &plane,
+                    &ApplianceOptions {
+                        dir: options.dir.clone(),
+                        memory_mib: options.appliance_memory_mib,
+                        vcpus: 2,
+                        controller: options.controller.clone(),
+                        timeout: options.stage_timeout,
+                    },
+                    images,
+                    say,
+                )?;
+                let artifacts = appliance.artifacts.clone();
+                (Components::Pods(Box::new(appliance)), artifacts)
+            }
+            LabMode::HostBinaries => (
+                start_host_binaries(options, &ns, &plane, images, say)?,
+                BootArtifacts::on_bootserver(&images.node.sha256),
+            ),
+        };
+
+        say(
+            "libvirtd and the BMC emulators on 10.99.0.1 (sushy-tools for Redfish, ipmi_sim for IPMI)",
+        );
+        let libvirtd = Libvirtd::start(&ns).map_err(|e| step(e.to_string()))?;
+        let sushy = SushyEmulator::start_bound(Some(&ns), LAB_ADDRESS, BMC_USER, BMC_PASSWORD)
+            .map_err(|e| step(e.to_string()))?;
+
+        say(&format!("{} VMs with their BMCs", options.machines));
+        let pid = std::process::id();
+        let mut machines = Vec::new();
+        for i in 1..=options.machines {
+            let uefi = i % 2 == 0;
+            let bmc = if i % 2 == 1 {
+                BmcKind::Redfish
+            } else {
+                BmcKind::Ipmi
+            };
+            let name = format!("machine-{i}");
+            let mac = format!("52:54:00:99:00:{i:02x}");
+            let domain = Domain::define_with(
+                &format!("{}{pid}-{i}", bmc::TEST_DOMAIN_PREFIX),
+                &mac,
+                "br0",
+                &DomainOptions {
+                    uefi,
+                    memory_mib: options.memory_mib,
+                    vcpus: 1,
+                    network_fallback: true,
+                },
+            )
+            .map_err(|e| step(e.to_string()))?;
+            let ipmi = match bmc {
+                BmcKind::Ipmi => Some(
+                    IpmiSim::start_bound(
+                        Some(&ns),
+                        LAB_ADDRESS,
+                        &domain.name,
+                        BMC_USER,
+                        BMC_PASSWORD,
+                    )
+                    .map_err(|e| step(e.to_string()))?,
+                ),
+                BmcKind::Redfish => None,
+            };
+            machines.push(LabMachine {
+                ip: format!("10.99.0.{}", 20 + i),
+                name,
+                mac,
+                uefi,
+                bmc,
+                domain,
+                ipmi,
+            });
+        }
+        let mut lab = Self {
+            components,
+            machines,
+            sushy: Some(sushy),
+            libvirtd,
+            _forward: forward,
+            plane,
+            _ns: ns,
+            dir: options.dir.clone(),
+            kubeconfig,
+            powered_on: BTreeMap::new(),
+            artifacts,
+        };
+        if let Some(message) = lab.component_exited() {
+            return Err(step(format!("{message}\n{}", lab.logs())));
+        }
+        Ok(lab)
+    }
+
+    fn component_exited(&mut self) -> Option<String> {
+        match &mut self.components {
+            Components::HostBinaries {
+                controller,
+                bootserver,
+            } => controller.exited().or_else(|| bootserver.exited()),
+            Components::Pods(appliance) => appliance.exited(),
+        }
+    }
+
+    /// The appliance, when the lab runs the pods.
+    pub fn appliance(&self) -> Option<&Appliance> {
+        match &self.components {
+            Components::Pods(appliance) => Some(appliance),
+            Components::HostBinaries { .. } => None,
+        }
+    }
+
+    /// Where the machines get their kernel, initramfs and node image.
+    pub fn artifacts(&self) -> &BootArtifacts {
+        &self.artifacts
+    }
+
+    /// The BMC address of a machine.
+    fn bmc_address(&self, machine: &LabMachine) -> String {
+        match (machine.bmc, &machine.ipmi, &self.sushy) {
+            (BmcKind::Ipmi, Some(sim), _) => format!("ipmi://{LAB_ADDRESS}:{}", sim.port),
+            (_, _, Some(sushy)) => format!(
+                "redfish+http://{LAB_ADDRESS}:{}/redfish/v1/Systems/{}",
+                sushy.port, machine.domain.uuid
+            ),
+            _ => String::new(),
+        }
+    }
+
+    /// Applies the BMC Secret, the MachineConfiguration and one Machine per VM: the BMCs
+    /// power the machines on.
+    pub fn apply_machines(&mut self) -> Result<(), LabError> {
+        use crate::scenario::LabAccess as _;
+        let mut yaml = format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: testbed-bmc, namespace: unbounded-system}}\n\
+             stringData: {{username: {BMC_USER}, password: {BMC_PASSWORD}}}\n---\n{}",
+            configuration_yaml("testbed", &self.artifacts)
+        );
+        for m in &self.machines {
+            yaml.push_str(&format!(
+                r#"---
+apiVersion: unbounded-cloud.io/v1alpha1
+kind: Machine
+metadata:
+  name: {name}
+  labels: {{{LAB_LABEL}: "true"}}
+spec:
+  provider: pxe
+  pxe:
+    macAddresses: ["{mac}"]
+    firmware: {firmware}
+    ipv4: {ip}
+    bmc:
+      address: "{bmc}"
+      credentialsSecretRef: {{namespace: unbounded-system, name: testbed-bmc}}
+"#,
+                name = m.name,
+                mac = m.mac,
+                firmware = if m.uefi { "uefi" } else { "bios" },
+                ip = m.ip,
+                bmc = self.bmc_address(m),
+            ));
+        }
+        self.kubectl(&["apply", "-f", "-"], Some(&yaml))?;
+        Ok(())
+    }
+}
+
+/// The kernel arguments of the lab's machines. `quiet`: the kernel's own log over an
+/// emulated UART costs seconds; systemd still shows its progress.
+pub const LAB_KERNEL_ARGS: [&str; 3] = ["console=ttyS0", "quiet", "systemd.show_status=true"];
+
+/// The MachineConfiguration of the lab's machines.
+pub fn configuration_yaml(name: &str, artifacts: &BootArtifacts) -> String {
+    format!(
+        r#"apiVersion: unbounded-cloud.io/v1alpha1
+kind: MachineConfiguration
+metadata: {{name: {name}}}
+spec:
+  machineSelector: {{matchLabels: {{{LAB_LABEL}: "true"}}}}
+  template:
+    boot:
+      kernelURL: "{kernel}"
+      initrdURL: "{initrd}"
+      kernelArgs: [{kernel_args}]
+    image: {{url: "{node}", sha256: {sha}}}
+    kubernetes:
+      version: {KUBERNETES_VERSION}
+      nodeLabels: {{{LAB_LABEL}: "true"}}
+"#,
+        kernel_args = LAB_KERNEL_ARGS.join(", "),
+        kernel = artifacts.kernel_url,
+        initrd = artifacts.initrd_url,
+        node = artifacts.node_url,
+        sha = artifacts.node_sha256,
+    )
+}
+
+fn kubectl(
+    plane: &LocalControlPlane,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Result<String, LabError> {
+    run_kubectl(plane.kubectl(), args, stdin)
+}
+
+fn run_kubectl(command: Command, args: &[&str], stdin: Option<&str>) -> Result<String, LabError> {
+    crate::cluster::run_kubectl(command, args, stdin).map_err(|e| step(e.to_string()))
+}
+
+mod host_binaries;
+mod logs;
+mod running;
+mod wait;
+
+pub(crate) use host_binaries::service_account_kubeconfig;
+use host_binaries::start_host_binaries;
+pub use running::RunningLab;
