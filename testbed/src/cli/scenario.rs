@@ -1,0 +1,70 @@
+//! `scenario`: one of the long VM scenarios against a running lab.
+
+use std::time::Duration;
+
+use unbounded_testbed::lab::{LabError, RunningLab};
+use unbounded_testbed::{appliance_scenarios, scenario};
+
+use crate::{CliError, ScenarioName};
+
+pub(crate) fn run_scenario(name: ScenarioName) -> Result<(), CliError> {
+    let lab = RunningLab::load().ok_or_else(|| {
+        CliError::Other(
+            "no testbed is running: start one with `cargo run -p unbounded-testbed -- up`".into(),
+        )
+    })?;
+    let say = |m: &str| eprintln!("testbed: {m}");
+    let timeout = Duration::from_secs(420);
+    let first = lab
+        .machines
+        .first()
+        .map(|(n, _)| n.clone())
+        .ok_or_else(|| CliError::Other("the testbed has no machines".into()))?;
+    let run = |which: ScenarioName| -> Result<(), LabError> {
+        match which {
+            ScenarioName::Repave => scenario::repave(&lab, &first, timeout, &say).map(|_| ()),
+            ScenarioName::Rollback => scenario::rollback(&lab, &first, timeout, &say),
+            ScenarioName::Operations => scenario::operations(&lab, timeout, &say),
+            ScenarioName::Pool => unbounded_testbed::pool_scenario::pool(&lab, timeout, &say),
+            ScenarioName::LeaderFailover => {
+                appliance_scenarios::leader_failover(&lab, 1, timeout, &say).map(|f| {
+                    say(&format!(
+                        "leader-failover: {} took over from {} in {:.1} s (bound {} s); rollout to version {} {:.0} s",
+                        f.new_leader,
+                        f.old_leader,
+                        f.takeover.as_secs_f64(),
+                        f.bound.as_secs(),
+                        f.version,
+                        f.rollout.as_secs_f64()
+                    ));
+                })
+            }
+            ScenarioName::BootserverRestart => {
+                appliance_scenarios::bootserver_restart(&lab, &first, timeout, &say).map(|r| {
+                    say(&format!(
+                        "bootserver-restart: new pod Ready in {:.1} s, leases {} → {}, {first} Ready {:.0} s after its reboot",
+                        r.restart.as_secs_f64(),
+                        r.leases.0,
+                        r.leases.1,
+                        r.boot.as_secs_f64()
+                    ));
+                })
+            }
+            ScenarioName::All => Ok(()),
+        }
+    };
+    match name {
+        ScenarioName::All => {
+            for which in [
+                ScenarioName::Repave,
+                ScenarioName::Rollback,
+                ScenarioName::Operations,
+            ] {
+                run(which)?;
+            }
+        }
+        one => run(one)?,
+    }
+    say("scenario passed");
+    Ok(())
+}
