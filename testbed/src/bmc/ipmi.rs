@@ -1,0 +1,199 @@
+//! OpenIPMI's `ipmi_sim`: IPMI over LAN, its chassis commands driving libvirt.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use super::libvirt::LIBVIRT_URI;
+use super::{BmcError, Daemon, daemon_command, free_port, run, setup, spawn, wait_until};
+use crate::netns::Netns;
+
+/// OpenIPMI's `ipmi_sim`: an IPMI v2.0 LAN (RMCP+) BMC on `127.0.0.1:<port>` whose chassis
+/// is a libvirt domain, through a `chassis_control` script that runs `virsh`. A one-time
+/// PXE boot (boot flags, device PXE) starts the domain once with `<boot dev='network'/>`.
+///
+/// Not virtualbmc: `ipmi-rs` opens every session with an ASF presence ping, which pyghmi
+/// (virtualbmc's IPMI server) does not answer; real BMCs and `ipmi_sim` do.
+#[derive(Debug)]
+pub struct IpmiSim {
+    /// The IPMI UDP port.
+    pub port: u16,
+    _daemon: Daemon,
+    dir: tempfile::TempDir,
+}
+
+impl IpmiSim {
+    /// Starts the simulator for `domain` with one administrator, on the host's loopback.
+    pub fn start(domain: &str, username: &str, password: &str) -> Result<Self, BmcError> {
+        Self::start_in(None, domain, username, password)
+    }
+
+    /// Starts the simulator on the loopback of `ns` (or the host's).
+    pub fn start_in(
+        ns: Option<&Netns>,
+        domain: &str,
+        username: &str,
+        password: &str,
+    ) -> Result<Self, BmcError> {
+        Self::start_bound(ns, "127.0.0.1", domain, username, password)
+    }
+
+    /// Starts the simulator on `address` (an address of `ns`, or of the host).
+    pub fn start_bound(
+        ns: Option<&Netns>,
+        address: &str,
+        domain: &str,
+        username: &str,
+        password: &str,
+    ) -> Result<Self, BmcError> {
+        let dir = tempfile::tempdir().map_err(|e| setup(e.to_string()))?;
+        let port = free_port(true)?;
+        let script = dir.path().join("chassis.sh");
+        std::fs::write(&script, chassis_script(domain, dir.path()))
+            .map_err(|e| setup(e.to_string()))?;
+        run(Command::new("chmod").arg("+x").arg(&script))?;
+        let conf = dir.path().join("lan.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "name \"ubsim\"\nset_working_mc 0x20\n  startlan 1\n    addr {address} {port}\n    priv_limit admin\n    allowed_auths_callback none md5\n    allowed_auths_user none md5\n    allowed_auths_operator none md5\n    allowed_auths_admin none md5\n    guid a123456789abcdefa123456789abcdef\n  endlan\n  chassis_control \"{}\"\nuser 2 true \"{username}\" \"{password}\" admin 10 none md5\n",
+                script.display()
+            ),
+        )
+        .map_err(|e| setup(e.to_string()))?;
+        let emu = dir.path().join("sim.emu");
+        std::fs::write(
+            &emu,
+            "mc_setbmc 0x20\nmc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr\nmc_enable 0x20\n",
+        )
+        .map_err(|e| setup(e.to_string()))?;
+        let state = dir.path().join("state");
+        std::fs::create_dir_all(&state).map_err(|e| setup(e.to_string()))?;
+        let mut command = daemon_command(ns, Path::new("ipmi_sim"));
+        command
+            .arg("-c")
+            .arg(&conf)
+            .arg("-f")
+            .arg(&emu)
+            .arg("-n")
+            .arg("-s")
+            .arg(&state);
+        let daemon = spawn(command, &dir.path().join("ipmi_sim.log"))?;
+        let this = Self {
+            port,
+            _daemon: daemon,
+            dir,
+        };
+        // Listening first: an ipmitool session started before the port is bound spends ~10 s
+        // in its own retries.
+        let hex_port = format!(":{port:04X} ");
+        wait_until("ipmi_sim's UDP port", Duration::from_secs(60), || {
+            let udp = match ns {
+                Some(ns) => ns
+                    .exec(&["cat", "/proc/net/udp"])
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default(),
+                None => std::fs::read_to_string("/proc/net/udp").unwrap_or_default(),
+            };
+            udp.lines().any(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .is_some_and(|local| format!("{local} ").ends_with(&hex_port))
+            })
+        })
+        .map_err(|e| setup(format!("{e}\n{}", this.log())))?;
+        // Ready when it answers a session (ipmitool reads the password from the environment).
+        wait_until("ipmi_sim", Duration::from_secs(90), || {
+            let mut ipmitool = match ns {
+                Some(ns) => ns.command("ipmitool"),
+                None => Command::new("ipmitool"),
+            };
+            // Cipher suite 3 named: ipmitool otherwise asks for the channel's cipher suites,
+            // which ipmi_sim does not answer, and every call takes ~10 s.
+            ipmitool
+                .args([
+                    "-I",
+                    "lanplus",
+                    "-C",
+                    "3",
+                    "-H",
+                    address,
+                    "-p",
+                    &port.to_string(),
+                ])
+                .args(["-U", username, "-E", "chassis", "power", "status"])
+                .env("IPMI_PASSWORD", password)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .map_err(|e| setup(format!("{e}\n{}", this.log())))?;
+        Ok(this)
+    }
+
+    /// The simulator's output and every chassis call it made.
+    pub fn log(&self) -> String {
+        let read = |f: &str| std::fs::read_to_string(self.dir.path().join(f)).unwrap_or_default();
+        format!(
+            "{}\nchassis calls:\n{}",
+            read("ipmi_sim.log"),
+            read("calls.log")
+        )
+    }
+
+    /// The chassis calls so far (`get power`, `set power 1`, `set boot pxe`, …).
+    pub fn chassis_calls(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("calls.log")).unwrap_or_default()
+    }
+}
+
+/// The `chassis_control` script: `get <items>` prints `item:value` lines, `set <item>
+/// <value>…` acts, on one libvirt domain.
+fn chassis_script(domain: &str, dir: &Path) -> String {
+    let dir = dir.display();
+    format!(
+        r#"#!/bin/sh
+# ipmi_sim chassis control for libvirt domain {domain}
+virsh() {{ command virsh -q -c {LIBVIRT_URI} "$@"; }}
+echo "$@" >> {dir}/calls.log
+op=$1; shift
+running() {{ [ "$(virsh domstate {domain})" = running ]; }}
+case "$op" in
+  get)
+    for item in "$@"; do
+      case $item in
+        power) if running; then echo power:1; else echo power:0; fi ;;
+        boot) echo boot:default ;;
+      esac
+    done ;;
+  set)
+    while [ $# -ge 2 ]; do
+      case "$1 $2" in
+        "power 1")
+          if ! running; then
+            if [ -e {dir}/pxe-once ]; then
+              virsh dumpxml --inactive {domain} > {dir}/saved.xml
+              sed "s|<boot dev='hd'/>|<boot dev='network'/>|" {dir}/saved.xml > {dir}/pxe.xml
+              virsh define {dir}/pxe.xml >/dev/null
+              virsh start {domain} >/dev/null
+              virsh define {dir}/saved.xml >/dev/null
+              rm -f {dir}/pxe-once
+            else
+              virsh start {domain} >/dev/null
+            fi
+          fi ;;
+        "power 0") running && virsh destroy {domain} >/dev/null ;;
+        "shutdown 1") running && virsh shutdown {domain} >/dev/null ;;
+        "reset 1") running && virsh reset {domain} >/dev/null ;;
+        "boot pxe") touch {dir}/pxe-once ;;
+        "boot "*) rm -f {dir}/pxe-once ;;
+      esac
+      shift 2
+    done ;;
+esac
+exit 0
+"#
+    )
+}

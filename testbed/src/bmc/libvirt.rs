@@ -1,0 +1,318 @@
+//! libvirtd (started by us) and the VM domains it runs.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::{BmcError, Daemon, daemon_command, run, setup, spawn, wait_until};
+use crate::netns::Netns;
+
+/// Every test domain's name starts with this; leftovers are removed when libvirtd starts.
+pub const TEST_DOMAIN_PREFIX: &str = "ub-";
+
+/// The libvirt URI the tests use.
+pub const LIBVIRT_URI: &str = "qemu:///system";
+
+/// virtlogd and libvirtd, in the foreground, inside a namespace.
+#[derive(Debug)]
+pub struct Libvirtd {
+    _daemons: Vec<Daemon>,
+    dir: tempfile::TempDir,
+    // Dropped last: the daemons are gone before another test binary may start its own.
+    _lock: MachineLock,
+}
+
+/// The lock that serialises libvirtd between test binaries and worktrees on one machine.
+pub const LIBVIRTD_LOCK: &str = "/tmp/unbounded-vm.lock";
+
+/// An exclusive `flock` on a file, released when dropped (or when the process dies).
+#[derive(Debug)]
+pub struct MachineLock(#[allow(dead_code)] std::fs::File);
+
+impl MachineLock {
+    /// Blocks until the lock on `path` is ours.
+    pub fn acquire(path: &Path) -> Result<Self, BmcError> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .map_err(|e| setup(format!("opening {}: {e}", path.display())))?;
+        file.lock()
+            .map_err(|e| setup(format!("locking {}: {e}", path.display())))?;
+        Ok(Self(file))
+    }
+}
+
+/// The shell run (in a mount namespace of its own) to start libvirtd. Where `/dev/kvm`
+/// exists but cannot run guests, libvirtd re-probes QEMU's capabilities on every domain
+/// definition whenever a `/dev/kvm` is accessible and its cached capabilities lack KVM
+/// (20 s to minutes per `virsh define`, measured on a fresh machine; binding `/dev/null`
+/// over it is not enough, since that is accessible too). So libvirtd gets a `/dev` without
+/// `kvm`: a tmpfs holding a copy of every device node of the real `/dev`, with the
+/// filesystems mounted under it (pts, shm, mqueue, hugepages) bound in again.
+fn libvirtd_script(hide_kvm: bool, scratch: &Path) -> String {
+    if !hide_kvm {
+        return "exec /usr/sbin/libvirtd".to_owned();
+    }
+    let scratch_conf = scratch.with_extension("qemu.conf");
+    let scratch = scratch.display();
+    format!(
+        "set -e
+mkdir -p '{scratch}'
+mount -t tmpfs -o mode=0755,nosuid unbounded-dev '{scratch}'
+cp -ax /dev/. '{scratch}'/
+rm -f '{scratch}/kvm'
+for sub in pts shm mqueue hugepages; do
+  if mountpoint -q /dev/$sub; then mkdir -p '{scratch}'/$sub; mount --bind /dev/$sub '{scratch}'/$sub; fi
+done
+mount --move '{scratch}' /dev
+test ! -e /dev/kvm
+# QEMU's own mount namespace would move /dev/pts, which here is a bind mount: libvirt fails
+# with EINVAL. The copied /dev is private to this namespace already.
+printf 'namespaces = []\n' > '{qemu_conf}'
+mount --bind '{qemu_conf}' /etc/libvirt/qemu.conf
+exec /usr/sbin/libvirtd",
+        qemu_conf = scratch_conf.display(),
+    )
+}
+
+impl Libvirtd {
+    /// Starts both daemons in `ns`; a libvirtd left over from a killed run is stopped first.
+    /// Holds a machine-wide lock (`/tmp/unbounded-vm.lock`) for its lifetime: there is
+    /// one libvirtd socket per machine, so a second test binary waits for the first.
+    pub fn start(ns: &Netns) -> Result<Self, BmcError> {
+        let lock = MachineLock::acquire(Path::new(LIBVIRTD_LOCK))?;
+        for pidfile in ["/run/libvirtd.pid", "/run/virtlogd.pid"] {
+            if let Ok(pid) = std::fs::read_to_string(pidfile) {
+                let _ = Command::new("kill").arg(pid.trim()).status();
+                std::thread::sleep(Duration::from_millis(500));
+                let _ = std::fs::remove_file(pidfile);
+            }
+        }
+        let dir = tempfile::tempdir().map_err(|e| setup(e.to_string()))?;
+        let virtlogd = spawn(
+            daemon_command(Some(ns), Path::new("/usr/sbin/virtlogd")),
+            &dir.path().join("virtlogd.log"),
+        )?;
+        let mut command = daemon_command(Some(ns), Path::new("unshare"));
+        let hide_kvm = crate::qemu::accelerator() == "tcg" && Path::new("/dev/kvm").exists();
+        command
+            .args(["-m", "sh", "-c"])
+            .arg(libvirtd_script(hide_kvm, &dir.path().join("dev")));
+        let libvirtd = spawn(command, &dir.path().join("libvirtd.log"))?;
+        let this = Self {
+            _daemons: vec![virtlogd, libvirtd],
+            dir,
+            _lock: lock,
+        };
+        wait_until("libvirtd", Duration::from_secs(30), || {
+            virsh(&["version"]).is_ok()
+        })
+        .map_err(|e| setup(format!("{e}\n{}", this.log())))?;
+        // Test domains a killed run left behind (their definitions outlive libvirtd).
+        for name in virsh(&["list", "--all", "--name"])?.lines() {
+            if name.starts_with(TEST_DOMAIN_PREFIX) {
+                let _ = virsh(&["destroy", name]);
+                let _ = virsh(&["undefine", "--nvram", name]);
+            }
+        }
+        Ok(this)
+    }
+
+    /// libvirtd's log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("libvirtd.log")).unwrap_or_default()
+    }
+}
+
+/// Runs `virsh -c qemu:///system <args>`.
+pub fn virsh(args: &[&str]) -> Result<String, BmcError> {
+    run(Command::new("virsh").args(["-c", LIBVIRT_URI]).args(args))
+}
+
+/// How a [`Domain`] is built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DomainOptions {
+    /// OVMF instead of SeaBIOS.
+    pub uefi: bool,
+    /// Memory.
+    pub memory_mib: u32,
+    /// Virtual CPUs.
+    pub vcpus: u32,
+    /// Boot from the network after the (empty) disk, on every boot.
+    pub network_fallback: bool,
+}
+
+impl Default for DomainOptions {
+    fn default() -> Self {
+        Self {
+            uefi: false,
+            memory_mib: 512,
+            vcpus: 1,
+            network_fallback: false,
+        }
+    }
+}
+
+/// A libvirt domain (TCG unless the CPU can do KVM) with an empty disk, first in the boot
+/// order, and a NIC on `bridge`: it network-boots only when a BMC asks for it (or on every
+/// boot with [`DomainOptions::network_fallback`]).
+#[derive(Debug)]
+pub struct Domain {
+    /// The domain's name.
+    pub name: String,
+    /// Its UUID (Redfish names systems by it).
+    pub uuid: String,
+    dir: tempfile::TempDir,
+}
+
+impl Domain {
+    /// Defines (does not start) the domain; `name` starts with [`TEST_DOMAIN_PREFIX`].
+    pub fn define(name: &str, mac: &str, bridge: &str, uefi: bool) -> Result<Self, BmcError> {
+        Self::define_with(
+            name,
+            mac,
+            bridge,
+            &DomainOptions {
+                uefi,
+                ..DomainOptions::default()
+            },
+        )
+    }
+
+    /// Defines (does not start) a domain with `options`.
+    pub fn define_with(
+        name: &str,
+        mac: &str,
+        bridge: &str,
+        options: &DomainOptions,
+    ) -> Result<Self, BmcError> {
+        let uefi = options.uefi;
+        let dir = tempfile::tempdir().map_err(|e| setup(e.to_string()))?;
+        let disk = dir.path().join("disk.qcow2");
+        run(Command::new("qemu-img")
+            .args(["create", "-q", "-f", "qcow2"])
+            .arg(&disk)
+            .arg("64M"))?;
+        let console = dir.path().join("console.log");
+        let (loader, machine) = if uefi {
+            let vars = dir.path().join("OVMF_VARS.fd");
+            std::fs::copy("/usr/share/OVMF/OVMF_VARS_4M.fd", &vars)
+                .map_err(|e| setup(e.to_string()))?;
+            (
+                format!(
+                    "<loader readonly='yes' type='pflash'>/usr/share/OVMF/OVMF_CODE_4M.fd</loader><nvram>{}</nvram>",
+                    vars.display()
+                ),
+                "q35",
+            )
+        } else {
+            ("<bios useserial='yes'/>".to_owned(), "pc")
+        };
+        let uuid = run(Command::new("cat").arg("/proc/sys/kernel/random/uuid"))?
+            .trim()
+            .to_owned();
+        let kind = if crate::qemu::accelerator() == "kvm" {
+            "kvm"
+        } else {
+            "qemu"
+        };
+        let memory = options.memory_mib;
+        let vcpus = options.vcpus;
+        // A server whose OS lives in RAM boots from the network on every boot: its empty
+        // disk fails and the firmware moves on to the NIC.
+        let network_fallback = if options.network_fallback {
+            "<boot dev='network'/>"
+        } else {
+            ""
+        };
+        let xml = format!(
+            "<domain type='{kind}'>
+  <name>{name}</name>
+  <uuid>{uuid}</uuid>
+  <memory unit='MiB'>{memory}</memory>
+  <vcpu>{vcpus}</vcpu>
+  <os><type arch='x86_64' machine='{machine}'>hvm</type>{loader}<boot dev='hd'/>{network_fallback}</os>
+  <features><acpi/></features>
+  <on_poweroff>destroy</on_poweroff>
+  <on_reboot>restart</on_reboot>
+  <devices>
+    <emulator>/usr/bin/qemu-system-x86_64</emulator>
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='qcow2'/><source file='{disk}'/><target dev='vda' bus='virtio'/>
+    </disk>
+    <interface type='bridge'>
+      <mac address='{mac}'/><source bridge='{bridge}'/><model type='virtio'/>
+    </interface>
+    <serial type='file'><source path='{console}' append='on'/><target port='0'/></serial>
+    <graphics type='vnc' port='-1' listen='127.0.0.1'/>
+  </devices>
+</domain>",
+            disk = disk.display(),
+            console = console.display(),
+        );
+        let file = dir.path().join("domain.xml");
+        std::fs::write(&file, xml).map_err(|e| setup(e.to_string()))?;
+        virsh(&["define", &file.display().to_string()])?;
+        Ok(Self {
+            name: name.to_owned(),
+            uuid,
+            dir,
+        })
+    }
+
+    /// The serial console's file.
+    pub fn console_path(&self) -> PathBuf {
+        self.dir.path().join("console.log")
+    }
+
+    /// What the serial console printed so far (across boots: the file is appended).
+    pub fn console(&self) -> String {
+        std::fs::read(self.dir.path().join("console.log"))
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Waits until the console shows `marker` `count` times; returns the last such line.
+    pub fn wait_for(
+        &self,
+        marker: &str,
+        count: usize,
+        timeout: Duration,
+    ) -> Result<String, BmcError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let console = self.console();
+            let lines: Vec<&str> = crate::qemu::complete_lines(&console)
+                .filter(|l| l.contains(marker))
+                .collect();
+            if lines.len() >= count {
+                return Ok(lines[count - 1].trim().to_owned());
+            }
+            if Instant::now() > deadline {
+                let tail = crate::qemu::console_tail(&console, 2000);
+                return Err(setup(format!(
+                    "{}: {marker:?} seen {} of {count} times in {timeout:?}; console ends:\n{tail}",
+                    self.name,
+                    lines.len()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// libvirt's state of the domain (`running`, `shut off`, …).
+    pub fn state(&self) -> String {
+        virsh(&["domstate", &self.name])
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Domain {
+    fn drop(&mut self) {
+        let _ = virsh(&["destroy", &self.name]);
+        let _ = virsh(&["undefine", "--nvram", &self.name]);
+    }
+}

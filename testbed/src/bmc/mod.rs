@@ -1,0 +1,117 @@
+//! Emulated BMCs driving real QEMU VMs through libvirt: [`Libvirtd`] (started by us: PID 1
+//! is not systemd on these machines), [`Domain`] (a VM that network-boots on a bridge of a
+//! test's namespace), [`SushyEmulator`] (Redfish) and [`IpmiSim`] (IPMI over LAN).
+//!
+//! libvirtd is one per machine (its socket is `/run/libvirt/libvirt-sock`), so a test binary
+//! starts one and runs its VM tests one at a time. It runs inside the test's namespace so
+//! that the taps it creates for VMs join that namespace's bridge; the emulators listen on
+//! a loopback (or, for a bootserver that runs on a VM of that bridge, on the bridge's
+//! address) and reach libvirtd through its Unix socket.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::netns::Netns;
+
+/// Errors of the BMC plumbing.
+#[derive(Debug, thiserror::Error)]
+pub enum BmcError {
+    /// A command failed or a daemon did not come up.
+    #[error("{0}")]
+    Setup(String),
+}
+
+fn setup(message: impl Into<String>) -> BmcError {
+    BmcError::Setup(message.into())
+}
+
+fn run(command: &mut Command) -> Result<String, BmcError> {
+    let output = command
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| setup(format!("{command:?}: {e}")))?;
+    if !output.status.success() {
+        return Err(setup(format!(
+            "{command:?}: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+fn wait_until(
+    what: &str,
+    timeout: Duration,
+    mut ready: impl FnMut() -> bool,
+) -> Result<(), BmcError> {
+    let deadline = Instant::now() + timeout;
+    while !ready() {
+        if Instant::now() > deadline {
+            return Err(setup(format!("{what} did not come up within {timeout:?}")));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(())
+}
+
+/// The virtualenv's `bin` with sushy-emulator, installed once.
+pub fn emulators_bin() -> Result<PathBuf, BmcError> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/install-bmc-emulators.sh");
+    let out = run(Command::new("bash").arg(&script))?;
+    Ok(PathBuf::from(out.trim()))
+}
+
+/// A child killed (and reaped) on drop; it also dies with the test (`PR_SET_PDEATHSIG`).
+#[derive(Debug)]
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(mut command: Command, log: &Path) -> Result<Daemon, BmcError> {
+    let file = std::fs::File::create(log).map_err(|e| setup(e.to_string()))?;
+    let err = file.try_clone().map_err(|e| setup(e.to_string()))?;
+    command
+        .stdin(Stdio::null())
+        .stdout(file)
+        .stderr(err)
+        .spawn()
+        .map(Daemon)
+        .map_err(|e| setup(format!("{command:?}: {e}")))
+}
+
+/// `setpriv --pdeathsig KILL -- <program>` inside `ns` (or the host when `None`).
+fn daemon_command(ns: Option<&Netns>, program: &Path) -> Command {
+    let mut command = match ns {
+        Some(ns) => ns.command("setpriv"),
+        None => Command::new("setpriv"),
+    };
+    command.args(["--pdeathsig", "KILL", "--"]).arg(program);
+    command
+}
+
+/// A free TCP or UDP port on loopback (bound once and released).
+pub fn free_port(udp: bool) -> Result<u16, BmcError> {
+    let port = if udp {
+        std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr())
+    } else {
+        std::net::TcpListener::bind("127.0.0.1:0").and_then(|s| s.local_addr())
+    };
+    port.map(|a| a.port()).map_err(|e| setup(e.to_string()))
+}
+
+mod ipmi;
+mod libvirt;
+mod redfish;
+
+pub use ipmi::IpmiSim;
+pub use libvirt::{
+    Domain, DomainOptions, LIBVIRT_URI, LIBVIRTD_LOCK, Libvirtd, MachineLock, TEST_DOMAIN_PREFIX,
+    virsh,
+};
+pub use redfish::SushyEmulator;
