@@ -474,7 +474,7 @@ async fn progress(
         return Ok(None);
     }
     let start = status.start_time.unwrap_or(Time(now()));
-    crate::operation::write_status(
+    crate::operation_status::write_status(
         operation,
         json!({"state": OperationState::InProgress, "message": message, "startTime": start,
                "handler": field_managers::CONTROLLER}),
@@ -492,7 +492,7 @@ async fn finish(
 ) -> Result<Action, Error> {
     let status = operation.status.clone().unwrap_or_default();
     let start = status.start_time.unwrap_or(Time(now()));
-    crate::operation::write_status(
+    crate::operation_status::write_status(
         operation,
         json!({"state": state, "message": message, "startTime": start,
                "completionTime": Time(now()), "handler": field_managers::CONTROLLER}),

@@ -27,6 +27,7 @@ pub mod machine;
 pub mod members;
 pub mod metrics;
 pub mod operation;
+pub mod operation_status;
 pub mod pool;
 pub mod recount;
 pub mod repave;

@@ -11,7 +11,7 @@ use kube::api::Api;
 use kube::{Client, ResourceExt};
 use unbounded_api::{Machine, MachineProvider, SecretReference};
 
-use crate::error::Error;
+use crate::error::{Error, NoConsole};
 
 /// The default port of IPMI over LAN.
 pub const IPMI_PORT: u16 = 623;
@@ -25,37 +25,6 @@ pub struct SolTarget {
     pub port: u16,
     /// The Secret with `username` and `password`.
     pub credentials: SecretReference,
-}
-
-/// Why a machine has no console the plugin can open.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum NoConsole {
-    /// Not a PXE Machine.
-    #[error(
-        "{machine} is a {provider} Machine: the console is a BMC's, and only pxe Machines have one"
-    )]
-    NotPxe {
-        /// The Machine.
-        machine: String,
-        /// Its provider.
-        provider: &'static str,
-    },
-    /// No `spec.pxe.bmc`.
-    #[error("{0} has no BMC (spec.pxe.bmc): there is no serial console to reach")]
-    NoBmc(String),
-    /// A Redfish BMC.
-    #[error(
-        "{0} has a Redfish BMC: its serial console is not supported yet (only IPMI Serial-over-LAN)"
-    )]
-    Redfish(String),
-    /// An address that cannot be read.
-    #[error("{machine}: the BMC address {address:?} is not ipmi://host[:port]")]
-    BadAddress {
-        /// The Machine.
-        machine: String,
-        /// The address.
-        address: String,
-    },
 }
 
 /// The IPMI endpoint of `machine`'s BMC, or why there is none.

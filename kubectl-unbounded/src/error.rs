@@ -48,7 +48,7 @@ pub enum Error {
     Output(#[from] std::io::Error),
     /// The machine has no console the plugin can open.
     #[error(transparent)]
-    NoConsole(#[from] crate::console::NoConsole),
+    NoConsole(#[from] NoConsole),
     /// Opening the console failed (never with a credential in the message).
     #[error("console: {0}")]
     Console(String),
@@ -85,4 +85,35 @@ impl Error {
         let what = what.into();
         move |source| Self::Api { what, source }
     }
+}
+
+/// Why a machine has no console the plugin can open.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoConsole {
+    /// Not a PXE Machine.
+    #[error(
+        "{machine} is a {provider} Machine: the console is a BMC's, and only pxe Machines have one"
+    )]
+    NotPxe {
+        /// The Machine.
+        machine: String,
+        /// Its provider.
+        provider: &'static str,
+    },
+    /// No `spec.pxe.bmc`.
+    #[error("{0} has no BMC (spec.pxe.bmc): there is no serial console to reach")]
+    NoBmc(String),
+    /// A Redfish BMC.
+    #[error(
+        "{0} has a Redfish BMC: its serial console is not supported yet (only IPMI Serial-over-LAN)"
+    )]
+    Redfish(String),
+    /// An address that cannot be read.
+    #[error("{machine}: the BMC address {address:?} is not ipmi://host[:port]")]
+    BadAddress {
+        /// The Machine.
+        machine: String,
+        /// The address.
+        address: String,
+    },
 }

@@ -6,7 +6,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use crate::lab::LabError;
+use crate::lab::base::LabError;
 use crate::netns::Netns;
 
 fn step(message: impl Into<String>) -> LabError {

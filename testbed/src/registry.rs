@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::lab::LabError;
+use crate::lab::base::LabError;
 use crate::netns::Netns;
 use crate::process::Process;
 

@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use crate::appliance::PodsInfo;
-use crate::lab::{LAB_LABEL, LabError};
+use crate::lab::base::{LAB_LABEL, LabError};
 
 /// What a scenario needs of a lab: `kubectl`, the machines' names and consoles, and what
 /// the pods mode pushed. Implemented by the in-process [`crate::lab::Lab`] and by

@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster::LocalControlPlane;
 use crate::images::Images;
-use crate::lab::{LAB_ADDRESS, LAB_API_PORT, LabError};
+use crate::lab::base::{LAB_ADDRESS, LAB_API_PORT, LabError};
 use crate::netns::{HostRoute, Netns};
 use crate::process::Process;
 use crate::progress::{self, Stage, Timeline};

@@ -7,7 +7,7 @@ use std::path::Path;
 use super::{BootArtifacts, PushedLayout, kubectl, step};
 use crate::cluster::LocalControlPlane;
 use crate::images::Images;
-use crate::lab::{LAB_ADDRESS, LabError};
+use crate::lab::base::{LAB_ADDRESS, LabError};
 use crate::overlay::{self, PushedImage};
 use crate::registry::RegistryAddress;
 

@@ -5,7 +5,7 @@ use std::io::Write as _;
 
 use super::{ADDRESS, INTERFACE, MAC, NAME, step};
 use crate::cluster::LocalControlPlane;
-use crate::lab::{LAB_ADDRESS, LabError};
+use crate::lab::base::{LAB_ADDRESS, LabError};
 
 /// How long the first credentials live (the agent renews its token itself well before).
 const CREDENTIAL_SECONDS: u64 = 3600;

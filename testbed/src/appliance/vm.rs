@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::{MAC, NAME, step};
-use crate::lab::LabError;
+use crate::lab::base::LabError;
 use crate::netns::Netns;
 use crate::process::Process;
 

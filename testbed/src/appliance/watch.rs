@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::{ApplianceOptions, CONTROLLER_LEASE, SYSTEM_NAMESPACE, kubectl, step};
 use crate::cluster::LocalControlPlane;
-use crate::lab::LabError;
+use crate::lab::base::LabError;
 use crate::process::Process;
 
 /// The controller binary with the controller's ServiceAccount (deploy/'s RBAC), outside the
@@ -17,7 +17,7 @@ pub(super) fn bootstrap_controller(
 ) -> Result<Process, LabError> {
     let ca = plane.data_dir().join("pki/ca.crt");
     let kubeconfig = options.dir.join("bootstrap-controller.kubeconfig");
-    let text = crate::lab::service_account_kubeconfig(
+    let text = crate::lab::base::service_account_kubeconfig(
         plane,
         "unbounded-controller",
         plane.server_url(),

@@ -2,12 +2,10 @@
 //! the host, each with its ServiceAccount's token and `deploy/`'s RBAC.
 
 use std::fs;
-use std::io::Write as _;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
-use super::{Components, LAB_ADDRESS, LAB_API_PORT, LabError, LabOptions, kubectl, step, write};
+use super::base::{LAB_ADDRESS, LAB_API_PORT, LabError, kubectl, service_account_kubeconfig, step};
+use super::{Components, LabOptions, write};
 use crate::bmc;
 use crate::cluster::LocalControlPlane;
 use crate::images::Images;
@@ -135,65 +133,4 @@ credentials:
         images = images.display(),
         ca = ca.display(),
     )
-}
-
-/// A kubeconfig for a ServiceAccount of `unbounded-system`, with a token that does not
-/// expire while the lab runs (a ServiceAccount token Secret, filled by the token controller).
-pub(crate) fn service_account_kubeconfig(
-    plane: &LocalControlPlane,
-    account: &str,
-    server: &str,
-    ca: &Path,
-) -> Result<String, LabError> {
-    let secret = format!("{account}-testbed-token");
-    kubectl(
-        plane,
-        &["apply", "-f", "-"],
-        Some(&format!(
-            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {secret}\n  namespace: unbounded-system\n  \
-             annotations: {{kubernetes.io/service-account.name: {account}}}\ntype: kubernetes.io/service-account-token\n"
-        )),
-    )?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let token = loop {
-        let encoded = kubectl(
-            plane,
-            &[
-                "get",
-                "secret",
-                "-n",
-                "unbounded-system",
-                &secret,
-                "-o",
-                "jsonpath={.data.token}",
-            ],
-            None,
-        )
-        .unwrap_or_default();
-        if !encoded.is_empty() {
-            let out = Command::new("base64")
-                .arg("-d")
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .spawn()
-                .and_then(|mut c| {
-                    if let Some(mut i) = c.stdin.take() {
-                        i.write_all(encoded.as_bytes())?;
-                    }
-                    c.wait_with_output()
-                })
-                .map_err(|e| step(format!("base64: {e}")))?;
-            break String::from_utf8_lossy(&out.stdout).into_owned();
-        }
-        if Instant::now() > deadline {
-            return Err(step(format!("the token controller did not fill {secret}")));
-        }
-        std::thread::sleep(Duration::from_millis(300));
-    };
-    Ok(format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\n\
-         users:\n- name: {account}\n  user:\n    token: {token}\ncontexts:\n- name: lab\n  context:\n    cluster: lab\n    user: {account}\n\
-         current-context: lab\n",
-        ca = ca.display()
-    ))
 }

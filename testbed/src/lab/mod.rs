@@ -21,7 +21,6 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::appliance::{Appliance, ApplianceOptions, BootArtifacts};
@@ -31,46 +30,10 @@ use crate::images::Images;
 use crate::netns::{LoopbackForward, Netns};
 use crate::process::Process;
 
-/// The bootserver's (and the API server's, for the VMs) address on the provisioning bridge.
-pub const LAB_ADDRESS: &str = "10.99.0.1";
-/// The API server's port as the VMs reach it.
-pub const LAB_API_PORT: u16 = 6443;
-/// The label every lab Machine carries (the configuration selects by it).
-pub const LAB_LABEL: &str = "unbounded-cloud.io/testbed";
 /// The BMC user and password of the emulators (test credentials, in a Secret).
 const BMC_USER: &str = "admin";
 // At most 16 characters: IPMI 1.5 and some BMCs (ipmi_sim among them) stop there.
 const BMC_PASSWORD: &str = "tb-bmc-s3cret";
-
-/// Errors of the lab.
-#[derive(Debug, thiserror::Error)]
-pub enum LabError {
-    /// A step failed.
-    #[error("{0}")]
-    Step(String),
-    /// A machine did not reach a stage in time.
-    #[error(
-        "{machine} did not reach {stage} within {seconds} s (last: {last}); console tail:\n{console}\n{logs}"
-    )]
-    Timeout {
-        /// The machine.
-        machine: String,
-        /// The stage waited for.
-        stage: &'static str,
-        /// How long.
-        seconds: u64,
-        /// The last stage it reached.
-        last: &'static str,
-        /// The tail of its serial console.
-        console: String,
-        /// Tails of the components' logs.
-        logs: String,
-    },
-}
-
-fn step(message: impl Into<String>) -> LabError {
-    LabError::Step(message.into())
-}
 
 /// How the lab runs the project's components.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -420,23 +383,13 @@ spec:
     )
 }
 
-fn kubectl(
-    plane: &LocalControlPlane,
-    args: &[&str],
-    stdin: Option<&str>,
-) -> Result<String, LabError> {
-    run_kubectl(plane.kubectl(), args, stdin)
-}
-
-fn run_kubectl(command: Command, args: &[&str], stdin: Option<&str>) -> Result<String, LabError> {
-    crate::cluster::run_kubectl(command, args, stdin).map_err(|e| step(e.to_string()))
-}
-
+pub mod base;
 mod host_binaries;
 mod logs;
 mod running;
 mod wait;
 
-pub(crate) use host_binaries::service_account_kubeconfig;
+use base::step;
+pub use base::{LAB_ADDRESS, LAB_API_PORT, LAB_LABEL, LabError};
 use host_binaries::start_host_binaries;
 pub use running::RunningLab;

@@ -5,7 +5,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::{Lab, LabError, kubectl, run_kubectl, step, write};
+use super::base::{LabError, kubectl, run_kubectl, step};
+use super::{Lab, write};
 use crate::appliance::PodsInfo;
 
 impl crate::scenario::LabAccess for Lab {

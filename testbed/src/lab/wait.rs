@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use super::{Lab, LabError, LabMachine, step};
+use super::base::{LabError, step};
+use super::{Lab, LabMachine};
 use crate::process::tail_text;
 use crate::progress::{self, Stage, Timeline};
 
