@@ -24,19 +24,24 @@ pub async fn client(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<
     let config = match kubeconfig {
         Some(path) => {
             let file = Kubeconfig::read_from(path)
-                .map_err(|e| Error::Kubeconfig(format!("{}: {e}", path.display())))?;
+                .map_err(|e| kubeconfig_error(&format!(" {}", path.display()), e))?;
             Config::from_custom_kubeconfig(file, &options)
                 .await
-                .map_err(|e| Error::Kubeconfig(e.to_string()))?
+                .map_err(|e| kubeconfig_error("", e))?
         }
         None if context.is_some() => Config::from_kubeconfig(&options)
             .await
-            .map_err(|e| Error::Kubeconfig(e.to_string()))?,
-        None => Config::infer()
-            .await
-            .map_err(|e| Error::Kubeconfig(e.to_string()))?,
+            .map_err(|e| kubeconfig_error("", e))?,
+        None => Config::infer().await.map_err(|e| kubeconfig_error("", e))?,
     };
     Client::try_from(config).map_err(Error::api("building the API client"))
+}
+
+fn kubeconfig_error(what: &str, source: impl std::error::Error + Send + Sync + 'static) -> Error {
+    Error::Kubeconfig {
+        what: what.to_owned(),
+        source: Box::new(source),
+    }
 }
 
 fn list_params(selector: Option<&str>) -> ListParams {

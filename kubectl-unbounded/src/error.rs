@@ -8,8 +8,14 @@ use crate::plan::PlanError;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The kubeconfig could not be read or used.
-    #[error("kubeconfig: {0}")]
-    Kubeconfig(String),
+    #[error("kubeconfig{what}: {source}")]
+    Kubeconfig {
+        /// The file, when one was named (`": <path>"`), else empty.
+        what: String,
+        /// What the client library said.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A request to the API server failed.
     #[error("{what}: {source}")]
     Api {
@@ -54,10 +60,10 @@ pub enum Error {
     Console(String),
     /// A watch failed before it had listed everything.
     #[error("watching: {0}")]
-    Watch(String),
+    Watch(#[source] kube::runtime::watcher::Error),
     /// Rendering JSON or YAML failed.
     #[error("rendering the output: {0}")]
-    Render(String),
+    Render(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl Error {

@@ -158,12 +158,12 @@ fn format_tree(tree: &StatusTree, args: &StatusArgs, terminal: &Terminal) -> Res
         Output::Text => Ok(render::render(tree, terminal.style(args.color))),
         Output::Json if args.watch => serde_json::to_string(tree)
             .map(|s| s + "\n")
-            .map_err(|e| Error::Render(e.to_string())),
+            .map_err(|e| Error::Render(Box::new(e))),
         Output::Json => serde_json::to_string_pretty(tree)
             .map(|s| s + "\n")
-            .map_err(|e| Error::Render(e.to_string())),
+            .map_err(|e| Error::Render(Box::new(e))),
         Output::Yaml => {
-            let yaml = serde_saphyr::to_string(tree).map_err(|e| Error::Render(e.to_string()))?;
+            let yaml = serde_saphyr::to_string(tree).map_err(|e| Error::Render(Box::new(e)))?;
             Ok(if args.watch {
                 format!("---\n{yaml}")
             } else {
@@ -247,7 +247,7 @@ async fn watch_status(
         tokio::select! {
             () = &mut ready => break,
             event = events.next() => if let Some(Err(e)) = event {
-                return Err(Error::Watch(e.to_string()));
+                return Err(Error::Watch(e));
             },
         }
     }
