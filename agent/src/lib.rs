@@ -42,6 +42,7 @@ pub mod rootfs;
 pub mod run;
 pub mod state;
 pub mod status;
+pub mod storage;
 pub mod systemd;
 mod watch_one;
 
