@@ -17,8 +17,10 @@ use std::time::Duration;
 
 use unbounded_agent::storage::apply::{self, StorageError};
 use unbounded_agent::storage::probe::{self, Disk, DiskScope};
-use unbounded_agent::storage::{Marker, Owner, Plan, Previous, Refusal, plan};
-use unbounded_api::storage::{DiskSelector, StorageSpec, WipeMethod};
+use unbounded_agent::storage::shell::{DiskInput, pave_finished, prepare_disk};
+use unbounded_agent::storage::{ContainerStep, Marker, Owner, Plan, Previous, Refusal, plan};
+use unbounded_api::ResolvedConfiguration;
+use unbounded_api::storage::{DiskSelector, StorageSpec, WipeMethod, WipePolicy};
 
 const UID: &str = "3d5f1a8e-7c2b-4e0a-9f61-2b8c4d7e6a10";
 const OTHER_UID: &str = "9b0e2c41-5a6d-4f3b-8e72-1c9d0a4b5e63";
@@ -423,4 +425,180 @@ fn a_mounted_disk_is_not_wiped() {
     .unwrap_err();
     assert!(matches!(err, StorageError::Mounted { .. }), "{err:?}");
     assert_eq!(fs::read_to_string(disk.mount_point.join("f")).unwrap(), "x");
+}
+
+fn disk_input(disk: &LoopDisk, state: &Path) -> DiskInput {
+    DiskInput {
+        machines: disk.mount_point.clone(),
+        state: state.to_path_buf(),
+        node: "node-1".into(),
+        machine: "m-1".into(),
+        machine_uid: Some(UID.into()),
+        scope: DiskScope::Only(vec![disk.name.clone()]),
+    }
+}
+
+/// The pave's storage step over a machine's life: a first pave formats, a reboot on the
+/// same version starts the container from the disk, a repave with `wipe: never` keeps a
+/// file on the disk and one with `wipe: always` removes it (after stopping the container
+/// and keeping kubelet's identity in RAM).
+#[tokio::test]
+async fn the_storage_step_formats_reuses_and_wipes_as_the_policy_says() {
+    if !can_run("the_storage_step_formats_reuses_and_wipes_as_the_policy_says") {
+        return;
+    }
+    let disk = LoopDisk::new(1 << 30, false);
+    let state = tempfile::tempdir().unwrap();
+    let input = disk_input(&disk, state.path());
+    let v1 = ResolvedConfiguration {
+        name: "general".into(),
+        version: 1,
+    };
+    let sha = "a".repeat(64);
+    let never = StorageSpec {
+        wipe: Some(WipePolicy::Never),
+        ..small_disk_spec()
+    };
+    let stops = std::sync::atomic::AtomicU32::new(0);
+    let stop = || async {
+        stops.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    };
+    let machines = &disk.mount_point;
+    let root = machines.join("node-1");
+
+    // First boot: a blank disk is formatted and mounted; the pave writes the root.
+    let first = prepare_disk(&input, &never, &v1, &sha, true, stop)
+        .await
+        .unwrap();
+    assert_eq!(first.step, ContainerStep::Pave);
+    assert_eq!(
+        (first.status.action.as_str(), first.status.container_reused),
+        ("formatted", false)
+    );
+    assert_eq!(first.status.disk, disk.name);
+    fs::create_dir_all(root.join("var/lib/kubelet/pki")).unwrap();
+    fs::write(
+        root.join("var/lib/kubelet/pki/kubelet-client-current.pem"),
+        "cert",
+    )
+    .unwrap();
+    fs::write(machines.join("outside-the-root.txt"), "kept by never").unwrap();
+    assert!(
+        !apply::read_marker(machines).unwrap().complete,
+        "not complete before the pave ends"
+    );
+    pave_finished(machines, &first.marker).await.unwrap();
+
+    // Reboot on the same version and image: started from the disk as it is.
+    apply::unmount(machines).unwrap();
+    let rebooted = prepare_disk(&input, &never, &v1, &sha, true, stop)
+        .await
+        .unwrap();
+    assert_eq!(rebooted.step, ContainerStep::StartFromDisk);
+    assert_eq!(
+        (
+            rebooted.status.action.as_str(),
+            rebooted.status.container_reused
+        ),
+        ("reused", true)
+    );
+    assert!(
+        root.join("var/lib/kubelet/pki/kubelet-client-current.pem")
+            .exists()
+    );
+
+    // Reboot into another image: paved again onto the disk, nothing wiped.
+    apply::unmount(machines).unwrap();
+    let other = "b".repeat(64);
+    let new_image = prepare_disk(&input, &never, &v1, &other, true, stop)
+        .await
+        .unwrap();
+    assert_eq!(new_image.step, ContainerStep::Pave);
+    assert_eq!(
+        fs::read_to_string(machines.join("outside-the-root.txt")).unwrap(),
+        "kept by never"
+    );
+    pave_finished(machines, &new_image.marker).await.unwrap();
+
+    // A repave within the boot with `never`: the file stays, the container is not stopped
+    // by the storage step (the pave replaces the root itself).
+    let repave = prepare_disk(&input, &never, &v1, &other, false, stop)
+        .await
+        .unwrap();
+    assert_eq!(repave.step, ContainerStep::Pave);
+    assert!(machines.join("outside-the-root.txt").exists());
+    assert_eq!(stops.load(std::sync::atomic::Ordering::SeqCst), 0);
+    pave_finished(machines, &repave.marker).await.unwrap();
+
+    // The same repave with `always`: the container is stopped, the disk wiped and
+    // formatted again, kubelet's identity kept in RAM for the new root.
+    let always = StorageSpec {
+        wipe: Some(WipePolicy::Always),
+        ..small_disk_spec()
+    };
+    let wiped = prepare_disk(&input, &always, &v1, &other, false, stop)
+        .await
+        .unwrap();
+    assert_eq!(wiped.step, ContainerStep::WipeThenPave);
+    assert_eq!(wiped.status.action, "wiped");
+    assert_eq!(stops.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(
+        !machines.join("outside-the-root.txt").exists(),
+        "always removes it"
+    );
+    assert!(!root.exists());
+    let identity = wiped.identity.unwrap();
+    assert_eq!(
+        fs::read_to_string(identity.join("var/lib/kubelet/pki/kubelet-client-current.pem"))
+            .unwrap(),
+        "cert"
+    );
+    let marker = apply::read_marker(machines).unwrap();
+    assert_eq!((marker.machine_uid.as_str(), marker.complete), (UID, false));
+}
+
+/// A disk the plan refuses is left byte for byte, and the running container is not stopped.
+#[tokio::test]
+async fn the_storage_step_refuses_a_foreign_disk_without_touching_anything() {
+    if !can_run("the_storage_step_refuses_a_foreign_disk_without_touching_anything") {
+        return;
+    }
+    let disk = LoopDisk::new(1 << 30, false);
+    let node = format!("/dev/{}", disk.name);
+    let out = Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-L", "someone", &node])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let before = disk.sha256();
+    let state = tempfile::tempdir().unwrap();
+    let v1 = ResolvedConfiguration {
+        name: "general".into(),
+        version: 1,
+    };
+    let stopped = std::sync::atomic::AtomicBool::new(false);
+    let stop = || async {
+        stopped.store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    };
+    let err = prepare_disk(
+        &disk_input(&disk, state.path()),
+        &small_disk_spec(),
+        &v1,
+        &"a".repeat(64),
+        true,
+        stop,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.reason(), "ForeignDisk", "{err}");
+    assert!(err.to_string().contains("allowForeign"), "{err}");
+    assert_eq!(disk.sha256(), before);
+    assert!(!stopped.load(std::sync::atomic::Ordering::SeqCst));
+    assert!(!disk.mount_point.exists(), "nothing mounted");
 }

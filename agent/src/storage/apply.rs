@@ -163,6 +163,17 @@ fn device_node(root: &Path, name: &str, sys_dir: &Path) -> Result<PathBuf, Stora
     Ok(node)
 }
 
+/// The device node of `device` (the disk itself, or one of its partitions), made when
+/// missing.
+pub fn device_path(root: &Path, disk: &str, device: &str) -> Result<PathBuf, StorageError> {
+    let dir = if device == disk {
+        sys_block(root, disk)
+    } else {
+        sys_block(root, disk).join(device)
+    };
+    device_node(root, device, &dir)
+}
+
 fn sys_block(root: &Path, disk: &str) -> PathBuf {
     root.join("sys/block").join(disk)
 }

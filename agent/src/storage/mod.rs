@@ -22,6 +22,7 @@ use unbounded_api::storage::WipePolicy;
 pub mod apply;
 pub mod plan;
 pub mod probe;
+pub mod shell;
 
 pub use plan::{Owner, Plan, Previous, Refusal, plan};
 
