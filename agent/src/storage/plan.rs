@@ -815,7 +815,13 @@ mod tests {
             let disk = disks.iter().find(|d| d.name == chosen.disk());
             prop_assert!(disk.is_some());
             let disk = disk.unwrap();
-            prop_assert!(selects(&spec.disk, disk), "a disk no rule selected");
+            // The rules restated, apart from `selects`.
+            let rules = &spec.disk;
+            prop_assert!(!disk.removable, "a removable disk");
+            prop_assert!(disk.size_bytes >= u64::try_from(rules.min_size_gib.unwrap_or(16)).unwrap() * GIB, "too small");
+            prop_assert!(rules.max_size_gib.is_none_or(|m| disk.size_bytes <= u64::try_from(m).unwrap() * GIB), "too large");
+            prop_assert!(rules.rotational.is_none_or(|r| disk.rotational == Some(r)), "rotational");
+            prop_assert!(rules.serial.as_ref().is_none_or(|s| disk.serial.as_deref() == Some(s.as_str())), "serial");
             prop_assert!(Some(disk.name.as_str()) != booted.as_deref(), "the boot disk");
             prop_assert!(disk.all_mounts().all(|m| m == OWNER.mount_point), "a disk in use");
             match &chosen {
