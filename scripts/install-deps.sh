@@ -19,6 +19,9 @@ packages=(
   libvirt-daemon-system libvirt-dev pkg-config python3-venv python3-dev gcc ipmitool openipmi
   # the kubectl plugin's terminal test (status --watch in a real terminal)
   tmux
+  # the agent's storage tests on loop devices (sfdisk; wipefs, blkdiscard, partx and mkfs.ext4
+  # come with util-linux and e2fsprogs)
+  fdisk util-linux e2fsprogs
 )
 
 missing=()

@@ -16,6 +16,9 @@
 //!    configuration's files into it, replace the old container with it, write
 //!    `/etc/systemd/nspawn/<node>.nspawn` and start `systemd-nspawn@<node>.service` through
 //!    systemd's D-Bus API. kubelet inside TLS-bootstraps and the Node joins.
+//!    With `spec.template.storage`, the node container lives on a local disk ([`storage`]):
+//!    chosen by rules, formatted or reused, mounted on `/var/lib/machines`; a reboot on the
+//!    same version starts the container from it without a download.
 //! 5. **Repave** when the Node it joined as is deleted, with the version the controller
 //!    resolved then (a rollback is "pin an older version, delete the Node").
 //! 6. **Operations** ([`operation_tasks`], deciding with [`operations`]): `reboot`,
@@ -42,6 +45,7 @@ pub mod rootfs;
 pub mod run;
 pub mod state;
 pub mod status;
+pub mod storage;
 pub mod systemd;
 mod watch_one;
 

@@ -4,6 +4,14 @@
 //! files' modes, kubelet's flags) is checked before anything on the host changes, and the
 //! state file says a pave is under way, so that an agent restarted in the middle starts it
 //! over ([`crate::plan`]).
+//!
+//! With `spec.template.storage`, the disk comes first ([`crate::storage::shell`]): it is
+//! chosen, laid out or reused and mounted on the machines directory before the image is
+//! fetched, so the staging root and the container live on it. On the first pave of a boot,
+//! a container on the disk that was paved with the same configuration version and image
+//! (its marker says so, and that the pave finished) is started as it is: kubelet's and the
+//! configuration's files are written again (a fresh bootstrap token), nothing is
+//! downloaded or unpacked.
 
 use std::time::{Duration, Instant};
 
@@ -19,6 +27,8 @@ use crate::render::{self, KubeletInput};
 use crate::rootfs::{self, RootfsError};
 use crate::state::KeptState;
 use crate::status;
+use crate::storage::ContainerStep;
+use crate::storage::shell::{self as storage, StorageStepError};
 use crate::systemd::{self, SystemdError};
 
 /// Why a pave failed.
@@ -42,6 +52,8 @@ pub(crate) enum PaveError {
     NoBootstrapToken,
     #[error(transparent)]
     Root(#[from] ContainerRootError),
+    #[error(transparent)]
+    Storage(#[from] StorageStepError),
 }
 
 impl PaveError {
@@ -54,6 +66,7 @@ impl PaveError {
             Self::Credentials(_) | Self::NoBootstrapToken => status::reasons::CREDENTIALS_FAILED,
             Self::Systemd(_) => status::reasons::CONTAINER_FAILED,
             Self::Root(e) => e.reason(),
+            Self::Storage(e) => e.reason(),
         }
     }
 }
@@ -92,23 +105,52 @@ pub(crate) async fn pave(
     };
     render::kubelet_env(&empty_check)?;
 
-    kept.state.paving = Some(configuration.clone());
-    kept.save();
-    let staging = ctx.paths.machines.join(format!(".{}.staging", ctx.node));
     let url = rootfs::image_url(&image.url, ctx.identity.bootserver.as_deref())
         .ok_or_else(|| PaveError::RelativeImage(image.url.clone()))?;
-    let source = rootfs::ImageSource {
-        url,
-        sha256: image.sha256.clone(),
-        max_bytes: rootfs::size_limit(image.max_size_bytes),
+
+    // The disk first (spec.template.storage): chosen, laid out or reused and mounted on
+    // the machines directory, before anything of the container is written; a refusal
+    // touches nothing.
+    let disk = match &template.storage {
+        Some(spec) => Some(
+            storage::prepare(
+                ctx,
+                machine.metadata.uid.as_deref(),
+                spec,
+                configuration,
+                &image.sha256,
+                reason == PaveReason::Initial,
+            )
+            .await?,
+        ),
+        None => None,
     };
-    let started = Instant::now();
-    let bytes = rootfs::fetch_verify_unpack(&ctx.http, &source, &staging).await?;
-    println!(
-        "unbounded-agent: node image {} MB fetched, verified and unpacked in {:.1} s",
-        bytes / 1_000_000,
-        started.elapsed().as_secs_f64()
-    );
+    let from_disk = disk
+        .as_ref()
+        .is_some_and(|d| d.step == ContainerStep::StartFromDisk);
+
+    kept.state.paving = Some(configuration.clone());
+    kept.save();
+    let root = ctx.paths.machines.join(&ctx.node);
+    let staging = ctx.paths.machines.join(format!(".{}.staging", ctx.node));
+    // Starting the container on the disk as it is: kubelet's and the configuration's files
+    // are written again into its root (a fresh bootstrap token, the same content
+    // otherwise), and nothing is downloaded or unpacked.
+    let target = if from_disk { &root } else { &staging };
+    if !from_disk {
+        let source = rootfs::ImageSource {
+            url,
+            sha256: image.sha256.clone(),
+            max_bytes: rootfs::size_limit(image.max_size_bytes),
+        };
+        let started = Instant::now();
+        let bytes = rootfs::fetch_verify_unpack(&ctx.http, &source, &staging).await?;
+        println!(
+            "unbounded-agent: node image {} MB fetched, verified and unpacked in {:.1} s",
+            bytes / 1_000_000,
+            started.elapsed().as_secs_f64()
+        );
+    }
     let credentials = credentials::obtain(&ctx.http, &ctx.identity, &ctx.store, true).await?;
     let token = credentials
         .bootstrap_token
@@ -146,18 +188,31 @@ pub(crate) async fn pave(
                 .map(|(path, content, mode)| (path, content.into_bytes(), mode)),
         )
         .collect();
-    container_root::write_files(&staging, writes).await?;
-    let root = ctx.paths.machines.join(&ctx.node);
-    // The Node's identity survives a repave (kubelet's client certificate and
-    // kubeconfig), so it joins again without a new bootstrap token, as the same Node user.
-    container_root::carry_kubelet_identity(&root, &staging).await?;
-    // The new root is ready: only now does the old container go.
+    container_root::write_files(target, writes).await?;
     let unit = systemd::container_unit(&ctx.node);
+    if !from_disk {
+        // The Node's identity survives a repave (kubelet's client certificate and
+        // kubeconfig), so it joins again without a new bootstrap token, as the same Node
+        // user; when the disk was formatted or wiped, the storage step kept it in RAM.
+        let identity = disk
+            .as_ref()
+            .and_then(|d| d.identity.clone())
+            .unwrap_or_else(|| root.clone());
+        container_root::carry_kubelet_identity(&identity, &staging).await?;
+    }
+    // The new root is ready: only now does the old container go.
     ctx.host.stop(&unit, Duration::from_secs(120)).await?;
     if reason == PaveReason::NodeDeleted {
         remove_reregistered_node(&ctx.nodes, &ctx.node).await;
     }
-    container_root::replace(&staging, &root).await?;
+    if !from_disk {
+        container_root::replace(&staging, &root).await?;
+    }
+    if let Some(d) = &disk
+        && !from_disk
+    {
+        storage::pave_finished(&ctx.paths.machines, &d.marker).await?;
+    }
     container_root::write_settings(&ctx.paths.nspawn, &ctx.node, nspawn, &bus_dir).await?;
     kept.state.paved = Some(Paved {
         container: ctx.node.clone(),
@@ -168,6 +223,13 @@ pub(crate) async fn pave(
     });
     kept.state.paving = None;
     kept.save();
+    if let Some(d) = disk {
+        // Goes out with the next status write (the loop's, right after the pave).
+        let _ = ctx
+            .reporter
+            .report(move |agent| agent.storage = Some(d.status), None)
+            .await;
+    }
     ctx.host.start(&unit, Duration::from_secs(120)).await?;
     Ok(())
 }

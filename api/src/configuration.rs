@@ -171,6 +171,11 @@ pub struct MachineTemplate {
     #[schemars(length(max = 64))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["path"]))]
     pub files: Vec<FileSpec>,
+    /// The local disk that holds the node's state (`/var/lib/machines`: the node container,
+    /// with containerd's and kubelet's state inside it), and when it is wiped. Without it,
+    /// the node's state lives in RAM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<crate::storage::StorageSpec>,
 }
 
 /// The host OS a PXE machine boots.

@@ -17,6 +17,7 @@
 //! | `kubernetes.version` | repave: another kubelet |
 //! | `nspawn.*` | repave: the container's settings are read when it starts |
 //! | `boot.*` | repave: the host OS is read when the machine network-boots |
+//! | `storage.*` | repave: the disk is chosen, laid out and mounted before the container is paved |
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -70,6 +71,21 @@ pub const FIELDS: &[(&str, Treatment)] = &[
     ("files[].content", Treatment::WriteFile),
     ("files[].mode", Treatment::WriteFile),
     ("files[].restartUnits[]", Treatment::RecordOnly),
+    // The disk is chosen and laid out before a pave; the wipe policy is the one the
+    // Machine's version says at the moment of the wipe, and a new version of it is applied
+    // with the rest of the storage section, by a repave (one rule for the whole section).
+    ("storage.disk.minSizeGiB", Treatment::Repave),
+    ("storage.disk.maxSizeGiB", Treatment::Repave),
+    ("storage.disk.rotational", Treatment::Repave),
+    ("storage.disk.model", Treatment::Repave),
+    ("storage.disk.serial", Treatment::Repave),
+    ("storage.disk.wwn", Treatment::Repave),
+    ("storage.disk.byPath", Treatment::Repave),
+    ("storage.layout", Treatment::Repave),
+    ("storage.filesystem", Treatment::Repave),
+    ("storage.wipe", Treatment::Repave),
+    ("storage.wipeMethod", Treatment::Repave),
+    ("storage.allowForeign", Treatment::Repave),
 ];
 
 /// Why a change needs a repave.
@@ -85,6 +101,8 @@ pub enum RepaveReason {
     Nspawn,
     /// A file the old version wrote is no longer in the new one.
     FileRemoved(String),
+    /// `storage` changed: the disk is chosen and laid out before a pave.
+    Storage,
 }
 
 impl RepaveReason {
@@ -96,6 +114,7 @@ impl RepaveReason {
             Self::KubernetesVersion => "kubernetes.version changed".into(),
             Self::Nspawn => "the nspawn settings changed".into(),
             Self::FileRemoved(path) => format!("file {path} is no longer in the configuration"),
+            Self::Storage => "the storage (local disk) settings changed".into(),
         }
     }
 }
@@ -194,6 +213,9 @@ pub fn decide(old: &MachineTemplate, new: &MachineTemplate) -> ApplyPlan {
     }
     if old.nspawn.clone().unwrap_or_default() != new.nspawn.clone().unwrap_or_default() {
         plan.repave.push(RepaveReason::Nspawn);
+    }
+    if old.storage != new.storage {
+        plan.repave.push(RepaveReason::Storage);
     }
     let empty = KubernetesSpec::default();
     let (ok, nk) = (
@@ -299,6 +321,17 @@ mod tests {
                        "network": if b { "private" } else { "host" }},
             "files": [{"path": format!("/etc/{a}"), "content": a, "mode": if b { "0600" } else { "0644" },
                        "restartUnits": [format!("{a}.service")]}],
+            "storage": {
+                "disk": {"minSizeGiB": if b { 32 } else { 16 }, "maxSizeGiB": if b { 64 } else { 48 },
+                         "rotational": b, "model": format!("m-{a}"), "serial": format!("s-{a}"),
+                         "wwn": format!("w-{a}"), "byPath": format!("pci-{a}")},
+                "layout": if b { "wholeDisk" } else { "partition" },
+                // One filesystem exists: the second fixture leaves it out (its default).
+                "filesystem": if b { Value::Null } else { json!("ext4") },
+                "wipe": if b { "always" } else { "never" },
+                "wipeMethod": if b { "overwrite" } else { "fast" },
+                "allowForeign": b,
+            },
         })
     }
 

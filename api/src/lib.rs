@@ -29,6 +29,7 @@ pub mod machine;
 pub mod operation;
 pub mod pool;
 pub mod reference;
+pub mod storage;
 pub mod well_known;
 
 pub use configuration::{

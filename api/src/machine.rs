@@ -507,6 +507,9 @@ pub struct AgentStatus {
     /// machine is back with another boot ID.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reboot: Option<AgentReboot>,
+    /// The local disk that holds the node's state, when the configuration has `storage`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<crate::storage::StorageStatus>,
 }
 
 /// A reboot in progress, as the agent recorded it before rebooting.

@@ -464,6 +464,59 @@ fn configuration_cases() -> Vec<(&'static str, Value, Option<&'static str>)> {
             ),
             Some("bind mount source must be an absolute path without '..'"),
         ),
+        (
+            "storage with every rule",
+            configuration(
+                "c-storage",
+                json!({"template": {"storage": {"disk": {"minSizeGiB": 100, "maxSizeGiB": 2000, "rotational": false, "model": "SAMSUNG MZ7L3960", "serial": "S5GXNF0R123456", "wwn": "0x5002538e4098a1b2", "byPath": "pci-0000:00:1f.2-ata-1"}, "layout": "wholeDisk", "filesystem": "ext4", "wipe": "always", "wipeMethod": "overwrite", "allowForeign": true}}}),
+            ),
+            None,
+        ),
+        (
+            "storage defaults",
+            configuration("c-storage-empty", json!({"template": {"storage": {}}})),
+            None,
+        ),
+        (
+            "storage min above max",
+            configuration(
+                "c-storage-range",
+                json!({"template": {"storage": {"disk": {"minSizeGiB": 500, "maxSizeGiB": 100}}}}),
+            ),
+            Some("storage.disk.minSizeGiB must not be above maxSizeGiB"),
+        ),
+        (
+            "storage size zero",
+            configuration(
+                "c-storage-zero",
+                json!({"template": {"storage": {"disk": {"minSizeGiB": 0}}}}),
+            ),
+            Some("storage.disk.minSizeGiB must be 1 or more"),
+        ),
+        (
+            "storage byPath as a path",
+            configuration(
+                "c-storage-path",
+                json!({"template": {"storage": {"disk": {"byPath": "/dev/disk/by-path/pci-0000:00:1f.2-ata-1"}}}}),
+            ),
+            Some("without a '/'"),
+        ),
+        (
+            "storage unknown wipe policy",
+            configuration(
+                "c-storage-wipe",
+                json!({"template": {"storage": {"wipe": "sometimes"}}}),
+            ),
+            Some("Unsupported value: \"sometimes\""),
+        ),
+        (
+            "storage filesystem not offered",
+            configuration(
+                "c-storage-xfs",
+                json!({"template": {"storage": {"filesystem": "xfs"}}}),
+            ),
+            Some("Unsupported value: \"xfs\""),
+        ),
     ]
 }
 

@@ -22,9 +22,11 @@ root="$work/root"
 
 step() { echo "host image: $*" >&2; }
 
-step "debootstrap $suite (minbase + systemd, networkd, nspawn, dbus, kmod)"
+# fdisk (sfdisk) and e2fsprogs (mkfs.ext4) lay out the disk of spec.template.storage;
+# util-linux (wipefs, blkdiscard, partx, blkid, mount) is in minbase already.
+step "debootstrap $suite (minbase + systemd, networkd, nspawn, dbus, kmod, disk tools)"
 debootstrap --variant=minbase --cache-dir="$debs" \
-  --include=systemd,systemd-sysv,systemd-container,udev,dbus,iproute2,kmod,ca-certificates \
+  --include=systemd,systemd-sysv,systemd-container,udev,dbus,iproute2,kmod,ca-certificates,fdisk,e2fsprogs \
   "$suite" "$root" "$mirror" >"$work/debootstrap.log" 2>&1 \
   || { tail -30 "$work/debootstrap.log" >&2; exit 1; }
 
@@ -55,6 +57,8 @@ dirs=(
   drivers/net/phy drivers/net/pcs drivers/ptp drivers/pps drivers/dca drivers/virtio drivers/block/virtio_blk.ko
   drivers/block/loop.ko drivers/char/hw_random/virtio-rng.ko lib
   fs/overlayfs fs/squashfs fs/fuse fs/nls
+  fs/ext4 fs/jbd2 fs/mbcache.ko drivers/nvme drivers/ata drivers/scsi/sd_mod.ko drivers/scsi/scsi_mod.ko
+  drivers/scsi/scsi_common.ko drivers/scsi/virtio_scsi.ko
   net/bridge net/llc net/802 net/netfilter net/ipv4/netfilter net/ipv6/netfilter net/ipv6
   net/ipv4/udp_tunnel.ko net/ipv6/ip6_udp_tunnel.ko net/sched net/vmw_vsock net/packet net/xfrm
   net/ipv4/ip_tunnel.ko net/ipv4/ipip.ko net/ipv4/tunnel4.ko net/key net/netlink crypto

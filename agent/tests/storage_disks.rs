@@ -1,0 +1,607 @@
+//! The storage plan carried out on real block devices: loop devices over sparse files, with
+//! the real `wipefs`, `sfdisk`, `partx`, `mkfs.ext4`, `mount` and `blkdiscard`; every
+//! outcome checked by reading the device back.
+//!
+//! They need root and loop devices. Without them each test says why on stderr and passes
+//! without checking anything; set `UNBOUNDED_REQUIRE_LOOP_DEVICES=1` (CI as root does) to
+//! make that a failure instead. There is no udev here: the shell makes partition nodes
+//! itself (see `unbounded_agent::storage::apply`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use unbounded_agent::storage::apply::{self, StorageError};
+use unbounded_agent::storage::probe::{self, Disk, DiskScope};
+use unbounded_agent::storage::shell::{DiskInput, pave_finished, prepare_disk};
+use unbounded_agent::storage::{ContainerStep, Marker, Owner, Plan, Previous, Refusal, plan};
+use unbounded_api::ResolvedConfiguration;
+use unbounded_api::storage::{DiskSelector, StorageSpec, WipeMethod, WipePolicy};
+
+const UID: &str = "3d5f1a8e-7c2b-4e0a-9f61-2b8c4d7e6a10";
+const OTHER_UID: &str = "9b0e2c41-5a6d-4f3b-8e72-1c9d0a4b5e63";
+const MIB: u64 = 1 << 20;
+
+/// Why these tests cannot run here, if they cannot.
+fn unavailable() -> Option<String> {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let uid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or("");
+    if uid != "0" {
+        return Some("not root".into());
+    }
+    if !Path::new("/dev/loop-control").exists() {
+        return Some("no /dev/loop-control".into());
+    }
+    for tool in [
+        "losetup",
+        "sfdisk",
+        "partx",
+        "wipefs",
+        "mkfs.ext4",
+        "blkid",
+        "blkdiscard",
+        "mount",
+    ] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !found {
+            return Some(format!("{tool} is not installed (scripts/install-deps.sh)"));
+        }
+    }
+    None
+}
+
+/// Returns false (and says why) when the test cannot run here.
+fn can_run(test: &str) -> bool {
+    match unavailable() {
+        None => true,
+        Some(why) if std::env::var_os("UNBOUNDED_REQUIRE_LOOP_DEVICES").is_some() => {
+            panic!("{test}: needs root and loop devices: {why}")
+        }
+        Some(why) => {
+            eprintln!("SKIPPED {test}: needs root and loop devices: {why}");
+            false
+        }
+    }
+}
+
+/// A loop device over a sparse file, detached (and unmounted) on drop.
+struct LoopDisk {
+    _dir: tempfile::TempDir,
+    image: PathBuf,
+    name: String,
+    mount_point: PathBuf,
+}
+
+impl LoopDisk {
+    fn new(size: u64, read_only: bool) -> Self {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let image = dir.path().join("disk.img");
+        fs::File::create(&image).unwrap().set_len(size).unwrap();
+        Self::attach(dir, image, read_only)
+    }
+
+    fn attach(dir: tempfile::TempDir, image: PathBuf, read_only: bool) -> Self {
+        let mut args = vec!["-f", "--show", "-P"];
+        if read_only {
+            args.push("-r");
+        }
+        let out = Command::new("losetup")
+            .args(&args)
+            .arg(&image)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "losetup: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let device = String::from_utf8(out.stdout).unwrap();
+        let name = device.trim().trim_start_matches("/dev/").to_owned();
+        let mount_point = dir.path().join("machines");
+        Self {
+            _dir: dir,
+            image,
+            name,
+            mount_point,
+        }
+    }
+
+    fn probe(&self) -> Disk {
+        let disks = probe::read_disks(Path::new("/"), &DiskScope::Only(vec![self.name.clone()]));
+        assert_eq!(disks.len(), 1, "{} not found in /sys/block", self.name);
+        disks.into_iter().next().unwrap()
+    }
+
+    fn sha256(&self) -> Vec<u8> {
+        let mut file = fs::File::open(&self.image).unwrap();
+        let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+        let mut buffer = vec![0u8; 4 * MIB as usize];
+        loop {
+            let n = file.read(&mut buffer).unwrap();
+            if n == 0 {
+                break;
+            }
+            context.update(&buffer[..n]);
+        }
+        context.finish().as_ref().to_vec()
+    }
+
+    fn read_at(&self, offset: u64, len: usize) -> Vec<u8> {
+        let mut file = fs::File::open(&self.image).unwrap();
+        file.seek(SeekFrom::Start(offset)).unwrap();
+        let mut bytes = vec![0u8; len];
+        file.read_exact(&mut bytes).unwrap();
+        bytes
+    }
+
+    /// Whether the image holds `needle` anywhere (grep: a byte scan of 1 GiB in a debug
+    /// build takes a minute).
+    fn contains(&self, needle: &str) -> bool {
+        let status = Command::new("grep")
+            .args(["-q", "-a", "-F", needle])
+            .arg(&self.image)
+            .status()
+            .unwrap();
+        status.success()
+    }
+
+    fn owner(&self) -> Owner<'_> {
+        Owner {
+            uid: UID,
+            mount_point: self.mount_point.to_str().unwrap(),
+        }
+    }
+}
+
+impl Drop for LoopDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mount_point).output();
+        let _ = Command::new("losetup")
+            .args(["-d", &format!("/dev/{}", self.name)])
+            .output();
+    }
+}
+
+fn small_disk_spec() -> StorageSpec {
+    StorageSpec {
+        disk: DiskSelector {
+            min_size_gib: Some(1),
+            ..DiskSelector::default()
+        },
+        ..StorageSpec::default()
+    }
+}
+
+/// Formats and mounts `disk` as `uid`, writes a marker and `file`, unmounts.
+fn pave_onto(disk: &LoopDisk, spec: &StorageSpec, file: &str, content: &str) {
+    let seen = disk.probe();
+    let planned = plan(spec, std::slice::from_ref(&seen), None, &disk.owner()).unwrap();
+    assert!(matches!(planned, Plan::Format { .. }), "{planned:?}");
+    let device = apply::format(Path::new("/"), &seen, spec, UID).unwrap();
+    apply::mount(&device, &disk.mount_point, &[]).unwrap();
+    let marker = Marker {
+        machine: "node-1".into(),
+        machine_uid: UID.into(),
+        container: None,
+        configuration: None,
+        image_sha256: None,
+        complete: false,
+    };
+    apply::write_marker(&disk.mount_point, &marker).unwrap();
+    fs::write(disk.mount_point.join(file), content).unwrap();
+    apply::unmount(&disk.mount_point).unwrap();
+}
+
+#[test]
+fn a_blank_disk_is_formatted_then_reused_with_its_files() {
+    if !can_run("a_blank_disk_is_formatted_then_reused_with_its_files") {
+        return;
+    }
+    let disk = LoopDisk::new(1 << 30, false);
+    let spec = small_disk_spec();
+    pave_onto(&disk, &spec, "kept.txt", "still here");
+
+    // The next boot: the layout is recognised from the disk alone, and mounted as it is.
+    let seen = disk.probe();
+    assert_eq!(seen.table.as_deref(), Some("gpt"));
+    let planned = plan(&spec, std::slice::from_ref(&seen), None, &disk.owner()).unwrap();
+    let Plan::Reuse { device, .. } = &planned else {
+        panic!("expected a reuse, got {planned:?}");
+    };
+    assert_eq!(device, &format!("{}p1", disk.name));
+    apply::mount(&Path::new("/dev").join(device), &disk.mount_point, &[]).unwrap();
+    assert_eq!(
+        fs::read_to_string(disk.mount_point.join("kept.txt")).unwrap(),
+        "still here"
+    );
+    assert_eq!(
+        apply::read_marker(&disk.mount_point).map(|m| m.machine_uid),
+        Some(UID.to_owned())
+    );
+    apply::unmount(&disk.mount_point).unwrap();
+
+    // Another Machine on the same hardware: Unbounded's layout, formatted again (no flag).
+    let other = Owner {
+        uid: OTHER_UID,
+        ..disk.owner()
+    };
+    assert_eq!(
+        plan(&spec, std::slice::from_ref(&seen), None, &other),
+        Ok(Plan::Format {
+            disk: disk.name.clone(),
+            previous: Some(Previous::Unbounded)
+        })
+    );
+}
+
+#[test]
+fn a_whole_disk_layout_is_reused() {
+    if !can_run("a_whole_disk_layout_is_reused") {
+        return;
+    }
+    let disk = LoopDisk::new(1 << 30, false);
+    let spec = StorageSpec {
+        layout: Some(unbounded_api::storage::DiskLayout::WholeDisk),
+        ..small_disk_spec()
+    };
+    pave_onto(&disk, &spec, "kept.txt", "whole");
+    let seen = disk.probe();
+    assert_eq!(seen.table, None);
+    assert_eq!(
+        plan(&spec, std::slice::from_ref(&seen), None, &disk.owner()),
+        Ok(Plan::Reuse {
+            disk: disk.name.clone(),
+            device: disk.name.clone()
+        })
+    );
+}
+
+#[test]
+fn a_foreign_disk_is_refused_and_left_byte_for_byte() {
+    if !can_run("a_foreign_disk_is_refused_and_left_byte_for_byte") {
+        return;
+    }
+    let disk = LoopDisk::new(1 << 30, false);
+    let node = format!("/dev/{}", disk.name);
+    let out = Command::new("sh")
+        .args(["-c", &format!("printf 'label: dos\\ntype=83\\n' | sfdisk -q {node} && partx -u {node}; mkfs.ext4 -q -F -L data {node}p1 || true")])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let before = disk.sha256();
+    let spec = small_disk_spec();
+    let seen = disk.probe();
+    let refused = plan(&spec, std::slice::from_ref(&seen), None, &disk.owner());
+    let Err(Refusal::Foreign { found, .. }) = &refused else {
+        panic!("expected a refusal, got {refused:?}");
+    };
+    assert!(found.contains("dos partition table"), "{found}");
+    assert_eq!(disk.sha256(), before, "a refused disk is not written");
+
+    // With allowForeign the same disk is intended to be wiped: it is formatted.
+    let allowed = StorageSpec {
+        allow_foreign: true,
+        ..spec
+    };
+    let planned = plan(&allowed, std::slice::from_ref(&seen), None, &disk.owner()).unwrap();
+    assert!(
+        matches!(
+            &planned,
+            Plan::Format {
+                previous: Some(Previous::Foreign(_)),
+                ..
+            }
+        ),
+        "{planned:?}"
+    );
+    apply::format(Path::new("/"), &seen, &allowed, UID).unwrap();
+    let after = disk.probe();
+    assert_eq!(after.table.as_deref(), Some("gpt"));
+    assert_eq!(
+        plan(&allowed, std::slice::from_ref(&after), None, &disk.owner()),
+        Ok(Plan::Reuse {
+            disk: disk.name.clone(),
+            device: format!("{}p1", disk.name)
+        })
+    );
+}
+
+#[test]
+fn a_fast_wipe_leaves_no_signature_and_discards_the_data() {
+    if !can_run("a_fast_wipe_leaves_no_signature_and_discards_the_data") {
+        return;
+    }
+    let disk = LoopDisk::new(1 << 30, false);
+    let secret = "previous tenant's data ".repeat(200);
+    pave_onto(&disk, &small_disk_spec(), "tenant.txt", &secret);
+    Command::new("sync").status().unwrap();
+    assert!(disk.contains(&secret[..40]), "the file reached the image");
+    assert_eq!(&disk.read_at(512, 8), b"EFI PART");
+
+    let wiped = apply::wipe(
+        Path::new("/"),
+        &disk.probe(),
+        WipeMethod::Fast,
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    let seen = disk.probe();
+    assert!(seen.is_blank(), "signatures left: {seen:?}");
+    assert_eq!(disk.read_at(512, 8), vec![0; 8], "primary GPT header");
+    assert_eq!(
+        disk.read_at((1 << 30) - 512, 8),
+        vec![0; 8],
+        "backup GPT header"
+    );
+    assert_eq!(disk.read_at(510, 2), vec![0; 2], "protective MBR");
+    if wiped.discarded {
+        assert!(
+            !disk.contains(&secret[..40]),
+            "discarded blocks read back as zeroes"
+        );
+    } else {
+        eprintln!("the loop device did not accept a discard here: only signatures were checked");
+    }
+}
+
+#[test]
+fn an_overwrite_wipe_leaves_only_zeroes() {
+    if !can_run("an_overwrite_wipe_leaves_only_zeroes") {
+        return;
+    }
+    let size = 64 * MIB;
+    let disk = LoopDisk::new(size, false);
+    // Data everywhere, not only where a filesystem would put it.
+    fs::write(&disk.image, vec![0xa5u8; size as usize]).unwrap();
+    let wiped = apply::wipe(
+        Path::new("/"),
+        &disk.probe(),
+        WipeMethod::Overwrite,
+        Duration::from_secs(120),
+    )
+    .unwrap();
+    assert_eq!(wiped.zeroed_bytes, size);
+    let bytes = fs::read(&disk.image).unwrap();
+    assert_eq!(bytes.len() as u64, size);
+    assert!(
+        bytes.iter().all(|b| *b == 0),
+        "a byte is not zero after the overwrite"
+    );
+}
+
+#[test]
+fn a_disk_that_fails_mid_format_says_so_and_is_unchanged() {
+    if !can_run("a_disk_that_fails_mid_format_says_so_and_is_unchanged") {
+        return;
+    }
+    let disk = LoopDisk::new(1 << 30, true);
+    let before = disk.sha256();
+    let spec = small_disk_spec();
+    let seen = disk.probe();
+    assert!(seen.read_only);
+    let planned = plan(&spec, std::slice::from_ref(&seen), None, &disk.owner()).unwrap();
+    assert!(matches!(planned, Plan::Format { .. }));
+    let err = apply::format(Path::new("/"), &seen, &spec, UID).unwrap_err();
+    let message = err.to_string();
+    assert!(matches!(err, StorageError::Command { .. }), "{err:?}");
+    assert!(
+        message.contains(&format!("formatting disk {}", disk.name)),
+        "{message}"
+    );
+    assert!(message.contains("read-only"), "{message}");
+    assert_eq!(err.reason(), "DiskFailed");
+    assert_eq!(disk.sha256(), before, "nothing was written");
+    assert!(!disk.mount_point.exists(), "nothing was mounted");
+}
+
+#[test]
+fn a_mounted_disk_is_not_wiped() {
+    if !can_run("a_mounted_disk_is_not_wiped") {
+        return;
+    }
+    let disk = LoopDisk::new(1 << 30, false);
+    let spec = small_disk_spec();
+    pave_onto(&disk, &spec, "f", "x");
+    let device = PathBuf::from(format!("/dev/{}p1", disk.name));
+    apply::mount(&device, &disk.mount_point, &[]).unwrap();
+    let err = apply::wipe(
+        Path::new("/"),
+        &disk.probe(),
+        WipeMethod::Fast,
+        Duration::from_secs(60),
+    )
+    .unwrap_err();
+    assert!(matches!(err, StorageError::Mounted { .. }), "{err:?}");
+    assert_eq!(fs::read_to_string(disk.mount_point.join("f")).unwrap(), "x");
+}
+
+fn disk_input(disk: &LoopDisk, state: &Path) -> DiskInput {
+    DiskInput {
+        machines: disk.mount_point.clone(),
+        state: state.to_path_buf(),
+        node: "node-1".into(),
+        machine: "m-1".into(),
+        machine_uid: Some(UID.into()),
+        scope: DiskScope::Only(vec![disk.name.clone()]),
+    }
+}
+
+/// The pave's storage step over a machine's life: a first pave formats, a reboot on the
+/// same version starts the container from the disk, a repave with `wipe: never` keeps a
+/// file on the disk and one with `wipe: always` removes it (after stopping the container
+/// and keeping kubelet's identity in RAM).
+#[tokio::test]
+async fn the_storage_step_formats_reuses_and_wipes_as_the_policy_says() {
+    if !can_run("the_storage_step_formats_reuses_and_wipes_as_the_policy_says") {
+        return;
+    }
+    let disk = LoopDisk::new(1 << 30, false);
+    let state = tempfile::tempdir().unwrap();
+    let input = disk_input(&disk, state.path());
+    let v1 = ResolvedConfiguration {
+        name: "general".into(),
+        version: 1,
+    };
+    let sha = "a".repeat(64);
+    let never = StorageSpec {
+        wipe: Some(WipePolicy::Never),
+        ..small_disk_spec()
+    };
+    let stops = std::sync::atomic::AtomicU32::new(0);
+    let stop = || async {
+        stops.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    };
+    let machines = &disk.mount_point;
+    let root = machines.join("node-1");
+
+    // First boot: a blank disk is formatted and mounted; the pave writes the root.
+    let first = prepare_disk(&input, &never, &v1, &sha, true, stop)
+        .await
+        .unwrap();
+    assert_eq!(first.step, ContainerStep::Pave);
+    assert_eq!(
+        (first.status.action.as_str(), first.status.container_reused),
+        ("formatted", false)
+    );
+    assert_eq!(first.status.disk, disk.name);
+    fs::create_dir_all(root.join("var/lib/kubelet/pki")).unwrap();
+    fs::write(
+        root.join("var/lib/kubelet/pki/kubelet-client-current.pem"),
+        "cert",
+    )
+    .unwrap();
+    fs::write(machines.join("outside-the-root.txt"), "kept by never").unwrap();
+    assert!(
+        !apply::read_marker(machines).unwrap().complete,
+        "not complete before the pave ends"
+    );
+    pave_finished(machines, &first.marker).await.unwrap();
+
+    // Reboot on the same version and image: started from the disk as it is.
+    apply::unmount(machines).unwrap();
+    let rebooted = prepare_disk(&input, &never, &v1, &sha, true, stop)
+        .await
+        .unwrap();
+    assert_eq!(rebooted.step, ContainerStep::StartFromDisk);
+    assert_eq!(
+        (
+            rebooted.status.action.as_str(),
+            rebooted.status.container_reused
+        ),
+        ("reused", true)
+    );
+    assert!(
+        root.join("var/lib/kubelet/pki/kubelet-client-current.pem")
+            .exists()
+    );
+
+    // Reboot into another image: paved again onto the disk, nothing wiped.
+    apply::unmount(machines).unwrap();
+    let other = "b".repeat(64);
+    let new_image = prepare_disk(&input, &never, &v1, &other, true, stop)
+        .await
+        .unwrap();
+    assert_eq!(new_image.step, ContainerStep::Pave);
+    assert_eq!(
+        fs::read_to_string(machines.join("outside-the-root.txt")).unwrap(),
+        "kept by never"
+    );
+    pave_finished(machines, &new_image.marker).await.unwrap();
+
+    // A repave within the boot with `never`: the file stays, the container is not stopped
+    // by the storage step (the pave replaces the root itself).
+    let repave = prepare_disk(&input, &never, &v1, &other, false, stop)
+        .await
+        .unwrap();
+    assert_eq!(repave.step, ContainerStep::Pave);
+    assert!(machines.join("outside-the-root.txt").exists());
+    assert_eq!(stops.load(std::sync::atomic::Ordering::SeqCst), 0);
+    pave_finished(machines, &repave.marker).await.unwrap();
+
+    // The same repave with `always`: the container is stopped, the disk wiped and
+    // formatted again, kubelet's identity kept in RAM for the new root.
+    let always = StorageSpec {
+        wipe: Some(WipePolicy::Always),
+        ..small_disk_spec()
+    };
+    let wiped = prepare_disk(&input, &always, &v1, &other, false, stop)
+        .await
+        .unwrap();
+    assert_eq!(wiped.step, ContainerStep::WipeThenPave);
+    assert_eq!(wiped.status.action, "wiped");
+    assert_eq!(stops.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(
+        !machines.join("outside-the-root.txt").exists(),
+        "always removes it"
+    );
+    assert!(!root.exists());
+    let identity = wiped.identity.unwrap();
+    assert_eq!(
+        fs::read_to_string(identity.join("var/lib/kubelet/pki/kubelet-client-current.pem"))
+            .unwrap(),
+        "cert"
+    );
+    let marker = apply::read_marker(machines).unwrap();
+    assert_eq!((marker.machine_uid.as_str(), marker.complete), (UID, false));
+}
+
+/// A disk the plan refuses is left byte for byte, and the running container is not stopped.
+#[tokio::test]
+async fn the_storage_step_refuses_a_foreign_disk_without_touching_anything() {
+    if !can_run("the_storage_step_refuses_a_foreign_disk_without_touching_anything") {
+        return;
+    }
+    let disk = LoopDisk::new(1 << 30, false);
+    let node = format!("/dev/{}", disk.name);
+    let out = Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-L", "someone", &node])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let before = disk.sha256();
+    let state = tempfile::tempdir().unwrap();
+    let v1 = ResolvedConfiguration {
+        name: "general".into(),
+        version: 1,
+    };
+    let stopped = std::sync::atomic::AtomicBool::new(false);
+    let stop = || async {
+        stopped.store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    };
+    let err = prepare_disk(
+        &disk_input(&disk, state.path()),
+        &small_disk_spec(),
+        &v1,
+        &"a".repeat(64),
+        true,
+        stop,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.reason(), "ForeignDisk", "{err}");
+    assert!(err.to_string().contains("allowForeign"), "{err}");
+    assert_eq!(disk.sha256(), before);
+    assert!(!stopped.load(std::sync::atomic::Ordering::SeqCst));
+    assert!(!disk.mount_point.exists(), "nothing mounted");
+}
