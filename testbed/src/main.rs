@@ -173,6 +173,9 @@ pub(crate) enum ScenarioName {
     /// A machine reboots into a network boot; right after its boot script the bootserver
     /// moves to a new image: leases kept, the boot completes.
     BootserverRestart,
+    /// The node's state on the machines' data disks: a reboot from RAM (baseline), storage
+    /// added and paved onto a blank disk, a reboot that starts the container from the disk.
+    Disks,
 }
 
 fn main() -> ExitCode {

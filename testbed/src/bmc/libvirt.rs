@@ -142,6 +142,9 @@ pub struct DomainOptions {
     pub vcpus: u32,
     /// Boot from the network after the (empty) disk, on every boot.
     pub network_fallback: bool,
+    /// A second, blank virtio disk of this many GiB (`vdb`, sparse qcow2: it costs what is
+    /// written), outside the boot order, for the node's state (`spec.template.storage`).
+    pub data_disk_gib: Option<u32>,
 }
 
 impl Default for DomainOptions {
@@ -151,6 +154,7 @@ impl Default for DomainOptions {
             memory_mib: 512,
             vcpus: 1,
             network_fallback: false,
+            data_disk_gib: None,
         }
     }
 }
@@ -195,6 +199,22 @@ impl Domain {
             .args(["create", "-q", "-f", "qcow2"])
             .arg(&disk)
             .arg("64M"))?;
+        let data_disk = match options.data_disk_gib {
+            Some(gib) => {
+                let path = dir.path().join("data.qcow2");
+                run(Command::new("qemu-img")
+                    .args(["create", "-q", "-f", "qcow2"])
+                    .arg(&path)
+                    .arg(format!("{gib}G")))?;
+                // discard='unmap': the agent's wipe (blkdiscard) reaches the file, and a test
+                // reading the disk back sees what the guest left.
+                format!(
+                    "<disk type='file' device='disk'><driver name='qemu' type='qcow2' discard='unmap'/><source file='{}'/><target dev='vdb' bus='virtio'/><serial>data-{name}</serial></disk>",
+                    path.display()
+                )
+            }
+            None => String::new(),
+        };
         let console = dir.path().join("console.log");
         let (loader, machine) = if uefi {
             let vars = dir.path().join("OVMF_VARS.fd");
@@ -242,6 +262,7 @@ impl Domain {
     <disk type='file' device='disk'>
       <driver name='qemu' type='qcow2'/><source file='{disk}'/><target dev='vda' bus='virtio'/>
     </disk>
+    {data_disk}
     <interface type='bridge'>
       <mac address='{mac}'/><source bridge='{bridge}'/><model type='virtio'/>
     </interface>

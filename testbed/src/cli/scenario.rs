@@ -50,6 +50,7 @@ pub(crate) fn run_scenario(name: ScenarioName) -> Result<(), CliError> {
                     ));
                 })
             }
+            ScenarioName::Disks => unbounded_testbed::disk_scenario::disks(&lab, timeout, &say).map(|_| ()),
             ScenarioName::All => Ok(()),
         }
     };

@@ -30,6 +30,9 @@ use crate::images::Images;
 use crate::netns::{LoopbackForward, Netns};
 use crate::process::Process;
 
+/// Every lab machine's blank data disk (`vdb`), for configurations with
+/// `template.storage` (the `disks` scenario); unused otherwise.
+pub const LAB_DATA_DISK_GIB: u32 = 20;
 /// The BMC user and password of the emulators (test credentials, in a Secret).
 const BMC_USER: &str = "admin";
 // At most 16 characters: IPMI 1.5 and some BMCs (ipmi_sim among them) stop there.
@@ -234,6 +237,7 @@ impl Lab {
                     memory_mib: options.memory_mib,
                     vcpus: 1,
                     network_fallback: true,
+                    data_disk_gib: Some(LAB_DATA_DISK_GIB),
                 },
             )
             .map_err(|e| step(e.to_string()))?;

@@ -1,0 +1,192 @@
+//! The `disks` scenario: the node's state on a machine's own disk (`spec.template.storage`,
+//! docs/storage.md), on the lab's VMs, each of which has a blank 20 GiB virtio disk (`vdb`).
+//!
+//! 1. A reboot of a machine whose node container lives in RAM: the agent downloads and
+//!    unpacks the node image again (the baseline, timed).
+//! 2. `storage: {}` added to the lab's configuration (a new version), pinned on another
+//!    machine and applied by deleting its Node: the agent formats `vdb` and paves onto it
+//!    (timed), and the Machine's `status.agent.storage` says so.
+//! 3. That machine rebooted: the agent finds its layout and the container on the disk and
+//!    starts it without a download (`containerReused`, timed).
+//! 4. The machine pinned back to the version without storage and repaved: the default
+//!    `wipe: onRelease` keeps the disk's contents on a repave.
+//!
+//! Each reboot is timed from the operation's creation to a Ready Node whose boot ID is the
+//! new boot's (a Node's Ready condition can still be the old boot's for a while).
+
+use std::time::{Duration, Instant};
+
+use crate::lab::base::LabError;
+use crate::scenario::{Lab, get, operation, repave, step, wait_complete, wait_until};
+
+/// What the scenario measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DiskFigures {
+    /// Reboot → Ready with the node container in RAM (downloaded and unpacked again).
+    pub reboot_ram: Duration,
+    /// Node deletion → Ready, paving onto a freshly formatted disk.
+    pub pave_onto_disk: Duration,
+    /// Reboot → Ready with the node container started from the disk.
+    pub reboot_from_disk: Duration,
+}
+
+/// Runs the scenario on the lab's first two machines.
+pub fn disks(lab: &Lab, timeout: Duration, say: &dyn Fn(&str)) -> Result<DiskFigures, LabError> {
+    let names = lab.machine_names();
+    let (Some(ram), Some(disk)) = (names.first().cloned(), names.get(1).cloned()) else {
+        return Err(step("the disks scenario needs two machines"));
+    };
+    say(&format!("disks: reboot {ram} (node container in RAM)"));
+    let reboot_ram = reboot(lab, &ram, "tb-disks-reboot-ram", timeout)?;
+    say(&format!(
+        "disks: {ram} Ready {:.1} s after its reboot (container downloaded and unpacked)",
+        reboot_ram.as_secs_f64()
+    ));
+
+    let before = get(lab, "machine", &disk, "{.status.configuration.version}");
+    let before: i64 = before.parse().map_err(|_| {
+        step(format!(
+            "{disk} records no configuration version: {before:?}"
+        ))
+    })?;
+    say("disks: adding storage: {} to the lab's configuration (a new version)");
+    lab.kubectl(
+        &[
+            "patch",
+            "machineconfiguration",
+            "testbed",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"template":{"storage":{}}}}"#,
+        ],
+        None,
+    )?;
+    let mut with_storage = 0;
+    wait_until("a version with storage", Duration::from_secs(60), || {
+        let latest = get(
+            lab,
+            "machineconfiguration",
+            "testbed",
+            "{.status.latestVersion}",
+        );
+        with_storage = latest.parse().unwrap_or(0);
+        (with_storage > before, latest)
+    })?;
+    pin(lab, &disk, with_storage)?;
+    let pave_onto_disk = repave(lab, &disk, timeout, say)?;
+    let used = storage_status(lab, &disk);
+    // The lab's data disk carries the serial `data-<domain>` (the 64 MiB boot disk is
+    // below the default 16 GiB and has none).
+    if used.action != "formatted" || !used.serial.starts_with("data-") {
+        return Err(step(format!(
+            "{disk} paved on version {with_storage} but its storage status is {used:?}"
+        )));
+    }
+    say(&format!(
+        "disks: {disk} paved onto {} ({} bytes, formatted) in {:.1} s",
+        used.device,
+        used.size,
+        pave_onto_disk.as_secs_f64()
+    ));
+
+    say(&format!(
+        "disks: reboot {disk} (node container on its disk)"
+    ));
+    let reboot_from_disk = reboot(lab, &disk, "tb-disks-reboot-disk", timeout)?;
+    let used = storage_status(lab, &disk);
+    if used.action != "reused" || used.container_reused != "true" {
+        return Err(step(format!(
+            "{disk} rebooted but did not start its container from the disk: {used:?}"
+        )));
+    }
+    say(&format!(
+        "disks: {disk} Ready {:.1} s after its reboot (container started from {})",
+        reboot_from_disk.as_secs_f64(),
+        used.device
+    ));
+
+    say(&format!(
+        "disks: pinning {disk} back to version {before} (no storage) and repaving"
+    ));
+    pin(lab, &disk, before)?;
+    repave(lab, &disk, timeout, say)?;
+    say(&format!(
+        "disks: reboot from RAM {:.1} s, pave onto a blank disk {:.1} s, reboot from disk {:.1} s",
+        reboot_ram.as_secs_f64(),
+        pave_onto_disk.as_secs_f64(),
+        reboot_from_disk.as_secs_f64()
+    ));
+    Ok(DiskFigures {
+        reboot_ram,
+        pave_onto_disk,
+        reboot_from_disk,
+    })
+}
+
+fn pin(lab: &Lab, machine: &str, version: i64) -> Result<(), LabError> {
+    lab.kubectl(
+        &[
+            "patch",
+            "machine",
+            machine,
+            "--type=merge",
+            "-p",
+            &format!(
+                r#"{{"spec":{{"configurationRef":{{"name":"testbed","version":{version}}}}}}}"#
+            ),
+        ],
+        None,
+    )?;
+    Ok(())
+}
+
+/// A `reboot` operation on `machine`, timed until its Node is Ready on the new boot.
+fn reboot(lab: &Lab, machine: &str, name: &str, timeout: Duration) -> Result<Duration, LabError> {
+    let boot_before = get(lab, "machine", machine, "{.status.agent.bootID}");
+    let started = Instant::now();
+    operation(lab, name, machine, "reboot", "")?;
+    wait_complete(lab, name, timeout)?;
+    wait_until(&format!("{machine} Ready on its new boot"), timeout, || {
+        let boot = get(lab, "machine", machine, "{.status.agent.bootID}");
+        let node_boot = get(lab, "node", machine, "{.status.nodeInfo.bootID}");
+        let ready = get(
+            lab,
+            "node",
+            machine,
+            "{.status.conditions[?(@.type==\"Ready\")].status}",
+        );
+        (
+            !boot.is_empty() && boot != boot_before && node_boot == boot && ready == "True",
+            format!("agent boot {boot}, Node boot {node_boot}, Ready {ready}"),
+        )
+    })?;
+    Ok(started.elapsed())
+}
+
+/// `status.agent.storage` as the scenario reads it.
+#[derive(Debug, Clone, Default)]
+struct StorageStatus {
+    device: String,
+    serial: String,
+    size: String,
+    action: String,
+    container_reused: String,
+}
+
+fn storage_status(lab: &Lab, machine: &str) -> StorageStatus {
+    let field = |path: &str| {
+        get(
+            lab,
+            "machine",
+            machine,
+            &format!("{{.status.agent.storage.{path}}}"),
+        )
+    };
+    StorageStatus {
+        device: field("disk"),
+        serial: field("serial"),
+        size: field("sizeBytes"),
+        action: field("action"),
+        container_reused: field("containerReused"),
+    }
+}
