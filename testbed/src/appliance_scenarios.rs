@@ -184,17 +184,7 @@ pub fn leader_failover(
         "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": max_unavailable}},
         "template": {"boot": {"kernelArgs": kernel_args}},
     }});
-    lab.kubectl(
-        &[
-            "patch",
-            "machineconfiguration",
-            "testbed",
-            "--type=merge",
-            "-p",
-            &patch.to_string(),
-        ],
-        None,
-    )?;
+    crate::scenario::patch_configuration(lab, &patch.to_string())?;
     wait_until(
         &format!("version {next} of testbed"),
         Duration::from_secs(60),

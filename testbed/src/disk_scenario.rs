@@ -17,7 +17,9 @@
 use std::time::{Duration, Instant};
 
 use crate::lab::base::LabError;
-use crate::scenario::{Lab, get, operation, repave, step, wait_complete, wait_until};
+use crate::scenario::{
+    Lab, get, operation, patch_configuration, pin, repave, step, wait_complete, wait_until,
+};
 
 /// What the scenario measured.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -50,17 +52,7 @@ pub fn disks(lab: &Lab, timeout: Duration, say: &dyn Fn(&str)) -> Result<DiskFig
         ))
     })?;
     say("disks: adding storage: {} to the lab's configuration (a new version)");
-    lab.kubectl(
-        &[
-            "patch",
-            "machineconfiguration",
-            "testbed",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"template":{"storage":{}}}}"#,
-        ],
-        None,
-    )?;
+    patch_configuration(lab, r#"{"spec":{"template":{"storage":{}}}}"#)?;
     let mut with_storage = 0;
     wait_until("a version with storage", Duration::from_secs(60), || {
         let latest = get(
@@ -121,23 +113,6 @@ pub fn disks(lab: &Lab, timeout: Duration, say: &dyn Fn(&str)) -> Result<DiskFig
         pave_onto_disk,
         reboot_from_disk,
     })
-}
-
-fn pin(lab: &Lab, machine: &str, version: i64) -> Result<(), LabError> {
-    lab.kubectl(
-        &[
-            "patch",
-            "machine",
-            machine,
-            "--type=merge",
-            "-p",
-            &format!(
-                r#"{{"spec":{{"configurationRef":{{"name":"testbed","version":{version}}}}}}}"#
-            ),
-        ],
-        None,
-    )?;
-    Ok(())
 }
 
 /// A `reboot` operation on `machine`, timed until its Node is Ready on the new boot.

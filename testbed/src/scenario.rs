@@ -174,8 +174,8 @@ pub fn repave(
     Ok(took)
 }
 
-/// Sets a Node label in the template of the lab's configuration `testbed`: a new version.
-pub fn set_configuration_label(lab: &Lab, key: &str, value: &str) -> Result<(), LabError> {
+/// Merge-patches the lab's configuration `testbed` (a template change makes a new version).
+pub(crate) fn patch_configuration(lab: &Lab, patch: &str) -> Result<(), LabError> {
     lab.kubectl(
         &[
             "patch",
@@ -183,13 +183,39 @@ pub fn set_configuration_label(lab: &Lab, key: &str, value: &str) -> Result<(), 
             "testbed",
             "--type=merge",
             "-p",
+            patch,
+        ],
+        None,
+    )?;
+    Ok(())
+}
+
+/// Pins `machine` to `version` of the lab's configuration (applied at its next repave).
+pub(crate) fn pin(lab: &Lab, machine: &str, version: i64) -> Result<(), LabError> {
+    lab.kubectl(
+        &[
+            "patch",
+            "machine",
+            machine,
+            "--type=merge",
+            "-p",
             &format!(
-                r#"{{"spec":{{"template":{{"kubernetes":{{"nodeLabels":{{"{key}":"{value}"}}}}}}}}}}"#
+                r#"{{"spec":{{"configurationRef":{{"name":"testbed","version":{version}}}}}}}"#
             ),
         ],
         None,
     )?;
     Ok(())
+}
+
+/// Sets a Node label in the template of the lab's configuration `testbed`: a new version.
+pub fn set_configuration_label(lab: &Lab, key: &str, value: &str) -> Result<(), LabError> {
+    patch_configuration(
+        lab,
+        &format!(
+            r#"{{"spec":{{"template":{{"kubernetes":{{"nodeLabels":{{"{key}":"{value}"}}}}}}}}}}"#
+        ),
+    )
 }
 
 /// A canary on a new version, then a rollback, on `machine`.
@@ -214,19 +240,7 @@ pub fn rollback(
         say(&format!(
             "rollback: pinning {machine} to version {version} and deleting its Node"
         ));
-        lab.kubectl(
-            &[
-                "patch",
-                "machine",
-                machine,
-                "--type=merge",
-                "-p",
-                &format!(
-                    r#"{{"spec":{{"configurationRef":{{"name":"testbed","version":{version}}}}}}}"#
-                ),
-            ],
-            None,
-        )?;
+        pin(lab, machine, version)?;
         repave(lab, machine, timeout, say)?;
         wait_until(
             &format!("{machine}'s Node on version {version}"),
