@@ -294,6 +294,18 @@ mod tests {
         method: WipeMethod::Fast,
     };
 
+    /// (case, configured, agent seen, reported, skip, waiting since, now, reason)
+    type Case<'a> = (
+        &'a str,
+        Configured,
+        bool,
+        Option<&'a ReleaseWipeStatus>,
+        bool,
+        Option<i64>,
+        i64,
+        &'a str,
+    );
+
     #[test]
     fn release_table() {
         let wiped = report(WipeState::Wiped);
@@ -302,17 +314,7 @@ mod tests {
         let pending = report(WipeState::Pending);
         let fast = WipeTimeouts::default().fast.as_secs() as i64;
         let overwrite = WipeTimeouts::default().overwrite.as_secs() as i64;
-        // (case, configured, agent seen, reported, skip, waiting since, now, reason)
-        let cases: Vec<(
-            &str,
-            Configured,
-            bool,
-            Option<&ReleaseWipeStatus>,
-            bool,
-            Option<i64>,
-            i64,
-            &str,
-        )> = vec![
+        let cases: Vec<Case<'_>> = vec![
             (
                 "wiped: power off",
                 WIPES,
