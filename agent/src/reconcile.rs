@@ -378,6 +378,7 @@ impl Reconciler {
             machine: ctx.identity.machine.clone(),
             machine_uid: machine.metadata.uid.clone(),
             scope: crate::storage::probe::DiskScope::All,
+            claim: None,
         };
         let unit = systemd::container_unit(&ctx.node);
         let stop = || ctx.host.stop(&unit, Duration::from_secs(120));

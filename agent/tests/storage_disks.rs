@@ -197,6 +197,7 @@ fn pave_onto(disk: &LoopDisk, spec: &StorageSpec, file: &str, content: &str) {
         configuration: None,
         image_sha256: None,
         complete: false,
+        claim: None,
     };
     apply::write_marker(&disk.mount_point, &marker).unwrap();
     fs::write(disk.mount_point.join(file), content).unwrap();
@@ -438,6 +439,7 @@ fn disk_input(disk: &LoopDisk, state: &Path) -> DiskInput {
         machine: "m-1".into(),
         machine_uid: Some(UID.into()),
         scope: DiskScope::Only(vec![disk.name.clone()]),
+        claim: None,
     }
 }
 

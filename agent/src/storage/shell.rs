@@ -92,6 +92,8 @@ pub struct DiskInput {
     pub machine_uid: Option<String>,
     /// Which disks are looked at ([`DiskScope::All`] on a machine).
     pub scope: DiskScope,
+    /// The pool claim the Machine is under (`unbounded-cloud.io/claimed-at`), if any.
+    pub claim: Option<String>,
 }
 
 async fn blocking<T: Send + 'static>(
@@ -118,6 +120,7 @@ fn probe_one(name: &str) -> Result<Disk, StorageStepError> {
 pub(crate) async fn prepare(
     ctx: &Context,
     machine_uid: Option<&str>,
+    claim: Option<&str>,
     spec: &StorageSpec,
     configuration: &ResolvedConfiguration,
     image_sha256: &str,
@@ -130,6 +133,7 @@ pub(crate) async fn prepare(
         machine: ctx.identity.machine.clone(),
         machine_uid: machine_uid.map(str::to_owned),
         scope: DiskScope::All,
+        claim: claim.map(str::to_owned),
     };
     let unit = systemd::container_unit(&ctx.node);
     let stop = || ctx.host.stop(&unit, Duration::from_secs(120));
@@ -161,6 +165,7 @@ where
     let uid = input.machine_uid.clone().ok_or(StorageStepError::NoUid)?;
     let mount_point = input.machines.clone();
     let scope = input.scope.clone();
+    let claim = input.claim.clone();
     let (node, spec_owned, configuration_owned, sha) = (
         input.node.clone(),
         spec.clone(),
@@ -185,6 +190,7 @@ where
             container: &node,
             configuration: &configuration_owned,
             image_sha256: &sha,
+            claim: claim.as_deref(),
         };
         let marker = match &planned {
             Plan::Reuse { device, .. } => {
@@ -264,6 +270,7 @@ where
             configuration: Some(configuration.clone()),
             image_sha256: Some(image_sha256.to_owned()),
             complete: false,
+            claim: input.claim.clone(),
         },
     };
     if step != ContainerStep::StartFromDisk {
