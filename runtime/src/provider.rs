@@ -75,12 +75,14 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use unbounded_api::well_known::{annotations, conditions};
+use unbounded_api::well_known::conditions;
 use unbounded_api::{
     Machine, MachineAddress, MachineConfigurationVersion, MachineProvider, PowerState, condition,
 };
 
-use crate::release::{Configured, ReleaseFacts, ReleaseStep, WipeTimeouts, decide_release};
+use crate::release::{
+    Configured, ReleaseStep, WipeTimeouts, decide_release, facts_of, wiping_version,
+};
 
 /// What a provider reports about a Machine's infrastructure.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -515,15 +517,10 @@ async fn cleanup<P: Provider>(machine: &Machine, ctx: &Context<P>) -> Result<Act
     Ok(Action::await_change())
 }
 
-/// What the configuration the Machine's disk was paved with says: the version the agent
-/// recorded as paved, else the one the controller resolved.
+/// What the configuration the Machine's disk was paved with says
+/// ([`crate::release::wiping_version`]).
 async fn configured<P>(machine: &Machine, ctx: &Context<P>) -> Configured {
-    let status = machine.status.as_ref();
-    let Some(resolved) = status
-        .and_then(|s| s.agent.as_ref())
-        .and_then(|a| a.paved.as_ref())
-        .or_else(|| status.and_then(|s| s.configuration.as_ref()))
-    else {
+    let Some(resolved) = wiping_version(machine) else {
         return Configured::NoConfiguration;
     };
     let name = resolved.version_name();
@@ -540,25 +537,13 @@ async fn configured<P>(machine: &Machine, ctx: &Context<P>) -> Configured {
 /// The release of the disks ([`crate::release`]): `Ok` once the machine may be powered off;
 /// the `DisksWiped` condition says why it waits or is held.
 async fn release_disks<P: Provider>(machine: &Machine, ctx: &Context<P>) -> Result<(), LoopError> {
-    let status = machine.status.as_ref();
-    let agent = status.and_then(|s| s.agent.as_ref());
-    let conditions = status.map(|s| s.conditions.as_slice()).unwrap_or_default();
-    let current = condition::find(conditions, conditions::DISKS_WIPED);
-    let now = condition::now();
-    let step = decide_release(&ReleaseFacts {
-        configured: configured(machine, ctx).await,
-        agent_seen: agent.is_some_and(|a| a.boot_id.is_some()),
-        reported: agent.and_then(|a| a.release_wipe.as_ref()),
-        skip: machine
-            .annotations()
-            .get(annotations::RELEASE_WITHOUT_WIPE)
-            .is_some_and(|v| v == "true"),
-        waiting_since: current
-            .filter(|c| c.status == "False")
-            .map(|c| c.last_transition_time.0),
-        now,
-        timeouts: ctx.settings.wipe_timeouts,
-    });
+    let configured = configured(machine, ctx).await;
+    let step = decide_release(&facts_of(
+        machine,
+        configured,
+        condition::now(),
+        ctx.settings.wipe_timeouts,
+    ));
     let wanted = condition::new_condition(
         conditions::DISKS_WIPED,
         step.condition_status(),
@@ -566,6 +551,10 @@ async fn release_disks<P: Provider>(machine: &Machine, ctx: &Context<P>) -> Resu
         step.message(),
         machine.metadata.generation,
     );
+    let current = machine
+        .status
+        .as_ref()
+        .and_then(|s| condition::find(&s.conditions, conditions::DISKS_WIPED));
     if current.is_none_or(|c| !condition::same_meaning(c, &wanted)) {
         if let ReleaseStep::Hold { reason, message } = &step {
             event(ctx, machine, EventType::Warning, reason, message).await;

@@ -23,8 +23,10 @@
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 use unbounded_api::storage::{ReleaseWipeStatus, StorageSpec, WipeMethod, WipeState};
-use unbounded_api::well_known::reasons;
+use unbounded_api::well_known::{annotations, conditions, reasons};
+use unbounded_api::{Machine, ResolvedConfiguration, condition};
 
 /// What the configuration the Machine's disk was paved with says about release.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,6 +123,44 @@ pub struct ReleaseFacts<'a> {
     pub now: Timestamp,
     /// The timeouts.
     pub timeouts: WipeTimeouts,
+}
+
+/// The configuration version whose storage the Machine's disks may hold: the one its agent
+/// recorded as paved, else the one the controller resolved.
+pub fn wiping_version(machine: &Machine) -> Option<&ResolvedConfiguration> {
+    let status = machine.status.as_ref()?;
+    status
+        .agent
+        .as_ref()
+        .and_then(|a| a.paved.as_ref())
+        .or(status.configuration.as_ref())
+}
+
+/// The facts about `machine` (its agent's report, the annotation, since when its
+/// `DisksWiped` condition has been False), with what its version says.
+pub fn facts_of(
+    machine: &Machine,
+    configured: Configured,
+    now: Timestamp,
+    timeouts: WipeTimeouts,
+) -> ReleaseFacts<'_> {
+    let status = machine.status.as_ref();
+    let agent = status.and_then(|s| s.agent.as_ref());
+    let conditions = status.map(|s| s.conditions.as_slice()).unwrap_or_default();
+    ReleaseFacts {
+        configured,
+        agent_seen: agent.is_some_and(|a| a.boot_id.is_some()),
+        reported: agent.and_then(|a| a.release_wipe.as_ref()),
+        skip: machine
+            .annotations()
+            .get(annotations::RELEASE_WITHOUT_WIPE)
+            .is_some_and(|v| v == "true"),
+        waiting_since: condition::find(conditions, conditions::DISKS_WIPED)
+            .filter(|c| c.status == "False")
+            .map(|c| c.last_transition_time.0),
+        now,
+        timeouts,
+    }
 }
 
 /// What the provider loop does next for a deleted Machine whose Node is gone.
