@@ -21,7 +21,11 @@
 //!    same version starts the container from it without a download.
 //! 5. **Repave** when the Node it joined as is deleted, with the version the controller
 //!    resolved then (a rollback is "pin an older version, delete the Node").
-//! 6. **Operations** ([`operation_tasks`], deciding with [`operations`]): `reboot`,
+//! 6. **Release** ([`release`]): when the Machine is deleted and its configuration wipes
+//!    its disks on release, the agent waits for the Node to be drained and deleted, stops
+//!    the node container, unmounts and wipes every disk that carries this Machine's layout,
+//!    and reports `status.agent.releaseWipe`; the provider powers off only after `Wiped`.
+//! 7. **Operations** ([`operation_tasks`], deciding with [`operations`]): `reboot`,
 //!    `shutdown` (logind) and `restartService` (systemd, in the node container or on the
 //!    host).
 //!
@@ -39,6 +43,7 @@ pub mod operations;
 pub mod pave;
 pub mod plan;
 pub mod reconcile;
+pub mod release;
 pub mod render;
 pub mod retry;
 pub mod rootfs;

@@ -116,6 +116,12 @@ pub(crate) async fn pave(
             storage::prepare(
                 ctx,
                 machine.metadata.uid.as_deref(),
+                machine
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(unbounded_api::well_known::annotations::CLAIMED_AT))
+                    .map(String::as_str),
                 spec,
                 configuration,
                 &image.sha256,

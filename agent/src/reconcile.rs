@@ -9,8 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Resource;
 use kube::api::Api;
+use unbounded_api::storage::{ReleaseWipeStatus, WipeMethod, WipeState};
 use unbounded_api::{Machine, MachineConfigurationVersion, ResolvedConfiguration};
 use unbounded_runtime::handler::Outcome;
 
@@ -18,7 +20,8 @@ use crate::context::Context;
 use crate::operation_tasks::restart_service;
 use crate::operations::Scope;
 use crate::pave::pave;
-use crate::plan::{self, Action, ContainerState, Facts};
+use crate::plan::{self, Action, ContainerState, Facts, Wait};
+use crate::release::{ReleaseAction, ReleaseFacts, StorageKnown, decide_release};
 use crate::retry::backoff;
 use crate::state::KeptState;
 use crate::status::{self, Readiness};
@@ -36,7 +39,25 @@ pub(crate) struct Reconciler {
     retry_after: Option<Instant>,
     /// When kubelet was last restarted for a Node that never registered.
     kubelet_restarted: Option<Instant>,
+    /// The release wipe, once the Machine is being deleted.
+    release: ReleaseProgress,
 }
+
+/// Where the release wipe is, as this agent knows it.
+#[derive(Debug, Default)]
+struct ReleaseProgress {
+    /// Read from the Machine once (an agent restarted mid-release goes on from there).
+    seeded: bool,
+    /// The state last reported.
+    reported: Option<WipeState>,
+    /// Wipes that failed.
+    failed_attempts: u32,
+    /// No new attempt before this.
+    retry_after: Option<Instant>,
+}
+
+/// The pause after a failed release wipe.
+const WIPE_RETRY_PAUSE: Duration = Duration::from_secs(60);
 
 impl Reconciler {
     /// Starts from this boot's state in `state_dir`.
@@ -47,7 +68,25 @@ impl Reconciler {
             failures: 0,
             retry_after: None,
             kubelet_restarted: None,
+            release: ReleaseProgress::default(),
         }
+    }
+}
+
+fn release_status(
+    state: WipeState,
+    method: WipeMethod,
+    disks: Vec<String>,
+    message: Option<String>,
+    started_at: Option<Time>,
+) -> ReleaseWipeStatus {
+    ReleaseWipeStatus {
+        state,
+        method,
+        disks,
+        message,
+        started_at,
+        finished_at: None,
     }
 }
 
@@ -246,6 +285,163 @@ impl Reconciler {
             .await
         {
             tracing::warn!(%error, "reporting status failed");
+        }
+        if action == Action::Wait(Wait::Deleting) {
+            self.release(ctx, versions, machine, node.is_some()).await;
+        }
+    }
+
+    /// The release of a Machine being deleted: the wipe of its disks, as its configuration
+    /// says ([`crate::release`]), reported in `status.agent.releaseWipe`.
+    async fn release(
+        &mut self,
+        ctx: &Context,
+        versions: &Api<MachineConfigurationVersion>,
+        machine: &Machine,
+        node_exists: bool,
+    ) {
+        let status = machine.status.as_ref();
+        if !self.release.seeded {
+            self.release.seeded = true;
+            self.release.reported = status
+                .and_then(|s| s.agent.as_ref())
+                .and_then(|a| a.release_wipe.as_ref())
+                .map(|w| w.state);
+        }
+        // The version paved on this boot, else the one the controller resolved (a pave
+        // may have written to the disk before the agent restarted).
+        let resolved = self
+            .kept
+            .state
+            .paved
+            .as_ref()
+            .map(|p| p.configuration.clone())
+            .or_else(|| status.and_then(|s| s.configuration.clone()));
+        let version = match &resolved {
+            Some(r) => self.version(versions, r).await,
+            None => None,
+        };
+        let storage = match (&resolved, &version) {
+            (None, _) => StorageKnown::None,
+            (Some(_), None) => StorageKnown::Unknown,
+            (Some(_), Some(v)) => v
+                .spec
+                .template
+                .storage
+                .as_ref()
+                .map_or(StorageKnown::None, StorageKnown::Spec),
+        };
+        let action = decide_release(&ReleaseFacts {
+            deleting: machine.metadata.deletion_timestamp.is_some(),
+            storage,
+            node_exists,
+            reported: self.release.reported,
+            failed_attempts: self.release.failed_attempts,
+            retry_due: self.release.retry_after.is_none_or(|t| Instant::now() >= t),
+        });
+        let method = match action {
+            ReleaseAction::WaitForNode if self.release.reported != Some(WipeState::Pending) => {
+                let method = match storage {
+                    StorageKnown::Spec(s) => s.wipe_method(),
+                    _ => WipeMethod::Fast,
+                };
+                self.report_wipe(
+                    ctx,
+                    release_status(
+                        WipeState::Pending,
+                        method,
+                        Vec::new(),
+                        Some("waiting for the Node to be drained and deleted".into()),
+                        None,
+                    ),
+                )
+                .await;
+                return;
+            }
+            ReleaseAction::Wipe(method) => method,
+            _ => return,
+        };
+        let started = Some(Time(unbounded_api::condition::now()));
+        println!(
+            "unbounded-agent: the Machine is being deleted: stopping the node container and wiping its disks ({} wipe)",
+            method.as_str()
+        );
+        self.report_wipe(
+            ctx,
+            release_status(WipeState::Wiping, method, Vec::new(), None, started.clone()),
+        )
+        .await;
+        let input = crate::storage::shell::DiskInput {
+            machines: ctx.paths.machines.clone(),
+            state: ctx.paths.state.clone(),
+            node: ctx.node.clone(),
+            machine: ctx.identity.machine.clone(),
+            machine_uid: machine.metadata.uid.clone(),
+            scope: crate::storage::probe::DiskScope::All,
+            claim: None,
+        };
+        let unit = systemd::container_unit(&ctx.node);
+        let stop = || ctx.host.stop(&unit, Duration::from_secs(120));
+        let result = crate::storage::shell::wipe_for_release(
+            &input,
+            method,
+            crate::storage::shell::WIPE_TIMEOUT,
+            stop,
+        )
+        .await;
+        let finished = Some(Time(unbounded_api::condition::now()));
+        let report = match result {
+            Ok(wiped) => {
+                println!("unbounded-agent: release wipe done: {}", wiped.summary);
+                ReleaseWipeStatus {
+                    finished_at: finished,
+                    ..release_status(
+                        WipeState::Wiped,
+                        method,
+                        wiped.disks,
+                        Some(wiped.summary),
+                        started,
+                    )
+                }
+            }
+            Err(error) => {
+                self.release.failed_attempts += 1;
+                self.release.retry_after = Some(Instant::now() + WIPE_RETRY_PAUSE);
+                println!("unbounded-agent: release wipe failed: {error}");
+                let tries = if self.release.failed_attempts >= crate::release::MAX_WIPE_ATTEMPTS {
+                    "given up".to_owned()
+                } else {
+                    format!("tried again in {} s", WIPE_RETRY_PAUSE.as_secs())
+                };
+                ReleaseWipeStatus {
+                    finished_at: finished,
+                    ..release_status(
+                        WipeState::Failed,
+                        method,
+                        Vec::new(),
+                        Some(format!(
+                            "{error} (attempt {} of {}; {tries})",
+                            self.release.failed_attempts,
+                            crate::release::MAX_WIPE_ATTEMPTS
+                        )),
+                        started,
+                    )
+                }
+            }
+        };
+        self.report_wipe(ctx, report).await;
+    }
+
+    /// Records the release wipe's state and writes it (a failed write goes out with the
+    /// next one: the ledger keeps it).
+    async fn report_wipe(&mut self, ctx: &Context, wipe: ReleaseWipeStatus) {
+        self.release.reported = Some(wipe.state);
+        if let Err(error) = ctx
+            .reporter
+            .report(|agent| agent.release_wipe = Some(wipe), None)
+            .await
+        {
+            tracing::warn!(%error, "reporting the release wipe failed");
         }
     }
 

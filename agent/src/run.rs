@@ -86,6 +86,13 @@ pub async fn run(identity: Identity, paths: Paths) -> Result<(), AgentError> {
         .as_ref()
         .and_then(|s| s.agent.as_ref())
         .and_then(|a| a.reboot.clone());
+    // Carried over so that this agent's first write does not drop a release wipe's report
+    // (server-side apply removes what its manager no longer sends).
+    let recorded_release_wipe = machine
+        .status
+        .as_ref()
+        .and_then(|s| s.agent.as_ref())
+        .and_then(|a| a.release_wipe.clone());
     let ctx = Arc::new(Context {
         node: node.clone(),
         boot_id: boot_id.clone(),
@@ -102,6 +109,7 @@ pub async fn run(identity: Identity, paths: Paths) -> Result<(), AgentError> {
                 version: Some(env!("CARGO_PKG_VERSION").to_owned()),
                 boot_id: Some(boot_id.clone()),
                 reboot: recorded_reboot,
+                release_wipe: recorded_release_wipe,
                 ..AgentStatus::default()
             },
         ),

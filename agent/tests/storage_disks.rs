@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use unbounded_agent::storage::apply::{self, StorageError};
 use unbounded_agent::storage::probe::{self, Disk, DiskScope};
-use unbounded_agent::storage::shell::{DiskInput, pave_finished, prepare_disk};
+use unbounded_agent::storage::shell::{DiskInput, pave_finished, prepare_disk, wipe_for_release};
 use unbounded_agent::storage::{ContainerStep, Marker, Owner, Plan, Previous, Refusal, plan};
 use unbounded_api::ResolvedConfiguration;
 use unbounded_api::storage::{DiskSelector, StorageSpec, WipeMethod, WipePolicy};
@@ -197,6 +197,7 @@ fn pave_onto(disk: &LoopDisk, spec: &StorageSpec, file: &str, content: &str) {
         configuration: None,
         image_sha256: None,
         complete: false,
+        claim: None,
     };
     apply::write_marker(&disk.mount_point, &marker).unwrap();
     fs::write(disk.mount_point.join(file), content).unwrap();
@@ -438,6 +439,7 @@ fn disk_input(disk: &LoopDisk, state: &Path) -> DiskInput {
         machine: "m-1".into(),
         machine_uid: Some(UID.into()),
         scope: DiskScope::Only(vec![disk.name.clone()]),
+        claim: None,
     }
 }
 
@@ -604,4 +606,82 @@ async fn the_storage_step_refuses_a_foreign_disk_without_touching_anything() {
     assert_eq!(disk.sha256(), before);
     assert!(!stopped.load(std::sync::atomic::Ordering::SeqCst));
     assert!(!disk.mount_point.exists(), "nothing mounted");
+}
+
+/// The release wipe ([`wipe_for_release`]): with this Machine's disk mounted where the
+/// node container lives, it stops the container, unmounts, and wipes that disk (no
+/// signature left, the file's bytes gone); a disk with another Machine's layout, and a blank
+/// one, in the same scope are left byte for byte.
+#[tokio::test]
+async fn the_release_wipe_stops_unmounts_and_wipes_only_this_machines_disk() {
+    if !can_run("the_release_wipe_stops_unmounts_and_wipes_only_this_machines_disk") {
+        return;
+    }
+    let ours = LoopDisk::new(1 << 30, false);
+    let theirs = LoopDisk::new(1 << 30, false);
+    let blank = LoopDisk::new(1 << 30, false);
+    let spec = small_disk_spec();
+    let secret = "this tenant's data ".repeat(200);
+    pave_onto(&ours, &spec, "tenant.txt", &secret);
+    let seen = theirs.probe();
+    let device = apply::format(Path::new("/"), &seen, &spec, OTHER_UID).unwrap();
+    apply::mount(&device, &theirs.mount_point, &[]).unwrap();
+    fs::write(theirs.mount_point.join("kept.txt"), "another Machine's").unwrap();
+    apply::unmount(&theirs.mount_point).unwrap();
+    Command::new("sync").status().unwrap();
+    let (theirs_before, blank_before) = (theirs.sha256(), blank.sha256());
+    assert!(ours.contains(&secret[..40]), "the file reached the image");
+    // As during the pave: this Machine's disk mounted on the machines directory.
+    let ours_device = PathBuf::from(format!("/dev/{}p1", ours.name));
+    apply::mount(&ours_device, &ours.mount_point, &[]).unwrap();
+
+    let state = tempfile::tempdir().unwrap();
+    let input = DiskInput {
+        scope: DiskScope::Only(vec![
+            ours.name.clone(),
+            theirs.name.clone(),
+            blank.name.clone(),
+        ]),
+        ..disk_input(&ours, state.path())
+    };
+    let stopped = std::sync::atomic::AtomicBool::new(false);
+    let stop = || async {
+        stopped.store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    };
+    let wiped = wipe_for_release(&input, WipeMethod::Fast, Duration::from_secs(120), stop)
+        .await
+        .unwrap();
+    assert!(stopped.load(std::sync::atomic::Ordering::SeqCst));
+    assert_eq!(wiped.disks, vec![ours.name.clone()], "{}", wiped.summary);
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(ours.mount_point.to_str().unwrap()),
+        "still mounted"
+    );
+    let seen = ours.probe();
+    assert!(seen.is_blank(), "signatures left: {seen:?}");
+    if wiped.summary.contains("discarded") {
+        assert!(!ours.contains(&secret[..40]), "the tenant's bytes are gone");
+    } else {
+        eprintln!("the loop device did not accept a discard here: only signatures were checked");
+    }
+    assert_eq!(theirs.sha256(), theirs_before, "another Machine's disk");
+    assert_eq!(blank.sha256(), blank_before, "a blank disk");
+
+    // Again (an agent restarted mid-wipe): nothing of this Machine's is left, nothing to do.
+    let again = wipe_for_release(
+        &input,
+        WipeMethod::Fast,
+        Duration::from_secs(120),
+        || async { Ok(()) },
+    )
+    .await
+    .unwrap();
+    assert!(again.disks.is_empty(), "{again:?}");
+    assert!(
+        again.summary.contains("nothing to wipe"),
+        "{}",
+        again.summary
+    );
 }

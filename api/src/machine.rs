@@ -510,6 +510,10 @@ pub struct AgentStatus {
     /// The local disk that holds the node's state, when the configuration has `storage`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<crate::storage::StorageStatus>,
+    /// The wipe of the disks on release (the Machine is being deleted and its configuration
+    /// wipes on release).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_wipe: Option<crate::storage::ReleaseWipeStatus>,
 }
 
 /// A reboot in progress, as the agent recorded it before rebooting.

@@ -11,6 +11,7 @@
 //! plain data what to do with the disks it finds (`unbounded_agent::storage::plan`):
 //! format, reuse, or refuse and touch nothing.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -182,6 +183,16 @@ pub enum WipeMethod {
     Overwrite,
 }
 
+impl WipeMethod {
+    /// The name as written in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fast => "fast",
+            Self::Overwrite => "overwrite",
+        }
+    }
+}
+
 /// What the agent used for the node's state, in `status.agent.storage`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -204,4 +215,64 @@ pub struct StorageStatus {
     /// and image), without a download.
     #[serde(default)]
     pub container_reused: bool,
+}
+
+/// The wipe of the Machine's disks when it is released (deleted), in
+/// `status.agent.releaseWipe`. The agent writes it; the provider powers the machine off only
+/// once it says `Wiped` (or the configuration does not wipe on release, or the wait timed
+/// out and an operator said to go on): see `unbounded_runtime::release`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReleaseWipeStatus {
+    /// `Pending` (the agent saw the deletion and waits for the Node to be drained and
+    /// deleted), `Wiping`, `Wiped` or `Failed`.
+    pub state: WipeState,
+    /// How the disks are (or were) wiped.
+    pub method: WipeMethod,
+    /// The disks wiped or being wiped, by their kernel name at this boot; empty when no disk
+    /// carries this Machine's layout (nothing of it was written: nothing to wipe).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    pub disks: Vec<String>,
+    /// What happened, for a person (the failing command and what it printed, on `Failed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// When the wipe started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    /// When it ended (`Wiped` or `Failed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Time>,
+}
+
+/// Where a release wipe is.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum WipeState {
+    /// The agent saw the deletion; it wipes once the Node is drained and deleted.
+    Pending,
+    /// The node container is stopped and the disks are being wiped.
+    Wiping,
+    /// Every disk that carried this Machine's layout is wiped.
+    Wiped,
+    /// The wipe failed; the message says why.
+    Failed,
+}
+
+impl WipeState {
+    /// The name as written in the status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::Wiping => "Wiping",
+            Self::Wiped => "Wiped",
+            Self::Failed => "Failed",
+        }
+    }
+}
+
+impl WipePolicy {
+    /// Whether the disk is wiped when the Machine is released.
+    pub fn wipes_on_release(self) -> bool {
+        matches!(self, Self::Always | Self::OnRelease)
+    }
 }

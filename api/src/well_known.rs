@@ -46,6 +46,10 @@ pub mod annotations {
     /// On a PXE Machine a pool claimed: when (RFC 3339). Remediation's provisioning clock
     /// starts no earlier.
     pub const CLAIMED_AT: &str = "unbounded-cloud.io/claimed-at";
+    /// On a Machine being deleted: `"true"` lets its provider power it off (and let go)
+    /// without waiting for the agent's wipe of its disks, or after the wipe failed or timed
+    /// out. For a person who has wiped the disks by other means or accepts that they are not.
+    pub const RELEASE_WITHOUT_WIPE: &str = "unbounded-cloud.io/release-without-wipe";
 }
 
 /// Finalizers.
@@ -228,6 +232,10 @@ pub mod conditions {
     pub const BOOTSTRAP_READY: &str = "BootstrapReady";
     /// Machine: the Node exists and is Ready (controller).
     pub const NODE_READY: &str = "NodeReady";
+    /// Machine being deleted: its disks are wiped as its configuration says before the
+    /// provider powers it off (provider). Reasons in [`super::reasons`]: `WipePending`,
+    /// `Wiped`, `WipeNotNeeded`, `WipeFailed`, `WipeTimedOut`, `WipeSkipped`.
+    pub const DISKS_WIPED: &str = "DisksWiped";
     /// MachineConfiguration: the update strategy is carried out (controller).
     pub const UPDATE_STRATEGY_SUPPORTED: &str = "UpdateStrategySupported";
     /// MachineConfiguration (RollingUpdate) and MachinePool: every Machine records the version
@@ -313,4 +321,18 @@ pub mod reasons {
     pub const REMEDIATING: &str = "Remediating";
     /// More Machines are unhealthy than maxUnhealthy: none is remediated.
     pub const TOO_MANY_UNHEALTHY: &str = "TooManyUnhealthy";
+    /// DisksWiped False: the provider waits for the agent's wipe before powering off.
+    pub const WIPE_PENDING: &str = "WipePending";
+    /// DisksWiped True: the agent reported the disks wiped.
+    pub const WIPED: &str = "Wiped";
+    /// DisksWiped True: the configuration does not wipe on release (`never`, no storage,
+    /// nothing was paved).
+    pub const WIPE_NOT_NEEDED: &str = "WipeNotNeeded";
+    /// DisksWiped False: the agent reported the wipe failed; the Machine is kept.
+    pub const WIPE_FAILED: &str = "WipeFailed";
+    /// DisksWiped False: no wipe was reported in time; the Machine is kept.
+    pub const WIPE_TIMED_OUT: &str = "WipeTimedOut";
+    /// DisksWiped False: released without a wipe, as the Machine's
+    /// `unbounded-cloud.io/release-without-wipe` annotation said.
+    pub const WIPE_SKIPPED: &str = "WipeSkipped";
 }

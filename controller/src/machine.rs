@@ -1,6 +1,7 @@
 //! The Machine reconciler: records the resolved configuration version (locking it), the
 //! Node, the conditions and the phase; annotates the Node; drains and deletes the Node when
-//! the Machine is deleted.
+//! the Machine is deleted; for a `manual` Machine (no provider holds it) waits for the wipe
+//! of its disks before letting go.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -17,7 +18,12 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use unbounded_api::condition;
 use unbounded_api::well_known::{annotations, conditions, field_managers, finalizers, reasons};
-use unbounded_api::{Machine, MachineConfigurationVersion, MachinePhase, ResolvedConfiguration};
+use unbounded_api::{
+    Machine, MachineConfigurationVersion, MachinePhase, MachineProvider, ResolvedConfiguration,
+};
+use unbounded_runtime::release::{
+    Configured, ReleaseStep, WipeTimeouts, decide_release, facts_of, wiping_version,
+};
 
 use crate::context::Context;
 use crate::drain;
@@ -537,5 +543,69 @@ async fn cleanup(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
         .await;
         return Err(Error::Waiting(why));
     }
+    // A `manual` Machine has no provider loop to hold it while its disks are wiped: the
+    // controller does, with the same decision (`unbounded_runtime::release`).
+    if machine.spec.provider == MachineProvider::Manual {
+        release_disks(machine, &status, ctx).await?;
+    }
     Ok(Action::await_change())
+}
+
+/// For a `manual` Machine being deleted, its Node gone: `Ok` once its disks are wiped as
+/// its configuration says (or need no wipe, or a person said to skip it); otherwise it
+/// waits, or is held after a failure or the timeout, with the `DisksWiped` condition.
+async fn release_disks(
+    machine: &Machine,
+    status: &unbounded_api::MachineStatus,
+    ctx: &Context,
+) -> Result<(), Error> {
+    let configured = match wiping_version(machine) {
+        None => Configured::NoConfiguration,
+        Some(resolved) => {
+            let name = resolved.version_name();
+            match ctx.versions.get(&ObjectRef::new(&name)) {
+                Some(v) => Configured::from_storage(v.spec.template.storage.as_ref()),
+                None => Configured::Unreadable(format!("{name} does not exist")),
+            }
+        }
+    };
+    let step = decide_release(&facts_of(
+        machine,
+        configured,
+        condition::now(),
+        WipeTimeouts::default(),
+    ));
+    let plan = ConditionPlan {
+        type_: conditions::DISKS_WIPED,
+        status: step.condition_status(),
+        reason: step.reason(),
+        message: step.message().to_owned(),
+    };
+    let current = condition::find(&status.conditions, conditions::DISKS_WIPED);
+    // A Machine that never waited lets go without a write (most have no storage).
+    if current.is_none() && matches!(step, ReleaseStep::PowerOff { .. }) {
+        return Ok(());
+    }
+    let changed = current.is_none_or(|c| c.reason != plan.reason || c.message != plan.message);
+    if changed && let ReleaseStep::Hold { reason, message } = &step {
+        ctx.event(machine, EventType::Warning, reason, message.clone())
+            .await;
+    }
+    write_status(
+        machine,
+        status,
+        &status.configuration,
+        &status.node_ref,
+        status.kubelet_version.as_deref(),
+        MachinePhase::Deleting,
+        &[&plan],
+        ctx,
+    )
+    .await?;
+    match step {
+        ReleaseStep::PowerOff { .. } => Ok(()),
+        ReleaseStep::Wait { message } | ReleaseStep::Hold { message, .. } => {
+            Err(Error::Waiting(message))
+        }
+    }
 }

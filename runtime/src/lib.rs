@@ -7,6 +7,8 @@
 //!   time;
 //! - [`provider`]: the Provider contract and the reconcile loop every infrastructure provider
 //!   runs on (PXE in the bootserver, Azure in `azure`);
+//! - [`release`]: whether a deleted Machine is powered off now, or waits for (or is held
+//!   until) the agent's wipe of its disks;
 //! - [`handler`]: claiming, running and finishing the MachineOperations routed to an agent or
 //!   a provider;
 //! - [`tokens`]: minting an agent's ServiceAccount token and kubelet's bootstrap token.
@@ -14,5 +16,6 @@
 pub mod handler;
 pub mod leader;
 pub mod provider;
+pub mod release;
 pub mod shutdown;
 pub mod tokens;

@@ -19,6 +19,11 @@
 //! turns `InfrastructureReady` False, so the loop calls `create` again, which decides
 //! whether to recreate it (the Azure provider does not: it reports).
 //!
+//! Before `delete`, the disks: a Machine whose configuration wipes them on release is
+//! powered off only once its agent reported them wiped, or held with the condition
+//! `DisksWiped=False` (`WipeFailed`, `WipeTimedOut`) and its finalizer kept
+//! ([`crate::release`] decides; [`Settings::wipe_timeouts`] bound the wait).
+//!
 //! Waiting for the Node is not a failure: it is retried every [`Settings::wait`] without
 //! growing the backoff, and the loop watches Nodes, so a deleted Machine is released as soon
 //! as its Node is gone.
@@ -69,8 +74,15 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use unbounded_api::well_known::conditions;
-use unbounded_api::{Machine, MachineAddress, MachineProvider, PowerState, condition};
+use unbounded_api::{
+    Machine, MachineAddress, MachineConfigurationVersion, MachineProvider, PowerState, condition,
+};
+
+use crate::release::{
+    Configured, ReleaseStep, WipeTimeouts, decide_release, facts_of, wiping_version,
+};
 
 /// What a provider reports about a Machine's infrastructure.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -173,6 +185,10 @@ pub struct Settings {
     /// How often a deleted Machine whose Node still exists is looked at again (besides the
     /// Node watch): fixed, since waiting is not failing.
     pub wait: Duration,
+    /// How long a deleted Machine waits for its agent's wipe of its disks before it is held.
+    pub wipe_timeouts: WipeTimeouts,
+    /// How often a Machine held for its wipe is looked at again (besides its own changes).
+    pub held: Duration,
 }
 
 impl Default for Settings {
@@ -182,6 +198,8 @@ impl Default for Settings {
             first_backoff: Duration::from_secs(5),
             max_backoff: Duration::from_secs(300),
             wait: Duration::from_secs(5),
+            wipe_timeouts: WipeTimeouts::default(),
+            held: Duration::from_secs(60),
         }
     }
 }
@@ -264,7 +282,8 @@ pub fn backoff(settings: &Settings, failures: u32) -> Duration {
 /// (for the Node) at the fixed [`Settings::wait`], failures with the backoff.
 pub fn requeue_after(settings: &Settings, error: &LoopError, failures: u32) -> Duration {
     match error {
-        LoopError::WaitingForNode(_) => settings.wait,
+        LoopError::WaitingForNode(_) | LoopError::WaitingForWipe(_) => settings.wait,
+        LoopError::WipeHeld { .. } => settings.held,
         LoopError::Provider(_) | LoopError::Kube { .. } | LoopError::Finalizer(_) => {
             backoff(settings, failures)
         }
@@ -292,6 +311,17 @@ pub enum LoopError {
     /// The Node still exists: the controller drains and deletes it first.
     #[error("waiting for Node {0} to be drained and deleted")]
     WaitingForNode(String),
+    /// The agent has not reported the disks wiped yet.
+    #[error("{0}")]
+    WaitingForWipe(String),
+    /// The wipe failed or timed out: the Machine is kept (`DisksWiped=False`).
+    #[error("{reason}: {message}")]
+    WipeHeld {
+        /// `WipeFailed` or `WipeTimedOut`.
+        reason: &'static str,
+        /// What happened and what to do.
+        message: String,
+    },
 }
 
 struct Context<P> {
@@ -470,6 +500,7 @@ async fn cleanup<P: Provider>(machine: &Machine, ctx: &Context<P>) -> Result<Act
     // By default, never provisioned (its BMC refused us, say): nothing was powered on,
     // nothing to release, and a broken BMC set-up must not keep the Machine from going away.
     if ctx.provider.must_release(machine) {
+        release_disks(machine, ctx).await?;
         if let Err(error) = ctx.provider.delete(machine).await {
             warn(ctx, machine, &error).await;
             return Err(error.into());
@@ -486,12 +517,119 @@ async fn cleanup<P: Provider>(machine: &Machine, ctx: &Context<P>) -> Result<Act
     Ok(Action::await_change())
 }
 
+/// What the configuration the Machine's disk was paved with says
+/// ([`crate::release::wiping_version`]).
+async fn configured<P>(machine: &Machine, ctx: &Context<P>) -> Configured {
+    let Some(resolved) = wiping_version(machine) else {
+        return Configured::NoConfiguration;
+    };
+    let name = resolved.version_name();
+    match Api::<MachineConfigurationVersion>::all(ctx.client.clone())
+        .get_opt(&name)
+        .await
+    {
+        Ok(Some(version)) => Configured::from_storage(version.spec.template.storage.as_ref()),
+        Ok(None) => Configured::Unreadable(format!("{name} does not exist")),
+        Err(e) => Configured::Unreadable(format!("reading {name}: {e}")),
+    }
+}
+
+/// The release of the disks ([`crate::release`]): `Ok` once the machine may be powered off;
+/// the `DisksWiped` condition says why it waits or is held.
+async fn release_disks<P: Provider>(machine: &Machine, ctx: &Context<P>) -> Result<(), LoopError> {
+    let configured = configured(machine, ctx).await;
+    let step = decide_release(&facts_of(
+        machine,
+        configured,
+        condition::now(),
+        ctx.settings.wipe_timeouts,
+    ));
+    let wanted = condition::new_condition(
+        conditions::DISKS_WIPED,
+        step.condition_status(),
+        step.reason(),
+        step.message(),
+        machine.metadata.generation,
+    );
+    let current = machine
+        .status
+        .as_ref()
+        .and_then(|s| condition::find(&s.conditions, conditions::DISKS_WIPED));
+    if current.is_none_or(|c| !condition::same_meaning(c, &wanted)) {
+        if let ReleaseStep::Hold { reason, message } = &step {
+            event(ctx, machine, EventType::Warning, reason, message).await;
+        }
+        write_release_condition(ctx, machine, wanted).await?;
+    }
+    match step {
+        ReleaseStep::PowerOff { .. } => Ok(()),
+        ReleaseStep::Wait { message } => Err(LoopError::WaitingForWipe(message)),
+        ReleaseStep::Hold { reason, message } => Err(LoopError::WipeHeld { reason, message }),
+    }
+}
+
+/// Writes the `DisksWiped` condition, with the provider's other status fields as they are
+/// (with server-side apply, a field the manager leaves out is removed). Its transition
+/// time is kept while its status does not change: the wait's timeout counts from it.
+async fn write_release_condition<P: Provider>(
+    ctx: &Context<P>,
+    machine: &Machine,
+    mut wanted: Condition,
+) -> Result<(), LoopError> {
+    let current = machine.status.clone().unwrap_or_default();
+    if let Some(old) = condition::find(&current.conditions, conditions::DISKS_WIPED)
+        && old.status == wanted.status
+    {
+        wanted.last_transition_time = old.last_transition_time.clone();
+    }
+    let mut list: Vec<Condition> =
+        condition::find(&current.conditions, conditions::INFRASTRUCTURE_READY)
+            .cloned()
+            .into_iter()
+            .collect();
+    list.push(wanted);
+    let mut status = serde_json::Map::new();
+    status.insert("conditions".into(), json!(list));
+    if let Some(power) = current.power {
+        status.insert("power".into(), json!(power));
+    }
+    if !current.addresses.is_empty() {
+        status.insert("addresses".into(), json!(current.addresses));
+    }
+    if let Some(reason) = &current.failure_reason {
+        status.insert("failureReason".into(), json!(reason));
+    }
+    if let Some(message) = &current.failure_message {
+        status.insert("failureMessage".into(), json!(message));
+    }
+    let body = json!({
+        "apiVersion": Machine::api_version(&()),
+        "kind": Machine::kind(&()),
+        "status": status,
+    });
+    Api::<Machine>::all(ctx.client.clone())
+        .patch_status(
+            &machine.name_any(),
+            &PatchParams::apply(P::FIELD_MANAGER).force(),
+            &Patch::Apply(body),
+        )
+        .await
+        .map(drop)
+        .map_err(|source| LoopError::Kube {
+            action: format!("writing DisksWiped on Machine {}", machine.name_any()),
+            source,
+        })
+}
+
 fn error_policy<P: Provider>(
     machine: Arc<Machine>,
     error: &LoopError,
     ctx: Arc<Context<P>>,
 ) -> Action {
-    if let LoopError::WaitingForNode(_) = error {
+    if let LoopError::WaitingForNode(_)
+    | LoopError::WaitingForWipe(_)
+    | LoopError::WipeHeld { .. } = error
+    {
         tracing::debug!(machine = %machine.name_any(), %error, "waiting");
         return Action::requeue(requeue_after(&ctx.settings, error, 0));
     }
@@ -628,6 +766,7 @@ mod tests {
             first_backoff: Duration::from_secs(5),
             max_backoff: Duration::from_secs(60),
             wait: Duration::from_secs(3),
+            ..Settings::default()
         };
         let waits: Vec<u64> = (1..=6).map(|n| backoff(&s, n).as_secs()).collect();
         assert_eq!(waits, [5, 10, 20, 40, 60, 60]);
@@ -643,6 +782,15 @@ mod tests {
             (&waiting, 40, s.wait),
             (&failed, 1, s.first_backoff),
             (&failed, 40, s.max_backoff),
+            (&LoopError::WaitingForWipe("w".into()), 7, s.wait),
+            (
+                &LoopError::WipeHeld {
+                    reason: "WipeFailed",
+                    message: String::new(),
+                },
+                7,
+                s.held,
+            ),
             (
                 &LoopError::Kube {
                     action: "x".into(),

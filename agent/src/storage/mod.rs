@@ -52,6 +52,9 @@ pub struct Marker {
     /// starts replacing it.
     #[serde(default)]
     pub complete: bool,
+    /// The pool claim (`unbounded-cloud.io/claimed-at`) the Machine was paved under, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
 }
 
 /// What the Machine should run now.
@@ -63,6 +66,8 @@ pub struct Wanted<'a> {
     pub configuration: &'a ResolvedConfiguration,
     /// The node image's SHA-256.
     pub image_sha256: &'a str,
+    /// The pool claim the Machine is under now (`unbounded-cloud.io/claimed-at`), if any.
+    pub claim: Option<&'a str>,
 }
 
 /// Whether the node container is paved afresh or started from the disk.
@@ -74,7 +79,8 @@ pub enum ContainerStep {
     /// files on the filesystem stay).
     Pave,
     /// Wipe and format the disk again, then pave (`wipe: always` and something was paved
-    /// on it before).
+    /// on it before; or a PXE Machine released by one pool and claimed by another, when
+    /// the configuration wipes on release).
     WipeThenPave,
 }
 
@@ -92,6 +98,14 @@ pub fn decide_container(
         // A new filesystem: nothing on it to keep or wipe.
         return ContainerStep::Pave;
     };
+    let paved_before = marker.is_some_and(|m| m.configuration.is_some());
+    // A PXE Machine a pool released goes back to the inventory powered off, with its
+    // disk as the last member left it (the same Machine object, so the same layout). The
+    // next claim wipes it before anything of the new member is paved or started.
+    let reclaimed = marker.is_some_and(|m| m.claim.as_deref() != wanted.claim);
+    if wipe.wipes_on_release() && paved_before && reclaimed {
+        return ContainerStep::WipeThenPave;
+    }
     let same = marker.is_some_and(|m| {
         m.complete
             && m.container.as_deref() == Some(wanted.container)
@@ -101,7 +115,6 @@ pub fn decide_container(
     if first_on_boot && same {
         return ContainerStep::StartFromDisk;
     }
-    let paved_before = marker.is_some_and(|m| m.configuration.is_some());
     if wipe == WipePolicy::Always && paved_before {
         ContainerStep::WipeThenPave
     } else {
@@ -128,6 +141,12 @@ mod tests {
             container: "node-1",
             configuration: &v1,
             image_sha256: &sha,
+            claim: None,
+        };
+        let claimed = "2026-11-26T08:00:00Z";
+        let wanted_claimed = Wanted {
+            claim: Some(claimed),
+            ..wanted
         };
         let marker = Marker {
             machine: "node-1".into(),
@@ -136,6 +155,15 @@ mod tests {
             configuration: Some(v1.clone()),
             image_sha256: Some(sha.clone()),
             complete: true,
+            claim: None,
+        };
+        let claimed_before = Marker {
+            claim: Some("2026-11-25T10:00:00Z".into()),
+            ..marker.clone()
+        };
+        let same_claim = Marker {
+            claim: Some(claimed.into()),
+            ..marker.clone()
         };
         let reuse = Plan::Reuse {
             disk: "sda".into(),
@@ -272,6 +300,61 @@ mod tests {
         for (name, plan, marker, first, wipe, want) in cases {
             assert_eq!(
                 decide_container(plan, marker, &wanted, first, wipe),
+                want,
+                "{name}"
+            );
+        }
+        // A pool claim: (case, marker, wanted, policy, step).
+        let claims = [
+            (
+                "claimed by a pool after another: wiped even on the same version",
+                &marker,
+                &wanted_claimed,
+                OnRelease,
+                WipeThenPave,
+            ),
+            (
+                "claimed again by another pool",
+                &claimed_before,
+                &wanted_claimed,
+                Always,
+                WipeThenPave,
+            ),
+            (
+                "released to the inventory, then paved unclaimed",
+                &claimed_before,
+                &wanted,
+                OnRelease,
+                WipeThenPave,
+            ),
+            (
+                "never keeps it across claims (the same version starts from the disk)",
+                &claimed_before,
+                &wanted_claimed,
+                Never,
+                StartFromDisk,
+            ),
+            (
+                "the same claim: a reboot starts from the disk",
+                &same_claim,
+                &wanted_claimed,
+                OnRelease,
+                StartFromDisk,
+            ),
+            (
+                "formatted under another claim, never paved: nothing to wipe",
+                &Marker {
+                    configuration: None,
+                    ..claimed_before.clone()
+                },
+                &wanted_claimed,
+                OnRelease,
+                Pave,
+            ),
+        ];
+        for (name, marker, wanted, wipe, want) in claims {
+            assert_eq!(
+                decide_container(&reuse, Some(marker), wanted, true, wipe),
                 want,
                 "{name}"
             );

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use unbounded_api::ResolvedConfiguration;
-use unbounded_api::storage::{StorageSpec, StorageStatus};
+use unbounded_api::storage::{StorageSpec, StorageStatus, WipeMethod};
 
 use super::apply::{self, StorageError};
 use super::probe::{self, Disk, DiskScope};
@@ -92,6 +92,8 @@ pub struct DiskInput {
     pub machine_uid: Option<String>,
     /// Which disks are looked at ([`DiskScope::All`] on a machine).
     pub scope: DiskScope,
+    /// The pool claim the Machine is under (`unbounded-cloud.io/claimed-at`), if any.
+    pub claim: Option<String>,
 }
 
 async fn blocking<T: Send + 'static>(
@@ -118,6 +120,7 @@ fn probe_one(name: &str) -> Result<Disk, StorageStepError> {
 pub(crate) async fn prepare(
     ctx: &Context,
     machine_uid: Option<&str>,
+    claim: Option<&str>,
     spec: &StorageSpec,
     configuration: &ResolvedConfiguration,
     image_sha256: &str,
@@ -130,6 +133,7 @@ pub(crate) async fn prepare(
         machine: ctx.identity.machine.clone(),
         machine_uid: machine_uid.map(str::to_owned),
         scope: DiskScope::All,
+        claim: claim.map(str::to_owned),
     };
     let unit = systemd::container_unit(&ctx.node);
     let stop = || ctx.host.stop(&unit, Duration::from_secs(120));
@@ -161,6 +165,7 @@ where
     let uid = input.machine_uid.clone().ok_or(StorageStepError::NoUid)?;
     let mount_point = input.machines.clone();
     let scope = input.scope.clone();
+    let claim = input.claim.clone();
     let (node, spec_owned, configuration_owned, sha) = (
         input.node.clone(),
         spec.clone(),
@@ -185,6 +190,7 @@ where
             container: &node,
             configuration: &configuration_owned,
             image_sha256: &sha,
+            claim: claim.as_deref(),
         };
         let marker = match &planned {
             Plan::Reuse { device, .. } => {
@@ -264,6 +270,7 @@ where
             configuration: Some(configuration.clone()),
             image_sha256: Some(image_sha256.to_owned()),
             complete: false,
+            claim: input.claim.clone(),
         },
     };
     if step != ContainerStep::StartFromDisk {
@@ -303,4 +310,71 @@ pub async fn pave_finished(machines: &Path, marker: &Marker) -> Result<(), Stora
     };
     let mount_point = machines.to_path_buf();
     blocking(move || Ok(apply::write_marker(&mount_point, &marker)?)).await
+}
+
+/// What a release wipe did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleaseWiped {
+    /// The disks wiped (kernel names), none when no disk carried this Machine's layout.
+    pub disks: Vec<String>,
+    /// For a person: what each wipe did.
+    pub summary: String,
+}
+
+/// The release wipe ([`crate::release`]): stops the node container (`stop`), unmounts the
+/// storage from `input.machines` if a disk is mounted there, then wipes every disk that
+/// carries this Machine's layout with `method`, each within `timeout`.
+pub async fn wipe_for_release<F, Fut>(
+    input: &DiskInput,
+    method: WipeMethod,
+    timeout: Duration,
+    stop: F,
+) -> Result<ReleaseWiped, StorageStepError>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<(), SystemdError>>,
+{
+    let uid = input.machine_uid.clone().ok_or(StorageStepError::NoUid)?;
+    stop().await?;
+    let (mount_point, scope) = (input.machines.clone(), input.scope.clone());
+    blocking(move || {
+        let root = Path::new("/");
+        let mounted_here = probe::read_disks(root, &scope).iter().any(|d| {
+            d.all_mounts()
+                .any(|m| Path::new(m) == mount_point.as_path())
+        });
+        if mounted_here {
+            apply::unmount(&mount_point)?;
+        }
+        let disks = probe::read_disks(root, &scope);
+        let booted = probe::boot_disk(&disks);
+        let ours = crate::release::disks_of_machine(&disks, &uid, booted.as_deref());
+        let mut summary = Vec::new();
+        for disk in disks.iter().filter(|d| ours.contains(&d.name)) {
+            let wiped = apply::wipe(root, disk, method, timeout)?;
+            summary.push(match method {
+                WipeMethod::Fast if wiped.discarded => {
+                    format!("{}: signatures erased, discarded", disk.name)
+                }
+                WipeMethod::Fast => format!(
+                    "{}: signatures erased (the device does not discard)",
+                    disk.name
+                ),
+                WipeMethod::Overwrite => {
+                    format!("{}: {} bytes overwritten", disk.name, wiped.zeroed_bytes)
+                }
+            });
+        }
+        let summary = if summary.is_empty() {
+            "no disk carries this Machine's layout: nothing of it was written, nothing to wipe"
+                .to_owned()
+        } else {
+            summary.join("; ")
+        };
+        Ok(ReleaseWiped {
+            disks: ours,
+            summary,
+        })
+    })
+    .await
 }
