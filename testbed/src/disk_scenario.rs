@@ -8,12 +8,15 @@
 //!    (timed), and the Machine's `status.agent.storage` says so.
 //! 3. That machine rebooted: the agent finds its layout and the container on the disk and
 //!    starts it without a download (`containerReused`, timed).
-//! 4. The machine pinned back to the version without storage and repaved: the default
-//!    `wipe: onRelease` keeps the disk's contents on a repave.
+//! 4. That Machine deleted (released): its agent wipes the disk (`wipe: onRelease`, the
+//!    default) and reports `Wiped` before the provider powers the machine off and lets the
+//!    Machine go; the scenario then reads the disk's file back on the host: no filesystem
+//!    or partition table left. (The lab has one Machine fewer afterwards.)
 //!
 //! Each reboot is timed from the operation's creation to a Ready Node whose boot ID is the
 //! new boot's (a Node's Ready condition can still be the old boot's for a while).
 
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::lab::base::LabError;
@@ -30,6 +33,8 @@ pub struct DiskFigures {
     pub pave_onto_disk: Duration,
     /// Reboot → Ready with the node container started from the disk.
     pub reboot_from_disk: Duration,
+    /// Machine deletion → the disk wiped and the Machine gone.
+    pub release: Duration,
 }
 
 /// Runs the scenario on the lab's first two machines.
@@ -98,20 +103,53 @@ pub fn disks(lab: &Lab, timeout: Duration, say: &dyn Fn(&str)) -> Result<DiskFig
     ));
 
     say(&format!(
-        "disks: pinning {disk} back to version {before} (no storage) and repaving"
+        "disks: deleting Machine {disk} (release: its disk is wiped first)"
     ));
-    pin(lab, &disk, before)?;
-    repave(lab, &disk, timeout, say)?;
+    let domain = used.serial.trim_start_matches("data-").to_owned();
+    let started = Instant::now();
+    lab.kubectl(&["delete", "machine", &disk, "--wait=false"], None)?;
+    let mut wiped = false;
+    wait_until(
+        &format!("{disk}'s agent to wipe its disk and the Machine to go"),
+        timeout,
+        || {
+            let state = get(lab, "machine", &disk, "{.status.agent.releaseWipe.state}");
+            wiped |= state == "Wiped";
+            let exists = lab
+                .kubectl(
+                    &["get", "machine", &disk, "--ignore-not-found", "-o", "name"],
+                    None,
+                )
+                .unwrap_or_default();
+            (
+                wiped && exists.trim().is_empty(),
+                format!("releaseWipe {state:?}, Machine {:?}", exists.trim()),
+            )
+        },
+    )?;
+    let release = started.elapsed();
+    let left = disk_signatures(&domain)?;
+    if !left.is_empty() {
+        return Err(step(format!(
+            "{disk} was released but its disk still carries: {left}"
+        )));
+    }
     say(&format!(
-        "disks: reboot from RAM {:.1} s, pave onto a blank disk {:.1} s, reboot from disk {:.1} s",
+        "disks: {disk} released in {:.1} s; its disk read back on the host: no signature left",
+        release.as_secs_f64()
+    ));
+    say(&format!(
+        "disks: reboot from RAM {:.1} s, pave onto a blank disk {:.1} s, reboot from disk {:.1} s, release with the wipe {:.1} s",
         reboot_ram.as_secs_f64(),
         pave_onto_disk.as_secs_f64(),
-        reboot_from_disk.as_secs_f64()
+        reboot_from_disk.as_secs_f64(),
+        release.as_secs_f64()
     ));
     Ok(DiskFigures {
         reboot_ram,
         pave_onto_disk,
         reboot_from_disk,
+        release,
     })
 }
 
@@ -164,4 +202,44 @@ fn storage_status(lab: &Lab, machine: &str) -> StorageStatus {
         action: field("action"),
         container_reused: field("containerReused"),
     }
+}
+
+/// The signatures (filesystems, partition tables) `wipefs` finds on the data disk of libvirt
+/// domain `domain`, read on the host from a raw copy of its qcow2 file; empty when none.
+fn disk_signatures(domain: &str) -> Result<String, LabError> {
+    let run = |command: &mut Command| -> Result<String, LabError> {
+        let out = command
+            .output()
+            .map_err(|e| step(format!("running {command:?}: {e}")))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(step(format!(
+                "{command:?}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )))
+        }
+    };
+    let disks = run(Command::new("virsh").args([
+        "-c",
+        crate::bmc::LIBVIRT_URI,
+        "domblklist",
+        domain,
+        "--details",
+    ]))?;
+    let file = disks
+        .lines()
+        .map(str::split_whitespace)
+        .find_map(|mut f| match (f.next(), f.next(), f.next(), f.next()) {
+            (Some("file"), Some("disk"), Some("vdb"), Some(path)) => Some(path.to_owned()),
+            _ => None,
+        })
+        .ok_or_else(|| step(format!("{domain} has no data disk vdb: {disks}")))?;
+    let copy = tempfile::tempdir().map_err(|e| step(e.to_string()))?;
+    let raw = copy.path().join("data.raw");
+    run(Command::new("qemu-img")
+        .args(["convert", "-O", "raw", &file])
+        .arg(&raw))?;
+    // Without -a, wipefs only lists what it would erase.
+    Ok(run(Command::new("wipefs").arg(&raw))?.trim().to_owned())
 }
