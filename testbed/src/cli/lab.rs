@@ -188,7 +188,9 @@ pub(crate) fn serve(options: LabOptions) -> Result<(), CliError> {
     let exe = std::env::current_exe().map_err(|e| CliError::Other(e.to_string()))?;
     RunningLab {
         pid: std::process::id(),
-        exe: std::fs::canonicalize(&exe).unwrap_or(exe),
+        exe: unbounded_testbed::lab::running::program_path(
+            &std::fs::canonicalize(&exe).unwrap_or(exe),
+        ),
         dir: options.dir.clone(),
         kubeconfig: lab.kubeconfig.clone(),
         kubectl: lab.plane.binaries().kubectl.clone(),

@@ -390,7 +390,7 @@ spec:
 pub mod base;
 mod host_binaries;
 mod logs;
-mod running;
+pub mod running;
 mod wait;
 
 use base::step;

@@ -62,10 +62,7 @@ impl RunningLab {
         let text = fs::read_to_string(Self::state_path()).ok()?;
         let lab: Self = serde_json::from_str(&text).ok()?;
         let running = fs::read_link(format!("/proc/{}/exe", lab.pid)).ok()?;
-        // A rebuilt binary shows as "<path> (deleted)" for the process still running it.
-        let running = running.to_string_lossy();
-        let running = running.strip_suffix(" (deleted)").unwrap_or(&running);
-        (Path::new(running) == lab.exe.as_path()).then_some(lab)
+        (program_path(&running) == program_path(&lab.exe)).then_some(lab)
     }
 
     /// Records it.
@@ -101,5 +98,27 @@ impl crate::scenario::LabAccess for RunningLab {
 
     fn pods(&self) -> Option<PodsInfo> {
         self.pods.clone()
+    }
+}
+
+/// The program's path as it was started: a binary rebuilt while it runs shows as
+/// "<path> (deleted)" in `/proc/<pid>/exe` (and in `current_exe`) for the process running it.
+pub fn program_path(path: &Path) -> PathBuf {
+    let text = path.to_string_lossy();
+    PathBuf::from(text.strip_suffix(" (deleted)").unwrap_or(&text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rebuilt_binary_is_still_the_lab() {
+        let built = Path::new("/w/target/debug/unbounded-testbed");
+        assert_eq!(
+            program_path(Path::new("/w/target/debug/unbounded-testbed (deleted)")),
+            built
+        );
+        assert_eq!(program_path(built), built);
     }
 }
