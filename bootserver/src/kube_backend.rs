@@ -75,6 +75,7 @@ pub fn record_of(
         architecture: pxe.architecture,
         firmware: pxe.firmware,
         boot,
+        discovery_waiting: waiting,
     })
 }
 
@@ -145,6 +146,8 @@ pub struct MachineIndex {
     /// Every claimant of a reserved address, in claim order.
     ips: HashMap<Ipv4Addr, BTreeMap<ClaimKey, Arc<MachineRecord>>>,
     by_name: HashMap<String, Arc<MachineRecord>>,
+    /// Discovered Machines waiting to be claimed (few: discovery caps them).
+    waiting: BTreeMap<String, Arc<MachineRecord>>,
 }
 
 /// The MACs and addresses a change touched.
@@ -174,6 +177,49 @@ impl MachineIndex {
     /// The Machine with this name, if the bootserver boots it.
     pub fn by_name(&self, name: &str) -> Option<Arc<MachineRecord>> {
         self.by_name.get(name).cloned()
+    }
+
+    /// What [`crate::discovery::decide`] needs to know about the Machines, and no more, so
+    /// that a report costs the same with 10 or 10,000 Machines: every Machine that claims one
+    /// of `macs` (holder or not), the Machine named `name` (even one being deleted: its
+    /// name is taken), and every discovered Machine waiting to be claimed (the cap counts
+    /// them). `last_report_at` is left to the caller, which remembers its own writes.
+    pub fn discovery_view(
+        &self,
+        macs: &[MacAddr],
+        name: &str,
+    ) -> Vec<crate::discovery::KnownMachine> {
+        let known = |record: &MachineRecord| crate::discovery::KnownMachine {
+            name: record.name.clone(),
+            macs: record.macs.iter().map(ToString::to_string).collect(),
+            waiting: record.discovery_waiting,
+            last_report_at: None,
+        };
+        let mut view: BTreeMap<String, crate::discovery::KnownMachine> = self
+            .waiting
+            .values()
+            .chain(
+                macs.iter()
+                    .filter_map(|mac| self.macs.get(mac))
+                    .flat_map(|claims| claims.values()),
+            )
+            .map(|record| (record.name.clone(), known(record)))
+            .collect();
+        if let Some(other) = self.machines.get(name)
+            && !view.contains_key(name)
+        {
+            let entry = match &other.record {
+                Some(record) => known(record),
+                None => crate::discovery::KnownMachine {
+                    name: name.to_owned(),
+                    macs: Default::default(),
+                    waiting: false,
+                    last_report_at: None,
+                },
+            };
+            view.insert(name.to_owned(), entry);
+        }
+        view.into_values().collect()
     }
 
     /// The Machine object as last seen.
@@ -266,6 +312,7 @@ impl MachineIndex {
         }
         let Some(record) = old.record else { return };
         self.by_name.remove(name);
+        self.waiting.remove(name);
         for mac in &record.macs {
             if let Some(claims) = self.macs.get_mut(mac) {
                 claims.remove(&old.claim);
@@ -309,6 +356,9 @@ impl MachineIndex {
         }
         if let Some(record) = &record {
             self.by_name.insert(name.clone(), record.clone());
+            if record.discovery_waiting {
+                self.waiting.insert(name.clone(), record.clone());
+            }
             for mac in &record.macs {
                 self.macs
                     .entry(*mac)
@@ -644,6 +694,22 @@ impl KubeBackend {
                 }
             });
         }
+    }
+}
+
+impl KubeBackend {
+    /// [`MachineIndex::discovery_view`].
+    pub fn discovery_view(
+        &self,
+        macs: &[MacAddr],
+        name: &str,
+    ) -> Vec<crate::discovery::KnownMachine> {
+        self.read().discovery_view(macs, name)
+    }
+
+    /// The Machine object as last seen.
+    pub fn machine(&self, name: &str) -> Option<Arc<Machine>> {
+        self.read().machine(name).cloned()
     }
 }
 
