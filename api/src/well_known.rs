@@ -16,6 +16,25 @@ pub mod labels {
     /// On every Machine of a MachinePool (with the pool as its controlling owner): the pool's
     /// name.
     pub const POOL: &str = "unbounded-cloud.io/pool";
+    /// On a Machine that discovery created: [`super::discovery::WAITING`] until an operator
+    /// or a pool claims it, then [`super::discovery::CLAIMED`].
+    pub const DISCOVERY: &str = "unbounded-cloud.io/discovery";
+}
+
+/// The values of [`labels::DISCOVERY`], and the rule every component applies to them.
+pub mod discovery {
+    use std::collections::BTreeMap;
+
+    /// Discovered, nobody has claimed it: it gets no configuration, no agent access, no
+    /// credentials and no boot script of its own.
+    pub const WAITING: &str = "waiting";
+    /// Claimed by an operator (by hand) or a MachinePool: an ordinary Machine from then on.
+    pub const CLAIMED: &str = "claimed";
+
+    /// Whether a Machine's labels say it was discovered and waits to be claimed.
+    pub fn is_waiting(labels: &BTreeMap<String, String>) -> bool {
+        labels.get(super::labels::DISCOVERY).map(String::as_str) == Some(WAITING)
+    }
 }
 
 /// Annotations.
@@ -241,6 +260,9 @@ pub mod conditions {
 
 /// Condition reasons and Event reasons.
 pub mod reasons {
+    /// ConfigurationResolved is False: the Machine was discovered and waits to be claimed
+    /// (label `unbounded-cloud.io/discovery=waiting`).
+    pub const AWAITING_CLAIM: &str = "WaitingToBeClaimed";
     /// No MachineConfiguration matches the Machine yet.
     pub const CONFIGURATION_PENDING: &str = "ConfigurationPending";
     /// A configuration version was resolved.

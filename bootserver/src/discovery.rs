@@ -30,9 +30,12 @@ use std::collections::BTreeSet;
 use unbounded_api::inventory::{InventoryError, MachineInventorySpec, validate};
 
 /// The label a discovered Machine carries: `waiting` until claimed, then `claimed`.
-pub const DISCOVERY_LABEL: &str = "unbounded-cloud.io/discovery";
+pub use unbounded_api::well_known::labels::DISCOVERY as DISCOVERY_LABEL;
 /// [`DISCOVERY_LABEL`]'s value while nobody has claimed the Machine.
-pub const WAITING: &str = "waiting";
+pub use unbounded_api::well_known::discovery::WAITING;
+/// Whether a Machine's labels say it is discovered and unclaimed: such a Machine gets no
+/// credentials and no machine boot script.
+pub use unbounded_api::well_known::discovery::is_waiting;
 /// The condition a discovered Machine gets.
 pub const DISCOVERED_CONDITION: &str = "Discovered";
 /// Its reason while unclaimed.
@@ -40,11 +43,6 @@ pub const WAITING_REASON: &str = "WaitingToBeClaimed";
 /// The kernel argument that starts the agent in inspection mode.
 pub const INSPECT_KERNEL_ARG: &str = "unbounded.inspect=1";
 
-/// Whether a Machine's labels say it is discovered and unclaimed: such a Machine gets no
-/// credentials and no machine boot script.
-pub fn is_waiting(labels: &std::collections::BTreeMap<String, String>) -> bool {
-    labels.get(DISCOVERY_LABEL).map(String::as_str) == Some(WAITING)
-}
 
 /// The bounds of the door.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -350,6 +350,12 @@ async fn discovery_report(
             let code =
                 StatusCode::from_u16(error.status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
             let mut response = reply(code, error.to_string());
+            // The reason, machine-readable: the inspection agent reboots on `known` (its
+            // MACs are a claimed or declared Machine's, which boots its own script now).
+            response.headers_mut().insert(
+                unbounded_api::inventory::REFUSAL_HEADER,
+                header::HeaderValue::from_static(error.label()),
+            );
             if code == StatusCode::TOO_MANY_REQUESTS || code == StatusCode::SERVICE_UNAVAILABLE {
                 response
                     .headers_mut()

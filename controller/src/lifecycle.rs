@@ -183,6 +183,10 @@ fn unresolved_condition(resolution: &Resolution) -> ConditionPlan {
             reasons::CONFIGURATION_PENDING,
             "no MachineConfiguration matches this Machine's labels and spec.configurationRef is not set".to_owned(),
         ),
+        Resolution::AwaitingClaim => (
+            reasons::AWAITING_CLAIM,
+            "discovered and waiting to be claimed: label it unbounded-cloud.io/discovery=claimed, or let a MachinePool claim it".to_owned(),
+        ),
         Resolution::AwaitingFirstVersion { configuration } => (
             reasons::CONFIGURATION_PENDING,
             format!("waiting for the first version of MachineConfiguration {configuration}"),
@@ -454,6 +458,11 @@ mod tests {
                 },
                 reasons::CONFIGURATION_PENDING,
                 "waiting for the first version",
+            ),
+            (
+                Resolution::AwaitingClaim,
+                reasons::AWAITING_CLAIM,
+                "discovered and waiting to be claimed",
             ),
         ];
         for (resolution, reason, message) in cases {

@@ -435,6 +435,10 @@ pub fn is_accelerator(class_code: &str, vendor_id: &str) -> bool {
 /// The bootserver's route an inspection agent posts its [`DiscoveryReport`] to.
 pub const DISCOVERY_REPORT_PATH: &str = "/discovery/inventory";
 
+/// The response header that names why the bootserver refused a report (a fixed label such
+/// as `known`, `rate_limited`, `invalid`).
+pub const REFUSAL_HEADER: &str = "unbounded-refusal";
+
 /// What the agent in inspection mode posts to the bootserver's discovery route: its inventory
 /// and the MAC it network-booted from. Nothing in it authenticates the machine; the
 /// bootserver bounds what it can do (`bootserver/src/discovery.rs`).
