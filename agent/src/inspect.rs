@@ -162,9 +162,8 @@ pub async fn run(bootserver: &str, boot_mac: Option<String>, root: &std::path::P
     };
     let mut attempt = 0;
     loop {
-        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            unbounded_api::condition::now(),
-        );
+        let now =
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(unbounded_api::condition::now());
         let inventory =
             crate::inventory::collect(root, std::env::consts::ARCH, boot_mac.as_deref(), now);
         let report = DiscoveryReport {
@@ -232,7 +231,12 @@ mod tests {
                 2,
                 after(4, 3),
             ),
-            ("claimed: reboot", status(409, Some("known"), None), 0, Step::Reboot),
+            (
+                "claimed: reboot",
+                status(409, Some("known"), None),
+                0,
+                Step::Reboot,
+            ),
             (
                 "MACs of two Machines: wait, never reboot",
                 status(409, Some("mac_conflict"), None),
@@ -251,12 +255,7 @@ mod tests {
                 0,
                 after(300, 0),
             ),
-            (
-                "discovery off",
-                status(404, None, None),
-                0,
-                after(300, 0),
-            ),
+            ("discovery off", status(404, None, None), 0, after(300, 0)),
             (
                 "an absurd Retry-After is bounded",
                 status(429, None, Some(999_999)),

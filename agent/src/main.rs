@@ -93,7 +93,9 @@ fn inspection(cmdline: &str, bootserver: Option<&str>) -> ExitCode {
     let Some(bootserver) =
         bootserver.or_else(|| identity::cmdline_value(cmdline, identity::CMDLINE_BOOTSERVER))
     else {
-        println!("unbounded-agent: inspection mode needs unbounded.bootserver= on the kernel command line");
+        println!(
+            "unbounded-agent: inspection mode needs unbounded.bootserver= on the kernel command line"
+        );
         return ExitCode::from(2);
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -107,7 +109,12 @@ fn inspection(cmdline: &str, bootserver: Option<&str>) -> ExitCode {
         }
     };
     runtime.block_on(async {
-        inspect::run(bootserver, inspect::boot_mac(cmdline), std::path::Path::new("/")).await;
+        inspect::run(
+            bootserver,
+            inspect::boot_mac(cmdline),
+            std::path::Path::new("/"),
+        )
+        .await;
         match unbounded_agent::systemd::Systemd::host().await {
             Ok(systemd) => {
                 if let Err(error) = systemd.reboot().await {

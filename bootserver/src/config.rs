@@ -634,7 +634,10 @@ fn validate_discovery(
         }
     }
     let defaults = crate::discovery::DiscoveryLimits::default();
-    let bounded = |name: &str, value: Option<usize>, default: usize, range: std::ops::RangeInclusive<usize>| {
+    let bounded = |name: &str,
+                   value: Option<usize>,
+                   default: usize,
+                   range: std::ops::RangeInclusive<usize>| {
         let value = value.unwrap_or(default);
         if range.contains(&value) {
             Ok(value)
@@ -889,7 +892,11 @@ machines:
                 discovery.initrd.as_str(),
                 discovery.kernel_args
             ),
-            ("v1/vmlinuz", "v1/initrd.img", vec!["console=ttyS0".to_owned()])
+            (
+                "v1/vmlinuz",
+                "v1/initrd.img",
+                vec!["console=ttyS0".to_owned()]
+            )
         );
         let defaults = crate::discovery::DiscoveryLimits::default();
         assert_eq!(

@@ -29,20 +29,19 @@ use std::collections::BTreeSet;
 
 use unbounded_api::inventory::{InventoryError, MachineInventorySpec, validate};
 
-/// The label a discovered Machine carries: `waiting` until claimed, then `claimed`.
-pub use unbounded_api::well_known::labels::DISCOVERY as DISCOVERY_LABEL;
 /// [`DISCOVERY_LABEL`]'s value while nobody has claimed the Machine.
 pub use unbounded_api::well_known::discovery::WAITING;
 /// Whether a Machine's labels say it is discovered and unclaimed: such a Machine gets no
 /// credentials and no machine boot script.
 pub use unbounded_api::well_known::discovery::is_waiting;
+/// The label a discovered Machine carries: `waiting` until claimed, then `claimed`.
+pub use unbounded_api::well_known::labels::DISCOVERY as DISCOVERY_LABEL;
 /// The condition a discovered Machine gets.
 pub const DISCOVERED_CONDITION: &str = "Discovered";
 /// Its reason while unclaimed.
 pub const WAITING_REASON: &str = "WaitingToBeClaimed";
 /// The kernel argument that starts the agent in inspection mode.
 pub const INSPECT_KERNEL_ARG: &str = "unbounded.inspect=1";
-
 
 /// The bounds of the door.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

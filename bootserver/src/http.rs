@@ -33,11 +33,11 @@ use crate::boot;
 use crate::config::{DhcpMode, Settings, UnknownMachines};
 use crate::credentials::{Issuer, Origin};
 use crate::discovery_writes::{DiscoveryWriter, Outcome};
-use unbounded_api::inventory::{DISCOVERY_REPORT_PATH, DiscoveryReport};
 use crate::files::{self, InlineFs};
 use crate::leases::Leases;
 use crate::metrics::{Metrics, Service};
 use crate::preflight::Readiness;
+use unbounded_api::inventory::{DISCOVERY_REPORT_PATH, DiscoveryReport};
 
 /// What the handlers share.
 #[derive(Clone)]

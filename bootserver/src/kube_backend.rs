@@ -776,6 +776,55 @@ mod tests {
         }
     }
 
+    /// The view a report is decided over holds every claimant of its MACs, the Machine of
+    /// its name, and every waiting Machine — and nothing else, however many Machines there are.
+    #[test]
+    fn the_discovery_view_holds_what_the_decision_needs_and_no_more() {
+        let waiting = |name: &str, mac: &str| {
+            let mut m = (*machine(name, Some(10), mac, None)).clone();
+            m.metadata.labels = Some(
+                [(
+                    crate::discovery::DISCOVERY_LABEL.to_owned(),
+                    "waiting".to_owned(),
+                )]
+                .into(),
+            );
+            Arc::new(m)
+        };
+        let mut index = MachineIndex::default();
+        index.apply_machine(machine("older", Some(1), "52:54:00:00:00:01", None));
+        index.apply_machine(machine("newer", Some(2), "52:54:00:00:00:01", None));
+        index.apply_machine(machine("unrelated", Some(3), "52:54:00:00:00:09", None));
+        index.apply_machine(waiting("discovered-a", "52:54:00:00:00:0a"));
+        index.apply_machine(machine(
+            "discovered-525400000005",
+            Some(4),
+            "52:54:00:00:00:06",
+            None,
+        ));
+        let view = index.discovery_view(
+            &[
+                "52:54:00:00:00:01".parse().unwrap(),
+                "52:54:00:00:00:05".parse().unwrap(),
+            ],
+            "discovered-525400000005",
+        );
+        let summary: Vec<(&str, bool)> =
+            view.iter().map(|m| (m.name.as_str(), m.waiting)).collect();
+        assert_eq!(
+            summary,
+            vec![
+                ("discovered-525400000005", false),
+                ("discovered-a", true),
+                ("newer", false),
+                ("older", false),
+            ]
+        );
+        // Claimed, it leaves the waiting set.
+        index.apply_machine(machine("discovered-a", Some(10), "52:54:00:00:00:0a", None));
+        assert!(index.discovery_view(&[], "x").is_empty());
+    }
+
     #[test]
     fn the_oldest_machine_keeps_a_duplicated_mac_whatever_the_cache_order() {
         let mac = "52:54:00:00:00:01";

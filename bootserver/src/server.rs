@@ -269,6 +269,7 @@ mod tests {
             settings,
             Arc::new(StaticBackend::default()),
             None,
+            None,
             background,
             std::future::pending(),
             None,

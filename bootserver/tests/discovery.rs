@@ -196,6 +196,10 @@ impl Site {
         }
         let images = fake_images();
         let link = Link::new(&format!("{SERVER}/24"), client_mac).unwrap();
+        // A static address: leased by nobody.
+        link.client
+            .ip(&["addr", "add", "10.99.0.2/24", "dev", "eth0"])
+            .unwrap();
         let forward = LoopbackForward::new(&link.server, 6443, &api_server_target(cp)).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let token = service_account_token(cp, "unbounded-system", "unbounded-bootserver");
@@ -242,9 +246,16 @@ discovery:
     }
 
     fn wait_ready(&self) {
-        wait_until("bootserver synced", Duration::from_secs(60), || {
-            get(&self.link, "/readyz").0 == 200
-        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while get(&self.link, "/readyz").0 != 200 {
+            assert!(
+                Instant::now() < deadline,
+                "bootserver not ready: {}\n{}",
+                get(&self.link, "/readyz").1,
+                self.bootserver.log()
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
     }
 
     fn post(&self, body: &Value) -> (u16, String) {
@@ -264,17 +275,29 @@ fn clean(cp: &LocalControlPlane) {
     );
     let _ = kubectl(
         cp,
-        &["delete", "machine", "declared-e1", "--ignore-not-found", "--wait=true"],
+        &[
+            "delete",
+            "machine",
+            "declared-e1",
+            "--ignore-not-found",
+            "--wait=true",
+        ],
         None,
     );
 }
 
 #[test]
 fn an_unknown_server_becomes_one_waiting_machine_and_the_door_holds() {
-    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let cp = LocalControlPlane::shared().unwrap();
     clean(cp);
-    let (mac_a, mac_a2, mac_a3) = ("52:54:00:0d:00:01", "52:54:00:0d:00:02", "52:54:00:0d:00:03");
+    let (mac_a, mac_a2, mac_a3) = (
+        "52:54:00:0d:00:01",
+        "52:54:00:0d:00:02",
+        "52:54:00:0d:00:03",
+    );
     let mut site = Site::start(cp, mac_a, "  mode: proxy");
     let link = &site.link;
 
@@ -283,7 +306,9 @@ fn an_unknown_server_becomes_one_waiting_machine_and_the_door_holds() {
     let (code, script) = get(link, &format!("/boot.ipxe?mac={mac_a}"));
     assert_eq!(code, 200);
     assert!(
-        script.contains(&format!("chain http://{SERVER}:8080/discover.ipxe?mac={mac_a}")),
+        script.contains(&format!(
+            "chain http://{SERVER}:8080/discover.ipxe?mac={mac_a}"
+        )),
         "{script}"
     );
     let (code, script) = get(link, &format!("/discover.ipxe?mac={mac_a}"));
@@ -294,7 +319,9 @@ fn an_unknown_server_becomes_one_waiting_machine_and_the_door_holds() {
         )),
         "{script}"
     );
-    assert!(script.contains(&format!("initrd --name initrd http://{SERVER}:8080/images/initrd.img")));
+    assert!(script.contains(&format!(
+        "initrd --name initrd http://{SERVER}:8080/images/initrd.img"
+    )));
     assert!(!script.contains("unbounded.nonce") && !script.contains("unbounded.machine"));
 
     // A report creates exactly one Machine and its inventory.
@@ -305,9 +332,15 @@ fn an_unknown_server_becomes_one_waiting_machine_and_the_door_holds() {
     assert_eq!(discovered(cp), vec![name.to_owned()]);
     let machine = get_json(cp, "machine", name).unwrap();
     assert_eq!(machine["metadata"]["labels"][LABEL], "waiting");
-    assert_eq!(machine["metadata"]["labels"]["hardware.unbounded-cloud.io/cpus"], "4");
+    assert_eq!(
+        machine["metadata"]["labels"]["hardware.unbounded-cloud.io/cpus"],
+        "4"
+    );
     assert_eq!(machine["spec"]["provider"], "pxe");
-    assert_eq!(machine["spec"]["pxe"]["macAddresses"], json!([mac_a, mac_a2]));
+    assert_eq!(
+        machine["spec"]["pxe"]["macAddresses"],
+        json!([mac_a, mac_a2])
+    );
     assert_eq!(machine["spec"]["pxe"]["firmware"], "uefi");
     assert!(machine["spec"].get("configurationRef").is_none());
     assert_eq!(machine["status"]["phase"], "Pending");
@@ -324,25 +357,41 @@ fn an_unknown_server_becomes_one_waiting_machine_and_the_door_holds() {
     );
     let inventory = get_json(cp, "machineinventory", name).unwrap();
     assert_eq!(inventory["metadata"]["ownerReferences"][0]["name"], name);
-    assert_eq!(inventory["metadata"]["ownerReferences"][0]["uid"], machine["metadata"]["uid"]);
+    assert_eq!(
+        inventory["metadata"]["ownerReferences"][0]["uid"],
+        machine["metadata"]["uid"]
+    );
     assert_eq!(inventory["spec"]["nics"]["origin"]["source"], "InBand");
     assert_ne!(
         inventory["spec"]["cpu"]["origin"]["observedAt"], "2001-01-01T00:00:00Z",
         "the bootserver stamps its own time"
     );
-    assert_eq!(inventory["spec"]["disks"]["devices"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        inventory["spec"]["disks"]["devices"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
 
     // The same MACs at once: too soon (429), nothing new.
     let (code, answer) = site.post(&report(&[mac_a, mac_a2], 1));
     assert_eq!(code, 429, "{answer}");
-    assert!(answer.to_ascii_lowercase().contains("unbounded-refusal: too_soon"), "{answer}");
+    assert!(
+        answer
+            .to_ascii_lowercase()
+            .contains("unbounded-refusal: too_soon"),
+        "{answer}"
+    );
     assert_eq!(discovered(cp), vec![name.to_owned()]);
 
     // A waiting Machine: no script of its own (inspected again), no configuration, no
     // credentials whatever it presents.
-    wait_until("the bootserver to see the Machine", Duration::from_secs(30), || {
-        get(link, &format!("/machines/{name}/config")).0 != 404
-    });
+    wait_until(
+        "the bootserver to see the Machine",
+        Duration::from_secs(30),
+        || get(link, &format!("/machines/{name}/config")).0 != 404,
+    );
     let (_, script) = get(link, &format!("/boot.ipxe?mac={mac_a2}"));
     assert!(script.contains("/discover.ipxe?mac="), "{script}");
     assert!(!script.contains("unbounded.nonce"), "{script}");
@@ -351,7 +400,15 @@ fn an_unknown_server_becomes_one_waiting_machine_and_the_door_holds() {
     let url = format!("http://{SERVER}:8080/machines/{name}/credentials");
     let (code, answer) = curl(
         link,
-        &["-X", "POST", "-H", "Content-Type: application/json", "-d", r#"{"nonce":"00112233445566778899aabbccddeeff"}"#, &url],
+        &[
+            "-X",
+            "POST",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            r#"{"nonce":"00112233445566778899aabbccddeeff"}"#,
+            &url,
+        ],
     );
     assert_eq!(code, 403, "{answer}");
     assert!(answer.contains("waits to be claimed"), "{answer}");
@@ -366,10 +423,22 @@ fn an_unknown_server_becomes_one_waiting_machine_and_the_door_holds() {
     assert!(answer.contains("updated"), "{answer}");
     assert_eq!(discovered(cp), vec![name.to_owned()]);
     let machine = get_json(cp, "machine", name).unwrap();
-    assert_eq!(machine["spec"]["pxe"]["macAddresses"], json!([mac_a, mac_a2, mac_a3]));
-    assert_eq!(machine["metadata"]["labels"]["hardware.unbounded-cloud.io/disks"], "2");
+    assert_eq!(
+        machine["spec"]["pxe"]["macAddresses"],
+        json!([mac_a, mac_a2, mac_a3])
+    );
+    assert_eq!(
+        machine["metadata"]["labels"]["hardware.unbounded-cloud.io/disks"],
+        "2"
+    );
     let inventory = get_json(cp, "machineinventory", name).unwrap();
-    assert_eq!(inventory["spec"]["disks"]["devices"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        inventory["spec"]["disks"]["devices"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
 
     // Refused with a 4xx, nothing written: too large (declared, and chunked with no
     // length), invalid, a boot MAC not among the NICs, a MAC of a declared Machine.
@@ -402,15 +471,28 @@ fn an_unknown_server_becomes_one_waiting_machine_and_the_door_holds() {
             "apiVersion: unbounded-cloud.io/v1alpha1\nkind: Machine\nmetadata: {name: declared-e1}\nspec:\n  provider: pxe\n  pxe: {macAddresses: ['52:54:00:0e:00:01']}\n",
         ),
     );
-    wait_until("the bootserver to see the declared Machine", Duration::from_secs(30), || {
-        !get(link, "/boot.ipxe?mac=52:54:00:0e:00:01").1.contains("discover.ipxe")
-    });
+    wait_until(
+        "the bootserver to see the declared Machine",
+        Duration::from_secs(30),
+        || {
+            !get(link, "/boot.ipxe?mac=52:54:00:0e:00:01")
+                .1
+                .contains("discover.ipxe")
+        },
+    );
     let (code, answer) = site.post(&report(&["52:54:00:0e:00:02", "52:54:00:0e:00:01"], 1));
     assert_eq!(code, 409, "{answer}");
     assert!(answer.contains("declared-e1"), "{answer}");
     let (_, script) = get(link, "/discover.ipxe?mac=52:54:00:0e:00:01");
-    assert!(!script.contains("kernel"), "a declared Machine is never inspected: {script}");
-    assert_eq!(discovered(cp), before, "nothing written by a refused report");
+    assert!(
+        !script.contains("kernel"),
+        "a declared Machine is never inspected: {script}"
+    );
+    assert_eq!(
+        discovered(cp),
+        before,
+        "nothing written by a refused report"
+    );
     assert!(get_json(cp, "machineinventory", "declared-e1").is_none());
 
     // The rate: three creations in a minute, the fourth refused (429).
@@ -421,32 +503,71 @@ fn an_unknown_server_becomes_one_waiting_machine_and_the_door_holds() {
     }
     let (code, answer) = site.post(&report(&["52:54:00:0d:24:01"], 1));
     assert_eq!(code, 429, "{answer}");
-    assert!(answer.to_ascii_lowercase().contains("unbounded-refusal: rate_limited"), "{answer}");
+    assert!(
+        answer
+            .to_ascii_lowercase()
+            .contains("unbounded-refusal: rate_limited"),
+        "{answer}"
+    );
     assert_eq!(discovered(cp).len(), 4);
     let metrics = site.metrics();
     assert_eq!(
-        metric(&metrics, "unbounded_bootserver_discovery_reports", "outcome=\"created\""),
+        metric(
+            &metrics,
+            "unbounded_bootserver_discovery_reports",
+            "outcome=\"created\""
+        ),
         3.0,
         "{metrics}"
     );
-    assert!(metric(&metrics, "unbounded_bootserver_discovery_reports", "outcome=\"rate_limited\"") >= 1.0);
+    assert!(
+        metric(
+            &metrics,
+            "unbounded_bootserver_discovery_reports",
+            "outcome=\"rate_limited\""
+        ) >= 1.0
+    );
 
     // Claimed by hand: it boots as itself (here: no configuration yet), no inspection.
-    ok(cp, &["label", "machine", name, &format!("{LABEL}=claimed"), "--overwrite"], None);
-    wait_until("the claim to reach the bootserver", Duration::from_secs(30), || {
-        let script = get(link, &format!("/boot.ipxe?mac={mac_a}")).1;
-        script.contains("has no boot target yet")
-    });
+    ok(
+        cp,
+        &[
+            "label",
+            "machine",
+            name,
+            &format!("{LABEL}=claimed"),
+            "--overwrite",
+        ],
+        None,
+    );
+    wait_until(
+        "the claim to reach the bootserver",
+        Duration::from_secs(30),
+        || {
+            let script = get(link, &format!("/boot.ipxe?mac={mac_a}")).1;
+            script.contains("has no boot target yet")
+        },
+    );
     let (code, answer) = site.post(&report(&[mac_a], 1));
-    assert_eq!(code, 409, "a claimed Machine's inventory is not discovery's: {answer}");
-    assert!(answer.to_ascii_lowercase().contains("unbounded-refusal: known"), "{answer}");
+    assert_eq!(
+        code, 409,
+        "a claimed Machine's inventory is not discovery's: {answer}"
+    );
+    assert!(
+        answer
+            .to_ascii_lowercase()
+            .contains("unbounded-refusal: known"),
+        "{answer}"
+    );
     clean(cp);
 }
 
 /// With a full DHCP server, a report must come from the address leased to its boot MAC.
 #[test]
 fn with_full_dhcp_a_report_comes_from_its_boot_mac_s_lease() {
-    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let cp = LocalControlPlane::shared().unwrap();
     clean(cp);
     let mac = "52:54:00:0d:30:01";
@@ -455,18 +576,16 @@ fn with_full_dhcp_a_report_comes_from_its_boot_mac_s_lease() {
         mac,
         "  mode: full\n  leaseFile: \"{dir}/leases.log\"\n  subnets: [{subnet: 10.99.0.0/24, pool: [10.99.0.100, 10.99.0.199]}]",
     );
-    site.link
-        .client
-        .ip(&["addr", "add", "10.99.0.50/24", "dev", "eth0"])
-        .unwrap();
     let (code, answer) = site.post(&report(&[mac], 1));
     assert_eq!(code, 403, "no lease for this address: {answer}");
     assert!(discovered(cp).is_empty());
     let (env, out) = udhcpc(&site.link.client, &[]);
-    let ip = common::get(&env, "ip").unwrap_or_else(|| panic!("no lease: {out}")).to_owned();
+    let ip = common::get(&env, "ip")
+        .unwrap_or_else(|| panic!("no lease: {out}"))
+        .to_owned();
     site.link
         .client
-        .ip(&["addr", "del", "10.99.0.50/24", "dev", "eth0"])
+        .ip(&["addr", "del", "10.99.0.2/24", "dev", "eth0"])
         .unwrap();
     site.link
         .client

@@ -492,12 +492,37 @@ mod tests {
         let named = reference("general", Some(1));
         let discovery = unbounded_api::well_known::labels::DISCOVERY;
         let cases = [
-            ("waiting, by selector", Some("waiting"), None, Resolution::AwaitingClaim),
-            ("waiting, by reference", Some("waiting"), Some(&named), Resolution::AwaitingClaim),
-            ("claimed, by selector", Some("claimed"), None, resolved("general", 1)),
-            ("claimed, by reference", Some("claimed"), Some(&named), resolved("general", 1)),
+            (
+                "waiting, by selector",
+                Some("waiting"),
+                None,
+                Resolution::AwaitingClaim,
+            ),
+            (
+                "waiting, by reference",
+                Some("waiting"),
+                Some(&named),
+                Resolution::AwaitingClaim,
+            ),
+            (
+                "claimed, by selector",
+                Some("claimed"),
+                None,
+                resolved("general", 1),
+            ),
+            (
+                "claimed, by reference",
+                Some("claimed"),
+                Some(&named),
+                resolved("general", 1),
+            ),
             ("never discovered", None, None, resolved("general", 1)),
-            ("another value", Some("whatever"), None, resolved("general", 1)),
+            (
+                "another value",
+                Some("whatever"),
+                None,
+                resolved("general", 1),
+            ),
         ];
         for (case, value, reference, expected) in cases {
             let mut machine_labels = labels(&[("rack", "r1")]);

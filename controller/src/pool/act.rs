@@ -164,7 +164,9 @@ pub async fn claim(pool: &MachinePool, machine: &Machine, ctx: &Context) -> Resu
     if let Some(patch) = claimed_discovery_patch(machine) {
         api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .map_err(kube_err(format!("marking discovered Machine {name} claimed")))?;
+            .map_err(kube_err(format!(
+                "marking discovered Machine {name} claimed"
+            )))?;
     }
     let powered_off = machine.status.as_ref().and_then(|s| s.power) == Some(PowerState::Off);
     if powered_off {
