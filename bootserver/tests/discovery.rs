@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::{Value, json};
+use unbounded_agent::inspect::{Answer, Step, next_step};
 use unbounded_testbed::cluster::{LocalControlPlane, deploy_dir};
 use unbounded_testbed::netns::{Link, LoopbackForward};
 
@@ -385,6 +386,79 @@ fn an_unknown_server_becomes_one_waiting_machine_and_the_door_holds() {
     );
     assert_eq!(discovered(cp), vec![name.to_owned()]);
 
+    // The agent's own inspection code, from the machine's side: a real inventory of this
+    // host (read by the agent's parsers; its NICs replaced by the link's MAC), posted; then
+    // what it does after each answer.
+    let mac_r = "52:54:00:0d:40:01";
+    let now = || {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now())
+    };
+    let mut inventory =
+        unbounded_agent::inventory::collect(Path::new("/"), std::env::consts::ARCH, None, now());
+    let nics = inventory
+        .nics
+        .get_or_insert_with(|| unbounded_api::inventory::NicFacts {
+            origin: unbounded_api::inventory::FactOrigin {
+                source: unbounded_api::inventory::FactSource::InBand,
+                observed_at: now(),
+            },
+            interfaces: Vec::new(),
+        });
+    nics.interfaces = vec![unbounded_api::inventory::Nic {
+        name: "eth0".into(),
+        mac: mac_r.into(),
+        driver: Some("virtio_net".into()),
+        speed_mbps: None,
+        link: true,
+        pxe_booted: true,
+        lldp: None,
+    }];
+    let agent_report = unbounded_api::inventory::DiscoveryReport {
+        boot_mac: mac_r.into(),
+        inventory,
+    };
+    let answers = link
+        .client
+        .spawn_inside(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            // As the agent's binary does at its start.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            runtime.block_on(async {
+                let http = reqwest::Client::new();
+                let base = format!("http://{SERVER}:8080");
+                let first = unbounded_agent::inspect::post(&http, &base, &agent_report).await;
+                let second = unbounded_agent::inspect::post(&http, &base, &agent_report).await;
+                (first, second)
+            })
+        })
+        .unwrap()
+        .join()
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(answers.0, Answer::Status { code: 201, .. }),
+        "a real inventory of this host is taken: {answers:?}"
+    );
+    assert_eq!(
+        next_step(&answers.0, 0),
+        Step::ReportAfter {
+            wait: unbounded_agent::inspect::REREPORT,
+            attempt: 0
+        }
+    );
+    assert_eq!(
+        next_step(&answers.1, 0),
+        Step::ReportAfter {
+            wait: Duration::from_secs(60),
+            attempt: 1
+        },
+        "too soon: again after Retry-After ({answers:?})"
+    );
+    assert!(get_json(cp, "machineinventory", "discovered-5254000d4001").is_some());
+
     // A waiting Machine: no script of its own (inspected again), no configuration, no
     // credentials whatever it presents.
     wait_until(
@@ -421,7 +495,11 @@ fn an_unknown_server_becomes_one_waiting_machine_and_the_door_holds() {
     let (code, answer) = site.post(&report(&[mac_a, mac_a2, mac_a3], 2));
     assert_eq!(code, 200, "{answer}");
     assert!(answer.contains("updated"), "{answer}");
-    assert_eq!(discovered(cp), vec![name.to_owned()]);
+    assert_eq!(
+        discovered(cp),
+        [name, "discovered-5254000d4001"],
+        "no second Machine"
+    );
     let machine = get_json(cp, "machine", name).unwrap();
     assert_eq!(
         machine["spec"]["pxe"]["macAddresses"],
@@ -509,7 +587,7 @@ fn an_unknown_server_becomes_one_waiting_machine_and_the_door_holds() {
             .contains("unbounded-refusal: rate_limited"),
         "{answer}"
     );
-    assert_eq!(discovered(cp).len(), 4);
+    assert_eq!(discovered(cp).len(), 5);
     let metrics = site.metrics();
     assert_eq!(
         metric(
@@ -559,6 +637,13 @@ fn an_unknown_server_becomes_one_waiting_machine_and_the_door_holds() {
             .contains("unbounded-refusal: known"),
         "{answer}"
     );
+    // Its inspection agent, told so, reboots into the Machine's own boot.
+    let known = Answer::Status {
+        code,
+        refusal: Some("known".into()),
+        retry_after: None,
+    };
+    assert_eq!(next_step(&known, 0), Step::Reboot);
     clean(cp);
 }
 
