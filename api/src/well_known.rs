@@ -239,6 +239,9 @@ pub mod field_managers {
 
 /// Condition types.
 pub mod conditions {
+    /// Machine: discovery created it (bootserver); reason `WaitingToBeClaimed`, then
+    /// `Claimed` (controller).
+    pub const DISCOVERED: &str = "Discovered";
     /// Machine: a configuration version was resolved (controller).
     pub const CONFIGURATION_RESOLVED: &str = "ConfigurationResolved";
     /// Machine: the infrastructure is up (provider).
@@ -325,7 +328,8 @@ pub mod reasons {
     pub const SCALING_DOWN: &str = "ScalingDown";
     /// A PXE pool has fewer free Machines to claim than it needs.
     pub const INVENTORY_SHORT: &str = "InventoryShort";
-    /// A PXE pool claimed a Machine (Event).
+    /// A PXE pool claimed a Machine (Event); and the reason of a discovered Machine's
+    /// `Discovered` condition once it is claimed (by hand or by a pool).
     pub const CLAIMED: &str = "Claimed";
     /// A PXE pool released a Machine to the inventory (Event).
     pub const RELEASED: &str = "Released";

@@ -29,6 +29,8 @@ use std::collections::BTreeSet;
 
 use unbounded_api::inventory::{InventoryError, MachineInventorySpec, validate};
 
+/// The condition a discovered Machine gets.
+pub use unbounded_api::well_known::conditions::DISCOVERED as DISCOVERED_CONDITION;
 /// [`DISCOVERY_LABEL`]'s value while nobody has claimed the Machine.
 pub use unbounded_api::well_known::discovery::WAITING;
 /// Whether a Machine's labels say it is discovered and unclaimed: such a Machine gets no
@@ -36,10 +38,8 @@ pub use unbounded_api::well_known::discovery::WAITING;
 pub use unbounded_api::well_known::discovery::is_waiting;
 /// The label a discovered Machine carries: `waiting` until claimed, then `claimed`.
 pub use unbounded_api::well_known::labels::DISCOVERY as DISCOVERY_LABEL;
-/// The condition a discovered Machine gets.
-pub const DISCOVERED_CONDITION: &str = "Discovered";
 /// Its reason while unclaimed.
-pub const WAITING_REASON: &str = "WaitingToBeClaimed";
+pub use unbounded_api::well_known::reasons::AWAITING_CLAIM as WAITING_REASON;
 /// The kernel argument that starts the agent in inspection mode.
 pub const INSPECT_KERNEL_ARG: &str = "unbounded.inspect=1";
 

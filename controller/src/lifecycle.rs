@@ -208,6 +208,33 @@ fn unresolved_condition(resolution: &Resolution) -> ConditionPlan {
     }
 }
 
+/// The `Discovered` condition of a Machine that discovery created (label
+/// `unbounded-cloud.io/discovery`): `WaitingToBeClaimed` while it waits, `Claimed` once an
+/// operator or a pool set the label to `claimed`, so that the condition the bootserver
+/// wrote at discovery does not go on saying "waiting". `None` for any other Machine.
+pub fn discovered_condition(
+    labels: &std::collections::BTreeMap<String, String>,
+) -> Option<ConditionPlan> {
+    use unbounded_api::well_known::{discovery, labels::DISCOVERY};
+    let (reason, message) = match labels.get(DISCOVERY)?.as_str() {
+        discovery::WAITING => (
+            reasons::AWAITING_CLAIM,
+            "discovered by network boot; claim it (label unbounded-cloud.io/discovery=claimed, or a MachinePool) to provision it",
+        ),
+        discovery::CLAIMED => (
+            reasons::CLAIMED,
+            "discovered by network boot and claimed; provisioned like any other Machine",
+        ),
+        _ => return None,
+    };
+    Some(ConditionPlan {
+        type_: unbounded_api::well_known::conditions::DISCOVERED,
+        status: true,
+        reason,
+        message: message.to_owned(),
+    })
+}
+
 /// What the phase is computed from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PhaseFacts {
@@ -427,6 +454,26 @@ mod tests {
         });
         assert!(!plan.repave);
         assert_eq!(plan.configuration, Some(cfg("general", 2)));
+    }
+
+    #[test]
+    fn the_discovered_condition_follows_the_label() {
+        let discovery = unbounded_api::well_known::labels::DISCOVERY;
+        let cases = [
+            (None, None),
+            (Some("waiting"), Some(reasons::AWAITING_CLAIM)),
+            (Some("claimed"), Some(reasons::CLAIMED)),
+            (Some("something else"), None),
+        ];
+        for (value, reason) in cases {
+            let labels: std::collections::BTreeMap<String, String> = value
+                .map(|v| (discovery.to_owned(), v.to_owned()))
+                .into_iter()
+                .collect();
+            let plan = discovered_condition(&labels);
+            assert_eq!(plan.as_ref().map(|p| p.reason), reason, "{value:?}");
+            assert!(plan.is_none_or(|p| p.status && p.type_ == "Discovered"));
+        }
     }
 
     #[test]

@@ -445,8 +445,10 @@ spec:
     wait_for("the discovered member claimed and resolved", || async {
         let m = Api::<Machine>::all(client.clone()).get("hw-2").await.ok()?;
         let claimed = m.labels().get(labels::DISCOVERY).map(String::as_str) == Some("claimed");
-        let resolved = m.status.as_ref()?.configuration.as_ref()?.name == "pool-hw-mc";
-        (claimed && resolved).then_some(())
+        let status = m.status.as_ref()?;
+        let resolved = status.configuration.as_ref()?.name == "pool-hw-mc";
+        let condition = unbounded_api::condition::find(&status.conditions, conditions::DISCOVERED)?;
+        (claimed && resolved && condition.reason == reasons::CLAIMED).then_some(())
     })
     .await;
 }
