@@ -580,4 +580,31 @@ mod tests {
             Some(FactSource::InBand)
         );
     }
+
+    /// Every section a report has is stamped with the receiver's origin, whatever the report
+    /// claimed; sections it lacks stay absent.
+    #[test]
+    fn stamp_tags_every_present_section() {
+        let claimed = FactOrigin {
+            source: FactSource::Redfish,
+            observed_at: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        };
+        let mut spec = MachineInventorySpec {
+            system: Some(SystemFacts::empty(claimed.clone())),
+            firmware: Some(FirmwareFacts {
+                origin: claimed,
+                mode: crate::Firmware::Bios,
+                secure_boot: None,
+            }),
+            ..Default::default()
+        };
+        let received = FactOrigin {
+            source: FactSource::InBand,
+            observed_at: Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap()),
+        };
+        spec.stamp(&received);
+        assert_eq!(spec.system.as_ref().map(|s| &s.origin), Some(&received));
+        assert_eq!(spec.firmware.as_ref().map(|f| &f.origin), Some(&received));
+        assert!(spec.cpu.is_none() && spec.nics.is_none());
+    }
 }
