@@ -218,8 +218,9 @@ impl DiscoveryWriter {
             );
     }
 
-    /// Counts a refusal made before [`DiscoveryWriter::report`] (a body too large, not JSON).
-    pub fn count_refusal(&self, label: &'static str) {
+    /// Counts one report with the outcome `label` (the shell counts what it refuses before
+    /// [`DiscoveryWriter::report`]: a body too large, not JSON, from the wrong address).
+    pub fn count_outcome(&self, label: &'static str) {
         self.outcomes
             .get_or_create(&OutcomeLabel { outcome: label })
             .inc();
@@ -232,7 +233,7 @@ impl DiscoveryWriter {
         body_bytes: usize,
     ) -> Result<Outcome, DiscoveryError> {
         let result = self.decide_and_write(report, body_bytes).await;
-        self.count_refusal(match &result {
+        self.count_outcome(match &result {
             Ok(Outcome::Created(_)) => "created",
             Ok(Outcome::Updated(_)) => "updated",
             Err(error) => error.label(),

@@ -281,7 +281,7 @@ async fn discovery_report(
     let max = writer.limits().max_body_bytes;
     let too_large = |writer: &DiscoveryWriter| {
         let refusal = crate::discovery::Refusal::TooLarge { max };
-        writer.count_refusal(refusal.label());
+        writer.count_outcome(refusal.label());
         reply(StatusCode::PAYLOAD_TOO_LARGE, refusal.to_string())
     };
     let declared = headers
@@ -298,7 +298,7 @@ async fn discovery_report(
     let report: DiscoveryReport = match serde_json::from_slice(&bytes) {
         Ok(report) => report,
         Err(error) => {
-            writer.count_refusal("not_a_report");
+            writer.count_outcome("not_a_report");
             return reply(
                 StatusCode::BAD_REQUEST,
                 format!("the body is not a discovery report: {error}"),
@@ -320,7 +320,7 @@ async fn discovery_report(
         };
         let boot_mac = report.boot_mac.parse::<MacAddr>().ok();
         if leased_to.is_none() || leased_to != boot_mac {
-            writer.count_refusal("wrong_address");
+            writer.count_outcome("wrong_address");
             return reply(
                 StatusCode::FORBIDDEN,
                 format!("{peer} is not leased to the report's boot MAC"),
