@@ -37,6 +37,7 @@ pub mod context;
 pub mod credential_upkeep;
 pub mod credentials;
 pub mod identity;
+pub mod inspect;
 pub mod inventory;
 pub mod operation_tasks;
 pub mod operations;

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use unbounded_agent::context::Paths;
-use unbounded_agent::{identity, run};
+use unbounded_agent::{identity, inspect, run};
 
 /// Paves and runs this machine's node container.
 #[derive(Debug, Parser)]
@@ -43,6 +43,9 @@ fn main() -> ExitCode {
     }
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    if inspect::requested(&cmdline) {
+        return inspection(&cmdline, args.bootserver.as_deref());
+    }
     let identity = identity::identity(
         args.machine
             .as_deref()
@@ -82,4 +85,45 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Inspection mode ([`inspect`]): no Machine name, no credentials; reports the inventory to
+/// the bootserver until the machine is claimed, then reboots into its own network boot.
+fn inspection(cmdline: &str, bootserver: Option<&str>) -> ExitCode {
+    let Some(bootserver) =
+        bootserver.or_else(|| identity::cmdline_value(cmdline, identity::CMDLINE_BOOTSERVER))
+    else {
+        println!(
+            "unbounded-agent: inspection mode needs unbounded.bootserver= on the kernel command line"
+        );
+        return ExitCode::from(2);
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(error) => {
+            println!("unbounded-agent: starting the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        inspect::run(
+            bootserver,
+            inspect::boot_mac(cmdline),
+            std::path::Path::new("/"),
+        )
+        .await;
+        match unbounded_agent::systemd::Systemd::host().await {
+            Ok(systemd) => {
+                if let Err(error) = systemd.reboot().await {
+                    println!("unbounded-agent: rebooting: {error}");
+                }
+            }
+            Err(error) => println!("unbounded-agent: rebooting: {error}"),
+        }
+    });
+    // Whatever happened, exit non-zero: systemd restarts the agent, which reports again.
+    ExitCode::FAILURE
 }

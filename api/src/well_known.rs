@@ -16,6 +16,25 @@ pub mod labels {
     /// On every Machine of a MachinePool (with the pool as its controlling owner): the pool's
     /// name.
     pub const POOL: &str = "unbounded-cloud.io/pool";
+    /// On a Machine that discovery created: [`super::discovery::WAITING`] until an operator
+    /// or a pool claims it, then [`super::discovery::CLAIMED`].
+    pub const DISCOVERY: &str = "unbounded-cloud.io/discovery";
+}
+
+/// The values of [`labels::DISCOVERY`], and the rule every component applies to them.
+pub mod discovery {
+    use std::collections::BTreeMap;
+
+    /// Discovered, nobody has claimed it: it gets no configuration, no agent access, no
+    /// credentials and no boot script of its own.
+    pub const WAITING: &str = "waiting";
+    /// Claimed by an operator (by hand) or a MachinePool: an ordinary Machine from then on.
+    pub const CLAIMED: &str = "claimed";
+
+    /// Whether a Machine's labels say it was discovered and waits to be claimed.
+    pub fn is_waiting(labels: &BTreeMap<String, String>) -> bool {
+        labels.get(super::labels::DISCOVERY).map(String::as_str) == Some(WAITING)
+    }
 }
 
 /// Annotations.
@@ -224,6 +243,9 @@ pub mod field_managers {
 
 /// Condition types.
 pub mod conditions {
+    /// Machine: discovery created it (bootserver); reason `WaitingToBeClaimed`, then
+    /// `Claimed` (controller).
+    pub const DISCOVERED: &str = "Discovered";
     /// Machine: a configuration version was resolved (controller).
     pub const CONFIGURATION_RESOLVED: &str = "ConfigurationResolved";
     /// Machine: the infrastructure is up (provider).
@@ -249,6 +271,9 @@ pub mod conditions {
 
 /// Condition reasons and Event reasons.
 pub mod reasons {
+    /// ConfigurationResolved is False: the Machine was discovered and waits to be claimed
+    /// (label `unbounded-cloud.io/discovery=waiting`).
+    pub const AWAITING_CLAIM: &str = "WaitingToBeClaimed";
     /// No MachineConfiguration matches the Machine yet.
     pub const CONFIGURATION_PENDING: &str = "ConfigurationPending";
     /// A configuration version was resolved.
@@ -311,7 +336,8 @@ pub mod reasons {
     pub const SCALING_DOWN: &str = "ScalingDown";
     /// A PXE pool has fewer free Machines to claim than it needs.
     pub const INVENTORY_SHORT: &str = "InventoryShort";
-    /// A PXE pool claimed a Machine (Event).
+    /// A PXE pool claimed a Machine (Event); and the reason of a discovered Machine's
+    /// `Discovered` condition once it is claimed (by hand or by a pool).
     pub const CLAIMED: &str = "Claimed";
     /// A PXE pool released a Machine to the inventory (Event).
     pub const RELEASED: &str = "Released";

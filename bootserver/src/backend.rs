@@ -98,6 +98,9 @@ pub struct MachineRecord {
     /// no configuration is resolved yet): DHCP still gives its address, HTTP serves a script
     /// that says why and exits.
     pub boot: Option<BootTarget>,
+    /// Discovered and not claimed yet (label `unbounded-cloud.io/discovery=waiting`): it
+    /// boots nothing but the inspection, and gets no configuration and no credentials.
+    pub discovery_waiting: bool,
 }
 
 /// What the bootserver knows about machines. Implementations answer from memory.

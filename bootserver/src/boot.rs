@@ -147,7 +147,7 @@ pub fn architecture_matches(machine: Architecture, kind: ClientKind) -> bool {
 
 /// A URL as the machine fetches it: absolute URLs as they are, paths relative to our
 /// `/images/` directory.
-fn image_url(url: &str, http_base: &str) -> String {
+pub fn image_url(url: &str, http_base: &str) -> String {
     if url.starts_with("http://") || url.starts_with("https://") {
         url.to_owned()
     } else {
@@ -410,6 +410,7 @@ mod tests {
             architecture: Architecture::X86_64,
             firmware: Firmware::Bios,
             boot,
+            discovery_waiting: false,
         }
     }
 

@@ -32,6 +32,11 @@
 //!   nonceSeconds: 1800            # how long a boot script's nonce stays valid
 //!   nonceFile: /var/lib/unbounded/nonces.json   # nonces kept across restarts (memory only if unset)
 //!   mintTimeoutSeconds: 20        # API server wait per request, then 503 + Retry-After (1–25)
+//! discovery:                      # needed by dhcp.unknownMachines: discover
+//!   boot: {kernel: v1/vmlinuz, initrd: v1/initrd.img, args: [console=ttyS0]}   # the host OS the inspection boots
+//!   creationsPerMinute: 30        # Machines discovery may create in any minute
+//!   maxUnclaimed: 500             # discovered Machines waiting to be claimed, at most
+//!   maxBodyBytes: 262144          # one inventory report, at most
 //! machines:                       # standalone mode (no cluster): the machines we boot
 //!   - name: node-1
 //!     macs: ["52:54:00:00:00:01"]
@@ -129,6 +134,16 @@ struct File {
     #[serde(default)]
     power: PowerFile,
     credentials: Option<CredentialsFile>,
+    discovery: Option<DiscoveryFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct DiscoveryFile {
+    boot: BootFile,
+    creations_per_minute: Option<usize>,
+    max_unclaimed: Option<usize>,
+    max_body_bytes: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -303,6 +318,9 @@ pub struct Settings {
     pub power: crate::pxe_provider::PowerSettings,
     /// Agent credentials ([`crate::credentials`]); `None` when not configured.
     pub credentials: Option<crate::credentials::IssuerSettings>,
+    /// What the inspection boot of an unknown machine boots, and the bounds of the door
+    /// ([`crate::discovery`]); always set when `unknown_machines` is `Discover`.
+    pub discovery: Option<crate::discovery::DiscoverySettings>,
 }
 
 /// Defaults that depend on where the bootserver runs rather than on the file: the
@@ -381,6 +399,16 @@ impl Settings {
             ));
         }
         let machines = validate_machines(file.machines, &subnets)?;
+        let discovery = file
+            .discovery
+            .as_ref()
+            .map(validate_discovery)
+            .transpose()?;
+        if file.dhcp.unknown_machines == UnknownMachines::Discover && discovery.is_none() {
+            return Err(ConfigError::Invalid(
+                "dhcp.unknownMachines: discover needs discovery.boot: the host OS kernel and initrd the inspection boot runs (such as {kernel: <version>/vmlinuz, initrd: <version>/initrd.img})".into(),
+            ));
+        }
         let power = validate_power(&file.power)?;
         let credentials = file
             .credentials
@@ -414,6 +442,7 @@ impl Settings {
                 && file.power.enabled.unwrap_or(true),
             power,
             credentials,
+            discovery,
         })
     }
 
@@ -575,9 +604,76 @@ fn validate_machines(
                 kernel_args: b.args,
                 configuration: None,
             }),
+            discovery_waiting: false,
         }));
     }
     Ok(out)
+}
+
+/// `discovery`: boot values iPXE takes as they are (no space, control character, `$` or
+/// `#`), and bounds within reason (a rate of at least one, a report large enough for a real
+/// server's inventory and small enough for one API object).
+fn validate_discovery(
+    file: &DiscoveryFile,
+) -> Result<crate::discovery::DiscoverySettings, ConfigError> {
+    let invalid = |m: String| ConfigError::Invalid(format!("discovery.{m}"));
+    let boot = &file.boot;
+    for (field, value) in [("boot.kernel", &boot.kernel), ("boot.initrd", &boot.initrd)]
+        .into_iter()
+        .chain(boot.args.iter().map(|a| ("boot.args", a)))
+    {
+        if value.is_empty()
+            || value
+                .chars()
+                .any(|c| c.is_control() || c.is_whitespace() || matches!(c, '$' | '#'))
+        {
+            return Err(invalid(format!(
+                "{field}: {:?} must be non-empty, without spaces, control characters, '$' or '#'",
+                value.escape_default().to_string()
+            )));
+        }
+    }
+    let defaults = crate::discovery::DiscoveryLimits::default();
+    let bounded = |name: &str,
+                   value: Option<usize>,
+                   default: usize,
+                   range: std::ops::RangeInclusive<usize>| {
+        let value = value.unwrap_or(default);
+        if range.contains(&value) {
+            Ok(value)
+        } else {
+            Err(invalid(format!(
+                "{name} must be between {} and {}, not {value}",
+                range.start(),
+                range.end()
+            )))
+        }
+    };
+    Ok(crate::discovery::DiscoverySettings {
+        kernel: boot.kernel.clone(),
+        initrd: boot.initrd.clone(),
+        kernel_args: boot.args.clone(),
+        limits: crate::discovery::DiscoveryLimits {
+            creations_per_minute: bounded(
+                "creationsPerMinute",
+                file.creations_per_minute,
+                defaults.creations_per_minute,
+                1..=600,
+            )?,
+            max_unclaimed: bounded(
+                "maxUnclaimed",
+                file.max_unclaimed,
+                defaults.max_unclaimed,
+                1..=10_000,
+            )?,
+            max_body_bytes: bounded(
+                "maxBodyBytes",
+                file.max_body_bytes,
+                defaults.max_body_bytes,
+                4096..=1024 * 1024,
+            )?,
+        },
+    })
 }
 
 fn validate_power(file: &PowerFile) -> Result<crate::pxe_provider::PowerSettings, ConfigError> {
@@ -724,6 +820,31 @@ machines:
                 "serverAddress: 10.0.0.1\ndhcp: {mode: proxy}\nmachines: [{name: a, macs: ['52:54:00']}]\n",
                 "not a MAC address",
             ),
+            (
+                "discovery without its boot",
+                "serverAddress: 10.0.0.1\ndhcp: {mode: proxy, unknownMachines: discover}\n",
+                "needs discovery.boot",
+            ),
+            (
+                "a discovery kernel argument iPXE would expand",
+                "serverAddress: 10.0.0.1\ndhcp: {mode: proxy, unknownMachines: discover}\ndiscovery: {boot: {kernel: vmlinuz, initrd: initrd.img, args: ['x=${net0/ip}']}}\n",
+                "discovery.boot.args",
+            ),
+            (
+                "a discovery kernel path with a space",
+                "serverAddress: 10.0.0.1\ndhcp: {mode: proxy, unknownMachines: discover}\ndiscovery: {boot: {kernel: 'vm linuz', initrd: initrd.img}}\n",
+                "discovery.boot.kernel",
+            ),
+            (
+                "no creations at all",
+                "serverAddress: 10.0.0.1\ndhcp: {mode: proxy, unknownMachines: discover}\ndiscovery: {boot: {kernel: vmlinuz, initrd: initrd.img}, creationsPerMinute: 0}\n",
+                "creationsPerMinute must be between 1 and 600",
+            ),
+            (
+                "a report limit too small for an inventory",
+                "serverAddress: 10.0.0.1\ndhcp: {mode: proxy, unknownMachines: discover}\ndiscovery: {boot: {kernel: vmlinuz, initrd: initrd.img}, maxBodyBytes: 100}\n",
+                "maxBodyBytes must be between 4096",
+            ),
         ];
         for (case, text, expected) in cases {
             let err = Settings::parse(text).expect_err(case).to_string();
@@ -759,5 +880,31 @@ machines:
                 "{bad}: {error}"
             );
         }
+    }
+
+    #[test]
+    fn discovery_settings_keep_the_boot_and_default_the_bounds() {
+        let text = "serverAddress: 10.0.0.1\ndhcp: {mode: proxy, unknownMachines: discover}\ndiscovery:\n  boot: {kernel: v1/vmlinuz, initrd: v1/initrd.img, args: [console=ttyS0]}\n  maxUnclaimed: 20\n";
+        let discovery = Settings::parse(text).unwrap().discovery.unwrap();
+        assert_eq!(
+            (
+                discovery.kernel.as_str(),
+                discovery.initrd.as_str(),
+                discovery.kernel_args
+            ),
+            (
+                "v1/vmlinuz",
+                "v1/initrd.img",
+                vec!["console=ttyS0".to_owned()]
+            )
+        );
+        let defaults = crate::discovery::DiscoveryLimits::default();
+        assert_eq!(
+            discovery.limits,
+            crate::discovery::DiscoveryLimits {
+                max_unclaimed: 20,
+                ..defaults
+            }
+        );
     }
 }

@@ -29,22 +29,19 @@ use std::collections::BTreeSet;
 
 use unbounded_api::inventory::{InventoryError, MachineInventorySpec, validate};
 
-/// The label a discovered Machine carries: `waiting` until claimed, then `claimed`.
-pub const DISCOVERY_LABEL: &str = "unbounded-cloud.io/discovery";
-/// [`DISCOVERY_LABEL`]'s value while nobody has claimed the Machine.
-pub const WAITING: &str = "waiting";
 /// The condition a discovered Machine gets.
-pub const DISCOVERED_CONDITION: &str = "Discovered";
-/// Its reason while unclaimed.
-pub const WAITING_REASON: &str = "WaitingToBeClaimed";
-/// The kernel argument that starts the agent in inspection mode.
-pub const INSPECT_KERNEL_ARG: &str = "unbounded.inspect=1";
-
+pub use unbounded_api::well_known::conditions::DISCOVERED as DISCOVERED_CONDITION;
+/// [`DISCOVERY_LABEL`]'s value while nobody has claimed the Machine.
+pub use unbounded_api::well_known::discovery::WAITING;
 /// Whether a Machine's labels say it is discovered and unclaimed: such a Machine gets no
 /// credentials and no machine boot script.
-pub fn is_waiting(labels: &std::collections::BTreeMap<String, String>) -> bool {
-    labels.get(DISCOVERY_LABEL).map(String::as_str) == Some(WAITING)
-}
+pub use unbounded_api::well_known::discovery::is_waiting;
+/// The label a discovered Machine carries: `waiting` until claimed, then `claimed`.
+pub use unbounded_api::well_known::labels::DISCOVERY as DISCOVERY_LABEL;
+/// Its reason while unclaimed.
+pub use unbounded_api::well_known::reasons::AWAITING_CLAIM as WAITING_REASON;
+/// The kernel argument that starts the agent in inspection mode.
+pub const INSPECT_KERNEL_ARG: &str = "unbounded.inspect=1";
 
 /// The bounds of the door.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +62,19 @@ impl Default for DiscoveryLimits {
             max_body_bytes: 256 * 1024,
         }
     }
+}
+
+/// Discovery's settings (`discovery` in the configuration file, validated there).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiscoverySettings {
+    /// The host OS kernel the inspection boots: a path under `http.imagesDir` or a URL.
+    pub kernel: String,
+    /// Its initrd.
+    pub initrd: String,
+    /// Extra kernel arguments (a console, say).
+    pub kernel_args: Vec<String>,
+    /// The bounds of the door.
+    pub limits: DiscoveryLimits,
 }
 
 /// A Machine the bootserver knows, as far as discovery cares.
@@ -143,7 +153,13 @@ pub enum Refusal {
     /// This Machine's inventory was written less than a minute ago (429).
     #[error("this Machine's inventory was written less than a minute ago")]
     TooSoon,
+    /// More MACs than a Machine holds (`spec.pxe.macAddresses`, 422).
+    #[error("the report has {0} MACs; a Machine holds at most {MAX_MACHINE_MACS}")]
+    TooManyMacs(usize),
 }
+
+/// The most MACs a Machine holds (`spec.pxe.macAddresses`' `maxItems`).
+pub const MAX_MACHINE_MACS: usize = 16;
 
 impl Refusal {
     /// A fixed metric label.
@@ -157,6 +173,18 @@ impl Refusal {
             Self::RateLimited => "rate_limited",
             Self::TooManyUnclaimed(_) => "too_many_unclaimed",
             Self::TooSoon => "too_soon",
+            Self::TooManyMacs(_) => "too_many_macs",
+        }
+    }
+
+    /// The HTTP status that answers it: never 5xx (nothing here is the server's fault).
+    /// 429 says "later may work"; the others say "this report never will".
+    pub fn status(&self) -> u16 {
+        match self {
+            Self::TooLarge { .. } => 413,
+            Self::Invalid(_) | Self::BootMacNotInInventory | Self::TooManyMacs(_) => 422,
+            Self::Known(_) | Self::MacSetConflict => 409,
+            Self::RateLimited | Self::TooManyUnclaimed(_) | Self::TooSoon => 429,
         }
     }
 }
@@ -191,6 +219,9 @@ pub fn decide(
     let boot_mac = report.boot_mac.to_ascii_lowercase();
     if !macs.contains(&boot_mac) {
         return Refuse(Refusal::BootMacNotInInventory);
+    }
+    if macs.len() > MAX_MACHINE_MACS {
+        return Refuse(Refusal::TooManyMacs(macs.len()));
     }
     let met: Vec<&KnownMachine> = machines
         .iter()
@@ -233,6 +264,9 @@ pub fn decide(
             // New MACs join the Machine unless another Machine has them (checked above: only
             // this one met the report).
             let macs: BTreeSet<String> = one.macs.union(&macs).cloned().collect();
+            if macs.len() > MAX_MACHINE_MACS {
+                return Refuse(Refusal::TooManyMacs(macs.len()));
+            }
             Decision::Update {
                 name: one.name.clone(),
                 macs: macs.into_iter().collect(),
@@ -245,28 +279,33 @@ pub fn decide(
 /// The iPXE script an unknown machine gets with discovery on: the host OS (`kernel_url`,
 /// `initrd_url`, already absolute) in inspection mode, with the bootserver's URL and the MAC
 /// it booted from, and no Machine name and no nonce: the inspection agent can only post its
-/// inventory. A value iPXE would expand or cut (`$`, `#`, control characters) is refused.
+/// inventory. `extra_args` (`discovery.boot.args`: a console, say) come before Unbounded's,
+/// so that none of them shadows one (the kernel's last value wins). A value iPXE would
+/// expand or cut (`$`, `#`, control characters) is refused.
 pub fn inspection_script(
     kernel_url: &str,
     initrd_url: &str,
+    extra_args: &[String],
     http_base: &str,
     boot_mac: &str,
 ) -> String {
-    let args = [
-        "initrd=initrd".to_owned(),
+    let mut args = vec!["initrd=initrd".to_owned()];
+    args.extend(extra_args.iter().cloned());
+    args.extend([
         INSPECT_KERNEL_ARG.to_owned(),
         format!("unbounded.bootserver={http_base}"),
         format!(
             "BOOTIF=01-{}",
             boot_mac.to_ascii_lowercase().replace(':', "-")
         ),
-    ];
+    ]);
     let unsafe_value = |v: &str| {
         v.chars()
             .any(|c| c.is_control() || c.is_whitespace() || matches!(c, '$' | '#'))
     };
     if [kernel_url, initrd_url, http_base, boot_mac]
         .into_iter()
+        .chain(extra_args.iter().map(String::as_str))
         .any(unsafe_value)
     {
         return crate::boot::refusal(

@@ -216,6 +216,20 @@ fn decisions() {
             },
         ),
         (
+            "more MACs than a Machine holds",
+            vec![],
+            vec![],
+            report(&(1..=17).collect::<Vec<u8>>()),
+            refuse(Refusal::TooManyMacs(17)),
+        ),
+        (
+            "an update that would give the Machine more MACs than it holds",
+            vec![known("a", &(1..=16).collect::<Vec<u8>>(), true)],
+            vec![],
+            report(&[1, 17]),
+            refuse(Refusal::TooManyMacs(17)),
+        ),
+        (
             "the name is taken by a machine without the MAC",
             vec![known("discovered-525400000005", &[6], true)],
             vec![],
@@ -237,19 +251,29 @@ fn the_inspection_script_boots_the_host_os_without_identity_or_nonce() {
     let script = inspection_script(
         "http://10.0.0.1:8080/images/k",
         "http://10.0.0.1:8080/images/i",
+        &["console=ttyS0".to_owned()],
         "http://10.0.0.1:8080",
         "52:54:00:AB:00:01",
     );
     assert_eq!(
         script,
         "#!ipxe\necho Unbounded: inspecting 52:54:00:AB:00:01 (discovery)\n\
-         kernel http://10.0.0.1:8080/images/k initrd=initrd unbounded.inspect=1 unbounded.bootserver=http://10.0.0.1:8080 BOOTIF=01-52-54-00-ab-00-01\n\
+         kernel http://10.0.0.1:8080/images/k initrd=initrd console=ttyS0 unbounded.inspect=1 unbounded.bootserver=http://10.0.0.1:8080 BOOTIF=01-52-54-00-ab-00-01\n\
          initrd --name initrd http://10.0.0.1:8080/images/i\nboot\n"
     );
     assert!(!script.contains("unbounded.nonce") && !script.contains("unbounded.machine"));
     let refused = inspection_script(
         "http://x/k ${evil}",
         "http://x/i",
+        &[],
+        "http://x",
+        "52:54:00:ab:00:01",
+    );
+    assert!(refused.contains("exit 1") && !refused.contains("kernel"));
+    let refused = inspection_script(
+        "http://x/k",
+        "http://x/i",
+        &["x=${net0/ip}".to_owned()],
         "http://x",
         "52:54:00:ab:00:01",
     );

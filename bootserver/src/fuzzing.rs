@@ -31,6 +31,8 @@ dhcp:
       domain: lab.test
     - subnet: 10.98.0.0/24
       pool: [10.98.0.10, 10.98.0.12]
+discovery:
+  boot: {kernel: vmlinuz, initrd: initrd.img}
 machines:
   - name: bios-node
     macs: ["52:54:00:00:01:01"]
@@ -300,6 +302,7 @@ fn http_fixture() -> &'static Http {
             metrics,
             registry: Arc::new(registry),
             issuer: None,
+            discovery: None,
         });
         let runtime = match tokio::runtime::Builder::new_current_thread()
             .enable_all()

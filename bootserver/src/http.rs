@@ -4,7 +4,8 @@
 //! | route | what |
 //! |---|---|
 //! | `GET /boot.ipxe?mac=<mac>` | the machine's iPXE script; without `mac`, a script that asks again with `${net0/mac}` |
-//! | `GET /discover.ipxe` | what unknown machines boot when discovery is on |
+//! | `GET /discover.ipxe?mac=<mac>` | with discovery on, the inspection boot of a MAC no Machine has (or a discovered Machine waiting to be claimed) |
+//! | `POST /discovery/inventory` | an inspection agent's [`DiscoveryReport`] ([`crate::discovery_writes`]) |
 //! | `GET,HEAD /images/<path>` | kernels, initrds, node images from the images directory |
 //! | `GET,HEAD /ipxe/<path>` | the iPXE builds (UEFI HTTP boot) |
 //! | `GET /machines/<name>/config` | the agent's configuration: only to the machine itself |
@@ -31,10 +32,12 @@ use crate::backend::{MacAddr, MachineBackend, MachineRecord};
 use crate::boot;
 use crate::config::{DhcpMode, Settings, UnknownMachines};
 use crate::credentials::{Issuer, Origin};
+use crate::discovery_writes::{DiscoveryWriter, Outcome};
 use crate::files::{self, InlineFs};
 use crate::leases::Leases;
 use crate::metrics::{Metrics, Service};
 use crate::preflight::Readiness;
+use unbounded_api::inventory::{DISCOVERY_REPORT_PATH, DiscoveryReport};
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -51,6 +54,8 @@ pub struct AppState {
     pub registry: Arc<Registry>,
     /// Issues agent credentials (Kubernetes backend with `credentials` configured).
     pub issuer: Option<Arc<Issuer>>,
+    /// Writes discovery reports (Kubernetes backend with `unknownMachines: discover`).
+    pub discovery: Option<Arc<DiscoveryWriter>>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -80,6 +85,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/boot.ipxe", get(boot_script))
         .route("/discover.ipxe", get(discover_script))
+        .route(DISCOVERY_REPORT_PATH, post(discovery_report))
         .route("/machines/{name}/config", get(machine_config))
         .route("/machines/{name}/credentials", post(machine_credentials))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -154,7 +160,20 @@ async fn boot_script(
             boot::refusal("the mac parameter is not a MAC address"),
         );
     };
+    let discover = state.settings.unknown_machines == UnknownMachines::Discover;
     let script = match state.backend.machine_by_mac(&mac) {
+        // Discovered and not claimed: inspected again (its agent reports afresh), never
+        // booted as itself, and no nonce.
+        Some(machine) if machine.discovery_waiting => {
+            if discover {
+                format!("#!ipxe\nchain {base}/discover.ipxe?mac={mac}\n")
+            } else {
+                boot::refusal(&format!(
+                    "machine {} was discovered and waits to be claimed; not booting it",
+                    machine.name
+                ))
+            }
+        }
         Some(machine) => {
             // A nonce only for a script that boots, served to the machine's own address.
             let nonce = match (&state.issuer, peer.ip(), &machine.boot) {
@@ -173,7 +192,7 @@ async fn boot_script(
                 }
             }
         }
-        None if state.settings.unknown_machines == UnknownMachines::Discover => {
+        None if discover => {
             format!("#!ipxe\nchain {base}/discover.ipxe?mac={mac}\n")
         }
         None => boot::refusal(&format!("{mac} belongs to no Machine; not booting it")),
@@ -181,14 +200,170 @@ async fn boot_script(
     ipxe(&state, "/boot.ipxe", script)
 }
 
-async fn discover_script(State(state): State<AppState>) -> Response {
-    // The discovery image comes with a later milestone; until then, say so and hand the
-    // machine back to its firmware.
-    ipxe(
-        &state,
-        "/discover.ipxe",
-        boot::refusal("unknown machine: create a Machine with this MAC to boot it"),
-    )
+/// The inspection boot ([`crate::discovery::inspection_script`]) for a MAC no Machine has,
+/// or whose Machine was discovered and waits to be claimed; anything else is refused (a
+/// declared Machine boots its own script, never an inspection that could report for it).
+async fn discover_script(
+    State(state): State<AppState>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let route = "/discover.ipxe";
+    let base = state.settings.http_base();
+    let discovery = match &state.settings.discovery {
+        Some(discovery) if state.settings.unknown_machines == UnknownMachines::Discover => {
+            discovery
+        }
+        _ => {
+            return ipxe(
+                &state,
+                route,
+                boot::refusal("unknown machine: create a Machine with this MAC to boot it"),
+            );
+        }
+    };
+    let Some(mac) = query.get("mac") else {
+        return ipxe(
+            &state,
+            route,
+            format!("#!ipxe\nchain {base}/discover.ipxe?mac=${{net0/mac}}\n"),
+        );
+    };
+    let Ok(mac) = mac.parse::<MacAddr>() else {
+        return ipxe(
+            &state,
+            route,
+            boot::refusal("the mac parameter is not a MAC address"),
+        );
+    };
+    if let Some(machine) = state.backend.machine_by_mac(&mac)
+        && !machine.discovery_waiting
+    {
+        return ipxe(
+            &state,
+            route,
+            boot::refusal(&format!(
+                "{mac} belongs to Machine {}: it boots its own script, not an inspection",
+                machine.name
+            )),
+        );
+    }
+    let script = crate::discovery::inspection_script(
+        &boot::image_url(&discovery.kernel, &base),
+        &boot::image_url(&discovery.initrd, &base),
+        &discovery.kernel_args,
+        &base,
+        &mac.to_string(),
+    );
+    ipxe(&state, route, script)
+}
+
+/// An inspection agent's report ([`crate::discovery_writes`]). The body is read up to the
+/// limit and no further: a larger one is refused (413) before it is buffered. 201 with the
+/// Machine's name when it was created, 200 when its inventory was updated, the refusal's
+/// 4xx with the reason otherwise, 503 only when the API server failed (the agent retries).
+async fn discovery_report(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Response {
+    let route = DISCOVERY_REPORT_PATH;
+    let reply = |code: StatusCode, text: String| {
+        state.metrics.http_request(route, code.as_u16());
+        (code, format!("{text}\n")).into_response()
+    };
+    let Some(writer) = &state.discovery else {
+        return reply(
+            StatusCode::NOT_FOUND,
+            "discovery is off here (it needs backend kubernetes and dhcp.unknownMachines: discover)".into(),
+        );
+    };
+    let max = writer.limits().max_body_bytes;
+    let too_large = |writer: &DiscoveryWriter| {
+        let refusal = crate::discovery::Refusal::TooLarge { max };
+        writer.count_outcome(refusal.label());
+        reply(StatusCode::PAYLOAD_TOO_LARGE, refusal.to_string())
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return too_large(writer);
+    }
+    // Reads at most `max` bytes: a longer (chunked) body fails here, unread past the limit.
+    let Ok(bytes) = axum::body::to_bytes(body, max).await else {
+        return too_large(writer);
+    };
+    let report: DiscoveryReport = match serde_json::from_slice(&bytes) {
+        Ok(report) => report,
+        Err(error) => {
+            writer.count_outcome("not_a_report");
+            return reply(
+                StatusCode::BAD_REQUEST,
+                format!("the body is not a discovery report: {error}"),
+            );
+        }
+    };
+    // With a full DHCP server the bootserver knows who holds which address: a report must
+    // come from the address leased to the MAC it says it booted from.
+    if let (IpAddr::V4(peer), DhcpMode::Full) = (peer.ip(), state.settings.dhcp_mode) {
+        let leased_to = match state.leases.lease_at(peer) {
+            Ok(lease) => lease.map(|l| l.mac),
+            Err(error) => {
+                tracing::error!(%error, "the address book cannot answer; refusing a discovery report");
+                return reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the bootserver cannot check the sender's address now; retry".into(),
+                );
+            }
+        };
+        let boot_mac = report.boot_mac.parse::<MacAddr>().ok();
+        if leased_to.is_none() || leased_to != boot_mac {
+            writer.count_outcome("wrong_address");
+            return reply(
+                StatusCode::FORBIDDEN,
+                format!("{peer} is not leased to the report's boot MAC"),
+            );
+        }
+    }
+    match writer.report(report, bytes.len()).await {
+        Ok(Outcome::Created(name)) => {
+            state.metrics.http_request(route, 201);
+            (
+                StatusCode::CREATED,
+                [(header::CONTENT_TYPE, "application/json")],
+                serde_json::json!({"machine": name, "outcome": "created"}).to_string(),
+            )
+                .into_response()
+        }
+        Ok(Outcome::Updated(name)) => {
+            state.metrics.http_request(route, 200);
+            (
+                [(header::CONTENT_TYPE, "application/json")],
+                serde_json::json!({"machine": name, "outcome": "updated"}).to_string(),
+            )
+                .into_response()
+        }
+        Err(error) => {
+            tracing::info!(%peer, reason = error.label(), %error, "discovery report refused");
+            let code =
+                StatusCode::from_u16(error.status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+            let mut response = reply(code, error.to_string());
+            // The reason, machine-readable: the inspection agent reboots on `known` (its
+            // MACs are a claimed or declared Machine's, which boots its own script now).
+            response.headers_mut().insert(
+                unbounded_api::inventory::REFUSAL_HEADER,
+                header::HeaderValue::from_static(error.label()),
+            );
+            if code == StatusCode::TOO_MANY_REQUESTS || code == StatusCode::SERVICE_UNAVAILABLE {
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, header::HeaderValue::from(60u64));
+            }
+            response
+        }
+    }
 }
 
 /// The agent's configuration. A machine gets only its own: the request must come from an
@@ -209,6 +384,14 @@ async fn machine_config(
         state.metrics.http_request(route, 404);
         return (StatusCode::NOT_FOUND, "no such machine\n").into_response();
     };
+    if machine.discovery_waiting {
+        state.metrics.http_request(route, 403);
+        return (
+            StatusCode::FORBIDDEN,
+            "this Machine was discovered and waits to be claimed: it has no configuration\n",
+        )
+            .into_response();
+    }
     if !holds_address(&state, &machine, peer_ip) {
         state.metrics.http_request(route, 403);
         return (
@@ -282,6 +465,14 @@ async fn machine_credentials(
     let Some(machine) = state.backend.machine_by_name(&name) else {
         return reply(StatusCode::NOT_FOUND, "no such machine".into());
     };
+    // Checked here, before any nonce or token: a Machine anyone on the network could have
+    // created by posting an inventory never gets a credential, whatever it presents.
+    if machine.discovery_waiting {
+        return reply(
+            StatusCode::FORBIDDEN,
+            "this Machine was discovered and waits to be claimed: no credentials until it is claimed".into(),
+        );
+    }
     let request: unbounded_api::agent::CredentialRequest = if body.is_empty() {
         Default::default()
     } else {

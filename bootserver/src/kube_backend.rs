@@ -75,6 +75,7 @@ pub fn record_of(
         architecture: pxe.architecture,
         firmware: pxe.firmware,
         boot,
+        discovery_waiting: waiting,
     })
 }
 
@@ -145,6 +146,8 @@ pub struct MachineIndex {
     /// Every claimant of a reserved address, in claim order.
     ips: HashMap<Ipv4Addr, BTreeMap<ClaimKey, Arc<MachineRecord>>>,
     by_name: HashMap<String, Arc<MachineRecord>>,
+    /// Discovered Machines waiting to be claimed (few: discovery caps them).
+    waiting: BTreeMap<String, Arc<MachineRecord>>,
 }
 
 /// The MACs and addresses a change touched.
@@ -174,6 +177,49 @@ impl MachineIndex {
     /// The Machine with this name, if the bootserver boots it.
     pub fn by_name(&self, name: &str) -> Option<Arc<MachineRecord>> {
         self.by_name.get(name).cloned()
+    }
+
+    /// What [`crate::discovery::decide`] needs to know about the Machines, and no more, so
+    /// that a report costs the same with 10 or 10,000 Machines: every Machine that claims one
+    /// of `macs` (holder or not), the Machine named `name` (even one being deleted: its
+    /// name is taken), and every discovered Machine waiting to be claimed (the cap counts
+    /// them). `last_report_at` is left to the caller, which remembers its own writes.
+    pub fn discovery_view(
+        &self,
+        macs: &[MacAddr],
+        name: &str,
+    ) -> Vec<crate::discovery::KnownMachine> {
+        let known = |record: &MachineRecord| crate::discovery::KnownMachine {
+            name: record.name.clone(),
+            macs: record.macs.iter().map(ToString::to_string).collect(),
+            waiting: record.discovery_waiting,
+            last_report_at: None,
+        };
+        let mut view: BTreeMap<String, crate::discovery::KnownMachine> = self
+            .waiting
+            .values()
+            .chain(
+                macs.iter()
+                    .filter_map(|mac| self.macs.get(mac))
+                    .flat_map(|claims| claims.values()),
+            )
+            .map(|record| (record.name.clone(), known(record)))
+            .collect();
+        if let Some(other) = self.machines.get(name)
+            && !view.contains_key(name)
+        {
+            let entry = match &other.record {
+                Some(record) => known(record),
+                None => crate::discovery::KnownMachine {
+                    name: name.to_owned(),
+                    macs: Default::default(),
+                    waiting: false,
+                    last_report_at: None,
+                },
+            };
+            view.insert(name.to_owned(), entry);
+        }
+        view.into_values().collect()
     }
 
     /// The Machine object as last seen.
@@ -266,6 +312,7 @@ impl MachineIndex {
         }
         let Some(record) = old.record else { return };
         self.by_name.remove(name);
+        self.waiting.remove(name);
         for mac in &record.macs {
             if let Some(claims) = self.macs.get_mut(mac) {
                 claims.remove(&old.claim);
@@ -309,6 +356,9 @@ impl MachineIndex {
         }
         if let Some(record) = &record {
             self.by_name.insert(name.clone(), record.clone());
+            if record.discovery_waiting {
+                self.waiting.insert(name.clone(), record.clone());
+            }
             for mac in &record.macs {
                 self.macs
                     .entry(*mac)
@@ -647,6 +697,22 @@ impl KubeBackend {
     }
 }
 
+impl KubeBackend {
+    /// [`MachineIndex::discovery_view`].
+    pub fn discovery_view(
+        &self,
+        macs: &[MacAddr],
+        name: &str,
+    ) -> Vec<crate::discovery::KnownMachine> {
+        self.read().discovery_view(macs, name)
+    }
+
+    /// The Machine object as last seen.
+    pub fn machine(&self, name: &str) -> Option<Arc<Machine>> {
+        self.read().machine(name).cloned()
+    }
+}
+
 impl MachineBackend for KubeBackend {
     fn machine_by_mac(&self, mac: &MacAddr) -> Option<Arc<MachineRecord>> {
         self.read().by_mac(mac)
@@ -708,6 +774,55 @@ mod tests {
             let record = record_of(&m, Some(&version)).unwrap();
             assert_eq!(record.boot.is_some(), boots, "label {label:?}");
         }
+    }
+
+    /// The view a report is decided over holds every claimant of its MACs, the Machine of
+    /// its name, and every waiting Machine — and nothing else, however many Machines there are.
+    #[test]
+    fn the_discovery_view_holds_what_the_decision_needs_and_no_more() {
+        let waiting = |name: &str, mac: &str| {
+            let mut m = (*machine(name, Some(10), mac, None)).clone();
+            m.metadata.labels = Some(
+                [(
+                    crate::discovery::DISCOVERY_LABEL.to_owned(),
+                    "waiting".to_owned(),
+                )]
+                .into(),
+            );
+            Arc::new(m)
+        };
+        let mut index = MachineIndex::default();
+        index.apply_machine(machine("older", Some(1), "52:54:00:00:00:01", None));
+        index.apply_machine(machine("newer", Some(2), "52:54:00:00:00:01", None));
+        index.apply_machine(machine("unrelated", Some(3), "52:54:00:00:00:09", None));
+        index.apply_machine(waiting("discovered-a", "52:54:00:00:00:0a"));
+        index.apply_machine(machine(
+            "discovered-525400000005",
+            Some(4),
+            "52:54:00:00:00:06",
+            None,
+        ));
+        let view = index.discovery_view(
+            &[
+                "52:54:00:00:00:01".parse().unwrap(),
+                "52:54:00:00:00:05".parse().unwrap(),
+            ],
+            "discovered-525400000005",
+        );
+        let summary: Vec<(&str, bool)> =
+            view.iter().map(|m| (m.name.as_str(), m.waiting)).collect();
+        assert_eq!(
+            summary,
+            vec![
+                ("discovered-525400000005", false),
+                ("discovered-a", true),
+                ("newer", false),
+                ("older", false),
+            ]
+        );
+        // Claimed, it leaves the waiting set.
+        index.apply_machine(machine("discovered-a", Some(10), "52:54:00:00:00:0a", None));
+        assert!(index.discovery_view(&[], "x").is_empty());
     }
 
     #[test]

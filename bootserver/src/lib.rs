@@ -26,6 +26,7 @@ pub mod config;
 pub mod credentials;
 pub mod dhcp;
 pub mod discovery;
+pub mod discovery_writes;
 pub mod files;
 #[doc(hidden)]
 pub mod fuzzing;

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use unbounded_bootserver::backend::{MachineBackend, StaticBackend};
-use unbounded_bootserver::config::{BackendKind, Defaults, Settings};
+use unbounded_bootserver::config::{BackendKind, Defaults, Settings, UnknownMachines};
 use unbounded_bootserver::http::Probe;
 use unbounded_bootserver::kube_backend::KubeBackend;
 use unbounded_bootserver::preflight::Readiness;
@@ -184,6 +184,7 @@ fn main() -> ExitCode {
         args.probe_addr.is_none(),
     ));
     let mut issuer = None;
+    let mut discovery = None;
     let backend: Arc<dyn MachineBackend> = match settings.backend {
         BackendKind::File => Arc::new(StaticBackend::new(settings.machines.clone())),
         BackendKind::Kubernetes => match runtime.block_on(api_clients(&args.election)) {
@@ -222,7 +223,19 @@ fn main() -> ExitCode {
                     }
                     None => None,
                 };
-                KubeBackend::start(client, &mut background)
+                let backend = KubeBackend::start(client.clone(), &mut background);
+                if settings.unknown_machines == UnknownMachines::Discover
+                    && let Some(d) = &settings.discovery
+                {
+                    discovery = Some(Arc::new(
+                        unbounded_bootserver::discovery_writes::DiscoveryWriter::new(
+                            client,
+                            backend.clone(),
+                            d.limits,
+                        ),
+                    ));
+                }
+                backend
             }
             Err(error) => {
                 eprintln!("unbounded-bootserver: connecting to the cluster: {error}");
@@ -238,6 +251,7 @@ fn main() -> ExitCode {
         settings,
         backend,
         issuer,
+        discovery,
         background,
         shutdown,
         Some(probe),

@@ -615,7 +615,7 @@ mod tests {
             ),
             (
                 "file backend with discovery: any machine may come",
-                "dhcp: {mode: proxy, unknownMachines: discover}\n",
+                "dhcp: {mode: proxy, unknownMachines: discover}\ndiscovery: {boot: {kernel: vmlinuz, initrd: initrd.img}}\n",
                 vec![
                     ("arm64/ipxe.efi", false),
                     ("snponly.efi", true),

@@ -116,6 +116,7 @@ pub async fn run(
     settings: Settings,
     backend: Arc<dyn MachineBackend>,
     issuer: Option<Arc<crate::credentials::Issuer>>,
+    discovery: Option<Arc<crate::discovery_writes::DiscoveryWriter>>,
     mut background: Background,
     shutdown: impl std::future::Future<Output = ()> + Send,
     probe: Option<Arc<Probe>>,
@@ -125,6 +126,9 @@ pub async fn run(
     let metrics = Arc::new(Metrics::register(&mut registry));
     if let Some(issuer) = &issuer {
         issuer.register_metrics(&mut registry);
+    }
+    if let Some(discovery) = &discovery {
+        discovery.register_metrics(&mut registry);
     }
     let lease_log = match settings.dhcp_mode {
         DhcpMode::Full => Some(Arc::new(FileStore::open(&settings.lease_file)?)),
@@ -200,6 +204,7 @@ pub async fn run(
         metrics,
         registry: Arc::new(registry),
         issuer,
+        discovery,
     };
     if let Some(probe) = &probe {
         probe.serving(state.clone());
@@ -263,6 +268,7 @@ mod tests {
         let result = run(
             settings,
             Arc::new(StaticBackend::default()),
+            None,
             None,
             background,
             std::future::pending(),

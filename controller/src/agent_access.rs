@@ -37,8 +37,13 @@ pub const MANAGED_LABEL: &str = "unbounded-cloud.io/agent-access";
 /// Whether a Machine's agent may be running: its provider has it up (InfrastructureReady),
 /// it is `manual` (someone else runs it) or `azure` (the provider mints the VM's first
 /// credentials before it creates the VM, so the ServiceAccount must exist first), or an
-/// agent has already reported.
+/// agent has already reported. Never a discovered Machine nobody has claimed yet
+/// (`unbounded-cloud.io/discovery=waiting`): anyone on the provisioning network can have one
+/// created, and its inspection agent needs no access.
 pub fn agent_may_run(machine: &Machine) -> bool {
+    if unbounded_api::well_known::discovery::is_waiting(machine.labels()) {
+        return false;
+    }
     let status = machine.status.as_ref();
     matches!(
         machine.spec.provider,
@@ -387,6 +392,27 @@ mod tests {
                 .self_refresh,
             "a PXE machine renews through the bootserver"
         );
+    }
+
+    /// Whatever its status says, a waiting discovered Machine gets no ServiceAccount or role;
+    /// claimed, it does again.
+    #[test]
+    fn no_access_for_a_discovered_machine_until_it_is_claimed() {
+        let discovery = unbounded_api::well_known::labels::DISCOVERY;
+        for (provider, value, access) in [
+            (MachineProvider::Pxe, "waiting", false),
+            (MachineProvider::Manual, "waiting", false),
+            (MachineProvider::Pxe, "claimed", true),
+            (MachineProvider::Manual, "claimed", true),
+        ] {
+            let mut m = machine(provider, true);
+            m.labels_mut().insert(discovery.into(), value.into());
+            assert_eq!(
+                desired_access(&m, [], 0).0.is_some(),
+                access,
+                "{provider:?} {value}"
+            );
+        }
     }
 
     #[test]

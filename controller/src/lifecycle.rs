@@ -183,6 +183,10 @@ fn unresolved_condition(resolution: &Resolution) -> ConditionPlan {
             reasons::CONFIGURATION_PENDING,
             "no MachineConfiguration matches this Machine's labels and spec.configurationRef is not set".to_owned(),
         ),
+        Resolution::AwaitingClaim => (
+            reasons::AWAITING_CLAIM,
+            "discovered and waiting to be claimed: label it unbounded-cloud.io/discovery=claimed, or let a MachinePool claim it".to_owned(),
+        ),
         Resolution::AwaitingFirstVersion { configuration } => (
             reasons::CONFIGURATION_PENDING,
             format!("waiting for the first version of MachineConfiguration {configuration}"),
@@ -202,6 +206,33 @@ fn unresolved_condition(resolution: &Resolution) -> ConditionPlan {
         reason,
         message,
     }
+}
+
+/// The `Discovered` condition of a Machine that discovery created (label
+/// `unbounded-cloud.io/discovery`): `WaitingToBeClaimed` while it waits, `Claimed` once an
+/// operator or a pool set the label to `claimed`, so that the condition the bootserver
+/// wrote at discovery does not go on saying "waiting". `None` for any other Machine.
+pub fn discovered_condition(
+    labels: &std::collections::BTreeMap<String, String>,
+) -> Option<ConditionPlan> {
+    use unbounded_api::well_known::{discovery, labels::DISCOVERY};
+    let (reason, message) = match labels.get(DISCOVERY)?.as_str() {
+        discovery::WAITING => (
+            reasons::AWAITING_CLAIM,
+            "discovered by network boot; claim it (label unbounded-cloud.io/discovery=claimed, or a MachinePool) to provision it",
+        ),
+        discovery::CLAIMED => (
+            reasons::CLAIMED,
+            "discovered by network boot and claimed; provisioned like any other Machine",
+        ),
+        _ => return None,
+    };
+    Some(ConditionPlan {
+        type_: unbounded_api::well_known::conditions::DISCOVERED,
+        status: true,
+        reason,
+        message: message.to_owned(),
+    })
 }
 
 /// What the phase is computed from.
@@ -426,6 +457,26 @@ mod tests {
     }
 
     #[test]
+    fn the_discovered_condition_follows_the_label() {
+        let discovery = unbounded_api::well_known::labels::DISCOVERY;
+        let cases = [
+            (None, None),
+            (Some("waiting"), Some(reasons::AWAITING_CLAIM)),
+            (Some("claimed"), Some(reasons::CLAIMED)),
+            (Some("something else"), None),
+        ];
+        for (value, reason) in cases {
+            let labels: std::collections::BTreeMap<String, String> = value
+                .map(|v| (discovery.to_owned(), v.to_owned()))
+                .into_iter()
+                .collect();
+            let plan = discovered_condition(&labels);
+            assert_eq!(plan.as_ref().map(|p| p.reason), reason, "{value:?}");
+            assert!(plan.is_none_or(|p| p.status && p.type_ == "Discovered"));
+        }
+    }
+
+    #[test]
     fn unresolved_conditions_table() {
         let cases = [
             (
@@ -454,6 +505,11 @@ mod tests {
                 },
                 reasons::CONFIGURATION_PENDING,
                 "waiting for the first version",
+            ),
+            (
+                Resolution::AwaitingClaim,
+                reasons::AWAITING_CLAIM,
+                "discovered and waiting to be claimed",
             ),
         ];
         for (resolution, reason, message) in cases {

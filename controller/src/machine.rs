@@ -142,6 +142,7 @@ async fn apply(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
         reason,
         message,
     });
+    let discovered_plan = crate::lifecycle::discovered_condition(machine.labels());
 
     // Lock first, then record: a Machine must never run a version that can still change.
     if let Some(configuration) = &plan.configuration {
@@ -161,6 +162,7 @@ async fn apply(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
         &[&plan.configuration_condition, &plan.node_condition]
             .into_iter()
             .chain(kubelet_plan.as_ref())
+            .chain(discovered_plan.as_ref())
             .collect::<Vec<_>>(),
         ctx,
     )

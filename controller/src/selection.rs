@@ -8,7 +8,11 @@
 //!   newest *deployed* version, or version 1 if none is deployed yet; for a configuration
 //!   whose update strategy is `RollingUpdate`, its newest version (the rolling update moves
 //!   Machines onto it batch by batch, so the first batch is the canary);
-//! - nothing matches → [`Resolution::NoMatch`]: the Machine waits in `Pending`.
+//! - nothing matches → [`Resolution::NoMatch`]: the Machine waits in `Pending`;
+//! - a Machine that discovery created and nobody has claimed yet (label
+//!   `unbounded-cloud.io/discovery=waiting`) → [`Resolution::AwaitingClaim`], whatever its
+//!   labels or reference say: anyone on the provisioning network can have it created, so it
+//!   gets nothing until an operator or a pool claims it (the label becomes `claimed`).
 //!
 //! Whatever version a Machine is provisioned with becomes deployed (locked); that is the
 //! caller's job. Rolling a selector-matched fleet of an `OnDelete` configuration forward
@@ -60,6 +64,8 @@ pub enum Resolution {
     },
     /// No configuration's selector matches the Machine.
     NoMatch,
+    /// Discovered and not claimed yet: no configuration whatever matches.
+    AwaitingClaim,
     /// The Machine names a configuration that does not exist.
     ConfigurationNotFound {
         /// The name it gives.
@@ -99,6 +105,9 @@ pub fn resolve(
     reference: Option<&ConfigurationRef>,
     candidates: &[Candidate<'_>],
 ) -> Resolution {
+    if unbounded_api::well_known::discovery::is_waiting(labels) {
+        return Resolution::AwaitingClaim;
+    }
     match reference {
         Some(reference) => resolve_reference(reference, candidates),
         None => resolve_by_selector(labels, candidates),
@@ -461,6 +470,67 @@ mod tests {
         for (case, candidates, machine_labels, expected) in cases {
             assert_eq!(
                 resolve(&labels(&machine_labels), None, &candidates),
+                expected,
+                "{case}"
+            );
+        }
+    }
+
+    /// A discovered Machine nobody has claimed resolves to nothing, neither by a selector
+    /// (even one that selects everything) nor by a reference; claimed, it resolves as any
+    /// other Machine.
+    #[test]
+    fn a_waiting_discovered_machine_gets_no_configuration_until_claimed() {
+        let everything = LabelSelector::default();
+        let candidates = [Candidate {
+            name: "general",
+            priority: 0,
+            rolling: false,
+            selector: Some(&everything),
+            versions: vec![v(1, true)],
+        }];
+        let named = reference("general", Some(1));
+        let discovery = unbounded_api::well_known::labels::DISCOVERY;
+        let cases = [
+            (
+                "waiting, by selector",
+                Some("waiting"),
+                None,
+                Resolution::AwaitingClaim,
+            ),
+            (
+                "waiting, by reference",
+                Some("waiting"),
+                Some(&named),
+                Resolution::AwaitingClaim,
+            ),
+            (
+                "claimed, by selector",
+                Some("claimed"),
+                None,
+                resolved("general", 1),
+            ),
+            (
+                "claimed, by reference",
+                Some("claimed"),
+                Some(&named),
+                resolved("general", 1),
+            ),
+            ("never discovered", None, None, resolved("general", 1)),
+            (
+                "another value",
+                Some("whatever"),
+                None,
+                resolved("general", 1),
+            ),
+        ];
+        for (case, value, reference, expected) in cases {
+            let mut machine_labels = labels(&[("rack", "r1")]);
+            if let Some(value) = value {
+                machine_labels.insert(discovery.to_owned(), value.to_owned());
+            }
+            assert_eq!(
+                resolve(&machine_labels, reference, &candidates),
                 expected,
                 "{case}"
             );

@@ -393,8 +393,14 @@ async fn a_pool_with_hardware_requirements_claims_only_the_machines_that_meet_th
         .iter()
         .enumerate()
         .map(|(i, (cpus, gib))| {
+            // hw-2 was discovered and waits to be claimed.
+            let discovered = if i == 2 {
+                ", unbounded-cloud.io/discovery: waiting"
+            } else {
+                ""
+            };
             format!(
-                "apiVersion: unbounded-cloud.io/v1alpha1\nkind: Machine\nmetadata: {{name: hw-{i}, labels: {{inv: hw, hardware.unbounded-cloud.io/cpus: \"{cpus}\", hardware.unbounded-cloud.io/memory-gib: \"{gib}\"}}}}\nspec:\n  provider: pxe\n  pxe: {{macAddresses: [\"52:54:00:e0:00:{i:02x}\"]}}\n---\n"
+                "apiVersion: unbounded-cloud.io/v1alpha1\nkind: Machine\nmetadata: {{name: hw-{i}, labels: {{inv: hw, hardware.unbounded-cloud.io/cpus: \"{cpus}\", hardware.unbounded-cloud.io/memory-gib: \"{gib}\"{discovered}}}}}\nspec:\n  provider: pxe\n  pxe: {{macAddresses: [\"52:54:00:e0:00:{i:02x}\"]}}\n---\n"
             )
         })
         .collect();
@@ -435,6 +441,16 @@ spec:
         !first.labels().contains_key(labels::POOL),
         "4 CPUs and 32 GiB are not enough"
     );
+    // The discovered Machine, claimed, is marked claimed and gets the pool's configuration.
+    wait_for("the discovered member claimed and resolved", || async {
+        let m = Api::<Machine>::all(client.clone()).get("hw-2").await.ok()?;
+        let claimed = m.labels().get(labels::DISCOVERY).map(String::as_str) == Some("claimed");
+        let status = m.status.as_ref()?;
+        let resolved = status.configuration.as_ref()?.name == "pool-hw-mc";
+        let condition = unbounded_api::condition::find(&status.conditions, conditions::DISCOVERED)?;
+        (claimed && resolved && condition.reason == reasons::CLAIMED).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]

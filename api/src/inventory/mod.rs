@@ -432,7 +432,43 @@ pub fn is_accelerator(class_code: &str, vendor_id: &str) -> bool {
             && GPU_VENDORS.contains(&vendor_id.to_ascii_lowercase().as_str()))
 }
 
+/// The bootserver's route an inspection agent posts its [`DiscoveryReport`] to.
+pub const DISCOVERY_REPORT_PATH: &str = "/discovery/inventory";
+
+/// The response header that names why the bootserver refused a report (a fixed label such
+/// as `known`, `rate_limited`, `invalid`).
+pub const REFUSAL_HEADER: &str = "unbounded-refusal";
+
+/// What the agent in inspection mode posts to the bootserver's discovery route: its inventory
+/// and the MAC it network-booted from. Nothing in it authenticates the machine; the
+/// bootserver bounds what it can do (`bootserver/src/discovery.rs`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DiscoveryReport {
+    /// The MAC the machine network-booted from (the kernel's `BOOTIF`).
+    pub boot_mac: String,
+    /// What the agent read.
+    pub inventory: MachineInventorySpec,
+}
+
 impl MachineInventorySpec {
+    /// Tags every section with `origin`: the bootserver tags a discovery report `InBand` at
+    /// the time it received it, whatever the report claimed.
+    pub fn stamp(&mut self, origin: &FactOrigin) {
+        let origins = [
+            self.cpu.as_mut().map(|s| &mut s.origin),
+            self.memory.as_mut().map(|s| &mut s.origin),
+            self.disks.as_mut().map(|s| &mut s.origin),
+            self.nics.as_mut().map(|s| &mut s.origin),
+            self.system.as_mut().map(|s| &mut s.origin),
+            self.pci.as_mut().map(|s| &mut s.origin),
+            self.firmware.as_mut().map(|s| &mut s.origin),
+        ];
+        for slot in origins.into_iter().flatten() {
+            *slot = origin.clone();
+        }
+    }
+
     /// The MAC addresses of the inventory's NICs, lower case, sorted, deduplicated.
     pub fn mac_set(&self) -> Vec<String> {
         let mut macs: Vec<String> = self
@@ -543,5 +579,32 @@ mod tests {
             base.firmware.as_ref().map(|f| f.origin.source),
             Some(FactSource::InBand)
         );
+    }
+
+    /// Every section a report has is stamped with the receiver's origin, whatever the report
+    /// claimed; sections it lacks stay absent.
+    #[test]
+    fn stamp_tags_every_present_section() {
+        let claimed = FactOrigin {
+            source: FactSource::Redfish,
+            observed_at: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        };
+        let mut spec = MachineInventorySpec {
+            system: Some(SystemFacts::empty(claimed.clone())),
+            firmware: Some(FirmwareFacts {
+                origin: claimed,
+                mode: crate::Firmware::Bios,
+                secure_boot: None,
+            }),
+            ..Default::default()
+        };
+        let received = FactOrigin {
+            source: FactSource::InBand,
+            observed_at: Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap()),
+        };
+        spec.stamp(&received);
+        assert_eq!(spec.system.as_ref().map(|s| &s.origin), Some(&received));
+        assert_eq!(spec.firmware.as_ref().map(|f| &f.origin), Some(&received));
+        assert!(spec.cpu.is_none() && spec.nics.is_none());
     }
 }

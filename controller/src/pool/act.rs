@@ -158,11 +158,31 @@ pub async fn claim(pool: &MachinePool, machine: &Machine, ctx: &Context) -> Resu
         }
         Err(e) => return Err(kube_err(format!("claiming Machine {name}"))(e)),
     }
+    // A discovered Machine is the pool's now: it stops waiting (a merge patch, not part of
+    // the apply above: discovery owns that label, and an apply of another value would
+    // conflict). Should this fail, [`sync`] flips it at the pool's next pass.
+    if let Some(patch) = claimed_discovery_patch(machine) {
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(kube_err(format!(
+                "marking discovered Machine {name} claimed"
+            )))?;
+    }
     let powered_off = machine.status.as_ref().and_then(|s| s.power) == Some(PowerState::Off);
     if powered_off {
         request_repave(pool, &name, Some(operations::PXE_BOOT), ctx).await?;
     }
     Ok(true)
+}
+
+/// The merge patch that marks a discovered Machine claimed (label
+/// `unbounded-cloud.io/discovery=claimed`), or `None` when it is not waiting.
+pub fn claimed_discovery_patch(machine: &Machine) -> Option<Value> {
+    unbounded_api::well_known::discovery::is_waiting(machine.labels()).then(|| {
+        json!({"metadata": {"labels": {
+            labels::DISCOVERY: unbounded_api::well_known::discovery::CLAIMED,
+        }}})
+    })
 }
 
 /// Releases a PXE Machine to the inventory: removes the pool's label, ownerReference,
@@ -266,6 +286,13 @@ pub async fn sync(pool: &MachinePool, machine: &Machine, ctx: &Context) -> Resul
         if machine.labels().get(&key) != Some(&value) {
             label_patch.insert(key, json!(value));
         }
+    }
+    // A member still marked waiting (its claim's flip failed) is claimed.
+    if unbounded_api::well_known::discovery::is_waiting(machine.labels()) {
+        label_patch.insert(
+            labels::DISCOVERY.to_owned(),
+            json!(unbounded_api::well_known::discovery::CLAIMED),
+        );
     }
     let mut annotation_patch = serde_json::Map::new();
     for (key, value) in template_annotations(pool) {
