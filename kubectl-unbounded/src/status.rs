@@ -169,6 +169,13 @@ fn row_with(machine: &Machine, shared: &Shared<'_>, now: Timestamp) -> MachineRo
             None,
         ),
         Resolution::NoMatch => (None, Some("no configuration matches".to_owned())),
+        Resolution::AwaitingClaim => (
+            None,
+            Some(
+                "discovered, waiting to be claimed (by a pool, or the label discovery=claimed)"
+                    .to_owned(),
+            ),
+        ),
         Resolution::ConfigurationNotFound { configuration } => (
             None,
             Some(format!("configuration {configuration} does not exist")),

@@ -13,8 +13,8 @@
 //!    Machine go; the scenario then reads the disk's file back on the host: no filesystem
 //!    or partition table left. (The lab has one Machine fewer afterwards.)
 //!
-//! Each reboot is timed from the operation's creation to a Ready Node whose boot ID is the
-//! new boot's (a Node's Ready condition can still be the old boot's for a while).
+//! Each reboot is timed from the operation's creation to a Ready Node of the new boot (a
+//! Node's Ready condition can still be the old boot's for a while).
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -153,9 +153,16 @@ pub fn disks(lab: &Lab, timeout: Duration, say: &dyn Fn(&str)) -> Result<DiskFig
     })
 }
 
-/// A `reboot` operation on `machine`, timed until its Node is Ready on the new boot.
+/// A `reboot` operation on `machine`, timed until its Node is Ready on the new boot: the
+/// agent reports a new boot ID and the Node a new one of its own (kubelet runs in the node
+/// container, whose boot ID systemd-nspawn makes up: it is not the host's).
 fn reboot(lab: &Lab, machine: &str, name: &str, timeout: Duration) -> Result<Duration, LabError> {
     let boot_before = get(lab, "machine", machine, "{.status.agent.bootID}");
+    let node_boot_before = get(lab, "node", machine, "{.status.nodeInfo.bootID}");
+    lab.kubectl(
+        &["delete", "machineoperation", name, "--ignore-not-found"],
+        None,
+    )?;
     let started = Instant::now();
     operation(lab, name, machine, "reboot", "")?;
     wait_complete(lab, name, timeout)?;
@@ -169,7 +176,11 @@ fn reboot(lab: &Lab, machine: &str, name: &str, timeout: Duration) -> Result<Dur
             "{.status.conditions[?(@.type==\"Ready\")].status}",
         );
         (
-            !boot.is_empty() && boot != boot_before && node_boot == boot && ready == "True",
+            !boot.is_empty()
+                && boot != boot_before
+                && !node_boot.is_empty()
+                && node_boot != node_boot_before
+                && ready == "True",
             format!("agent boot {boot}, Node boot {node_boot}, Ready {ready}"),
         )
     })?;
