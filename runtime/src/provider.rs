@@ -602,6 +602,16 @@ async fn write_release_condition<P: Provider>(
     if let Some(message) = &current.failure_message {
         status.insert("failureMessage".into(), json!(message));
     }
+    apply_status::<P>(ctx, machine, status, "writing DisksWiped on").await
+}
+
+/// Applies the provider's part of a Machine's status (server-side apply, its field manager).
+async fn apply_status<P: Provider>(
+    ctx: &Context<P>,
+    machine: &Machine,
+    status: serde_json::Map<String, serde_json::Value>,
+    action: &str,
+) -> Result<(), LoopError> {
     let body = json!({
         "apiVersion": Machine::api_version(&()),
         "kind": Machine::kind(&()),
@@ -616,7 +626,7 @@ async fn write_release_condition<P: Provider>(
         .await
         .map(drop)
         .map_err(|source| LoopError::Kube {
-            action: format!("writing DisksWiped on Machine {}", machine.name_any()),
+            action: format!("{action} Machine {}", machine.name_any()),
             source,
         })
 }
@@ -736,23 +746,7 @@ async fn write_status<P: Provider>(
             status.insert("power".into(), json!(PowerState::Unknown));
         }
     }
-    let body = json!({
-        "apiVersion": Machine::api_version(&()),
-        "kind": Machine::kind(&()),
-        "status": status,
-    });
-    Api::<Machine>::all(ctx.client.clone())
-        .patch_status(
-            &machine.name_any(),
-            &PatchParams::apply(P::FIELD_MANAGER).force(),
-            &Patch::Apply(body),
-        )
-        .await
-        .map_err(|source| LoopError::Kube {
-            action: format!("writing the status of Machine {}", machine.name_any()),
-            source,
-        })?;
-    Ok(())
+    apply_status::<P>(ctx, machine, status, "writing the status of").await
 }
 
 #[cfg(test)]
