@@ -204,24 +204,22 @@ fn refuse_mounted(disk: &Disk) -> Result<(), StorageError> {
 /// Erases every signature (filesystems on the partitions first, then the partition table
 /// with its backup and the protective MBR) and tells the kernel the partitions are gone.
 fn erase_signatures(root: &Path, disk: &Disk, action: &str) -> Result<(), StorageError> {
-    for (name, dir) in kernel_partitions(root, &disk.name) {
-        let node = device_node(root, &name, &dir)?;
+    let node = device_node(root, &disk.name, &sys_block(root, &disk.name))?;
+    let mut targets = kernel_partitions(root, &disk.name)
+        .into_iter()
+        .map(|(name, dir)| device_node(root, &name, &dir))
+        .collect::<Result<Vec<_>, _>>()?;
+    // The partitions first, the disk itself last.
+    targets.push(node.clone());
+    for target in &targets {
         run(
             action,
             disk,
             "wipefs",
-            &["-a", "-q", &node.display().to_string()],
+            &["-a", "-q", &target.display().to_string()],
             None,
         )?;
     }
-    let node = device_node(root, &disk.name, &sys_block(root, &disk.name))?;
-    run(
-        action,
-        disk,
-        "wipefs",
-        &["-a", "-q", &node.display().to_string()],
-        None,
-    )?;
     // The kernel keeps the old partitions until told; nothing to delete is fine.
     let _ = run(
         action,
