@@ -142,10 +142,13 @@ fn seconds_since_epoch() -> u64 {
 
 /// Deletes the leading controller pod in the middle of a rolling update of `testbed` that
 /// takes down at most `max_unavailable` machines at a time (the scenario: 1, one machine
-/// after the other; CI's reduced form: all of them in one batch).
+/// after the other; CI's reduced form: all of them in one batch). With `onto_disks` the
+/// update also adds `storage: {}` (docs/storage.md): every machine paves onto its blank data
+/// disk, checked in its `status.agent.storage` (CI's reduced form of the `disks` scenario).
 pub fn leader_failover(
     lab: &Lab,
     max_unavailable: usize,
+    onto_disks: bool,
     timeout: Duration,
     say: &dyn Fn(&str),
 ) -> Result<Failover, LabError> {
@@ -180,9 +183,13 @@ pub fn leader_failover(
         "unbounded.testbed.rollout={}",
         seconds_since_epoch()
     ));
+    let mut template = serde_json::json!({"boot": {"kernelArgs": kernel_args}});
+    if onto_disks {
+        template["storage"] = serde_json::json!({});
+    }
     let patch = serde_json::json!({"spec": {
         "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": max_unavailable}},
-        "template": {"boot": {"kernelArgs": kernel_args}},
+        "template": template,
     }});
     crate::scenario::patch_configuration(lab, &patch.to_string())?;
     wait_until(
@@ -304,6 +311,19 @@ pub fn leader_failover(
         return Err(step(format!(
             "one change must make one version ({next}); latestVersion is {latest}, versions {versions:?}"
         )));
+    }
+    if onto_disks {
+        for name in &names {
+            let action = get(lab, "machine", name, "{.status.agent.storage.action}");
+            let serial = get(lab, "machine", name, "{.status.agent.storage.serial}");
+            // The lab's first data disk (`data-<domain>`): the smallest of at least 16 GiB.
+            if action != "formatted" || !serial.starts_with("data-") {
+                return Err(step(format!(
+                    "{name} rolled to version {next} (storage: {{}}) but did not pave onto its data disk: action {action:?}, serial {serial:?}"
+                )));
+            }
+        }
+        say("leader-failover: every machine paved onto its data disk");
     }
     wait_until("both controller replicas available again", timeout, || {
         deployment_available(lab, "unbounded-controller")

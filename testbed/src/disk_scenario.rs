@@ -1,123 +1,181 @@
 //! The `disks` scenario: the node's state on a machine's own disk (`spec.template.storage`,
-//! docs/storage.md), on the lab's VMs, each of which has a blank 20 GiB virtio disk (`vdb`).
+//! docs/storage.md), on the lab's VMs: every one has a blank 20 GiB virtio disk (`vdb`), the
+//! even-numbered ones a second of 24 GiB (`vdc`).
 //!
-//! 1. A reboot of a machine whose node container lives in RAM: the agent downloads and
-//!    unpacks the node image again (the baseline, timed).
-//! 2. `storage: {}` added to the lab's configuration (a new version), pinned on another
-//!    machine and applied by deleting its Node: the agent formats `vdb` and paves onto it
-//!    (timed), and the Machine's `status.agent.storage` says so.
-//! 3. That machine rebooted: the agent finds its layout and the container on the disk and
-//!    starts it without a download (`containerReused`, timed).
-//! 4. That Machine deleted (released): its agent wipes the disk (`wipe: onRelease`, the
+//! On the first machine (one disk), the reboot figures on the same machine:
+//! 1. a reboot with its node container in RAM: the agent downloads and unpacks the node
+//!    image again (the baseline, timed);
+//! 2. `storage: {}` added to the lab's configuration (a new version), pinned on it and
+//!    applied by deleting its Node: the agent formats `vdb` and paves onto it (timed), and
+//!    `status.agent.storage` says so;
+//! 3. a reboot: the agent finds its layout and the container on the disk and starts it
+//!    without a download (`containerReused`, timed);
+//! 4. the Machine deleted (released): its agent wipes the disk (`wipe: onRelease`, the
 //!    default) and reports `Wiped` before the provider powers the machine off and lets the
-//!    Machine go; the scenario then reads the disk's file back on the host: no filesystem
-//!    or partition table left. (The lab has one Machine fewer afterwards.)
+//!    Machine go; the disk's file read back on the host: no filesystem or partition table.
+//!
+//! On the second machine (two disks), the rules and the wipe policies:
+//! 5. `disk: {minSizeGiB: 22}, wipe: never`: the agent picks `vdc`, and `vdb` stays blank;
+//! 6. the machine shut down, a file written onto its filesystem from the host (a previous
+//!    tenant's data), powered on: the container starts from the disk;
+//! 7. a repave with `never`: the file is still there;
+//! 8. `wipe: always`, applied with a repave: the disk is wiped and formatted, the file gone.
 //!
 //! Each reboot is timed from the operation's creation to a Ready Node of the new boot (a
-//! Node's Ready condition can still be the old boot's for a while).
+//! Node's Ready condition can still be the old boot's for a while). The load average is
+//! noted beside each figure: under TCG a VM's boot is as fast as the host's idle CPU.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::bmc::{data_disk_serial, data_disk_target};
 use crate::lab::base::LabError;
 use crate::scenario::{
     Lab, get, operation, patch_configuration, pin, repave, step, wait_complete, wait_until,
 };
 
+/// A file the scenario writes onto the second machine's filesystem from the host: what a
+/// previous tenant would have left.
+const TENANT_FILE: &str = "tenant-data";
+
 /// What the scenario measured.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DiskFigures {
     /// Reboot → Ready with the node container in RAM (downloaded and unpacked again).
-    pub reboot_ram: Duration,
+    pub reboot_ram: Timed,
     /// Node deletion → Ready, paving onto a freshly formatted disk.
-    pub pave_onto_disk: Duration,
-    /// Reboot → Ready with the node container started from the disk.
-    pub reboot_from_disk: Duration,
+    pub pave_onto_disk: Timed,
+    /// Reboot → Ready of the same machine with the node container started from the disk.
+    pub reboot_from_disk: Timed,
     /// Machine deletion → the disk wiped and the Machine gone.
-    pub release: Duration,
+    pub release: Timed,
+}
+
+/// A duration and the host's 1-minute load average when it ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timed {
+    pub took: Duration,
+    pub load: String,
+}
+
+impl Timed {
+    fn since(started: Instant) -> Self {
+        Self {
+            took: started.elapsed(),
+            load: load_average(),
+        }
+    }
+
+    fn of(took: Duration) -> Self {
+        Self {
+            took,
+            load: load_average(),
+        }
+    }
+}
+
+impl std::fmt::Display for Timed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.1} s (load {})", self.took.as_secs_f64(), self.load)
+    }
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".into())
 }
 
 /// Runs the scenario on the lab's first two machines.
 pub fn disks(lab: &Lab, timeout: Duration, say: &dyn Fn(&str)) -> Result<DiskFigures, LabError> {
     let names = lab.machine_names();
-    let (Some(ram), Some(disk)) = (names.first().cloned(), names.get(1).cloned()) else {
+    let (Some(first), Some(second)) = (names.first().cloned(), names.get(1).cloned()) else {
         return Err(step("the disks scenario needs two machines"));
     };
-    say(&format!("disks: reboot {ram} (node container in RAM)"));
-    let reboot_ram = reboot(lab, &ram, "tb-disks-reboot-ram", timeout)?;
+    let current = configuration_version(lab, &first)?;
+    // Both pinned where they are, so that the versions this scenario makes reach only the
+    // machine each is meant for.
+    pin(lab, &first, current)?;
+    pin(lab, &second, current)?;
+    let figures = same_machine_reboots(lab, &first, timeout, say)?;
+    wipe_policies(lab, &second, timeout, say)?;
     say(&format!(
-        "disks: {ram} Ready {:.1} s after its reboot (container downloaded and unpacked)",
-        reboot_ram.as_secs_f64()
+        "disks: {first}: reboot from RAM {}, pave onto a blank disk {}, reboot from disk {}, release with the wipe {}",
+        figures.reboot_ram, figures.pave_onto_disk, figures.reboot_from_disk, figures.release
+    ));
+    Ok(figures)
+}
+
+/// Steps 1–4 on `machine`.
+fn same_machine_reboots(
+    lab: &Lab,
+    machine: &str,
+    timeout: Duration,
+    say: &dyn Fn(&str),
+) -> Result<DiskFigures, LabError> {
+    say(&format!("disks: reboot {machine} (node container in RAM)"));
+    let reboot_ram = reboot(lab, machine, "tb-disks-reboot-ram", timeout)?;
+    say(&format!(
+        "disks: {machine} Ready {reboot_ram} after its reboot (container downloaded and unpacked)"
     ));
 
-    let before = get(lab, "machine", &disk, "{.status.configuration.version}");
-    let before: i64 = before.parse().map_err(|_| {
-        step(format!(
-            "{disk} records no configuration version: {before:?}"
-        ))
-    })?;
     say("disks: adding storage: {} to the lab's configuration (a new version)");
-    patch_configuration(lab, r#"{"spec":{"template":{"storage":{}}}}"#)?;
-    let mut with_storage = 0;
-    wait_until("a version with storage", Duration::from_secs(60), || {
-        let latest = get(
-            lab,
-            "machineconfiguration",
-            "testbed",
-            "{.status.latestVersion}",
-        );
-        with_storage = latest.parse().unwrap_or(0);
-        (with_storage > before, latest)
-    })?;
-    pin(lab, &disk, with_storage)?;
-    let pave_onto_disk = repave(lab, &disk, timeout, say)?;
-    let used = storage_status(lab, &disk);
+    let version = new_version(lab, r#"{"spec":{"template":{"storage":{}}}}"#)?;
+    pin(lab, machine, version)?;
+    let pave_onto_disk = Timed::of(repave(lab, machine, timeout, say)?);
+    let used = storage_status(lab, machine);
     // The lab's data disk carries the serial `data-<domain>` (the 64 MiB boot disk is
     // below the default 16 GiB and has none).
     if used.action != "formatted" || !used.serial.starts_with("data-") {
         return Err(step(format!(
-            "{disk} paved on version {with_storage} but its storage status is {used:?}"
+            "{machine} paved on version {version} but its storage status is {used:?}"
         )));
     }
     say(&format!(
-        "disks: {disk} paved onto {} ({} bytes, formatted) in {:.1} s",
-        used.device,
-        used.size,
-        pave_onto_disk.as_secs_f64()
+        "disks: {machine} paved onto {} ({} bytes, formatted) in {pave_onto_disk}",
+        used.device, used.size
     ));
 
     say(&format!(
-        "disks: reboot {disk} (node container on its disk)"
+        "disks: reboot {machine} (node container on its disk)"
     ));
-    let reboot_from_disk = reboot(lab, &disk, "tb-disks-reboot-disk", timeout)?;
-    let used = storage_status(lab, &disk);
+    let reboot_from_disk = reboot(lab, machine, "tb-disks-reboot-disk", timeout)?;
+    let used = storage_status(lab, machine);
     if used.action != "reused" || used.container_reused != "true" {
         return Err(step(format!(
-            "{disk} rebooted but did not start its container from the disk: {used:?}"
+            "{machine} rebooted but did not start its container from the disk: {used:?}"
         )));
     }
     say(&format!(
-        "disks: {disk} Ready {:.1} s after its reboot (container started from {})",
-        reboot_from_disk.as_secs_f64(),
+        "disks: {machine} Ready {reboot_from_disk} after its reboot (container started from {})",
         used.device
     ));
 
     say(&format!(
-        "disks: deleting Machine {disk} (release: its disk is wiped first)"
+        "disks: deleting Machine {machine} (release: its disk is wiped first)"
     ));
     let domain = used.serial.trim_start_matches("data-").to_owned();
     let started = Instant::now();
-    lab.kubectl(&["delete", "machine", &disk, "--wait=false"], None)?;
+    lab.kubectl(&["delete", "machine", machine, "--wait=false"], None)?;
     let mut wiped = false;
     wait_until(
-        &format!("{disk}'s agent to wipe its disk and the Machine to go"),
+        &format!("{machine}'s agent to wipe its disk and the Machine to go"),
         timeout,
         || {
-            let state = get(lab, "machine", &disk, "{.status.agent.releaseWipe.state}");
+            let state = get(lab, "machine", machine, "{.status.agent.releaseWipe.state}");
             wiped |= state == "Wiped";
             let exists = lab
                 .kubectl(
-                    &["get", "machine", &disk, "--ignore-not-found", "-o", "name"],
+                    &[
+                        "get",
+                        "machine",
+                        machine,
+                        "--ignore-not-found",
+                        "-o",
+                        "name",
+                    ],
                     None,
                 )
                 .unwrap_or_default();
@@ -127,23 +185,15 @@ pub fn disks(lab: &Lab, timeout: Duration, say: &dyn Fn(&str)) -> Result<DiskFig
             )
         },
     )?;
-    let release = started.elapsed();
-    let left = disk_signatures(&domain)?;
+    let release = Timed::since(started);
+    let left = DataDisk::of(&domain, 0)?.signatures()?;
     if !left.is_empty() {
         return Err(step(format!(
-            "{disk} was released but its disk still carries: {left}"
+            "{machine} was released but its disk still carries: {left}"
         )));
     }
     say(&format!(
-        "disks: {disk} released in {:.1} s; its disk read back on the host: no signature left",
-        release.as_secs_f64()
-    ));
-    say(&format!(
-        "disks: reboot from RAM {:.1} s, pave onto a blank disk {:.1} s, reboot from disk {:.1} s, release with the wipe {:.1} s",
-        reboot_ram.as_secs_f64(),
-        pave_onto_disk.as_secs_f64(),
-        reboot_from_disk.as_secs_f64(),
-        release.as_secs_f64()
+        "disks: {machine} released in {release}; its disk read back on the host: no signature left"
     ));
     Ok(DiskFigures {
         reboot_ram,
@@ -153,19 +203,146 @@ pub fn disks(lab: &Lab, timeout: Duration, say: &dyn Fn(&str)) -> Result<DiskFig
     })
 }
 
-/// A `reboot` operation on `machine`, timed until its Node is Ready on the new boot: the
-/// agent reports a new boot ID and the Node a new one of its own (kubelet runs in the node
-/// container, whose boot ID systemd-nspawn makes up: it is not the host's).
-fn reboot(lab: &Lab, machine: &str, name: &str, timeout: Duration) -> Result<Duration, LabError> {
-    let boot_before = get(lab, "machine", machine, "{.status.agent.bootID}");
-    let node_boot_before = get(lab, "node", machine, "{.status.nodeInfo.bootID}");
-    lab.kubectl(
-        &["delete", "machineoperation", name, "--ignore-not-found"],
-        None,
+/// Steps 5–8 on `machine`, which has two data disks.
+fn wipe_policies(
+    lab: &Lab,
+    machine: &str,
+    timeout: Duration,
+    say: &dyn Fn(&str),
+) -> Result<(), LabError> {
+    say("disks: storage on the larger disk (minSizeGiB 22), wipe: never");
+    let never = new_version(
+        lab,
+        r#"{"spec":{"template":{"storage":{"disk":{"minSizeGiB":22},"wipe":"never"}}}}"#,
     )?;
-    let started = Instant::now();
-    operation(lab, name, machine, "reboot", "")?;
-    wait_complete(lab, name, timeout)?;
+    pin(lab, machine, never)?;
+    repave(lab, machine, timeout, say)?;
+    let used = storage_status(lab, machine);
+    // The second data disk's serial is `data2-<domain>` (the lab's VMs, `data_disk_serial`).
+    let domain = used
+        .serial
+        .strip_prefix("data2-")
+        .unwrap_or_default()
+        .to_owned();
+    if used.action != "formatted"
+        || domain.is_empty()
+        || used.serial != data_disk_serial(1, &domain)
+    {
+        return Err(step(format!(
+            "{machine} should have formatted its second disk (serial data2-<domain>) but its storage status is {used:?}"
+        )));
+    }
+    let chosen = DataDisk::of(&domain, 1)?;
+    let other = DataDisk::of(&domain, 0)?.signatures()?;
+    if !other.is_empty() {
+        return Err(step(format!(
+            "{machine}'s first disk, which no rule selected, was written: {other}"
+        )));
+    }
+    say(&format!(
+        "disks: {machine} paved onto {} ({}), its other disk untouched",
+        used.device, used.serial
+    ));
+
+    say(&format!(
+        "disks: shutting {machine} down to leave a file on its disk from the host"
+    ));
+    operation(lab, "tb-disks-shutdown", machine, "shutdown", "")?;
+    wait_complete(lab, "tb-disks-shutdown", timeout)?;
+    wait_until(&format!("{machine}'s VM shut off"), timeout, || {
+        let state = domain_state(&domain);
+        (state == "shut off", state)
+    })?;
+    chosen.write_file(TENANT_FILE)?;
+    let boot_before = get(lab, "machine", machine, "{.status.agent.bootID}");
+    operation(lab, "tb-disks-power-on", machine, "powerOn", "")?;
+    wait_complete(lab, "tb-disks-power-on", timeout)?;
+    wait_ready_on_new_boot(lab, machine, &boot_before, "", timeout)?;
+    let used = storage_status(lab, machine);
+    if used.action != "reused" || used.container_reused != "true" {
+        return Err(step(format!(
+            "{machine} was powered on but did not start its container from the disk: {used:?}"
+        )));
+    }
+
+    say(&format!("disks: repave {machine} with wipe: never"));
+    repave(lab, machine, timeout, say)?;
+    if !chosen.has_file(TENANT_FILE)? {
+        return Err(step(format!(
+            "{machine} was repaved with wipe: never but the file {TENANT_FILE} is gone"
+        )));
+    }
+    say(&format!("disks: {machine} repaved; {TENANT_FILE} kept"));
+
+    say("disks: wipe: always, applied with a repave");
+    let always = new_version(
+        lab,
+        r#"{"spec":{"template":{"storage":{"disk":{"minSizeGiB":22},"wipe":"always"}}}}"#,
+    )?;
+    pin(lab, machine, always)?;
+    repave(lab, machine, timeout, say)?;
+    let used = storage_status(lab, machine);
+    if chosen.has_file(TENANT_FILE)? {
+        return Err(step(format!(
+            "{machine} was repaved with wipe: always but {TENANT_FILE} is still there ({used:?})"
+        )));
+    }
+    say(&format!(
+        "disks: {machine} repaved with wipe: always ({}): {TENANT_FILE} gone",
+        used.action
+    ));
+    Ok(())
+}
+
+/// Applies `patch` to the lab's configuration and waits for the version it makes.
+fn new_version(lab: &Lab, patch: &str) -> Result<i64, LabError> {
+    let before = latest_version(lab);
+    patch_configuration(lab, patch)?;
+    let mut made = 0;
+    wait_until("a new version of testbed", Duration::from_secs(60), || {
+        made = latest_version(lab);
+        (made > before, made.to_string())
+    })?;
+    Ok(made)
+}
+
+fn latest_version(lab: &Lab) -> i64 {
+    get(
+        lab,
+        "machineconfiguration",
+        "testbed",
+        "{.status.latestVersion}",
+    )
+    .parse()
+    .unwrap_or(0)
+}
+
+fn configuration_version(lab: &Lab, machine: &str) -> Result<i64, LabError> {
+    let recorded = get(lab, "machine", machine, "{.status.configuration.version}");
+    recorded.parse().map_err(|_| {
+        step(format!(
+            "{machine} records no configuration version: {recorded:?}"
+        ))
+    })
+}
+
+fn domain_state(domain: &str) -> String {
+    Command::new("virsh")
+        .args(["-c", crate::bmc::LIBVIRT_URI, "domstate", domain])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// Waits until the agent of `machine` reports a boot other than `boot_before` and its Node,
+/// with a boot ID other than `node_boot_before`, is Ready.
+fn wait_ready_on_new_boot(
+    lab: &Lab,
+    machine: &str,
+    boot_before: &str,
+    node_boot_before: &str,
+    timeout: Duration,
+) -> Result<(), LabError> {
     wait_until(&format!("{machine} Ready on its new boot"), timeout, || {
         let boot = get(lab, "machine", machine, "{.status.agent.bootID}");
         let node_boot = get(lab, "node", machine, "{.status.nodeInfo.bootID}");
@@ -183,8 +360,24 @@ fn reboot(lab: &Lab, machine: &str, name: &str, timeout: Duration) -> Result<Dur
                 && ready == "True",
             format!("agent boot {boot}, Node boot {node_boot}, Ready {ready}"),
         )
-    })?;
-    Ok(started.elapsed())
+    })
+}
+
+/// A `reboot` operation on `machine`, timed until its Node is Ready on the new boot: the
+/// agent reports a new boot ID and the Node a new one of its own (kubelet runs in the node
+/// container, whose boot ID systemd-nspawn makes up: it is not the host's).
+fn reboot(lab: &Lab, machine: &str, name: &str, timeout: Duration) -> Result<Timed, LabError> {
+    let boot_before = get(lab, "machine", machine, "{.status.agent.bootID}");
+    let node_boot_before = get(lab, "node", machine, "{.status.nodeInfo.bootID}");
+    lab.kubectl(
+        &["delete", "machineoperation", name, "--ignore-not-found"],
+        None,
+    )?;
+    let started = Instant::now();
+    operation(lab, name, machine, "reboot", "")?;
+    wait_complete(lab, name, timeout)?;
+    wait_ready_on_new_boot(lab, machine, &boot_before, &node_boot_before, timeout)?;
+    Ok(Timed::since(started))
 }
 
 /// `status.agent.storage` as the scenario reads it.
@@ -215,42 +408,140 @@ fn storage_status(lab: &Lab, machine: &str) -> StorageStatus {
     }
 }
 
-/// The signatures (filesystems, partition tables) `wipefs` finds on the data disk of libvirt
-/// domain `domain`, read on the host from a raw copy of its qcow2 file; empty when none.
-fn disk_signatures(domain: &str) -> Result<String, LabError> {
-    let run = |command: &mut Command| -> Result<String, LabError> {
-        let out = command
-            .output()
-            .map_err(|e| step(format!("running {command:?}: {e}")))?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(step(format!(
-                "{command:?}: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )))
+/// A data disk of a lab VM, read and written on the host through a raw copy of its qcow2
+/// file (`qemu-img -U` reads it while the VM runs; the copy's journal is replayed when it is
+/// mounted).
+struct DataDisk {
+    file: PathBuf,
+}
+
+impl DataDisk {
+    /// Data disk `index` of libvirt domain `domain`.
+    fn of(domain: &str, index: usize) -> Result<Self, LabError> {
+        let target = data_disk_target(index);
+        let disks = run(Command::new("virsh").args([
+            "-c",
+            crate::bmc::LIBVIRT_URI,
+            "domblklist",
+            domain,
+            "--details",
+        ]))?;
+        let file = disks
+            .lines()
+            .map(str::split_whitespace)
+            .find_map(|mut f| match (f.next(), f.next(), f.next(), f.next()) {
+                (Some("file"), Some("disk"), Some(t), Some(path)) if t == target => {
+                    Some(PathBuf::from(path))
+                }
+                _ => None,
+            })
+            .ok_or_else(|| step(format!("{domain} has no data disk {target}: {disks}")))?;
+        Ok(Self { file })
+    }
+
+    fn raw_copy(&self, dir: &Path) -> Result<PathBuf, LabError> {
+        let raw = dir.join("data.raw");
+        run(Command::new("qemu-img")
+            .args(["convert", "-U", "-O", "raw"])
+            .arg(&self.file)
+            .arg(&raw))?;
+        Ok(raw)
+    }
+
+    /// The signatures (filesystems, partition tables) `wipefs` finds; empty when none.
+    fn signatures(&self) -> Result<String, LabError> {
+        let dir = tempfile::tempdir().map_err(|e| step(e.to_string()))?;
+        let raw = self.raw_copy(dir.path())?;
+        // Without -a, wipefs only lists what it would erase.
+        Ok(run(Command::new("wipefs").arg(&raw))?.trim().to_owned())
+    }
+
+    /// Whether the filesystem the agent made (label `unbounded`) holds `name` at its root.
+    fn has_file(&self, name: &str) -> Result<bool, LabError> {
+        let dir = tempfile::tempdir().map_err(|e| step(e.to_string()))?;
+        let raw = self.raw_copy(dir.path())?;
+        let mounted = Mounted::filesystem_of(&raw, &dir.path().join("mnt"))?;
+        let found = mounted.path.join(name).exists();
+        mounted.release()?;
+        Ok(found)
+    }
+
+    /// Writes `name` at the root of the agent's filesystem; the VM must be off.
+    fn write_file(&self, name: &str) -> Result<(), LabError> {
+        let dir = tempfile::tempdir().map_err(|e| step(e.to_string()))?;
+        let raw = self.raw_copy(dir.path())?;
+        let mounted = Mounted::filesystem_of(&raw, &dir.path().join("mnt"))?;
+        std::fs::write(mounted.path.join(name), "a previous tenant's data\n")
+            .map_err(|e| step(format!("writing {name} onto the disk: {e}")))?;
+        mounted.release()?;
+        let back = dir.path().join("data.qcow2");
+        run(Command::new("qemu-img")
+            .args(["convert", "-O", "qcow2"])
+            .arg(&raw)
+            .arg(&back))?;
+        std::fs::copy(&back, &self.file)
+            .map(|_| ())
+            .map_err(|e| step(format!("writing {}: {e}", self.file.display())))
+    }
+}
+
+/// The filesystem labelled `unbounded` of a raw disk image, mounted through a loop device.
+struct Mounted {
+    path: PathBuf,
+    device: String,
+}
+
+impl Mounted {
+    fn filesystem_of(raw: &Path, at: &Path) -> Result<Self, LabError> {
+        std::fs::create_dir_all(at).map_err(|e| step(e.to_string()))?;
+        let device = run(Command::new("losetup")
+            .args(["--find", "--show", "--partscan"])
+            .arg(raw))?
+        .trim()
+        .to_owned();
+        let listing = run(Command::new("lsblk").args(["-lnpo", "NAME,LABEL", &device]));
+        let filesystem = listing.as_ref().ok().and_then(|l| {
+            l.lines().find_map(|line| {
+                let mut f = line.split_whitespace();
+                match (f.next(), f.next()) {
+                    (Some(name), Some("unbounded")) => Some(name.to_owned()),
+                    _ => None,
+                }
+            })
+        });
+        let Some(filesystem) = filesystem else {
+            let _ = run(Command::new("losetup").args(["-d", &device]));
+            return Err(step(format!(
+                "no filesystem labelled unbounded on the disk: {listing:?}"
+            )));
+        };
+        if let Err(e) = run(Command::new("mount").arg(&filesystem).arg(at)) {
+            let _ = run(Command::new("losetup").args(["-d", &device]));
+            return Err(e);
         }
-    };
-    let disks = run(Command::new("virsh").args([
-        "-c",
-        crate::bmc::LIBVIRT_URI,
-        "domblklist",
-        domain,
-        "--details",
-    ]))?;
-    let file = disks
-        .lines()
-        .map(str::split_whitespace)
-        .find_map(|mut f| match (f.next(), f.next(), f.next(), f.next()) {
-            (Some("file"), Some("disk"), Some("vdb"), Some(path)) => Some(path.to_owned()),
-            _ => None,
+        Ok(Self {
+            path: at.to_path_buf(),
+            device,
         })
-        .ok_or_else(|| step(format!("{domain} has no data disk vdb: {disks}")))?;
-    let copy = tempfile::tempdir().map_err(|e| step(e.to_string()))?;
-    let raw = copy.path().join("data.raw");
-    run(Command::new("qemu-img")
-        .args(["convert", "-O", "raw", &file])
-        .arg(&raw))?;
-    // Without -a, wipefs only lists what it would erase.
-    Ok(run(Command::new("wipefs").arg(&raw))?.trim().to_owned())
+    }
+
+    fn release(self) -> Result<(), LabError> {
+        run(Command::new("umount").arg(&self.path))?;
+        run(Command::new("losetup").args(["-d", &self.device]))?;
+        Ok(())
+    }
+}
+
+fn run(command: &mut Command) -> Result<String, LabError> {
+    let out = command
+        .output()
+        .map_err(|e| step(format!("running {command:?}: {e}")))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(step(format!(
+            "{command:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
 }

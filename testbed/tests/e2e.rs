@@ -4,8 +4,9 @@
 //! this build pulled from the lab's registry; the bootserver's pod powers two VMs (BIOS
 //! through Redfish, UEFI through IPMI) through their BMCs and boots them, and they become
 //! Ready Nodes. Then the reduced day-2 scenario of the appliance runs: a rolling update
-//! repaves both machines in one batch, and the leading controller pod is deleted in the
-//! middle of it; both come back Ready on the new version.
+//! repaves both machines in one batch onto their data disks (`storage: {}`), and the leading
+//! controller pod is deleted in the middle of it; both come back Ready on the new version,
+//! their node state on the disk.
 //!
 //! The host, node and container images come from the image cache (`unbounded-testbed
 //! images --containers`, which the test command runs first); the controller binary that the
@@ -80,9 +81,12 @@ fn the_appliance_runs_deploy_as_pods_that_boot_machines_to_ready_nodes() {
     scenario::check_running_and_annotated(&lab, 1)
         .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
     // The reduced leader-failover: both machines repave in one batch (the scenario command
-    // rolls them one at a time), and the leading controller pod is deleted mid-rollout.
-    let failover = appliance_scenarios::leader_failover(&lab, 2, Duration::from_secs(420), &say)
-        .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
+    // rolls them one at a time), and the leading controller pod is deleted mid-rollout. The
+    // new version also puts the node's state on each machine's data disk (the reduced
+    // `disks` scenario: the pave onto a blank disk, at no extra VM time).
+    let failover =
+        appliance_scenarios::leader_failover(&lab, 2, true, Duration::from_secs(420), &say)
+            .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
     eprintln!(
         "leader failover: {} → {} in {:.1} s (bound {} s); rollout {:.0} s",
         failover.old_leader,

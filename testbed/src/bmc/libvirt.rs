@@ -142,9 +142,24 @@ pub struct DomainOptions {
     pub vcpus: u32,
     /// Boot from the network after the (empty) disk, on every boot.
     pub network_fallback: bool,
-    /// A second, blank virtio disk of this many GiB (`vdb`, sparse qcow2: it costs what is
-    /// written), outside the boot order, for the node's state (`spec.template.storage`).
-    pub data_disk_gib: Option<u32>,
+    /// Blank virtio disks of these many GiB (`vdb`, `vdc`, …; sparse qcow2: each costs what
+    /// is written), outside the boot order, for the node's state (`spec.template.storage`).
+    /// The first has the serial `data-<domain>`, the next `data2-<domain>`, and so on.
+    pub data_disks_gib: Vec<u32>,
+}
+
+/// The kernel name of the lab's `index`th data disk (`vdb` first: `vda` is the boot disk).
+pub fn data_disk_target(index: usize) -> String {
+    let letter = u8::try_from(index).map_or('z', |i| char::from(b'b'.saturating_add(i).min(b'z')));
+    format!("vd{letter}")
+}
+
+/// The serial of data disk `index` of domain `domain`: `data-<domain>`, then `data2-<domain>`…
+pub fn data_disk_serial(index: usize, domain: &str) -> String {
+    match index {
+        0 => format!("data-{domain}"),
+        _ => format!("data{}-{domain}", index + 1),
+    }
 }
 
 impl Default for DomainOptions {
@@ -154,7 +169,7 @@ impl Default for DomainOptions {
             memory_mib: 512,
             vcpus: 1,
             network_fallback: false,
-            data_disk_gib: None,
+            data_disks_gib: Vec::new(),
         }
     }
 }
@@ -199,22 +214,22 @@ impl Domain {
             .args(["create", "-q", "-f", "qcow2"])
             .arg(&disk)
             .arg("64M"))?;
-        let data_disk = match options.data_disk_gib {
-            Some(gib) => {
-                let path = dir.path().join("data.qcow2");
-                run(Command::new("qemu-img")
-                    .args(["create", "-q", "-f", "qcow2"])
-                    .arg(&path)
-                    .arg(format!("{gib}G")))?;
-                // discard='unmap': the agent's wipe (blkdiscard) reaches the file, and a test
-                // reading the disk back sees what the guest left.
-                format!(
-                    "<disk type='file' device='disk'><driver name='qemu' type='qcow2' discard='unmap'/><source file='{}'/><target dev='vdb' bus='virtio'/><serial>data-{name}</serial></disk>",
-                    path.display()
-                )
-            }
-            None => String::new(),
-        };
+        let mut data_disks = String::new();
+        for (index, gib) in options.data_disks_gib.iter().enumerate() {
+            let path = dir.path().join(format!("data{index}.qcow2"));
+            run(Command::new("qemu-img")
+                .args(["create", "-q", "-f", "qcow2"])
+                .arg(&path)
+                .arg(format!("{gib}G")))?;
+            // discard='unmap': the agent's wipe (blkdiscard) reaches the file, and a test
+            // reading the disk back sees what the guest left.
+            data_disks.push_str(&format!(
+                "<disk type='file' device='disk'><driver name='qemu' type='qcow2' discard='unmap'/><source file='{}'/><target dev='{}' bus='virtio'/><serial>{}</serial></disk>",
+                path.display(),
+                data_disk_target(index),
+                data_disk_serial(index, name),
+            ));
+        }
         let console = dir.path().join("console.log");
         let (loader, machine) = if uefi {
             let vars = dir.path().join("OVMF_VARS.fd");
@@ -262,7 +277,7 @@ impl Domain {
     <disk type='file' device='disk'>
       <driver name='qemu' type='qcow2'/><source file='{disk}'/><target dev='vda' bus='virtio'/>
     </disk>
-    {data_disk}
+    {data_disks}
     <interface type='bridge'>
       <mac address='{mac}'/><source bridge='{bridge}'/><model type='virtio'/>
     </interface>

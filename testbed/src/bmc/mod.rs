@@ -112,6 +112,6 @@ mod redfish;
 pub use ipmi::IpmiSim;
 pub use libvirt::{
     Domain, DomainOptions, LIBVIRT_URI, LIBVIRTD_LOCK, Libvirtd, MachineLock, TEST_DOMAIN_PREFIX,
-    virsh,
+    data_disk_serial, data_disk_target, virsh,
 };
 pub use redfish::SushyEmulator;

@@ -33,6 +33,18 @@ use crate::process::Process;
 /// Every lab machine's blank data disk (`vdb`), for configurations with
 /// `template.storage` (the `disks` scenario); unused otherwise.
 pub const LAB_DATA_DISK_GIB: u32 = 20;
+/// The second data disk (`vdc`) of every even-numbered lab machine (the UEFI ones): the lab
+/// has machines with one disk and with two, and a rule such as `minSizeGiB: 22` picks it.
+pub const LAB_SECOND_DATA_DISK_GIB: u32 = 24;
+
+/// The data disks of lab machine `index` (from 1): one, or two on even-numbered machines.
+pub fn lab_data_disks(index: usize) -> Vec<u32> {
+    if index.is_multiple_of(2) {
+        vec![LAB_DATA_DISK_GIB, LAB_SECOND_DATA_DISK_GIB]
+    } else {
+        vec![LAB_DATA_DISK_GIB]
+    }
+}
 /// The BMC user and password of the emulators (test credentials, in a Secret).
 const BMC_USER: &str = "admin";
 // At most 16 characters: IPMI 1.5 and some BMCs (ipmi_sim among them) stop there.
@@ -237,7 +249,7 @@ impl Lab {
                     memory_mib: options.memory_mib,
                     vcpus: 1,
                     network_fallback: true,
-                    data_disk_gib: Some(LAB_DATA_DISK_GIB),
+                    data_disks_gib: lab_data_disks(i),
                 },
             )
             .map_err(|e| step(e.to_string()))?;
