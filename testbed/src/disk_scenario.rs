@@ -499,24 +499,27 @@ impl Mounted {
             .arg(raw))?
         .trim()
         .to_owned();
-        let listing = run(Command::new("lsblk").args(["-lnpo", "NAME,LABEL", &device]));
-        let filesystem = listing.as_ref().ok().and_then(|l| {
-            l.lines().find_map(|line| {
-                let mut f = line.split_whitespace();
-                match (f.next(), f.next()) {
-                    (Some(name), Some("unbounded")) => Some(name.to_owned()),
-                    _ => None,
-                }
-            })
-        });
-        let Some(filesystem) = filesystem else {
+        // No udev here: partx makes the partitions' device nodes, and blkid (not lsblk,
+        // which reads udev's database) reads their labels.
+        let detach = || {
+            let _ = run(Command::new("partx").args(["-d", &device]));
             let _ = run(Command::new("losetup").args(["-d", &device]));
+        };
+        let _ = run(Command::new("partx").args(["-u", &device]));
+        let listing =
+            run(Command::new("lsblk").args(["-lnpo", "NAME", &device])).unwrap_or_default();
+        let filesystem = listing.split_whitespace().find(|name| {
+            run(Command::new("blkid").args(["-o", "value", "-s", "LABEL", name]))
+                .is_ok_and(|label| label.trim() == "unbounded")
+        });
+        let Some(filesystem) = filesystem.map(str::to_owned) else {
+            detach();
             return Err(step(format!(
-                "no filesystem labelled unbounded on the disk: {listing:?}"
+                "no filesystem labelled unbounded on the disk (devices: {listing:?})"
             )));
         };
         if let Err(e) = run(Command::new("mount").arg(&filesystem).arg(at)) {
-            let _ = run(Command::new("losetup").args(["-d", &device]));
+            detach();
             return Err(e);
         }
         Ok(Self {
@@ -527,6 +530,7 @@ impl Mounted {
 
     fn release(self) -> Result<(), LabError> {
         run(Command::new("umount").arg(&self.path))?;
+        let _ = run(Command::new("partx").args(["-d", &self.device]));
         run(Command::new("losetup").args(["-d", &self.device]))?;
         Ok(())
     }
