@@ -626,7 +626,10 @@ mod tests {
         }
     }
 
-    fn fold_all(reads: &[(FactSource, bool, bool)]) -> MachineInventorySpec {
+    /// A read in a sequence: its source, and whether it has a system and a firmware section.
+    type Read = (FactSource, bool, bool);
+
+    fn fold_all(reads: &[Read]) -> MachineInventorySpec {
         let mut spec = MachineInventorySpec::default();
         for (i, (source, system, firmware)) in reads.iter().enumerate() {
             let at = i64::try_from(i).unwrap() + 1;
@@ -645,12 +648,8 @@ mod tests {
             |spec: &MachineInventorySpec| spec.system.as_ref().and_then(|s| s.serial.clone());
         let firmware_source =
             |spec: &MachineInventorySpec| spec.firmware.as_ref().map(|f| f.origin.source);
-        let cases: [(
-            &str,
-            Vec<(FactSource, bool, bool)>,
-            Option<&str>,
-            Option<FactSource>,
-        ); 7] = [
+        type Case<'a> = (&'a str, Vec<Read>, Option<&'a str>, Option<FactSource>);
+        let cases: [Case<'_>; 7] = [
             (
                 "Redfish first, then in band: in band replaces",
                 vec![(Redfish, true, false), (InBand, true, true)],
@@ -751,7 +750,7 @@ mod tests {
         fn folding_never_keeps_a_stale_or_outranked_section(
             reads in proptest::collection::vec((source(), proptest::bool::ANY), 1..24)
         ) {
-            let full: Vec<(FactSource, bool, bool)> = reads.iter().map(|(s, sys)| (*s, *sys, false)).collect();
+            let full: Vec<Read> = reads.iter().map(|(s, sys)| (*s, *sys, false)).collect();
             let spec = fold_all(&full);
             let latest = |source: FactSource| reads.iter().rposition(|(s, _)| *s == source);
             if let Some(system) = &spec.system {
