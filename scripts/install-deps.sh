@@ -22,6 +22,8 @@ packages=(
   # the agent's storage tests on loop devices (sfdisk; wipefs, blkdiscard, partx and mkfs.ext4
   # come with util-linux and e2fsprogs)
   fdisk util-linux e2fsprogs
+  # a real LLDP sender: the agent's LLDP capture test, the discovery scenario's switch
+  lldpd
 )
 
 missing=()

@@ -1,6 +1,7 @@
 //! Inspection mode (`unbounded.inspect=1` on the kernel command line): the boot an unknown
 //! server gets with discovery on. The agent has no Machine name, no nonce and asks for no
-//! credentials: it reads the machine ([`crate::inventory::collect`]), posts the report to
+//! credentials: it reads the machine and listens for its switches' LLDP frames
+//! ([`crate::inventory::collect_with_lldp`]), posts the report to
 //! the bootserver (`POST /discovery/inventory`) and waits, posting again every
 //! [`REREPORT`] so that a changed machine (a disk added while it waits) is described afresh.
 //!
@@ -164,8 +165,16 @@ pub async fn run(bootserver: &str, boot_mac: Option<String>, root: &std::path::P
     loop {
         let now =
             k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(unbounded_api::condition::now());
-        let inventory =
-            crate::inventory::collect(root, std::env::consts::ARCH, boot_mac.as_deref(), now);
+        // Listening for LLDP first delays a report by at most 35 s (the switches' default
+        // interval), once per report: a discovered Machine then names its switch ports.
+        let inventory = crate::inventory::collect_with_lldp(
+            root,
+            std::env::consts::ARCH,
+            boot_mac.as_deref(),
+            now,
+            crate::inventory::lldp_capture::DEFAULT_WAIT,
+        )
+        .await;
         let report = DiscoveryReport {
             boot_mac: boot_mac.clone().unwrap_or_default(),
             inventory,

@@ -125,6 +125,7 @@ pub async fn run(identity: Identity, paths: Paths) -> Result<(), AgentError> {
     );
     let versions: Api<MachineConfigurationVersion> = Api::all(client.clone());
     let mut reconciler = Reconciler::new(&paths.state, &boot_id);
+    let inventory = crate::inventory_refresh::Refresher::default();
     loop {
         let machine = machine_rx.borrow_and_update().clone();
         let node_object = node_rx.borrow_and_update().clone();
@@ -140,6 +141,7 @@ pub async fn run(identity: Identity, paths: Paths) -> Result<(), AgentError> {
             if let Some(role) = role {
                 consider_operations(&ctx, &role, &machine);
             }
+            inventory.consider(&client, &machine);
         }
         tokio::select! {
             _ = machine_rx.changed() => {}

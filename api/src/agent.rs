@@ -81,7 +81,8 @@ fn rule(resource: &str, verbs: &[&str], names: &BTreeSet<String>, core: bool) ->
 
 impl AgentAccess {
     /// The role's rules. Lists and watches are allowed by name (`fieldSelector
-    /// metadata.name=…`); writes only to status subresources, and `delete` of its own Node
+    /// metadata.name=…`); writes only to status subresources and to its own
+    /// MachineInventory, and `delete` of its own Node
     /// (a repave removes the Node that the old kubelet re-registered, whose labels kubelet
     /// would never update). Empty sets give no rule.
     pub fn rules(&self) -> Vec<PolicyRule> {
@@ -112,6 +113,15 @@ impl AgentAccess {
         if let Some(roles) = rules.last_mut() {
             roles.api_groups = Some(vec!["rbac.authorization.k8s.io".to_owned()]);
         }
+        // Its own MachineInventory (the in-band facts; the admission policy keeps the
+        // other sources' sections as they are). `create` by name works for the apply that
+        // creates it (the API server checks it with the object's name).
+        rules.push(rule(
+            "machineinventories",
+            &["get", "create", "patch", "update"],
+            &one(&self.machine),
+            false,
+        ));
         if !self.versions.is_empty() {
             rules.push(rule(
                 "machineconfigurationversions",
@@ -260,12 +270,12 @@ mod tests {
             rules
                 .iter()
                 .filter(|r| r.verbs.iter().any(|v| v == "patch"))
-                .all(|r| r
-                    .resources
-                    .as_ref()
-                    .is_some_and(|res| res.iter().all(|x| x.ends_with("/status")))),
-            "writes only to status"
+                .all(|r| r.resources.as_ref().is_some_and(|res| res
+                    .iter()
+                    .all(|x| x.ends_with("/status") || x == "machineinventories"))),
+            "writes only to status and to its own inventory"
         );
+        assert_eq!(names("machineinventories"), ["m1"]);
         let idle = AgentAccess {
             machine: "m1".into(),
             node: "m1".into(),

@@ -69,6 +69,12 @@ pub mod annotations {
     /// without waiting for the agent's wipe of its disks, or after the wipe failed or timed
     /// out. For a person who has wiped the disks by other means or accepts that they are not.
     pub const RELEASE_WITHOUT_WIPE: &str = "unbounded-cloud.io/release-without-wipe";
+    /// On a Machine: a request to read its inventory again, as any value that differs from
+    /// the last request's (`$(date +%s)`, say). The bootserver reads the BMC over Redfish
+    /// again, and the agent of a running machine reads the machine in band again; each
+    /// records the value it answered in the MachineInventory's `reads` (one per source), so
+    /// the annotation stays, a restart repeats nothing and a new value asks again.
+    pub const REINSPECT: &str = "unbounded-cloud.io/reinspect";
 }
 
 /// Finalizers.

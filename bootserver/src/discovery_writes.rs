@@ -28,9 +28,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
-use unbounded_api::inventory::{
-    DiscoveryReport, FactOrigin, FactSource, MachineInventory, hardware_labels,
-};
+use unbounded_api::inventory::{DiscoveryReport, FactOrigin, FactSource, hardware_labels};
 use unbounded_api::{Architecture, Machine};
 
 use crate::backend::MacAddr;
@@ -380,22 +378,7 @@ impl DiscoveryWriter {
         if !discovery::is_waiting(seen.labels()) {
             return Err(DiscoveryError::ClaimedMeanwhile(name.to_owned()));
         }
-        let fresh = hardware_labels(&inventory);
-        // Hardware labels the new inventory no longer gives are removed (null in a merge
-        // patch); every other label is left alone.
-        let mut labels: serde_json::Map<String, serde_json::Value> = seen
-            .labels()
-            .keys()
-            .filter(|k| {
-                k.starts_with(unbounded_api::inventory::labels::PREFIX) && !fresh.contains_key(*k)
-            })
-            .map(|k| (k.clone(), serde_json::Value::Null))
-            .collect();
-        labels.extend(
-            fresh
-                .into_iter()
-                .map(|(k, v)| (k, serde_json::Value::String(v))),
-        );
+        let labels = hardware_label_patch(seen.labels(), &inventory);
         // Bound to the version at which the index saw it waiting: a claim since then makes
         // the API server answer 409, and nothing changes.
         let patch = serde_json::json!({
@@ -416,34 +399,55 @@ impl DiscoveryWriter {
         self.write_inventory(&machine, inventory).await
     }
 
-    /// Applies the MachineInventory of `machine` (owned by it, so deleted with it).
+    /// Folds the in-band report into the MachineInventory of `machine` (created, owned by
+    /// it, when absent), by the rule every source's writer follows
+    /// ([`unbounded_runtime::inventory::fold_into`]).
     async fn write_inventory(
         &self,
         machine: &Machine,
         spec: unbounded_api::inventory::MachineInventorySpec,
     ) -> Result<(), DiscoveryError> {
-        let owner = serde_json::json!({
-            "apiVersion": "unbounded-cloud.io/v1alpha1",
-            "kind": "Machine",
-            "name": machine.name_any(),
-            "uid": machine.uid().unwrap_or_default(),
-        });
-        let object = serde_json::json!({
-            "apiVersion": "unbounded-cloud.io/v1alpha1",
-            "kind": "MachineInventory",
-            "metadata": {"name": machine.name_any(), "ownerReferences": [owner]},
-            "spec": spec,
-        });
-        Api::<MachineInventory>::all(self.client.clone())
-            .patch(
-                &machine.name_any(),
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&object),
-            )
+        let record = unbounded_api::inventory::InventoryRead {
+            source: FactSource::InBand,
+            observed_at: Time(unbounded_api::condition::now()),
+            reinspection: None,
+        };
+        unbounded_runtime::inventory::fold_into(&self.client, machine, spec, record, FIELD_MANAGER)
             .await
-            .map_err(|e| rejected_or_failed("MachineInventory", e))?;
-        Ok(())
+            .map(drop)
+            .map_err(|error| match error {
+                unbounded_runtime::inventory::InventoryWriteError::Kube { source, .. } => {
+                    rejected_or_failed("MachineInventory", source)
+                }
+                other => DiscoveryError::Rejected {
+                    what: "MachineInventory",
+                    message: other.to_string(),
+                },
+            })
     }
+}
+
+/// The `metadata.labels` of a merge patch that gives a Machine the hardware labels of
+/// `inventory`: hardware labels it no longer gives are removed (null), every label outside
+/// `hardware.unbounded-cloud.io/` is left alone.
+pub fn hardware_label_patch(
+    current: &std::collections::BTreeMap<String, String>,
+    inventory: &unbounded_api::inventory::MachineInventorySpec,
+) -> serde_json::Map<String, serde_json::Value> {
+    let fresh = hardware_labels(inventory);
+    let mut labels: serde_json::Map<String, serde_json::Value> = current
+        .keys()
+        .filter(|k| {
+            k.starts_with(unbounded_api::inventory::labels::PREFIX) && !fresh.contains_key(*k)
+        })
+        .map(|k| (k.clone(), serde_json::Value::Null))
+        .collect();
+    labels.extend(
+        fresh
+            .into_iter()
+            .map(|(k, v)| (k, serde_json::Value::String(v))),
+    );
+    labels
 }
 
 #[cfg(test)]

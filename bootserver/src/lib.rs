@@ -40,6 +40,7 @@ pub mod power;
 pub mod preflight;
 pub mod pxe_provider;
 pub mod ra;
+pub mod redfish_inspection;
 pub mod server;
 pub mod tftp;
 pub mod tls;

@@ -8,7 +8,9 @@
 //! - delete: power off (graceful, forced after `gracefulShutdownSeconds`), once the
 //!   controller has drained and deleted the Node. The DHCP reservation goes with the Machine.
 //! - operations `powerOn`, `powerOff`, `powerCycle` and `pxeBoot` (one-time PXE, then a
-//!   power cycle; or power on when off).
+//!   power cycle; or power on when off);
+//! - the out-of-band inventory of Machines with a Redfish BMC
+//!   ([`crate::redfish_inspection`]), through the same drivers and gates.
 //!
 //! Credentials come from the Machine's Secret (keys `username` and `password`), read from a
 //! watch of its namespace ([`crate::bmc_secrets`]), so a rotated password takes effect as
@@ -288,6 +290,29 @@ impl PxeProvider {
     }
 }
 
+impl PxeProvider {
+    /// Reads the Machine's inventory documents from its BMC when it is a Redfish BMC (`None`
+    /// for IPMI): through the same driver, credentials and one-at-a-time gate as power.
+    pub async fn redfish_documents(
+        &self,
+        machine: &Machine,
+    ) -> Result<Option<crate::power::redfish_inventory::RedfishDocuments>, ProviderError> {
+        let (bmc, address, _) = self.bmc_of(machine).await?;
+        let Bmc::Redfish(redfish) = bmc.as_ref() else {
+            return Ok(None);
+        };
+        let gate = self.gate(&address);
+        let _permit = gate
+            .acquire()
+            .await
+            .map_err(|_| failure("ShuttingDown", "the provider is stopping"))?;
+        with_retries(self.settings.backoff, || redfish.inventory_documents())
+            .await
+            .map(Some)
+            .map_err(power_failure)
+    }
+}
+
 /// What to do with a machine's power.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PowerAction {
@@ -489,12 +514,14 @@ pub async fn run(client: Client, settings: PowerSettings) {
             tracing::error!(%error, "the power operation handler stopped");
         }
     };
+    let inspection = crate::redfish_inspection::run(client.clone(), provider.clone());
     let provider_loop =
         unbounded_runtime::provider::run(client, SharedProvider(provider), settings.loop_settings);
     tokio::select! {
         () = reflect => tracing::error!("the Machine watch of the PXE provider ended"),
         () = operations => {}
         () = provider_loop => tracing::error!("the PXE provider loop ended"),
+        () = inspection => tracing::error!("the Redfish inventory reads ended"),
     }
 }
 

@@ -11,9 +11,11 @@
 //!   until) the agent's wipe of its disks;
 //! - [`handler`]: claiming, running and finishing the MachineOperations routed to an agent or
 //!   a provider;
-//! - [`tokens`]: minting an agent's ServiceAccount token and kubelet's bootstrap token.
+//! - [`tokens`]: minting an agent's ServiceAccount token and kubelet's bootstrap token;
+//! - [`inventory`]: folding one source's read into a Machine's `MachineInventory`.
 
 pub mod handler;
+pub mod inventory;
 pub mod leader;
 pub mod provider;
 pub mod release;

@@ -4,7 +4,8 @@
 //!
 //! The parsers are pure functions over text or bytes ([`procfs`], [`lldp`]) or over a root
 //! directory ([`sysfs`]), so that tests run them on fixture trees; [`collect`] reads a root
-//! (`/` on a machine) and assembles. Nothing here needs credentials: the inspection boot runs
+//! (`/` on a machine) and assembles; [`collect_with_lldp`] also listens for the switches'
+//! LLDP frames on the NICs whose link is up ([`lldp_capture`], at most 35 s in all). Nothing here needs credentials: the inspection boot runs
 //! it before the machine is claimed, and posts the result to the bootserver's discovery
 //! endpoint.
 
@@ -17,6 +18,7 @@ use unbounded_api::inventory::{
 };
 
 pub mod lldp;
+pub mod lldp_capture;
 pub mod procfs;
 pub mod sysfs;
 
@@ -77,5 +79,32 @@ pub fn collect(root: &Path, arch: &str, boot_mac: Option<&str>, now: Time) -> Ma
             mode,
             secure_boot,
         }),
+        reads: Vec::new(),
     }
+}
+
+/// [`collect`], then listens for LLDP on the NICs whose link is up (all at once, at most
+/// `lldp_wait`; see [`lldp_capture`] for why 35 s) and puts each switch port heard on its NIC.
+/// `root` is `/` on a machine: the sockets listen on this machine's interfaces.
+pub async fn collect_with_lldp(
+    root: &Path,
+    arch: &str,
+    boot_mac: Option<&str>,
+    now: Time,
+    lldp_wait: std::time::Duration,
+) -> MachineInventorySpec {
+    let mut inventory = collect(root, arch, boot_mac, now);
+    if let Some(nics) = inventory.nics.as_mut() {
+        let listeners = lldp_capture::listeners(nics);
+        if !listeners.is_empty() {
+            let heard = lldp_capture::capture(&listeners, lldp_wait).await;
+            println!(
+                "unbounded-agent: LLDP: heard a switch on {} of {} NICs with link",
+                heard.len(),
+                listeners.len()
+            );
+            lldp_capture::attach(nics, &heard);
+        }
+    }
+    inventory
 }

@@ -109,6 +109,27 @@ pub struct MachineInventorySpec {
     /// Firmware mode and Secure Boot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub firmware: Option<FirmwareFacts>,
+    /// The last read of each source (at most one per source): when it happened and which
+    /// re-inspection request it answered. Written by whoever read, never taken from a
+    /// discovery report.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 3))]
+    pub reads: Vec<InventoryRead>,
+}
+
+/// One source's last read of the machine.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InventoryRead {
+    /// The source.
+    pub source: FactSource,
+    /// When it read.
+    pub observed_at: Time,
+    /// The Machine's `unbounded-cloud.io/reinspect` value this read answered (the value the
+    /// Machine had when the read began), absent when none was asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
+    pub reinspection: Option<String>,
 }
 
 /// Where a section of facts came from.
@@ -467,6 +488,8 @@ impl MachineInventorySpec {
         for slot in origins.into_iter().flatten() {
             *slot = origin.clone();
         }
+        // What a report claims about past reads is not kept either.
+        self.reads.clear();
     }
 
     /// The MAC addresses of the inventory's NICs, lower case, sorted, deduplicated.
@@ -482,41 +505,66 @@ impl MachineInventorySpec {
         macs
     }
 
-    /// Overlays `other`'s sections on this one: a section `other` has replaces this one's, so
-    /// that a Redfish read and an in-band report can fill one inventory, each section keeping
-    /// its own origin.
-    pub fn merge(&mut self, other: MachineInventorySpec) {
-        let MachineInventorySpec {
-            cpu,
-            memory,
-            disks,
-            nics,
-            system,
-            pci,
-            firmware,
-        } = other;
-        if cpu.is_some() {
-            self.cpu = cpu;
+    /// Folds one source's read into the inventory; the one rule by which every writer (the
+    /// bootserver's discovery and Redfish reads, the agent's refresh) combines sources:
+    /// - a section the read has replaces the current one, unless the current one comes from
+    ///   a source that [`outranks`] the read's (in band over Redfish over IPMI FRU);
+    /// - a section the read lacks is removed if the read's source wrote it (that source no
+    ///   longer sees it), and kept if another source did;
+    /// - the read is recorded in `reads`, replacing that source's previous record.
+    ///
+    /// Each section keeps the origin of the source it came from, so the result says which
+    /// source each fact came from and when.
+    pub fn fold(&mut self, read: MachineInventorySpec, record: InventoryRead) {
+        let source = record.source;
+        fn one<T>(
+            current: &mut Option<T>,
+            incoming: Option<T>,
+            source: FactSource,
+            origin: impl Fn(&T) -> FactSource,
+        ) {
+            let current_source = current.as_ref().map(&origin);
+            match (incoming, current_source) {
+                (Some(_), Some(held)) if outranks(held, source) => {}
+                (Some(section), _) => *current = Some(section),
+                (None, Some(held)) if held == source => *current = None,
+                (None, _) => {}
+            }
         }
-        if memory.is_some() {
-            self.memory = memory;
-        }
-        if disks.is_some() {
-            self.disks = disks;
-        }
-        if nics.is_some() {
-            self.nics = nics;
-        }
-        if system.is_some() {
-            self.system = system;
-        }
-        if pci.is_some() {
-            self.pci = pci;
-        }
-        if firmware.is_some() {
-            self.firmware = firmware;
-        }
+        one(&mut self.cpu, read.cpu, source, |s| s.origin.source);
+        one(&mut self.memory, read.memory, source, |s| s.origin.source);
+        one(&mut self.disks, read.disks, source, |s| s.origin.source);
+        one(&mut self.nics, read.nics, source, |s| s.origin.source);
+        one(&mut self.system, read.system, source, |s| s.origin.source);
+        one(&mut self.pci, read.pci, source, |s| s.origin.source);
+        one(&mut self.firmware, read.firmware, source, |s| {
+            s.origin.source
+        });
+        self.reads.retain(|r| r.source != source);
+        self.reads.push(record);
+        self.reads.sort_by_key(|r| rank(r.source));
     }
+
+    /// The read recorded for `source`, if any.
+    pub fn read_of(&self, source: FactSource) -> Option<&InventoryRead> {
+        self.reads.iter().find(|r| r.source == source)
+    }
+}
+
+fn rank(source: FactSource) -> u8 {
+    match source {
+        FactSource::InBand => 0,
+        FactSource::Redfish => 1,
+        FactSource::IpmiFru => 2,
+    }
+}
+
+/// Whether facts from `held` stay when `incoming` describes the same section: in band (what
+/// the running OS sees: disks by path, link speeds, PCI classes, LLDP) outranks the BMC's
+/// Redfish view, which outranks IPMI FRU records (identity only). A source never outranks
+/// itself, so a source's newer read replaces its older one.
+pub fn outranks(held: FactSource, incoming: FactSource) -> bool {
+    rank(held) < rank(incoming)
 }
 
 #[cfg(test)]
@@ -546,39 +594,181 @@ mod tests {
         }
     }
 
-    #[test]
-    fn merge_keeps_sections_the_overlay_lacks() {
-        let at = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
-        let mut base = MachineInventorySpec {
-            system: Some(SystemFacts {
-                serial: Some("ABC123".into()),
-                ..SystemFacts::empty(FactOrigin {
-                    source: FactSource::Redfish,
-                    observed_at: at.clone(),
-                })
+    fn origin(source: FactSource, second: i64) -> FactOrigin {
+        FactOrigin {
+            source,
+            observed_at: Time(k8s_openapi::jiff::Timestamp::from_second(second).unwrap()),
+        }
+    }
+
+    /// A read of `source` at `second` with a system section (its serial says which read it
+    /// was) and, if `firmware`, a firmware section.
+    fn read(source: FactSource, second: i64, system: bool, firmware: bool) -> MachineInventorySpec {
+        MachineInventorySpec {
+            system: system.then(|| SystemFacts {
+                serial: Some(format!("{source:?}@{second}")),
+                ..SystemFacts::empty(origin(source, second))
             }),
-            ..Default::default()
-        };
-        let overlay = MachineInventorySpec {
-            firmware: Some(FirmwareFacts {
-                origin: FactOrigin {
-                    source: FactSource::InBand,
-                    observed_at: at,
-                },
+            firmware: firmware.then(|| FirmwareFacts {
+                origin: origin(source, second),
                 mode: crate::Firmware::Uefi,
-                secure_boot: Some(true),
+                secure_boot: None,
             }),
             ..Default::default()
-        };
-        base.merge(overlay);
-        assert_eq!(
-            base.system.as_ref().and_then(|s| s.serial.as_deref()),
-            Some("ABC123")
+        }
+    }
+
+    fn record(source: FactSource, second: i64, reinspection: Option<&str>) -> InventoryRead {
+        InventoryRead {
+            source,
+            observed_at: origin(source, second).observed_at,
+            reinspection: reinspection.map(str::to_owned),
+        }
+    }
+
+    /// A read in a sequence: its source, and whether it has a system and a firmware section.
+    type Read = (FactSource, bool, bool);
+
+    fn fold_all(reads: &[Read]) -> MachineInventorySpec {
+        let mut spec = MachineInventorySpec::default();
+        for (i, (source, system, firmware)) in reads.iter().enumerate() {
+            let at = i64::try_from(i).unwrap() + 1;
+            spec.fold(
+                read(*source, at, *system, *firmware),
+                record(*source, at, None),
+            );
+        }
+        spec
+    }
+
+    #[test]
+    fn sources_fold_by_rank_and_each_section_names_its_source() {
+        use FactSource::{InBand, IpmiFru, Redfish};
+        let serial =
+            |spec: &MachineInventorySpec| spec.system.as_ref().and_then(|s| s.serial.clone());
+        let firmware_source =
+            |spec: &MachineInventorySpec| spec.firmware.as_ref().map(|f| f.origin.source);
+        type Case<'a> = (&'a str, Vec<Read>, Option<&'a str>, Option<FactSource>);
+        let cases: [Case<'_>; 7] = [
+            (
+                "Redfish first, then in band: in band replaces",
+                vec![(Redfish, true, false), (InBand, true, true)],
+                Some("InBand@2"),
+                Some(InBand),
+            ),
+            (
+                "in band first, then Redfish: in band stays",
+                vec![(InBand, true, false), (Redfish, true, true)],
+                Some("InBand@1"),
+                Some(Redfish),
+            ),
+            (
+                "Redfish fills what in band lacks",
+                vec![(InBand, false, true), (Redfish, true, false)],
+                Some("Redfish@2"),
+                Some(InBand),
+            ),
+            (
+                "a source's newer read replaces its older one",
+                vec![(Redfish, true, false), (Redfish, true, false)],
+                Some("Redfish@2"),
+                None,
+            ),
+            (
+                "a section its own source no longer sees goes",
+                vec![(Redfish, true, true), (Redfish, false, true)],
+                None,
+                Some(Redfish),
+            ),
+            (
+                "a section another source wrote stays when a read lacks it",
+                vec![(InBand, true, false), (Redfish, false, true)],
+                Some("InBand@1"),
+                Some(Redfish),
+            ),
+            (
+                "IPMI FRU never replaces Redfish",
+                vec![(Redfish, true, false), (IpmiFru, true, true)],
+                Some("Redfish@1"),
+                Some(IpmiFru),
+            ),
+        ];
+        for (case, reads, want_serial, want_firmware) in cases {
+            let spec = fold_all(&reads);
+            assert_eq!(serial(&spec).as_deref(), want_serial, "{case}");
+            assert_eq!(firmware_source(&spec), want_firmware, "{case}");
+        }
+    }
+
+    #[test]
+    fn reads_keep_one_record_per_source() {
+        let mut spec = MachineInventorySpec::default();
+        spec.fold(
+            read(FactSource::Redfish, 1, true, false),
+            record(FactSource::Redfish, 1, Some("a")),
+        );
+        spec.fold(
+            read(FactSource::InBand, 2, true, false),
+            record(FactSource::InBand, 2, None),
+        );
+        spec.fold(
+            read(FactSource::Redfish, 3, true, false),
+            record(FactSource::Redfish, 3, Some("b")),
         );
         assert_eq!(
-            base.firmware.as_ref().map(|f| f.origin.source),
-            Some(FactSource::InBand)
+            spec.reads,
+            vec![
+                record(FactSource::InBand, 2, None),
+                record(FactSource::Redfish, 3, Some("b"))
+            ]
         );
+        assert_eq!(
+            spec.read_of(FactSource::Redfish)
+                .and_then(|r| r.reinspection.as_deref()),
+            Some("b")
+        );
+        assert!(spec.read_of(FactSource::IpmiFru).is_none());
+    }
+
+    fn source() -> impl proptest::strategy::Strategy<Value = FactSource> {
+        proptest::prop_oneof![
+            proptest::strategy::Just(FactSource::InBand),
+            proptest::strategy::Just(FactSource::Redfish),
+            proptest::strategy::Just(FactSource::IpmiFru),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config { cases: 512, rng_seed: proptest::test_runner::RngSeed::Fixed(26), ..proptest::test_runner::Config::default() })]
+
+        /// Whatever the order of reads, for the system section:
+        /// - if present, it is exactly what its source's latest read said (never a stale fact
+        ///   of a source that since stopped seeing it);
+        /// - no source that outranks it has read the section since;
+        /// - if the latest read of all had it, it is present.
+        #[test]
+        fn folding_never_keeps_a_stale_or_outranked_section(
+            reads in proptest::collection::vec((source(), proptest::bool::ANY), 1..24)
+        ) {
+            let full: Vec<Read> = reads.iter().map(|(s, sys)| (*s, *sys, false)).collect();
+            let spec = fold_all(&full);
+            let latest = |source: FactSource| reads.iter().rposition(|(s, _)| *s == source);
+            if let Some(system) = &spec.system {
+                let held = system.origin.source;
+                let at = latest(held).unwrap();
+                proptest::prop_assert!(reads[at].1, "its source's latest read lacks it");
+                proptest::prop_assert_eq!(system.serial.clone(), Some(format!("{held:?}@{}", at + 1)));
+                for (later, (s, had)) in reads.iter().enumerate().skip(at + 1) {
+                    proptest::prop_assert!(!(outranks(*s, held) && *had), "read {later} of {s:?} outranks it");
+                }
+            }
+            if reads.last().is_some_and(|(_, had)| *had) {
+                proptest::prop_assert!(spec.system.is_some());
+            }
+            let mut sources: Vec<FactSource> = spec.reads.iter().map(|r| r.source).collect();
+            sources.dedup();
+            proptest::prop_assert_eq!(sources.len(), spec.reads.len());
+        }
     }
 
     /// Every section a report has is stamped with the receiver's origin, whatever the report

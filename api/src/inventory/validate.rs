@@ -85,6 +85,14 @@ pub enum InventoryError {
 
 /// Checks an inventory against the limits; the first problem found is the error.
 pub fn validate(spec: &MachineInventorySpec) -> Result<(), InventoryError> {
+    count("reads", spec.reads.len(), 3)?;
+    for (i, read) in spec.reads.iter().enumerate() {
+        opt_text(
+            &format!("reads[{i}].reinspection"),
+            read.reinspection.as_deref(),
+            63,
+        )?;
+    }
     if let Some(cpu) = &spec.cpu {
         text("cpu.architecture", &cpu.architecture, 32)?;
         if !cpu
@@ -390,6 +398,7 @@ pub(crate) mod tests {
                 mode: crate::Firmware::Uefi,
                 secure_boot: Some(true),
             }),
+            reads: Vec::new(),
         }
     }
 

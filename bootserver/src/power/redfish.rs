@@ -77,6 +77,28 @@ pub fn parse_power_state(state: &str) -> Option<Power> {
     }
 }
 
+/// The most requests one inventory read makes (a 2-socket server with 32 DIMMs, 24 drives
+/// and 8 NICs needs about 75).
+pub const INVENTORY_REQUESTS: usize = 400;
+
+/// A link's path when it stays on the BMC (`/redfish/v1/…`): a document that points
+/// elsewhere is not followed, since every request carries the BMC's credentials.
+pub fn local_path(link: &str) -> Option<String> {
+    let path = link.split('#').next().unwrap_or_default();
+    (path.starts_with("/redfish/v1/") && !path.contains("..") && !path.contains("//"))
+        .then(|| path.to_owned())
+}
+
+/// The local paths of a `Members` (or `Drives`) array of links.
+pub fn member_paths(links: Option<&serde_json::Value>) -> Vec<String> {
+    links
+        .and_then(serde_json::Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m.get("@odata.id")?.as_str().and_then(local_path))
+        .collect()
+}
+
 /// The `Boot` patch for a one-time PXE boot. The boot mode is set only when the BMC reports
 /// a different one: many BMCs (and sushy-tools on libvirt) refuse to switch it, and a
 /// machine already in its mode needs no switch.
@@ -194,9 +216,15 @@ impl RedfishBmc {
             .text()
             .await
             .map_err(|e| self.transport_error(&e))?;
+        self.answer(status, path, text)
+            .map(|text| (status, location, text))
+    }
+
+    /// A success's body, or the error a status means.
+    fn answer(&self, status: StatusCode, path: &str, text: String) -> Result<String, PowerError> {
         let bmc = self.name.clone();
         match status {
-            s if s.is_success() => Ok((s, location, text)),
+            s if s.is_success() => Ok(text),
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
                 Err(PowerError::Unauthorized { bmc })
             }
@@ -258,6 +286,110 @@ impl RedfishBmc {
                 ),
             }),
         }
+    }
+
+    /// A Redfish resource as JSON; `None` when the BMC does not have it (404), as many lack
+    /// a collection (sushy-tools has no `Memory`, older iDRACs no `Storage`).
+    async fn document(&self, path: &str) -> Result<Option<serde_json::Value>, PowerError> {
+        let response = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .basic_auth(
+                &self.credentials.username,
+                Some(self.credentials.password()),
+            )
+            .header("Accept", "application/json")
+            .send()
+            .await
+            .map_err(|e| self.transport_error(&e))?;
+        let status = response.status();
+        if status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        let text = response
+            .text()
+            .await
+            .map_err(|e| self.transport_error(&e))?;
+        let text = self.answer(status, path, text)?;
+        serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| PowerError::Failed {
+                bmc: self.name.clone(),
+                message: format!("{path} is not JSON: {e}"),
+            })
+    }
+
+    /// The members of the collection `link` (an `{"@odata.id": …}` of `owner`) points at.
+    async fn members(
+        &self,
+        owner: &serde_json::Value,
+        link: &str,
+        budget: &mut usize,
+    ) -> Result<Vec<serde_json::Value>, PowerError> {
+        let Some(path) = owner
+            .pointer(&format!("/{link}/@odata.id"))
+            .and_then(serde_json::Value::as_str)
+            .and_then(local_path)
+        else {
+            return Ok(Vec::new());
+        };
+        let Some(collection) = self.document(&path).await? else {
+            return Ok(Vec::new());
+        };
+        let paths = member_paths(collection.get("Members"));
+        self.documents(&paths, budget).await
+    }
+
+    /// The documents at `paths`, each costing one of the `budget`'s requests.
+    async fn documents(
+        &self,
+        paths: &[String],
+        budget: &mut usize,
+    ) -> Result<Vec<serde_json::Value>, PowerError> {
+        let mut documents = Vec::new();
+        for path in paths {
+            if *budget == 0 {
+                break;
+            }
+            *budget -= 1;
+            documents.extend(self.document(path).await?);
+        }
+        Ok(documents)
+    }
+
+    /// Reads what the inventory needs from the ComputerSystem: the system itself, the
+    /// members of its Processors, Memory and EthernetInterfaces, and the Drives of each of
+    /// its Storage members. At most [`INVENTORY_REQUESTS`] requests: a BMC that lists more
+    /// members is read in part.
+    pub async fn inventory_documents(
+        &self,
+    ) -> Result<super::redfish_inventory::RedfishDocuments, PowerError> {
+        let path = self.system_path().await?;
+        let system = self
+            .document(&path)
+            .await?
+            .ok_or_else(|| PowerError::Failed {
+                bmc: self.name.clone(),
+                message: format!("{path} does not exist"),
+            })?;
+        let mut budget = INVENTORY_REQUESTS;
+        let processors = self.members(&system, "Processors", &mut budget).await?;
+        let memory = self.members(&system, "Memory", &mut budget).await?;
+        let ethernet_interfaces = self
+            .members(&system, "EthernetInterfaces", &mut budget)
+            .await?;
+        let mut drives = Vec::new();
+        for storage in self.members(&system, "Storage", &mut budget).await? {
+            let paths = member_paths(storage.get("Drives"));
+            drives.extend(self.documents(&paths, &mut budget).await?);
+        }
+        Ok(super::redfish_inventory::RedfishDocuments {
+            system,
+            processors,
+            memory,
+            ethernet_interfaces,
+            drives,
+        })
     }
 
     async fn system(&self, path: &str) -> Result<System, PowerError> {
@@ -378,6 +510,38 @@ impl PowerDriver for RedfishBmc {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_links_on_the_bmc_are_followed() {
+        let cases = [
+            (
+                "/redfish/v1/Systems/1/Processors",
+                Some("/redfish/v1/Systems/1/Processors"),
+            ),
+            (
+                "/redfish/v1/Systems/1/Storage/1#/StorageControllers/0",
+                Some("/redfish/v1/Systems/1/Storage/1"),
+            ),
+            ("http://elsewhere.example/redfish/v1/Systems/1", None),
+            ("//elsewhere.example/redfish/v1/", None),
+            ("/redfish/v1/../../etc", None),
+            ("/other/path", None),
+            ("", None),
+        ];
+        for (link, want) in cases {
+            assert_eq!(local_path(link).as_deref(), want, "{link}");
+        }
+        let members = serde_json::json!([
+            {"@odata.id": "/redfish/v1/Systems/1/Memory/DIMM1"},
+            {"@odata.id": "https://attacker.example/steal"},
+            {"no": "id"}
+        ]);
+        assert_eq!(
+            member_paths(Some(&members)),
+            vec!["/redfish/v1/Systems/1/Memory/DIMM1"]
+        );
+        assert!(member_paths(None).is_empty());
+    }
 
     #[test]
     fn power_states_table() {

@@ -1,17 +1,19 @@
 //! A machine's inventory out of band, from its BMC's Redfish service, so that a server that
 //! never booted is already described: the ComputerSystem (vendor, model, serial, UUID, BIOS
 //! version, processor and memory summaries), its Processors, Memory and EthernetInterfaces
-//! collections' members. Parsing is pure (JSON in, sections out, tagged `Redfish`); fetching
-//! the documents is the shell's (the same client as the power driver).
+//! collections' members and the Drives of its Storage. Parsing is pure (JSON in, sections out,
+//! tagged `Redfish`); fetching the documents is the shell's
+//! ([`super::redfish::RedfishBmc::inventory_documents`], the power driver's client).
 //!
 //! Redfish gives what the BMC knows: no disk by-path, no link speed on every BMC, no PCI class
-//! codes; the in-band report fills those, section by section (`MachineInventorySpec::merge`).
+//! codes; the in-band report fills those, section by section, and where both describe a
+//! section the in-band one is kept (`MachineInventorySpec::fold`).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::Value;
 use unbounded_api::inventory::{
-    CpuFacts, Dimm, FactOrigin, FactSource, MachineInventorySpec, MemoryFacts, Nic, NicFacts,
-    SystemFacts,
+    CpuFacts, Dimm, Disk, DiskFacts, FactOrigin, FactSource, MachineInventorySpec, MemoryFacts,
+    Nic, NicFacts, SystemFacts,
 };
 
 /// Why a Redfish document could not be read as inventory.
@@ -33,6 +35,8 @@ pub struct RedfishDocuments {
     pub memory: Vec<Value>,
     /// Members of `EthernetInterfaces`.
     pub ethernet_interfaces: Vec<Value>,
+    /// The Drives of every member of `Storage`.
+    pub drives: Vec<Value>,
 }
 
 fn string(v: &Value, key: &str) -> Option<String> {
@@ -48,8 +52,12 @@ fn string(v: &Value, key: &str) -> Option<String> {
         })
 }
 
+/// A number, or a number written as a string (sushy-tools writes `"TotalCores": "4"`).
 fn int(v: &Value, key: &str) -> Option<i64> {
-    v.get(key).and_then(Value::as_i64)
+    let value = v.get(key)?;
+    value
+        .as_i64()
+        .or_else(|| value.as_str().and_then(|s| s.trim().parse().ok()))
 }
 
 /// Whether a member is there: `Status.State` absent or anything but `Absent`.
@@ -207,9 +215,47 @@ pub fn parse(
         })
         .collect();
 
+    let devices: Vec<Disk> = docs
+        .drives
+        .iter()
+        .filter(|d| present(d))
+        .filter_map(|d| {
+            let size_bytes = int(d, "CapacityBytes").filter(|b| *b > 0)?;
+            Some(Disk {
+                name: string(d, "Id")?.chars().take(64).collect(),
+                by_path: None,
+                size_bytes,
+                rotational: match d.get("MediaType").and_then(Value::as_str) {
+                    Some("HDD") => Some(true),
+                    Some("SSD") => Some(false),
+                    _ => None,
+                },
+                model: string(d, "Model"),
+                serial: string(d, "SerialNumber"),
+                // A durable name in NAA or EUI-64 form is the WWN the OS shows.
+                wwn: d
+                    .get("Identifiers")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .find(|i| {
+                        matches!(
+                            i.get("DurableNameFormat").and_then(Value::as_str),
+                            Some("NAA" | "EUI")
+                        )
+                    })
+                    .and_then(|i| string(i, "DurableName")),
+            })
+        })
+        .collect();
+
     Ok(MachineInventorySpec {
         cpu,
         memory,
+        disks: (!devices.is_empty()).then(|| DiskFacts {
+            origin: origin(),
+            devices,
+        }),
         nics: (!interfaces.is_empty()).then(|| NicFacts {
             origin: origin(),
             interfaces,
@@ -263,6 +309,7 @@ mod tests {
                 json!({"Id": "2", "MACAddress": "94:40:C9:4A:10:01", "SpeedMbps": 0, "LinkStatus": "LinkDown"}),
                 json!({"Id": "3"}),
             ],
+            drives: Vec::new(),
         }
     }
 
@@ -326,6 +373,61 @@ mod tests {
             inv.system.as_ref().unwrap().product,
             None,
             "an empty Model is no product"
+        );
+    }
+
+    /// Drives as a Dell iDRAC and an HPE iLO describe them (written from the DMTF Drive
+    /// schema's properties), and as sushy-tools does (numbers as strings in Processors).
+    #[test]
+    fn drives_become_disks_and_string_numbers_count() {
+        let docs = RedfishDocuments {
+            system: json!({"@odata.type": "#ComputerSystem.v1_13_0.ComputerSystem"}),
+            processors: vec![
+                json!({"Id": "CPU0", "ProcessorType": "CPU", "InstructionSet": "x86-64",
+                "TotalCores": "2", "TotalThreads": "4"}),
+            ],
+            drives: vec![
+                json!({"Id": "Disk.Bay.0:Enclosure.Internal.0-1:RAID.SL.3-1", "CapacityBytes": 479559942144_i64,
+                    "MediaType": "SSD", "Model": "MZ7KH480HAHQ0D3", "SerialNumber": "S47MNA0R123456",
+                    "Identifiers": [{"DurableNameFormat": "NAA", "DurableName": "5002538E00000001"}],
+                    "Status": {"State": "Enabled"}}),
+                json!({"Id": "DA000001", "CapacityBytes": 2400476553216_i64, "MediaType": "HDD",
+                    "Model": "EG002400JWJNT", "Status": {"State": "Enabled"}}),
+                json!({"Id": "empty-bay", "Status": {"State": "Absent"}}),
+                json!({"Id": "no-size", "Status": {"State": "Enabled"}}),
+            ],
+            ..Default::default()
+        };
+        let inv = parse(&docs, now()).unwrap();
+        assert_eq!(validate(&inv), Ok(()));
+        let cpu = inv.cpu.unwrap();
+        assert_eq!((cpu.sockets, cpu.cores, cpu.threads), (1, 2, 4));
+        let disks = inv.disks.unwrap();
+        assert_eq!(disks.origin.source, FactSource::Redfish);
+        let summary: Vec<(&str, i64, Option<bool>, Option<&str>)> = disks
+            .devices
+            .iter()
+            .map(|d| {
+                (
+                    d.name.as_str(),
+                    d.size_bytes,
+                    d.rotational,
+                    d.wwn.as_deref(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                (
+                    "Disk.Bay.0:Enclosure.Internal.0-1:RAID.SL.3-1",
+                    479_559_942_144,
+                    Some(false),
+                    Some("5002538E00000001")
+                ),
+                ("DA000001", 2_400_476_553_216, Some(true), None),
+            ],
+            "an absent bay and a drive without a size are left out"
         );
     }
 

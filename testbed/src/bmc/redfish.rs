@@ -138,6 +138,46 @@ impl SushyEmulator {
         Ok(this)
     }
 
+    /// Starts the emulator with its libvirt driver over libvirt's in-process test driver
+    /// (`test:///<file>`): no libvirtd and no VMs, but the domains of `node_xml` (a libvirt
+    /// `<node>` document) as the real driver reads them: vCPUs, memory, NIC MACs, UUIDs.
+    /// `extra_config` is appended to the emulator's configuration (Python; for
+    /// `SUSHY_EMULATOR_STORAGE` and `SUSHY_EMULATOR_DRIVES`, say). No authentication.
+    pub fn start_libvirt_test(node_xml: &str, extra_config: &str) -> Result<Self, BmcError> {
+        let bin = emulators_bin()?;
+        let dir = tempfile::tempdir().map_err(|e| setup(e.to_string()))?;
+        let node = dir.path().join("node.xml");
+        std::fs::write(&node, node_xml).map_err(|e| setup(e.to_string()))?;
+        let uri = format!("test://{}", node.display());
+        let config = dir.path().join("emulator.conf");
+        std::fs::write(
+            &config,
+            format!("SUSHY_EMULATOR_LIBVIRT_URI = {uri:?}\n{extra_config}\n"),
+        )
+        .map_err(|e| setup(e.to_string()))?;
+        let port = free_port(false)?;
+        let mut command = daemon_command(None, &bin.join("sushy-emulator"));
+        command.arg("--config").arg(&config).args([
+            "--interface",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--libvirt-uri",
+            &uri,
+        ]);
+        let daemon = spawn(command, &dir.path().join("sushy.log"))?;
+        let this = Self {
+            port,
+            _daemon: daemon,
+            dir,
+        };
+        wait_until("sushy-emulator", Duration::from_secs(60), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        })
+        .map_err(|e| setup(format!("{e}\n{}", this.log())))?;
+        Ok(this)
+    }
+
     /// The emulator's log.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("sushy.log")).unwrap_or_default()
