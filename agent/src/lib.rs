@@ -39,6 +39,7 @@ pub mod credentials;
 pub mod identity;
 pub mod inspect;
 pub mod inventory;
+pub mod log_file;
 pub mod operation_tasks;
 pub mod operations;
 pub mod pave;
