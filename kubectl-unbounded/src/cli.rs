@@ -48,6 +48,9 @@ pub enum Command {
     /// (an `applyConfiguration` operation: Node labels and taints in place); a change that
     /// needs a repave only with --disruptive.
     Apply(ApplyArgs),
+    /// The machine's log lines: the bootserver's that name it (pods/log) and its agent's
+    /// (served by its Node's kubelet).
+    Logs(LogsArgs),
     /// The machine's serial console through its BMC (IPMI Serial-over-LAN), read-only unless
     /// --interactive.
     Console(ConsoleArgs),
@@ -247,6 +250,22 @@ pub struct ApplyArgs {
     pub disruptive: bool,
     #[command(flatten)]
     pub target: VerbArgs,
+}
+
+/// `logs`.
+#[derive(Args, Debug)]
+pub struct LogsArgs {
+    /// The machine.
+    pub machine: String,
+    /// Keep printing new lines (Ctrl-C ends).
+    #[arg(short = 'f', long)]
+    pub follow: bool,
+    /// Only lines of this recent past: 90s, 15m, 2h, 1d.
+    #[arg(long, value_name = "DURATION", value_parser = crate::logs::parse_since)]
+    pub since: Option<i64>,
+    /// The namespace of the bootserver's pods.
+    #[arg(long, value_name = "NAMESPACE", default_value = crate::logs::BOOTSERVER_NAMESPACE)]
+    pub bootserver_namespace: String,
 }
 
 /// `console`.

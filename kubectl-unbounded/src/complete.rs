@@ -54,7 +54,7 @@ const FREE_VALUES: [&str; 13] = [
     "--events",
     "--version",
     "--since",
-    "--tail",
+    "--bootserver-namespace",
 ];
 
 fn subcommands() -> Vec<String> {

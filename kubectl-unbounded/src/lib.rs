@@ -7,6 +7,7 @@
 //! - `reboot`, `shutdown`, `power on|off|cycle`, `pxe-boot`, `restart-service`, `repave`,
 //!   `rollback --to N`, `apply`: the objects the controller, the providers and the agent act on,
 //!   followed to the end.
+//! - `logs <machine>`: the bootserver's lines that name it and its agent's (see [`logs`]).
 //! - `console <machine>`: the serial console through the BMC (IPMI Serial-over-LAN).
 //! - `completion <shell>`, and kubectl's plugin completion (`__complete`).
 //!
@@ -24,6 +25,7 @@ pub mod facts;
 #[cfg(test)]
 mod fixtures;
 pub mod in_place;
+pub mod logs;
 pub mod plan;
 pub mod progress;
 pub mod render;
@@ -96,6 +98,14 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
             act::run(&client, &v, &machines, &configurations, &r.act, &terminal).await
         }
         Command::Apply(a) => apply(&client, &a, &terminal).await,
+        Command::Logs(l) => {
+            let options = logs::Options {
+                follow: l.follow,
+                since_seconds: l.since,
+                namespace: l.bootserver_namespace,
+            };
+            logs::run(&client, &l.machine, &options).await
+        }
         Command::Console(c) => console::run(&client, &c.machine, c.interactive).await,
         Command::Completion(_) | Command::Complete(_) => Ok(()),
     }
