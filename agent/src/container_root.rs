@@ -156,12 +156,18 @@ pub async fn write_settings(
     node: &str,
     settings: String,
     bus_dir: &Path,
+    log_dir: &Path,
 ) -> Result<(), ContainerRootError> {
-    let (nspawn_dir, bus_dir): (PathBuf, PathBuf) =
-        (nspawn_dir.to_path_buf(), bus_dir.to_path_buf());
+    let (nspawn_dir, bus_dir, log_dir): (PathBuf, PathBuf, PathBuf) = (
+        nspawn_dir.to_path_buf(),
+        bus_dir.to_path_buf(),
+        log_dir.to_path_buf(),
+    );
     let file = nspawn_dir.join(format!("{node}.nspawn"));
     off_workers("writing the container's settings", move || {
         std::fs::create_dir_all(&nspawn_dir).map_err(io("creating the nspawn directory"))?;
+        // The settings bind it: systemd-nspawn refuses to start without the source.
+        std::fs::create_dir_all(&log_dir).map_err(io("creating the agent's log directory"))?;
         std::fs::write(&file, settings).map_err(io("writing the nspawn settings"))?;
         reset_dir(&bus_dir)
     })

@@ -28,6 +28,9 @@ pub struct Paths {
     pub credentials_file: PathBuf,
     /// Per-container directories bound over the container's `/run/dbus`.
     pub bus: PathBuf,
+    /// The agent's log directory, bound read-only into the container
+    /// ([`crate::log_file`]).
+    pub log: PathBuf,
 }
 
 impl Default for Paths {
@@ -38,6 +41,7 @@ impl Default for Paths {
             nspawn: PathBuf::from("/etc/systemd/nspawn"),
             credentials_file: PathBuf::from(unbounded_api::agent::CREDENTIALS_FILE),
             bus: PathBuf::from("/run/unbounded/bus"),
+            log: PathBuf::from(crate::log_file::LOG_DIR),
         }
     }
 }

@@ -5,8 +5,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
 use unbounded_agent::context::Paths;
-use unbounded_agent::{identity, inspect, run};
+use unbounded_agent::{identity, inspect, log_file, run};
 
 /// Paves and runs this machine's node container.
 #[derive(Debug, Parser)]
@@ -35,11 +37,26 @@ fn main() -> ExitCode {
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // Also to the capped file the node container shows (`kubectl unbounded logs`); without
+    // it (a read-only /var/log) the journal still has everything.
+    let file =
+        log_file::CappedFile::open(std::path::Path::new(log_file::LOG_DIR), log_file::CAP_BYTES);
+    let file_layer = file.as_ref().ok().map(|file| {
+        let file = file.clone();
+        tracing_subscriber::fmt::layer()
+            .with_ansi(false)
+            .with_writer(move || file.clone())
+    });
+    let registry = tracing_subscriber::registry().with(filter).with(file_layer);
     if args.log_json {
-        builder.json().init();
+        registry
+            .with(tracing_subscriber::fmt::layer().json())
+            .init();
     } else {
-        builder.init();
+        registry.with(tracing_subscriber::fmt::layer()).init();
+    }
+    if let Err(error) = &file {
+        tracing::warn!(%error, dir = log_file::LOG_DIR, "the agent's log file cannot be written: `kubectl unbounded logs` will not show the agent's lines");
     }
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();

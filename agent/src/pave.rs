@@ -85,7 +85,11 @@ pub(crate) async fn pave(
     let kubernetes = template.kubernetes.clone().unwrap_or_default();
     let bus_dir = ctx.paths.bus.join(&ctx.node);
     // Everything that can be refused is checked before anything changes.
-    let nspawn = render::nspawn_settings(template.nspawn.as_ref(), &bus_dir.display().to_string())?;
+    let nspawn = render::nspawn_settings(
+        template.nspawn.as_ref(),
+        &bus_dir.display().to_string(),
+        &ctx.paths.log.display().to_string(),
+    )?;
     let mut files = Vec::new();
     for file in &template.files {
         files.push((
@@ -219,7 +223,14 @@ pub(crate) async fn pave(
     {
         storage::pave_finished(&ctx.paths.machines, &d.marker).await?;
     }
-    container_root::write_settings(&ctx.paths.nspawn, &ctx.node, nspawn, &bus_dir).await?;
+    container_root::write_settings(
+        &ctx.paths.nspawn,
+        &ctx.node,
+        nspawn,
+        &bus_dir,
+        &ctx.paths.log,
+    )
+    .await?;
     kept.state.paved = Some(Paved {
         container: ctx.node.clone(),
         configuration: configuration.clone(),

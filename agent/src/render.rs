@@ -43,8 +43,13 @@ const RESERVED_FLAGS: [&str; 5] = [
 ];
 
 /// The `.nspawn` settings of the node container. `bus_dir` is the host directory bound over
-/// the container's `/run/dbus`.
-pub fn nspawn_settings(spec: Option<&NspawnSpec>, bus_dir: &str) -> Result<String, RenderError> {
+/// the container's `/run/dbus`; `log_dir` the agent's log directory, shown read-only at
+/// [`crate::log_file::CONTAINER_LOG_DIR`] (kubelet serves it: `kubectl unbounded logs`).
+pub fn nspawn_settings(
+    spec: Option<&NspawnSpec>,
+    bus_dir: &str,
+    log_dir: &str,
+) -> Result<String, RenderError> {
     let mut out = String::from(
         "# Written by unbounded-agent; replaced on every pave.\n\
          [Exec]\n\
@@ -61,6 +66,11 @@ pub fn nspawn_settings(spec: Option<&NspawnSpec>, bus_dir: &str) -> Result<Strin
          BindReadOnly=/lib/modules\n",
     );
     let _ = writeln!(out, "Bind={bus_dir}:{CONTAINER_BUS_DIR}");
+    let _ = writeln!(
+        out,
+        "BindReadOnly={log_dir}:{}",
+        crate::log_file::CONTAINER_LOG_DIR
+    );
     for mount in spec.map(|s| s.bind_mounts.as_slice()).unwrap_or_default() {
         let _ = writeln!(out, "{}", bind_line(mount)?);
     }
@@ -293,13 +303,19 @@ mod tests {
             }],
             network: None,
         };
-        let text = nspawn_settings(Some(&spec), "/run/unbounded/bus/node-1").unwrap();
+        let text = nspawn_settings(
+            Some(&spec),
+            "/run/unbounded/bus/node-1",
+            "/var/log/unbounded",
+        )
+        .unwrap();
         for line in [
             "Boot=yes",
             "PrivateUsers=no",
             "SystemCallFilter=@keyring bpf",
             "Bind=/dev/kmsg",
             "Bind=/run/unbounded/bus/node-1:/run/dbus",
+            "BindReadOnly=/var/log/unbounded:/var/log/unbounded",
             "BindReadOnly=/srv/data:/data",
             "Private=no",
         ] {
@@ -313,7 +329,7 @@ mod tests {
             }],
             network: Some(NspawnNetwork::Private),
         };
-        assert!(nspawn_settings(Some(&hostile), "/b").is_err());
+        assert!(nspawn_settings(Some(&hostile), "/b", "/l").is_err());
     }
 
     #[test]

@@ -50,6 +50,17 @@ pub async fn run(
     terminal: &Terminal,
 ) -> Result<(), Error> {
     let actions = plan(verb, machines, configurations)?;
+    run_actions(client, verb, &actions, args, terminal).await
+}
+
+/// Asks when many are affected, applies `actions` (planned for `verb`) and follows them.
+pub async fn run_actions(
+    client: &Client,
+    verb: &Verb,
+    actions: &[Action],
+    args: &ActArgs,
+    terminal: &Terminal,
+) -> Result<(), Error> {
     let mut out = std::io::stdout().lock();
     if args.dry_run {
         writeln!(
@@ -57,16 +68,16 @@ pub async fn run(
             "Dry run: nothing is changed. {} would:",
             verb.command()
         )?;
-        for action in &actions {
+        for action in actions {
             writeln!(out, "  {}", action.describe())?;
         }
         return Ok(());
     }
     if needs_confirmation(actions.len(), args.confirm_above, args.yes, args.dry_run) {
-        confirm(verb, &actions, terminal, &mut out)?;
+        confirm(verb, actions, terminal, &mut out)?;
     }
-    let applied = apply(client, &actions, args.active_deadline).await?;
-    for action in &actions {
+    let applied = apply(client, actions, args.active_deadline).await?;
+    for action in actions {
         writeln!(out, "{}", done_line(action, &applied))?;
     }
     if args.no_wait {
@@ -97,6 +108,15 @@ fn done_line(action: &Action, applied: &Applied) -> String {
             version,
             ..
         } => format!("pinned {machine} to {configuration} v{version} and requested a repave"),
+        Action::ApplyConfiguration {
+            machine,
+            configuration,
+            version,
+            ..
+        } => format!(
+            "created MachineOperation {} (applyConfiguration of {configuration} v{version} on {machine})",
+            applied.operations.get(machine).map_or("?", String::as_str)
+        ),
     }
 }
 
@@ -162,43 +182,28 @@ async fn apply(
                 operation_name,
                 parameters,
             } => {
-                let object = MachineOperation {
-                    metadata: ObjectMeta {
-                        generate_name: Some(operation_prefix(machine, operation_name)),
-                        labels: Some(BTreeMap::from([
-                            (labels::MACHINE.to_owned(), machine.clone()),
-                            (BATCH_LABEL.to_owned(), applied.batch.clone()),
-                        ])),
-                        ..ObjectMeta::default()
-                    },
-                    spec: MachineOperationSpec {
-                        machine_ref: Some(MachineRef {
-                            name: machine.clone(),
-                        }),
-                        machine_selector: None,
-                        operation_name: (*operation_name).to_owned(),
-                        parameters: parameters.clone(),
-                        ttl_seconds_after_finished: None,
-                        active_deadline_seconds: active_deadline,
-                    },
-                    status: None,
-                };
-                let created = operations
-                    .create(
-                        &PostParams {
-                            field_manager: Some(FIELD_MANAGER.to_owned()),
-                            ..PostParams::default()
-                        },
-                        &object,
-                    )
-                    .await
-                    .map_err(Error::api(format!(
-                        "creating the {operation_name} operation on {machine}{}",
-                        progress_note(&applied)
-                    )))?;
-                applied
-                    .operations
-                    .insert(machine.clone(), created.name_any());
+                let name = create_operation(
+                    &operations,
+                    machine,
+                    operation_name,
+                    parameters.clone(),
+                    active_deadline,
+                    &applied,
+                )
+                .await?;
+                applied.operations.insert(machine.clone(), name);
+            }
+            Action::ApplyConfiguration { machine, .. } => {
+                let name = create_operation(
+                    &operations,
+                    machine,
+                    unbounded_api::well_known::operations::APPLY_CONFIGURATION,
+                    action.operation_parameters(),
+                    active_deadline,
+                    &applied,
+                )
+                .await?;
+                applied.operations.insert(machine.clone(), name);
             }
             Action::Repave { machine, then } => {
                 // The controller's request patch: it also clears the follow-up of an older
@@ -237,6 +242,52 @@ async fn apply(
         }
     }
     Ok(applied)
+}
+
+/// Creates one MachineOperation on `machine`, labelled with the batch; returns its name.
+async fn create_operation(
+    api: &Api<MachineOperation>,
+    machine: &str,
+    operation_name: &str,
+    parameters: BTreeMap<String, String>,
+    active_deadline: Option<i64>,
+    applied: &Applied,
+) -> Result<String, Error> {
+    let object = MachineOperation {
+        metadata: ObjectMeta {
+            generate_name: Some(operation_prefix(machine, operation_name)),
+            labels: Some(BTreeMap::from([
+                (labels::MACHINE.to_owned(), machine.to_owned()),
+                (BATCH_LABEL.to_owned(), applied.batch.clone()),
+            ])),
+            ..ObjectMeta::default()
+        },
+        spec: MachineOperationSpec {
+            machine_ref: Some(MachineRef {
+                name: machine.to_owned(),
+            }),
+            machine_selector: None,
+            operation_name: operation_name.to_owned(),
+            parameters,
+            ttl_seconds_after_finished: None,
+            active_deadline_seconds: active_deadline,
+        },
+        status: None,
+    };
+    let created = api
+        .create(
+            &PostParams {
+                field_manager: Some(FIELD_MANAGER.to_owned()),
+                ..PostParams::default()
+            },
+            &object,
+        )
+        .await
+        .map_err(Error::api(format!(
+            "creating the {operation_name} operation on {machine}{}",
+            progress_note(applied)
+        )))?;
+    Ok(created.name_any())
 }
 
 fn patch_params() -> PatchParams {

@@ -44,6 +44,13 @@ pub enum Command {
     Repave(RepaveArgs),
     /// Roll one machine back (or forward) to a configuration version: pin it, then repave.
     Rollback(RollbackArgs),
+    /// Move the machines to the configuration version they resolve to without a repave
+    /// (an `applyConfiguration` operation: Node labels and taints in place); a change that
+    /// needs a repave only with --disruptive.
+    Apply(ApplyArgs),
+    /// The machine's log lines: the bootserver's that name it (pods/log) and its agent's
+    /// (served by its Node's kubelet).
+    Logs(LogsArgs),
     /// The machine's serial console through its BMC (IPMI Serial-over-LAN), read-only unless
     /// --interactive.
     Console(ConsoleArgs),
@@ -228,6 +235,37 @@ pub struct RollbackArgs {
     pub to: i64,
     #[command(flatten)]
     pub act: ActArgs,
+}
+
+/// `apply`.
+#[derive(Args, Debug)]
+pub struct ApplyArgs {
+    /// The version the machines must resolve to (they are moved only to the version they
+    /// resolve to; pin it first, or use `rollback`, to move them elsewhere).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..))]
+    pub version: Option<i64>,
+    /// Allow a change that needs a repave: the machine is cordoned, drained, its Node
+    /// deleted and the node container repaved.
+    #[arg(long)]
+    pub disruptive: bool,
+    #[command(flatten)]
+    pub target: VerbArgs,
+}
+
+/// `logs`.
+#[derive(Args, Debug)]
+pub struct LogsArgs {
+    /// The machine.
+    pub machine: String,
+    /// Keep printing new lines (Ctrl-C ends).
+    #[arg(short = 'f', long)]
+    pub follow: bool,
+    /// Only lines of this recent past: 90s, 15m, 2h, 1d.
+    #[arg(long, value_name = "DURATION", value_parser = crate::logs::parse_since)]
+    pub since: Option<i64>,
+    /// The namespace of the bootserver's pods.
+    #[arg(long, value_name = "NAMESPACE", default_value = crate::logs::BOOTSERVER_NAMESPACE)]
+    pub bootserver_namespace: String,
 }
 
 /// `console`.

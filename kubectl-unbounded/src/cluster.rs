@@ -9,7 +9,9 @@ use kube::api::{Api, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
 use unbounded_api::well_known::labels;
-use unbounded_api::{Machine, MachineConfiguration, MachineOperation, MachinePool};
+use unbounded_api::{
+    Machine, MachineConfiguration, MachineConfigurationVersion, MachineOperation, MachinePool,
+};
 
 use crate::error::Error;
 use crate::facts::{Inventory, by_name};
@@ -149,6 +151,17 @@ pub async fn configurations(client: &Client) -> Result<Vec<MachineConfiguration>
         .list(&ListParams::default())
         .await
         .map_err(Error::api("listing MachineConfigurations"))?
+        .items)
+}
+
+/// All MachineConfigurationVersions (their templates decide what `apply` does).
+pub async fn configuration_versions(
+    client: &Client,
+) -> Result<Vec<MachineConfigurationVersion>, Error> {
+    Ok(Api::<MachineConfigurationVersion>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::api("listing MachineConfigurationVersions"))?
         .items)
 }
 

@@ -25,7 +25,7 @@ pub enum Want {
 }
 
 /// Subcommands that take machine names as positional arguments.
-const TAKES_MACHINES: [&str; 10] = [
+const TAKES_MACHINES: [&str; 12] = [
     "status",
     "why",
     "console",
@@ -36,10 +36,12 @@ const TAKES_MACHINES: [&str; 10] = [
     "repave",
     "rollback",
     "power",
+    "apply",
+    "logs",
 ];
 
 /// Flags whose value is free text.
-const FREE_VALUES: [&str; 10] = [
+const FREE_VALUES: [&str; 13] = [
     "-l",
     "--selector",
     "--kubeconfig",
@@ -50,6 +52,9 @@ const FREE_VALUES: [&str; 10] = [
     "--confirm-above",
     "--active-deadline",
     "--events",
+    "--version",
+    "--since",
+    "--bootserver-namespace",
 ];
 
 fn subcommands() -> Vec<String> {
@@ -97,7 +102,7 @@ pub fn want(words_typed: &[String]) -> Want {
     match subcommand {
         "completion" => words(&["bash", "zsh", "fish", "elvish", "powershell"]),
         "power" if positionals.is_empty() => words(&["on", "off", "cycle"]),
-        "why" | "rollback" | "console" if !positionals.is_empty() => Want::Nothing,
+        "why" | "rollback" | "console" | "logs" if !positionals.is_empty() => Want::Nothing,
         s if TAKES_MACHINES.contains(&s) => Want::Machines,
         _ => Want::Nothing,
     }

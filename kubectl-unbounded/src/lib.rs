@@ -5,8 +5,9 @@
 //!   condition that holds it up; `-o json|yaml`; `--watch`.
 //! - `why <machine>`: one paragraph on why it is not Running.
 //! - `reboot`, `shutdown`, `power on|off|cycle`, `pxe-boot`, `restart-service`, `repave`,
-//!   `rollback --to N`: the objects the controller, the providers and the agent act on,
+//!   `rollback --to N`, `apply`: the objects the controller, the providers and the agent act on,
 //!   followed to the end.
+//! - `logs <machine>`: the bootserver's lines that name it and its agent's (see [`logs`]).
 //! - `console <machine>`: the serial console through the BMC (IPMI Serial-over-LAN).
 //! - `completion <shell>`, and kubectl's plugin completion (`__complete`).
 //!
@@ -23,6 +24,8 @@ pub mod error;
 pub mod facts;
 #[cfg(test)]
 mod fixtures;
+pub mod in_place;
+pub mod logs;
 pub mod plan;
 pub mod progress;
 pub mod render;
@@ -41,7 +44,7 @@ use kube::api::Api;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use unbounded_api::{Machine, MachineConfiguration, MachinePool};
 
-use crate::cli::{Cli, Command, Output, PowerAction, RepaveThen, StatusArgs, VerbArgs};
+use crate::cli::{ApplyArgs, Cli, Command, Output, PowerAction, RepaveThen, StatusArgs, VerbArgs};
 use crate::error::Error;
 use crate::facts::{Inventory, by_name};
 use crate::plan::Verb;
@@ -94,6 +97,15 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
             let v = Verb::Rollback { to: r.to };
             act::run(&client, &v, &machines, &configurations, &r.act, &terminal).await
         }
+        Command::Apply(a) => apply(&client, &a, &terminal).await,
+        Command::Logs(l) => {
+            let options = logs::Options {
+                follow: l.follow,
+                since_seconds: l.since,
+                namespace: l.bootserver_namespace,
+            };
+            logs::run(&client, &l.machine, &options).await
+        }
         Command::Console(c) => console::run(&client, &c.machine, c.interactive).await,
         Command::Completion(_) | Command::Complete(_) => Ok(()),
     }
@@ -116,6 +128,31 @@ async fn verb(
         terminal,
     )
     .await
+}
+
+/// `apply`: plans by the controller's rule over what it reads, then creates and follows.
+async fn apply(client: &Client, args: &ApplyArgs, terminal: &Terminal) -> Result<(), Error> {
+    let target = &args.target;
+    let machines = cluster::targets(client, &target.machines, target.selector.as_deref()).await?;
+    let (inventory, versions) = futures::try_join!(
+        cluster::inventory(client, None),
+        cluster::configuration_versions(client),
+    )?;
+    let request = in_place::Request {
+        version: args.version,
+        disruptive: args.disruptive,
+    };
+    let actions = in_place::plan(
+        request,
+        &machines,
+        &inventory,
+        &in_place::templates(&versions),
+    )?;
+    let verb = Verb::Apply {
+        version: args.version,
+        disruptive: args.disruptive,
+    };
+    act::run_actions(client, &verb, &actions, &target.act, terminal).await
 }
 
 fn filter_of(args: &StatusArgs) -> Filter {

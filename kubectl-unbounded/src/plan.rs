@@ -9,6 +9,7 @@
 //! | `power on/off/cycle`, `pxe-boot` | one MachineOperation per machine (the provider runs it) |
 //! | `repave` | the annotation `unbounded-cloud.io/repave: <now, RFC 3339>` |
 //! | `rollback --to N` | `spec.configurationRef.version: N`, then the repave annotation |
+//! | `apply` | one `applyConfiguration` MachineOperation per machine (the controller runs it), planned by [`crate::in_place`] |
 //!
 //! One operation per machine rather than one selector operation: the machines confirmed are
 //! exactly the machines acted on (a selector operation would match the labels again later).
@@ -55,6 +56,14 @@ pub enum Verb {
         /// The version to pin.
         to: i64,
     },
+    /// `apply [--version N] [--disruptive]`: planned by [`crate::in_place::plan`], which reads
+    /// the configuration versions; [`plan`] refuses it.
+    Apply {
+        /// `--version N`.
+        version: Option<i64>,
+        /// `--disruptive`.
+        disruptive: bool,
+    },
 }
 
 impl Verb {
@@ -70,6 +79,7 @@ impl Verb {
             Self::RestartService { .. } => "restart-service",
             Self::Repave { .. } => "repave",
             Self::Rollback { .. } => "rollback",
+            Self::Apply { .. } => "apply",
         }
     }
 
@@ -83,6 +93,7 @@ impl Verb {
             Self::PowerCycle => Some(operations::POWER_CYCLE),
             Self::PxeBoot => Some(operations::PXE_BOOT),
             Self::RestartService { .. } => Some(operations::RESTART_SERVICE),
+            Self::Apply { .. } => Some(operations::APPLY_CONFIGURATION),
             Self::Repave { .. } | Self::Rollback { .. } => None,
         }
     }
@@ -131,6 +142,21 @@ pub enum Action {
         /// The version it records now, if any.
         from: Option<i64>,
     },
+    /// Create an `applyConfiguration` MachineOperation on one machine.
+    ApplyConfiguration {
+        /// The Machine.
+        machine: String,
+        /// The configuration it runs.
+        configuration: String,
+        /// The version it records now.
+        from: Option<i64>,
+        /// The version it resolves to, applied.
+        version: i64,
+        /// Whether a repave is allowed.
+        disruptive: bool,
+        /// What the controller will do, for a person.
+        what: String,
+    },
 }
 
 impl Action {
@@ -139,7 +165,34 @@ impl Action {
         match self {
             Self::CreateOperation { machine, .. }
             | Self::Repave { machine, .. }
-            | Self::Rollback { machine, .. } => machine,
+            | Self::Rollback { machine, .. }
+            | Self::ApplyConfiguration { machine, .. } => machine,
+        }
+    }
+
+    /// The `spec.parameters` of the operation an `ApplyConfiguration` creates (empty for
+    /// the other actions, whose parameters they carry).
+    pub fn operation_parameters(&self) -> BTreeMap<String, String> {
+        match self {
+            Self::ApplyConfiguration {
+                version,
+                disruptive,
+                ..
+            } => {
+                let mut p = BTreeMap::from([(
+                    operations::VERSION_PARAMETER.to_owned(),
+                    version.to_string(),
+                )]);
+                if *disruptive {
+                    p.insert(
+                        operations::DISRUPTIVE_PARAMETER.to_owned(),
+                        "true".to_owned(),
+                    );
+                }
+                p
+            }
+            Self::CreateOperation { parameters, .. } => parameters.clone(),
+            Self::Repave { .. } | Self::Rollback { .. } => BTreeMap::new(),
         }
     }
 
@@ -184,6 +237,26 @@ impl Action {
                     unbounded_api::well_known::annotations::REPAVE
                 )
             }
+            Self::ApplyConfiguration {
+                machine,
+                configuration,
+                from,
+                version,
+                what,
+                ..
+            } => {
+                let p: Vec<String> = self
+                    .operation_parameters()
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
+                let from = from.map_or("no recorded version".to_owned(), |v| format!("v{v}"));
+                format!(
+                    "create MachineOperation {} on {machine} ({}): {configuration} {from} → v{version}, {what}",
+                    operations::APPLY_CONFIGURATION,
+                    p.join(", ")
+                )
+            }
         }
     }
 }
@@ -215,6 +288,12 @@ pub fn refusal(
 ) -> Option<String> {
     if machine.metadata.deletion_timestamp.is_some() {
         return Some("the Machine is being deleted".to_owned());
+    }
+    if matches!(verb, Verb::Apply { .. }) {
+        // Its decision needs the versions' templates: crate::in_place plans it.
+        return Some(
+            "apply is planned from the configuration versions (in_place::plan)".to_owned(),
+        );
     }
     let deallocate = matches!(verb, Verb::PowerOff { deallocate: true });
     if let Some(name) = verb.operation_name() {
@@ -689,7 +768,7 @@ mod tests {
                             let operation = match action {
                                 Action::CreateOperation { operation_name, .. } => Some(*operation_name),
                                 Action::Repave { then, .. } => *then,
-                                Action::Rollback { .. } => None,
+                                Action::Rollback { .. } | Action::ApplyConfiguration { .. } => None,
                             };
                             if let Some(name) = operation {
                                 prop_assert!(operations::route(m.spec.provider, name).is_some());

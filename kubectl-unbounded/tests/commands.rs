@@ -770,3 +770,88 @@ async fn ctrl_c_stops_following_and_leaves_the_operation() {
         "the operation stays"
     );
 }
+
+/// `logs` before the machine has a Node: it says where the agent's lines would come from,
+/// shows what `why` shows (the blocking condition, the Events, the agent's report), and
+/// that no bootserver pod runs here; once a Node exists whose kubelet does not answer (this
+/// plane has none), it says the agent's log could not be read. Unknown machines and bad
+/// `--since` values are refused.
+#[tokio::test]
+async fn logs_before_a_node_shows_what_is_known_and_says_what_is_missing() {
+    let client = client().await;
+    create_pxe_machine(&client, "logs-m", json!({}), 41, true).await;
+    set_machine_status(
+        &client,
+        "logs-m",
+        json!({"phase": "Provisioning",
+        "agent": {"version": "0.1.0", "bootID": "boot-9", "containerState": "paving"},
+        "conditions": [
+            condition("ConfigurationResolved", "True", "ConfigurationResolved", ""),
+            condition("BootstrapReady", "False", "Paving", "pulling the node image"),
+        ]}),
+    )
+    .await;
+    let uid = machine(&client, "logs-m").await.metadata.uid.unwrap();
+    let event: Event = serde_json::from_value(json!({
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": "logs-m.pave", "namespace": "default"},
+        "eventTime": Timestamp::now().to_string(),
+        "reportingController": "unbounded-cloud.io/agent", "reportingInstance": "test",
+        "action": "Pave", "reason": "PaveStarted", "type": "Normal",
+        "note": "paving with v1",
+        "regarding": {"apiVersion": "unbounded-cloud.io/v1alpha1", "kind": "Machine",
+                      "name": "logs-m", "uid": uid},
+    }))
+    .unwrap();
+    Api::<Event>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &event)
+        .await
+        .unwrap();
+
+    let run = plugin(&["logs", "logs-m"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    for part in [
+        "Machine logs-m has no Node (logs-m) yet",
+        "it waits on BootstrapReady",
+        "pulling the node image",
+        "agent 0.1.0, boot boot-9, container paving",
+        "PaveStarted: paving with v1",
+        "note: no bootserver pod in unbounded-system (app.kubernetes.io/name=unbounded-bootserver)",
+    ] {
+        assert!(
+            run.stderr.contains(part),
+            "{part:?} missing from: {}",
+            run.stderr
+        );
+    }
+    assert_eq!(run.stdout, "", "no lines to show");
+
+    create_node(&client, "logs-m", false).await;
+    let run = plugin(&["logs", "logs-m", "--since", "10m"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(!run.stderr.contains("has no Node"), "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("the agent's log is not served by Node logs-m")
+            || run
+                .stderr
+                .contains("reading the agent's log through Node logs-m"),
+        "{}",
+        run.stderr
+    );
+
+    let run = plugin(&["logs", "logs-nosuch"]).await;
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(
+        run.stderr.contains("no Machine named logs-nosuch"),
+        "{}",
+        run.stderr
+    );
+    let run = plugin(&["logs", "logs-m", "--since", "5w"]).await;
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(
+        run.stderr.contains("the unit must be s, m, h or d"),
+        "{}",
+        run.stderr
+    );
+}

@@ -274,3 +274,153 @@ async fn rollback_is_carried_out_by_the_controller_and_followed_to_running_on_th
         "1"
     );
 }
+
+async fn set_template(client: &Client, name: &str, template: serde_json::Value) {
+    Api::<unbounded_api::MachineConfiguration>::all(client.clone())
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"template": template}})),
+        )
+        .await
+        .unwrap();
+}
+
+async fn wait_latest(client: &Client, name: &str, version: i64) {
+    wait_for(&format!("{name} v{version}"), || async {
+        let c = Api::<unbounded_api::MachineConfiguration>::all(client.clone())
+            .get(name)
+            .await
+            .ok()?;
+        (c.status?.latest_version == version).then_some(())
+    })
+    .await;
+}
+
+async fn running_on(client: &Client, name: &str, version: i64) {
+    wait_for(&format!("{name} Running on v{version}"), || async {
+        let s = machine(client, name).await.status?;
+        (s.phase == Some(MachinePhase::Running) && s.configuration?.version == version)
+            .then_some(())
+    })
+    .await;
+}
+
+fn tiered(tier: &str, kubernetes: &str) -> serde_json::Value {
+    json!({"kubernetes": {"version": kubernetes, "nodeLabels": {"tier": tier}}})
+}
+
+/// `apply`: a label change is applied in place by the controller (the Node kept, labelled,
+/// the version recorded) and followed to the end; a Kubernetes change is refused by the
+/// plugin before anything is created, with --disruptive offered; with it the controller
+/// drains and deletes the Node, and the plugin follows until the machine runs the version.
+#[tokio::test(flavor = "multi_thread")]
+async fn apply_is_carried_out_in_place_refused_without_disruptive_and_repaved_with_it() {
+    let client = client().await;
+    start();
+    let name = "follow-apply";
+    create_configuration(&client, name, json!({"template": tiered("a", "v1.35.4")})).await;
+    create_machine(
+        &client,
+        name,
+        json!({}),
+        json!({"configurationRef": {"name": name}}),
+    )
+    .await;
+    wait_for("v1 recorded", || async {
+        (machine(&client, name).await.status?.configuration?.version == 1).then_some(())
+    })
+    .await;
+    create_node(&client, name, true).await;
+    running_on(&client, name, 1).await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let uid = nodes.get(name).await.unwrap().uid();
+
+    // v2 changes a Node label: in place.
+    set_template(&client, name, tiered("b", "v1.35.4")).await;
+    wait_latest(&client, name, 2).await;
+    let dry = plugin(&["apply", name, "--dry-run"]).await;
+    assert_eq!(dry.code, 0, "{dry:?}");
+    assert!(
+        dry.stdout.contains(&format!(
+            "create MachineOperation applyConfiguration on {name} (version=2): {name} v1 → v2, in place: Node labels tier=b"
+        )),
+        "{}",
+        dry.stdout
+    );
+    assert!(
+        operations_on(&client, name).await.is_empty(),
+        "a dry run creates nothing"
+    );
+
+    let run = plugin(&["apply", name, "--timeout", "80"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stdout
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .starts_with("apply: 1/1 done ·"),
+        "{}",
+        run.stdout
+    );
+    let node = nodes.get(name).await.unwrap();
+    assert_eq!(node.uid(), uid, "applied in place: the Node is the same");
+    assert_eq!(node.labels().get("tier").map(String::as_str), Some("b"));
+    running_on(&client, name, 2).await;
+    let ops = operations_on(&client, name).await;
+    assert_eq!(ops.len(), 1);
+    assert!(
+        ops[0]
+            .status
+            .as_ref()
+            .and_then(|s| s.message.as_deref())
+            .unwrap_or_default()
+            .contains("in place"),
+        "{:?}",
+        ops[0].status
+    );
+
+    // v3 changes Kubernetes: refused by the plugin, nothing created, the flag offered.
+    set_template(&client, name, tiered("b", "v1.35.5")).await;
+    wait_latest(&client, name, 3).await;
+    let refused = plugin(&["apply", name, "--timeout", "80"]).await;
+    assert_eq!(refused.code, 2, "{refused:?}");
+    assert!(
+        refused
+            .stderr
+            .contains("apply refused, nothing was changed:")
+            && refused
+                .stderr
+                .contains("needs a repave: kubernetes.version changed: pass --disruptive"),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(
+        operations_on(&client, name).await.len(),
+        1,
+        "nothing created"
+    );
+
+    // With --disruptive: the controller drains and deletes the Node; the "kubelet" registers
+    // it again once v3 is recorded; the plugin follows the operation to Complete.
+    let kubelet = kubelet_for(&client, name, 3);
+    let run = plugin(&["apply", name, "--disruptive", "--timeout", "80"]).await;
+    kubelet.await.unwrap();
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stdout
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .starts_with("apply: 1/1 done ·"),
+        "{}",
+        run.stdout
+    );
+    assert_ne!(
+        nodes.get(name).await.unwrap().uid(),
+        uid,
+        "repaved: a new Node"
+    );
+    running_on(&client, name, 3).await;
+}

@@ -17,6 +17,7 @@ pub mod leaks;
 pub mod netns;
 pub mod oci;
 pub mod overlay;
+pub mod plugin_scenario;
 pub mod pool_scenario;
 pub mod process;
 pub mod progress;

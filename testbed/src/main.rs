@@ -176,6 +176,10 @@ pub(crate) enum ScenarioName {
     /// The node's state on the machines' data disks: a reboot from RAM (baseline), storage
     /// added and paved onto a blank disk, a reboot that starts the container from the disk.
     Disks,
+    /// `kubectl unbounded` against the lab (build it first: `cargo build -p
+    /// kubectl-unbounded`; or name it with UNBOUNDED_KUBECTL_PLUGIN): status, reboot,
+    /// rollback, logs, and console through ipmi_sim's SOL during a reboot.
+    Plugin,
 }
 
 fn main() -> ExitCode {

@@ -295,6 +295,7 @@ pub async fn serve(
                     continue;
                 };
                 let (socket, task_metrics) = (socket.clone(), metrics.clone());
+                let (mac, ip) = (lease.mac, lease.ip);
                 // Each ACK in a task of its own, waiting for the commit thread.
                 let task = async move {
                     let stored = tokio::time::timeout(COMMIT_TIMEOUT, durable).await;
@@ -320,6 +321,9 @@ pub async fn serve(
                         return;
                     }
                     send(&socket, &reply, to, &task_metrics).await;
+                    // One line per lease given: `kubectl unbounded logs` finds a machine's
+                    // boots by its MAC and address.
+                    tracing::info!(%mac, %ip, "DHCP ACK: address leased");
                 };
                 let metrics = metrics.clone();
                 tokio::spawn(async move {

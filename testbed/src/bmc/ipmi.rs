@@ -19,6 +19,7 @@ pub struct IpmiSim {
     /// The IPMI UDP port.
     pub port: u16,
     _daemon: Daemon,
+    _sol_relay: Option<Daemon>,
     dir: tempfile::TempDir,
 }
 
@@ -46,17 +47,62 @@ impl IpmiSim {
         username: &str,
         password: &str,
     ) -> Result<Self, BmcError> {
+        Self::start_inner(ns, address, domain, username, password, None)
+    }
+
+    /// Like [`Self::start_bound`], with Serial-over-LAN showing the domain's serial console
+    /// file `console`, read-only: ipmi_sim connects its SOL "serial port" (`tcp:`) when a
+    /// session is activated, to a `socat` in `ns` that runs `tail -F` of the file for each
+    /// connection (the bytes written from then on; keystrokes are dropped). Not a TCP
+    /// chardev of the domain itself: since QEMU 5.1 a socket chardev without a client fails
+    /// the guest's writes, and the console file (which scenarios wait on) would lose them.
+    pub fn start_with_console(
+        ns: Option<&Netns>,
+        address: &str,
+        domain: &str,
+        username: &str,
+        password: &str,
+        console: &Path,
+    ) -> Result<Self, BmcError> {
+        Self::start_inner(ns, address, domain, username, password, Some(console))
+    }
+
+    fn start_inner(
+        ns: Option<&Netns>,
+        address: &str,
+        domain: &str,
+        username: &str,
+        password: &str,
+        console: Option<&Path>,
+    ) -> Result<Self, BmcError> {
         let dir = tempfile::tempdir().map_err(|e| setup(e.to_string()))?;
         let port = free_port(true)?;
         let script = dir.path().join("chassis.sh");
         std::fs::write(&script, chassis_script(domain, dir.path()))
             .map_err(|e| setup(e.to_string()))?;
         run(Command::new("chmod").arg("+x").arg(&script))?;
+        let (sol_line, sol_relay) = match console {
+            Some(console) => {
+                let sol_port = free_port(false)?;
+                let mut relay = daemon_command(ns, Path::new("socat"));
+                relay
+                    .arg(format!(
+                        "TCP-LISTEN:{sol_port},bind={address},reuseaddr,fork"
+                    ))
+                    .arg(format!("EXEC:tail -c 0 -F {}", console.display()));
+                let relay = spawn(relay, &dir.path().join("sol-relay.log"))?;
+                (
+                    format!("  sol \"tcp:{address}:{sol_port}\" 115200\n"),
+                    Some(relay),
+                )
+            }
+            None => (String::new(), None),
+        };
         let conf = dir.path().join("lan.conf");
         std::fs::write(
             &conf,
             format!(
-                "name \"ubsim\"\nset_working_mc 0x20\n  startlan 1\n    addr {address} {port}\n    priv_limit admin\n    allowed_auths_callback none md5\n    allowed_auths_user none md5\n    allowed_auths_operator none md5\n    allowed_auths_admin none md5\n    guid a123456789abcdefa123456789abcdef\n  endlan\n  chassis_control \"{}\"\nuser 2 true \"{username}\" \"{password}\" admin 10 none md5\n",
+                "name \"ubsim\"\nset_working_mc 0x20\n  startlan 1\n    addr {address} {port}\n    priv_limit admin\n    allowed_auths_callback none md5\n    allowed_auths_user none md5\n    allowed_auths_operator none md5\n    allowed_auths_admin none md5\n    guid a123456789abcdefa123456789abcdef\n  endlan\n  chassis_control \"{}\"\n{sol_line}user 2 true \"{username}\" \"{password}\" admin 10 none md5\n",
                 script.display()
             ),
         )
@@ -82,6 +128,7 @@ impl IpmiSim {
         let this = Self {
             port,
             _daemon: daemon,
+            _sol_relay: sol_relay,
             dir,
         };
         // Listening first: an ipmitool session started before the port is bound spends ~10 s

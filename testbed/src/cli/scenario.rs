@@ -50,6 +50,12 @@ pub(crate) fn run_scenario(name: ScenarioName) -> Result<(), CliError> {
                     ));
                 })
             }
+            ScenarioName::Plugin => unbounded_testbed::plugin_scenario::plugin(
+                &lab,
+                &lab.kubeconfig,
+                timeout,
+                &say,
+            ),
             ScenarioName::Disks => unbounded_testbed::disk_scenario::disks(&lab, timeout, &say).map(|_| ()),
             ScenarioName::All => Ok(()),
         }

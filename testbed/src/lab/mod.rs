@@ -255,12 +255,14 @@ impl Lab {
             .map_err(|e| step(e.to_string()))?;
             let ipmi = match bmc {
                 BmcKind::Ipmi => Some(
-                    IpmiSim::start_bound(
+                    // SOL shows the domain's serial console (`kubectl unbounded console`).
+                    IpmiSim::start_with_console(
                         Some(&ns),
                         LAB_ADDRESS,
                         &domain.name,
                         BMC_USER,
                         BMC_PASSWORD,
+                        &domain.console_path(),
                     )
                     .map_err(|e| step(e.to_string()))?,
                 ),
