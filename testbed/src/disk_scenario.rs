@@ -44,10 +44,14 @@ const TENANT_FILE: &str = "tenant-data";
 pub struct DiskFigures {
     /// Reboot → Ready with the node container in RAM (downloaded and unpacked again).
     pub reboot_ram: Timed,
+    /// The agent's part of that boot.
+    pub agent_ram: Option<AgentPhase>,
     /// Node deletion → Ready, paving onto a freshly formatted disk.
     pub pave_onto_disk: Timed,
     /// Reboot → Ready of the same machine with the node container started from the disk.
     pub reboot_from_disk: Timed,
+    /// The agent's part of that boot.
+    pub agent_disk: Option<AgentPhase>,
     /// Machine deletion → the disk wiped and the Machine gone.
     pub release: Timed,
 }
@@ -102,8 +106,13 @@ pub fn disks(lab: &Lab, timeout: Duration, say: &dyn Fn(&str)) -> Result<DiskFig
     let figures = same_machine_reboots(lab, &first, timeout, say)?;
     wipe_policies(lab, &second, timeout, say)?;
     say(&format!(
-        "disks: {first}: reboot from RAM {}, pave onto a blank disk {}, reboot from disk {}, release with the wipe {}",
-        figures.reboot_ram, figures.pave_onto_disk, figures.reboot_from_disk, figures.release
+        "disks: {first}: reboot from RAM {} ({}), pave onto a blank disk {}, reboot from disk {} ({}), release with the wipe {}",
+        figures.reboot_ram,
+        phase_text(figures.agent_ram),
+        figures.pave_onto_disk,
+        figures.reboot_from_disk,
+        phase_text(figures.agent_disk),
+        figures.release
     ));
     Ok(figures)
 }
@@ -116,9 +125,10 @@ fn same_machine_reboots(
     say: &dyn Fn(&str),
 ) -> Result<DiskFigures, LabError> {
     say(&format!("disks: reboot {machine} (node container in RAM)"));
-    let reboot_ram = reboot(lab, machine, "tb-disks-reboot-ram", timeout)?;
+    let (reboot_ram, agent_ram) = reboot(lab, machine, "tb-disks-reboot-ram", timeout)?;
     say(&format!(
-        "disks: {machine} Ready {reboot_ram} after its reboot (container downloaded and unpacked)"
+        "disks: {machine} Ready {reboot_ram} after its reboot (container downloaded and unpacked); {}",
+        phase_text(agent_ram)
     ));
 
     say("disks: adding storage: {} to the lab's configuration (a new version)");
@@ -141,7 +151,7 @@ fn same_machine_reboots(
     say(&format!(
         "disks: reboot {machine} (node container on its disk)"
     ));
-    let reboot_from_disk = reboot(lab, machine, "tb-disks-reboot-disk", timeout)?;
+    let (reboot_from_disk, agent_disk) = reboot(lab, machine, "tb-disks-reboot-disk", timeout)?;
     let used = storage_status(lab, machine);
     if used.action != "reused" || used.container_reused != "true" {
         return Err(step(format!(
@@ -149,8 +159,9 @@ fn same_machine_reboots(
         )));
     }
     say(&format!(
-        "disks: {machine} Ready {reboot_from_disk} after its reboot (container started from {})",
-        used.device
+        "disks: {machine} Ready {reboot_from_disk} after its reboot (container started from {}); {}",
+        used.device,
+        phase_text(agent_disk)
     ));
 
     say(&format!(
@@ -197,8 +208,10 @@ fn same_machine_reboots(
     ));
     Ok(DiskFigures {
         reboot_ram,
+        agent_ram,
         pave_onto_disk,
         reboot_from_disk,
+        agent_disk,
         release,
     })
 }
@@ -294,6 +307,13 @@ fn wipe_policies(
     Ok(())
 }
 
+fn phase_text(phase: Option<AgentPhase>) -> String {
+    phase.map_or_else(
+        || "the agent's part not found on the console".to_owned(),
+        |p| p.to_string(),
+    )
+}
+
 /// Applies `patch` to the lab's configuration and waits for the version it makes.
 fn new_version(lab: &Lab, patch: &str) -> Result<i64, LabError> {
     let before = latest_version(lab);
@@ -366,7 +386,12 @@ fn wait_ready_on_new_boot(
 /// A `reboot` operation on `machine`, timed until its Node is Ready on the new boot: the
 /// agent reports a new boot ID and the Node a new one of its own (kubelet runs in the node
 /// container, whose boot ID systemd-nspawn makes up: it is not the host's).
-fn reboot(lab: &Lab, machine: &str, name: &str, timeout: Duration) -> Result<Timed, LabError> {
+fn reboot(
+    lab: &Lab,
+    machine: &str,
+    name: &str,
+    timeout: Duration,
+) -> Result<(Timed, Option<AgentPhase>), LabError> {
     let boot_before = get(lab, "machine", machine, "{.status.agent.bootID}");
     let node_boot_before = get(lab, "node", machine, "{.status.nodeInfo.bootID}");
     lab.kubectl(
@@ -377,7 +402,63 @@ fn reboot(lab: &Lab, machine: &str, name: &str, timeout: Duration) -> Result<Tim
     operation(lab, name, machine, "reboot", "")?;
     wait_complete(lab, name, timeout)?;
     wait_ready_on_new_boot(lab, machine, &boot_before, &node_boot_before, timeout)?;
-    Ok(Timed::since(started))
+    let took = Timed::since(started);
+    Ok((took, last_agent_phase(&lab.console(machine), machine)))
+}
+
+/// The agent's part of a machine's last boot, read from its serial console: from the agent's
+/// start to its node container running, in the guest kernel's own timestamps (the firmware,
+/// iPXE, the kernel and the host OS before the agent are what a reboot costs with or without
+/// a disk, and under TCG they vary with the host's load by tens of seconds).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AgentPhase {
+    /// Seconds from the agent's start to the container running.
+    pub to_container: f64,
+    /// Whether the node image was fetched and unpacked on that boot.
+    pub fetched: bool,
+}
+
+impl std::fmt::Display for AgentPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let how = if self.fetched {
+            "node image fetched and unpacked"
+        } else {
+            "no download"
+        };
+        write!(
+            f,
+            "agent start → container running {:.1} s ({how})",
+            self.to_container
+        )
+    }
+}
+
+/// [`AgentPhase`] of the last boot in `console`, if the agent started and then started the
+/// container of `node`.
+pub fn last_agent_phase(console: &str, node: &str) -> Option<AgentPhase> {
+    let stamped = |line: &str| -> Option<f64> {
+        let open = line.find('[')?;
+        let rest = &line[open + 1..];
+        let close = rest.find(']')?;
+        rest[..close].trim().parse().ok()
+    };
+    let lines: Vec<&str> = console.lines().collect();
+    let start = lines
+        .iter()
+        .rposition(|l| l.contains("unbounded-agent starting"))?;
+    let started_at = stamped(lines[start])?;
+    let container = format!("node container {node} started");
+    let mut fetched = false;
+    for line in &lines[start..] {
+        fetched |= line.contains("node image") && line.contains("fetched");
+        if line.contains(&container) {
+            return Some(AgentPhase {
+                to_container: stamped(line)? - started_at,
+                fetched,
+            });
+        }
+    }
+    None
 }
 
 /// `status.agent.storage` as the scenario reads it.
@@ -547,5 +628,42 @@ fn run(command: &mut Command) -> Result<String, LabError> {
             "{command:?}: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lines as the lab's consoles show them (colour codes, carriage returns), from the run
+    /// of 2026-11-26.
+    const TWO_BOOTS: &str = "[   29.867668] unbounded-agent[156]: \x1b[2m2026-11-26T11:28:56Z\x1b[0m \x1b[32m INFO\x1b[0m unbounded-agent starting \x1b[3mmachine\x1b[0m=machine-1\r
+[   42.550593] unbounded-agent[156]: unbounded-agent: node image 97 MB fetched, verified and unpacked in 11.0 s\r
+[   45.259008] unbounded-agent[156]: unbounded-agent: node container machine-1 started\r
+[  239.625010] unbounded-agent[156]: unbounded-agent: rebooting for tb-disks-reboot-disk\r
+iPXE 1.0.0+git-20190125.36a4c85-5.1 -- Open Source Network Boot Firmware\r
+[   85.475135] unbounded-agent[155]: INFO unbounded-agent starting machine=machine-1\r
+[   92.546996] unbounded-agent[155]: unbounded-agent: storage on disk vdb (21 GB, reused): the node container on it is started as it is\r
+unbounded login: [   99.567274] unbounded-agent[155]: unbounded-agent: node container machine-1 started\r
+";
+
+    #[test]
+    fn the_agents_part_of_the_last_boot() {
+        let phase = last_agent_phase(TWO_BOOTS, "machine-1").unwrap();
+        assert!((phase.to_container - 14.092139).abs() < 1e-6, "{phase:?}");
+        assert!(!phase.fetched);
+
+        let first_boot: String = TWO_BOOTS.lines().take(3).collect::<Vec<_>>().join("\n");
+        let phase = last_agent_phase(&first_boot, "machine-1").unwrap();
+        assert!((phase.to_container - 15.39134).abs() < 1e-6, "{phase:?}");
+        assert!(phase.fetched);
+    }
+
+    #[test]
+    fn no_phase_without_the_containers_start_or_for_another_node() {
+        let started_only: String = TWO_BOOTS.lines().take(6).collect::<Vec<_>>().join("\n");
+        assert_eq!(last_agent_phase(&started_only, "machine-1"), None);
+        assert_eq!(last_agent_phase(TWO_BOOTS, "machine-10"), None);
+        assert_eq!(last_agent_phase("", "machine-1"), None);
     }
 }
