@@ -51,8 +51,8 @@ pub enum Command {
     /// The machine's log lines: the bootserver's that name it (pods/log) and its agent's
     /// (served by its Node's kubelet).
     Logs(LogsArgs),
-    /// The machine's serial console through its BMC (IPMI Serial-over-LAN), read-only unless
-    /// --interactive.
+    /// The machine's serial console through its BMC (IPMI Serial-over-LAN, also where a
+    /// Redfish BMC advertises it), read-only unless --interactive.
     Console(ConsoleArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completion(CompletionArgs),

@@ -1,8 +1,12 @@
 //! `console <machine>`: the machine's serial console through its BMC, as IPMI Serial-over-LAN
-//! with `ipmitool`. [`sol_target`] decides from the Machine alone whether there is a console
-//! to open (pure); [`ipmitool_args`] builds the command line, which never holds the password:
-//! ipmitool reads it from `IPMI_PASSWORD` (`-E`). Read-only by default (ipmitool's input is a
-//! pipe nothing is written to); `--interactive` hands it the terminal.
+//! with `ipmitool`. [`bmc_endpoint`] decides from the Machine alone which BMC to ask (pure);
+//! for an `ipmi://` BMC that is the console; for a Redfish BMC,
+//! [`crate::redfish_console`] reads what the BMC advertises and decides whether it offers
+//! Serial-over-LAN (opened the same way, on the BMC's host), a console the operator opens
+//! (SSH, Telnet: refused with what to run) or none (refused with what it advertises).
+//! [`ipmitool_args`] builds the command line, which never holds the password: ipmitool reads
+//! it from `IPMI_PASSWORD` (`-E`). Read-only by default (ipmitool's input is a pipe nothing is
+//! written to); `--interactive` hands it the terminal.
 
 use std::process::Stdio;
 
@@ -12,11 +16,12 @@ use kube::{Client, ResourceExt};
 use unbounded_api::{Machine, MachineProvider, SecretReference};
 
 use crate::error::{Error, NoConsole};
+use crate::redfish_console::{self, OtherProtocol, RedfishEndpoint, Route};
 
 /// The default port of IPMI over LAN.
 pub const IPMI_PORT: u16 = 623;
 
-/// Where the BMC listens.
+/// Where the BMC's Serial-over-LAN listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SolTarget {
     /// Host name or address (IPv6 without brackets).
@@ -27,8 +32,49 @@ pub struct SolTarget {
     pub credentials: SecretReference,
 }
 
-/// The IPMI endpoint of `machine`'s BMC, or why there is none.
-pub fn sol_target(machine: &Machine) -> Result<SolTarget, NoConsole> {
+/// A Redfish BMC: where it is, and its Secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedfishTarget {
+    /// The service.
+    pub endpoint: RedfishEndpoint,
+    /// Its host (IPv6 without brackets): where a console it advertises listens.
+    pub host: String,
+    /// The Secret with `username` and `password`.
+    pub credentials: SecretReference,
+}
+
+/// The BMC of a Machine, by protocol.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BmcEndpoint {
+    /// IPMI over LAN: Serial-over-LAN there.
+    Ipmi(SolTarget),
+    /// Redfish: what it advertises decides.
+    Redfish(RedfishTarget),
+}
+
+/// `host[:port]` split, with IPv6 brackets removed; `None` when it cannot be read.
+fn split_authority(authority: &str) -> Option<(&str, Option<&str>)> {
+    let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
+        let (host, after) = bracketed.split_once(']')?;
+        match after.strip_prefix(':') {
+            Some(port) => (host, Some(port)),
+            None if after.is_empty() => (host, None),
+            None => return None,
+        }
+    } else {
+        match authority.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        }
+    };
+    if host.is_empty() || port.is_some_and(|p| p.parse::<u16>().is_err()) {
+        return None;
+    }
+    Some((host, port))
+}
+
+/// The BMC of `machine`, or why it has none the plugin can ask for a console.
+pub fn bmc_endpoint(machine: &Machine) -> Result<BmcEndpoint, NoConsole> {
     let name = machine.name_any();
     if machine.spec.provider != MachineProvider::Pxe {
         return Err(NoConsole::NotPxe {
@@ -39,39 +85,107 @@ pub fn sol_target(machine: &Machine) -> Result<SolTarget, NoConsole> {
     let Some(bmc) = machine.spec.pxe.as_ref().and_then(|p| p.bmc.as_ref()) else {
         return Err(NoConsole::NoBmc(name));
     };
-    let Some(rest) = bmc.address.strip_prefix("ipmi://") else {
-        return Err(NoConsole::Redfish(name));
-    };
-    let bad = || NoConsole::BadAddress {
+    let bad = |reason: &'static str| NoConsole::BadAddress {
         machine: name.clone(),
-        address: bmc.address.clone(),
+        // Never echo user information (a password) back.
+        address: match bmc.address.split_once("://") {
+            Some((scheme, rest)) => match rest.split_once('@') {
+                Some((_, after)) => format!("{scheme}://…@{after}"),
+                None => bmc.address.clone(),
+            },
+            None => bmc.address.clone(),
+        },
+        reason,
     };
-    let authority = rest.split('/').next().unwrap_or_default();
-    let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
-        let (host, after) = bracketed.split_once(']').ok_or_else(bad)?;
-        match after.strip_prefix(':') {
-            Some(port) => (host, Some(port)),
-            None if after.is_empty() => (host, None),
-            None => return Err(bad()),
-        }
-    } else {
-        match authority.split_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (authority, None),
-        }
-    };
-    if host.is_empty() {
-        return Err(bad());
+    let (scheme, rest) = bmc
+        .address
+        .split_once("://")
+        .ok_or_else(|| bad("has no scheme://"))?;
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    if authority.contains('@') {
+        return Err(bad(
+            "holds user information: credentials belong in the Secret",
+        ));
     }
-    let port = match port {
-        Some(p) => p.parse::<u16>().map_err(|_| bad())?,
-        None => IPMI_PORT,
-    };
-    Ok(SolTarget {
-        host: host.to_owned(),
-        port,
-        credentials: bmc.credentials_secret_ref.clone(),
-    })
+    let (host, port) = split_authority(authority).ok_or_else(|| bad("has no host[:port]"))?;
+    match scheme {
+        "ipmi" => {
+            if !path.is_empty() && path != "/" {
+                return Err(bad("is not ipmi://host[:port]"));
+            }
+            Ok(BmcEndpoint::Ipmi(SolTarget {
+                host: host.to_owned(),
+                port: port.and_then(|p| p.parse().ok()).unwrap_or(IPMI_PORT),
+                credentials: bmc.credentials_secret_ref.clone(),
+            }))
+        }
+        "redfish" | "redfish+https" | "redfish+http" => {
+            let system = match path.trim_end_matches('/') {
+                "" | "/redfish/v1" | "/redfish/v1/Systems" => None,
+                p if p.starts_with("/redfish/v1/Systems/") => Some(p.to_owned()),
+                _ => return Err(bad("has a path other than /redfish/v1/Systems/<id>")),
+            };
+            Ok(BmcEndpoint::Redfish(RedfishTarget {
+                endpoint: RedfishEndpoint {
+                    https: scheme != "redfish+http",
+                    authority: authority.to_owned(),
+                    system,
+                    insecure_skip_verify: bmc.insecure_skip_verify.unwrap_or(false),
+                    ca_bundle: bmc.ca_bundle.clone(),
+                },
+                host: host.to_owned(),
+                credentials: bmc.credentials_secret_ref.clone(),
+            }))
+        }
+        _ => Err(bad(
+            "is neither ipmi:// nor redfish://, redfish+https://, redfish+http://",
+        )),
+    }
+}
+
+/// What to do with the console a Redfish BMC advertises, as a target or a refusal.
+pub fn redfish_console(
+    machine: &str,
+    target: &RedfishTarget,
+    advertised: &redfish_console::Advertised,
+) -> Result<SolTarget, NoConsole> {
+    match redfish_console::decide(advertised) {
+        Route::Sol { port } => Ok(SolTarget {
+            host: target.host.clone(),
+            port,
+            credentials: target.credentials.clone(),
+        }),
+        Route::Elsewhere {
+            protocol,
+            port,
+            entry_command,
+        } => {
+            let secret = format!(
+                "{}/{}",
+                target.credentials.namespace, target.credentials.name
+            );
+            // Both take an IPv6 address bare.
+            let run = match protocol {
+                OtherProtocol::Ssh => format!("ssh -p {port} <username>@{}", target.host),
+                OtherProtocol::Telnet => format!("telnet {} {port}", target.host),
+            };
+            let enter = entry_command
+                .map(|c| format!(", then enter {c:?} at its prompt"))
+                .unwrap_or_default();
+            Err(NoConsole::NotOpened {
+                machine: machine.to_owned(),
+                protocol: protocol.as_str(),
+                how: format!(
+                    "run `{run}`{enter}; the user name and password are the keys username and password of the Secret {secret}"
+                ),
+            })
+        }
+        Route::Nothing => Err(NoConsole::NothingOffered {
+            machine: machine.to_owned(),
+            bmc: target.endpoint.display_name(),
+            advertised: redfish_console::describe(advertised),
+        }),
+    }
 }
 
 /// ipmitool's arguments for `action` (`activate`, `deactivate`): IPMI v2.0 (lanplus) with
@@ -123,18 +237,49 @@ pub async fn run(client: &Client, name: &str, interactive: bool) -> Result<(), E
         .await
         .map_err(Error::api(format!("reading Machine {name}")))?
         .ok_or_else(|| Error::UnknownMachines(vec![name.to_owned()]))?;
-    let target = sol_target(&machine).map_err(Error::NoConsole)?;
-    let (username, password) = credentials(client, &target.credentials).await?;
+    match bmc_endpoint(&machine)? {
+        BmcEndpoint::Ipmi(target) => {
+            let (username, password) = credentials(client, &target.credentials).await?;
+            open_sol(name, &target, &username, &password, interactive, "").await
+        }
+        BmcEndpoint::Redfish(redfish) => {
+            let (username, password) = credentials(client, &redfish.credentials).await?;
+            let secret = format!(
+                "{}/{}",
+                redfish.credentials.namespace, redfish.credentials.name
+            );
+            let advertised =
+                redfish_console::read_advertised(&redfish.endpoint, &username, &password, &secret)
+                    .await?;
+            let target = redfish_console(name, &redfish, &advertised)?;
+            let via = format!(
+                ", the serial console {} advertises",
+                redfish.endpoint.display_name()
+            );
+            open_sol(name, &target, &username, &password, interactive, &via).await
+        }
+    }
+}
+
+/// Serial-over-LAN with ipmitool until it ends or Ctrl-C; `via` adds to the first line.
+async fn open_sol(
+    name: &str,
+    target: &SolTarget,
+    username: &str,
+    password: &str,
+    interactive: bool,
+    via: &str,
+) -> Result<(), Error> {
     let ipmitool = |action: &str| {
         let mut command = tokio::process::Command::new("ipmitool");
         command
-            .args(ipmitool_args(&target, &username, action))
-            .env("IPMI_PASSWORD", &password)
+            .args(ipmitool_args(target, username, action))
+            .env("IPMI_PASSWORD", password)
             .kill_on_drop(true);
         command
     };
     eprintln!(
-        "console of {name} through ipmi://{}:{} ({}; Ctrl-C ends)",
+        "console of {name} through ipmi://{}:{}{via} ({}; Ctrl-C ends)",
         target.host,
         target.port,
         if interactive {
@@ -190,45 +335,112 @@ mod tests {
 
     use super::*;
     use crate::fixtures::machine;
+    use crate::redfish_console::{Advertised, ManagerConsoles, SerialConsole};
 
-    fn with_bmc(address: &str) -> Machine {
+    fn with_bmc_spec(bmc: serde_json::Value) -> Machine {
         machine(
             "m",
             json!({}),
-            json!({"provider": "pxe", "pxe": {"macAddresses": ["52:54:00:00:00:01"], "bmc": {
-                "address": address, "credentialsSecretRef": {"namespace": "ns", "name": "bmc"}}}}),
+            json!({"provider": "pxe", "pxe": {"macAddresses": ["52:54:00:00:00:01"], "bmc": bmc}}),
             json!({}),
         )
     }
 
+    fn with_bmc(address: &str) -> Machine {
+        with_bmc_spec(json!({"address": address,
+            "credentialsSecretRef": {"namespace": "ns", "name": "bmc"}}))
+    }
+
+    fn secret() -> SecretReference {
+        SecretReference {
+            namespace: "ns".into(),
+            name: "bmc".into(),
+        }
+    }
+
+    fn redfish(
+        https: bool,
+        authority: &str,
+        host: &str,
+        system: Option<&str>,
+    ) -> Result<BmcEndpoint, NoConsole> {
+        Ok(BmcEndpoint::Redfish(RedfishTarget {
+            endpoint: RedfishEndpoint {
+                https,
+                authority: authority.into(),
+                system: system.map(str::to_owned),
+                insecure_skip_verify: false,
+                ca_bundle: None,
+            },
+            host: host.into(),
+            credentials: secret(),
+        }))
+    }
+
     #[test]
-    fn the_console_target_of_each_kind_of_machine() {
-        let ok = |host: &str, port: u16| {
-            Ok(SolTarget {
+    fn the_bmc_of_each_kind_of_machine() {
+        let ipmi = |host: &str, port: u16| {
+            Ok(BmcEndpoint::Ipmi(SolTarget {
                 host: host.to_owned(),
                 port,
-                credentials: SecretReference {
-                    namespace: "ns".into(),
-                    name: "bmc".into(),
-                },
+                credentials: secret(),
+            }))
+        };
+        let bad = |address: &str, reason: &'static str| {
+            Err(NoConsole::BadAddress {
+                machine: "m".into(),
+                address: address.into(),
+                reason,
             })
         };
         let cases = [
-            (with_bmc("ipmi://10.0.0.6"), ok("10.0.0.6", 623)),
-            (with_bmc("ipmi://10.0.0.6:6230"), ok("10.0.0.6", 6230)),
-            (with_bmc("ipmi://bmc-7.lab:624/"), ok("bmc-7.lab", 624)),
-            (with_bmc("ipmi://[fd00::6]:700"), ok("fd00::6", 700)),
-            (with_bmc("ipmi://[fd00::6]"), ok("fd00::6", 623)),
+            (with_bmc("ipmi://10.0.0.6"), ipmi("10.0.0.6", 623)),
+            (with_bmc("ipmi://10.0.0.6:6230"), ipmi("10.0.0.6", 6230)),
+            (with_bmc("ipmi://bmc-7.lab:624/"), ipmi("bmc-7.lab", 624)),
+            (with_bmc("ipmi://[fd00::6]:700"), ipmi("fd00::6", 700)),
+            (with_bmc("ipmi://[fd00::6]"), ipmi("fd00::6", 623)),
             (
                 with_bmc("ipmi://10.0.0.6:notaport"),
-                Err(NoConsole::BadAddress {
-                    machine: "m".into(),
-                    address: "ipmi://10.0.0.6:notaport".into(),
-                }),
+                bad("ipmi://10.0.0.6:notaport", "has no host[:port]"),
+            ),
+            (
+                with_bmc("ipmi://10.0.0.6/redfish/v1"),
+                bad("ipmi://10.0.0.6/redfish/v1", "is not ipmi://host[:port]"),
             ),
             (
                 with_bmc("redfish://10.0.0.5/redfish/v1/Systems/1"),
-                Err(NoConsole::Redfish("m".into())),
+                redfish(true, "10.0.0.5", "10.0.0.5", Some("/redfish/v1/Systems/1")),
+            ),
+            (
+                with_bmc("redfish+https://bmc.lab:8443"),
+                redfish(true, "bmc.lab:8443", "bmc.lab", None),
+            ),
+            (
+                with_bmc("redfish+http://127.0.0.1:8000/redfish/v1/Systems/abc-1/"),
+                redfish(
+                    false,
+                    "127.0.0.1:8000",
+                    "127.0.0.1",
+                    Some("/redfish/v1/Systems/abc-1"),
+                ),
+            ),
+            (
+                with_bmc("redfish+http://[fd00::5]:8000/redfish/v1"),
+                redfish(false, "[fd00::5]:8000", "fd00::5", None),
+            ),
+            (
+                with_bmc("redfish://10.0.0.5/redfish/v1/Managers/1"),
+                bad(
+                    "redfish://10.0.0.5/redfish/v1/Managers/1",
+                    "has a path other than /redfish/v1/Systems/<id>",
+                ),
+            ),
+            (
+                with_bmc("redfish://admin:hunter2@10.0.0.5/redfish/v1/Systems/1"),
+                bad(
+                    "redfish://…@10.0.0.5/redfish/v1/Systems/1",
+                    "holds user information: credentials belong in the Secret",
+                ),
             ),
             (
                 machine(
@@ -248,13 +460,104 @@ mod tests {
             ),
         ];
         for (m, expected) in cases {
-            assert_eq!(sol_target(&m), expected, "{:?}", m.spec.pxe);
+            assert_eq!(bmc_endpoint(&m), expected, "{:?}", m.spec.pxe);
+        }
+        // The Machine's TLS settings go with the endpoint.
+        let tls = with_bmc_spec(json!({"address": "redfish://10.0.0.5",
+            "credentialsSecretRef": {"namespace": "ns", "name": "bmc"},
+            "insecureSkipVerify": true}));
+        let Ok(BmcEndpoint::Redfish(target)) = bmc_endpoint(&tls) else {
+            panic!("a Redfish endpoint");
+        };
+        assert!(target.endpoint.insecure_skip_verify);
+    }
+
+    #[test]
+    fn a_password_in_the_address_is_never_echoed() {
+        let error = bmc_endpoint(&with_bmc("redfish+http://root:hunter2@10.0.0.5:8000"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            !error.contains("hunter2") && !error.contains("root"),
+            "{error}"
+        );
+        assert!(
+            error.contains("credentials belong in the Secret"),
+            "{error}"
+        );
+    }
+
+    fn advertising(serial: serde_json::Value) -> Advertised {
+        Advertised {
+            system: None,
+            managers: vec![ManagerConsoles {
+                id: "/redfish/v1/Managers/1".into(),
+                serial_console: Some(serde_json::from_value::<SerialConsole>(serial).unwrap()),
+                command_shell: None,
+                network_protocol: None,
+            }],
         }
     }
 
     #[test]
+    fn what_a_redfish_bmc_advertises_becomes_sol_or_a_refusal() {
+        let Ok(BmcEndpoint::Redfish(target)) =
+            bmc_endpoint(&with_bmc("redfish://[fd00::5]:8443/redfish/v1/Systems/1"))
+        else {
+            panic!("a Redfish endpoint");
+        };
+        assert_eq!(
+            redfish_console(
+                "m",
+                &target,
+                &advertising(json!({"ServiceEnabled": true, "ConnectTypesSupported": ["IPMI"]}))
+            ),
+            Ok(SolTarget {
+                host: "fd00::5".into(),
+                port: 623,
+                credentials: secret(),
+            })
+        );
+        let ssh = redfish_console(
+            "m",
+            &target,
+            &advertising(json!({"SSH": {"ServiceEnabled": true, "Port": 2200,
+                                        "ConsoleEntryCommand": "console com2"}})),
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            ssh,
+            "m: its Redfish BMC offers a serial console over SSH only, which the plugin does not open (ssh takes a password only from a terminal or an askpass program; telnet sends it in clear): run `ssh -p 2200 <username>@fd00::5`, then enter \"console com2\" at its prompt; the user name and password are the keys username and password of the Secret ns/bmc"
+        );
+        let telnet = redfish_console(
+            "m",
+            &target,
+            &advertising(json!({"ServiceEnabled": true, "ConnectTypesSupported": ["Telnet"]})),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(telnet.contains("run `telnet fd00::5 23`"), "{telnet}");
+        let nothing = redfish_console(
+            "m",
+            &target,
+            &advertising(json!({"ServiceEnabled": false, "ConnectTypesSupported": ["IPMI"]})),
+        );
+        assert_eq!(
+            nothing,
+            Err(NoConsole::NothingOffered {
+                machine: "m".into(),
+                bmc: "redfish+https://[fd00::5]:8443".into(),
+                advertised: "no SerialConsole on the system; manager /redfish/v1/Managers/1: SerialConsole ConnectTypesSupported [IPMI] (disabled)".into(),
+            })
+        );
+    }
+
+    #[test]
     fn the_password_is_never_an_argument() {
-        let target = sol_target(&with_bmc("ipmi://10.0.0.6:6230")).unwrap();
+        let Ok(BmcEndpoint::Ipmi(target)) = bmc_endpoint(&with_bmc("ipmi://10.0.0.6:6230")) else {
+            panic!("an IPMI endpoint");
+        };
         let args = ipmitool_args(&target, "admin", "activate");
         assert_eq!(
             args.join(" "),

@@ -58,6 +58,9 @@ pub enum Error {
     /// Opening the console failed (never with a credential in the message).
     #[error("console: {0}")]
     Console(String),
+    /// Reading what a Redfish BMC advertises failed (never with a credential in the message).
+    #[error("console: {0}")]
+    Redfish(#[from] crate::redfish_console::RedfishError),
     /// A watch failed before it had listed everything.
     #[error("watching: {0}")]
     Watch(#[source] kube::runtime::watcher::Error),
@@ -109,17 +112,36 @@ pub enum NoConsole {
     /// No `spec.pxe.bmc`.
     #[error("{0} has no BMC (spec.pxe.bmc): there is no serial console to reach")]
     NoBmc(String),
-    /// A Redfish BMC.
+    /// A Redfish BMC whose serial console is SSH or Telnet, which the plugin does not open.
     #[error(
-        "{0} has a Redfish BMC: its serial console is not supported yet (only IPMI Serial-over-LAN)"
+        "{machine}: its Redfish BMC offers a serial console over {protocol} only, which the plugin does not open (ssh takes a password only from a terminal or an askpass program; telnet sends it in clear): {how}"
     )]
-    Redfish(String),
+    NotOpened {
+        /// The Machine.
+        machine: String,
+        /// `SSH` or `Telnet`.
+        protocol: &'static str,
+        /// What to run instead (names the Secret, never holds a credential).
+        how: String,
+    },
+    /// A Redfish BMC that offers no serial console (or only disabled ones).
+    #[error("{machine}: this BMC offers no console we can open ({bmc} advertises: {advertised})")]
+    NothingOffered {
+        /// The Machine.
+        machine: String,
+        /// The BMC (scheme, host, port).
+        bmc: String,
+        /// What it advertises.
+        advertised: String,
+    },
     /// An address that cannot be read.
-    #[error("{machine}: the BMC address {address:?} is not ipmi://host[:port]")]
+    #[error("{machine}: the BMC address {address:?} {reason}")]
     BadAddress {
         /// The Machine.
         machine: String,
-        /// The address.
+        /// The address, user information left out.
         address: String,
+        /// What is wrong with it.
+        reason: &'static str,
     },
 }

@@ -8,11 +8,13 @@
 //!   `rollback --to N`, `apply`: the objects the controller, the providers and the agent act on,
 //!   followed to the end.
 //! - `logs <machine>`: the bootserver's lines that name it and its agent's (see [`logs`]).
-//! - `console <machine>`: the serial console through the BMC (IPMI Serial-over-LAN).
+//! - `console <machine>`: the serial console through the BMC (IPMI Serial-over-LAN, also where
+//!   a Redfish BMC advertises it; see [`redfish_console`]).
 //! - `completion <shell>`, and kubectl's plugin completion (`__complete`).
 //!
 //! Decisions are pure functions over plain data ([`status::build`], [`render::render`],
-//! [`why::explain`], [`plan::plan`], [`progress`], [`complete::want`]); [`cluster`] and
+//! [`why::explain`], [`plan::plan`], [`progress`], [`complete::want`],
+//! [`redfish_console::decide`]); [`cluster`] and
 //! [`act`] do the I/O. See docs/kubectl-plugin.md.
 
 pub mod act;
@@ -28,6 +30,7 @@ pub mod in_place;
 pub mod logs;
 pub mod plan;
 pub mod progress;
+pub mod redfish_console;
 pub mod render;
 pub mod status;
 pub mod terminal;

@@ -229,3 +229,100 @@ async fn console_refuses_machines_without_an_ipmi_bmc_and_missing_secrets() {
         assert!(run.stderr.contains(message), "{machine}: {}", run.stderr);
     }
 }
+
+const REDFISH_SYSTEM: &str = "6f9d0c1e-2b1a-4a61-9d35-0c29a1e0f001";
+const REDFISH_PASSWORD: &str = "s3cret-redfish-password";
+
+async fn create_redfish_machine(client: &kube::Client, name: &str, address: &str, secret: &str) {
+    create_machine(
+        client,
+        name,
+        json!({}),
+        json!({"provider": "pxe", "pxe": {"macAddresses": ["52:54:00:29:02:01"], "bmc": {
+            "address": address,
+            "credentialsSecretRef": {"namespace": "default", "name": secret}}}}),
+    )
+    .await;
+}
+
+/// sushy-tools (fake driver, basic authentication) advertises no console: not on the
+/// ComputerSystem, not on its Manager. The plugin reads both with the Secret's credentials
+/// and refuses with exit 2, naming what the BMC advertises; a wrong password and an
+/// unreachable BMC are exit 1. No output ever holds the password.
+#[tokio::test]
+async fn console_on_a_redfish_bmc_names_what_it_advertises_and_never_the_password() {
+    let client = client().await;
+    let sushy = tokio::task::spawn_blocking(|| {
+        unbounded_testbed::bmc::SushyEmulator::start_fake_with_user(
+            &[(REDFISH_SYSTEM, "52:54:00:29:02:01")],
+            "admin",
+            REDFISH_PASSWORD,
+        )
+    })
+    .await
+    .unwrap()
+    .expect("sushy-emulator (testbed/scripts/install-bmc-emulators.sh installs it)");
+    let base = format!("redfish+http://127.0.0.1:{}", sushy.port);
+    create_secret(&client, "rf-bmc", REDFISH_PASSWORD).await;
+    create_secret(&client, "rf-wrong", "not-the-redfish-password").await;
+    create_redfish_machine(
+        &client,
+        "rf-none",
+        &format!("{base}/redfish/v1/Systems/{REDFISH_SYSTEM}"),
+        "rf-bmc",
+    )
+    .await;
+    // No system in the address: the single member of Systems.
+    create_redfish_machine(&client, "rf-found", &base, "rf-bmc").await;
+    create_redfish_machine(
+        &client,
+        "rf-wrong-m",
+        &format!("{base}/redfish/v1/Systems/{REDFISH_SYSTEM}"),
+        "rf-wrong",
+    )
+    .await;
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    create_redfish_machine(
+        &client,
+        "rf-down",
+        &format!("redfish+http://127.0.0.1:{closed}"),
+        "rf-bmc",
+    )
+    .await;
+
+    let advertises = format!(
+        "this BMC offers no console we can open ({base} advertises: no SerialConsole on the system; manager /redfish/v1/Managers/{REDFISH_SYSTEM}: no SerialConsole, no CommandShell)"
+    );
+    let cases: [(&str, i32, String); 4] = [
+        ("rf-none", 2, format!("rf-none: {advertises}")),
+        ("rf-found", 2, format!("rf-found: {advertises}")),
+        (
+            "rf-wrong-m",
+            1,
+            format!(
+                "console: the Redfish BMC {base} refused the credentials of the Secret default/rf-wrong"
+            ),
+        ),
+        (
+            "rf-down",
+            1,
+            format!("console: the Redfish BMC redfish+http://127.0.0.1:{closed} is unreachable"),
+        ),
+    ];
+    for (machine, code, message) in cases {
+        let run = plugin(&["console", machine]).await;
+        assert_eq!(run.code, code, "{machine}: {run:?}\n{}", sushy.log());
+        assert!(run.stderr.contains(&message), "{machine}: {}", run.stderr);
+        for secret in [REDFISH_PASSWORD, "not-the-redfish-password"] {
+            assert!(
+                !run.stderr.contains(secret) && !run.stdout.contains(secret),
+                "{machine}: {run:?}"
+            );
+        }
+    }
+    // The wrong password was refused by the BMC, not by the plugin: sushy logged the 401.
+    assert!(sushy.log().contains(" 401 "), "{}", sushy.log());
+}

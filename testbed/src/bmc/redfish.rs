@@ -38,23 +38,7 @@ impl SushyEmulator {
         let bin = emulators_bin()?;
         let dir = tempfile::tempdir().map_err(|e| setup(e.to_string()))?;
         let auth = dir.path().join("htpasswd");
-        // The password reaches python through stdin, never a command line.
-        let mut child = Command::new(bin.join("python"))
-            .args([
-                "-c",
-                "import sys, bcrypt; u, p = sys.stdin.read().split('\\n', 1); \
-                 print(u + ':' + bcrypt.hashpw(p.encode(), bcrypt.gensalt()).decode())",
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .map_err(|e| setup(e.to_string()))?;
-        if let Some(mut stdin) = child.stdin.take() {
-            use std::io::Write as _;
-            write!(stdin, "{username}\n{password}").map_err(|e| setup(e.to_string()))?;
-        }
-        let out = child.wait_with_output().map_err(|e| setup(e.to_string()))?;
-        std::fs::write(&auth, &out.stdout).map_err(|e| setup(e.to_string()))?;
+        write_htpasswd(&bin, &auth, username, password)?;
         let config = dir.path().join("emulator.conf");
         std::fs::write(
             &config,
@@ -97,8 +81,36 @@ impl SushyEmulator {
     /// libvirt, one powered-off system per `(uuid, mac)` whose power and boot override
     /// the emulator keeps in its own directory; no authentication (any credentials pass).
     pub fn start_fake(systems: &[(&str, &str)]) -> Result<Self, BmcError> {
+        Self::start_fake_as(systems, None)
+    }
+
+    /// [`Self::start_fake`] with one user (basic authentication, as [`Self::start`]): other
+    /// credentials get 401.
+    pub fn start_fake_with_user(
+        systems: &[(&str, &str)],
+        username: &str,
+        password: &str,
+    ) -> Result<Self, BmcError> {
+        Self::start_fake_as(systems, Some((username, password)))
+    }
+
+    fn start_fake_as(
+        systems: &[(&str, &str)],
+        user: Option<(&str, &str)>,
+    ) -> Result<Self, BmcError> {
         let bin = emulators_bin()?;
         let dir = tempfile::tempdir().map_err(|e| setup(e.to_string()))?;
+        let auth_line = match user {
+            Some((username, password)) => {
+                let auth = dir.path().join("htpasswd");
+                write_htpasswd(&bin, &auth, username, password)?;
+                format!(
+                    "SUSHY_EMULATOR_AUTH_FILE = {:?}\n",
+                    auth.display().to_string()
+                )
+            }
+            None => String::new(),
+        };
         let systems: Vec<String> = systems
             .iter()
             .map(|(uuid, mac)| {
@@ -111,7 +123,7 @@ impl SushyEmulator {
         std::fs::write(
             &config,
             format!(
-                "SUSHY_EMULATOR_FAKE_DRIVER = True\nSUSHY_EMULATOR_STATE_DIR = {:?}\nSUSHY_EMULATOR_FAKE_SYSTEMS = [\n  {}\n]\n",
+                "{auth_line}SUSHY_EMULATOR_FAKE_DRIVER = True\nSUSHY_EMULATOR_STATE_DIR = {:?}\nSUSHY_EMULATOR_FAKE_SYSTEMS = [\n  {}\n]\n",
                 dir.path().join("state").display().to_string(),
                 systems.join(",\n  ")
             ),
@@ -182,4 +194,30 @@ impl SushyEmulator {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("sushy.log")).unwrap_or_default()
     }
+}
+
+/// Writes a bcrypt htpasswd file with one user; the password reaches python through stdin,
+/// never a command line.
+fn write_htpasswd(
+    bin: &std::path::Path,
+    path: &std::path::Path,
+    username: &str,
+    password: &str,
+) -> Result<(), BmcError> {
+    let mut child = Command::new(bin.join("python"))
+        .args([
+            "-c",
+            "import sys, bcrypt; u, p = sys.stdin.read().split('\\n', 1); \
+             print(u + ':' + bcrypt.hashpw(p.encode(), bcrypt.gensalt()).decode())",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| setup(e.to_string()))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        use std::io::Write as _;
+        write!(stdin, "{username}\n{password}").map_err(|e| setup(e.to_string()))?;
+    }
+    let out = child.wait_with_output().map_err(|e| setup(e.to_string()))?;
+    std::fs::write(path, &out.stdout).map_err(|e| setup(e.to_string()))
 }
