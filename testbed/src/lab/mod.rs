@@ -250,6 +250,7 @@ impl Lab {
                     vcpus: 1,
                     network_fallback: true,
                     data_disks_gib: lab_data_disks(i),
+                    smbios_serial: None,
                 },
             )
             .map_err(|e| step(e.to_string()))?;
