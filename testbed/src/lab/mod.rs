@@ -403,6 +403,7 @@ spec:
 }
 
 pub mod base;
+pub mod discovery;
 mod host_binaries;
 mod logs;
 pub mod running;
