@@ -385,9 +385,6 @@ mod tests {
     #[test]
     fn smbios_values_are_escaped_for_xml() {
         assert_eq!(xml_text("TB-1"), "TB-1");
-        assert_eq!(
-            xml_text("a<b>&c</entry>"),
-            "a&lt;b&gt;&amp;c&lt;/entry&gt;"
-        );
+        assert_eq!(xml_text("a<b>&c</entry>"), "a&lt;b&gt;&amp;c&lt;/entry&gt;");
     }
 }
