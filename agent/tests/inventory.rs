@@ -140,7 +140,15 @@ fn a_bare_vm_tree_gives_what_it_has() {
     );
     assert!(inv.system.is_none(), "no DMI");
     assert!(inv.pci.is_none());
-    assert_eq!(inv.disks.as_ref().unwrap().devices.len(), 0);
+    let disks = &inv.disks.as_ref().unwrap().devices;
+    assert_eq!(disks.len(), 1);
+    assert_eq!(disks[0].name, "vda");
+    assert_eq!(disks[0].size_bytes, 20 << 30);
+    assert_eq!(
+        disks[0].serial.as_deref(),
+        Some("data-ub-vm"),
+        "virtio-blk keeps the serial on the disk, not on its device"
+    );
     assert_eq!(
         inv.firmware.as_ref().unwrap().mode,
         Firmware::Bios,
@@ -157,7 +165,7 @@ fn a_bare_vm_tree_gives_what_it_has() {
         labels
             .get("hardware.unbounded-cloud.io/disks")
             .map(String::as_str),
-        Some("0")
+        Some("1")
     );
 }
 

@@ -10,6 +10,7 @@ pub mod bench;
 pub mod bmc;
 pub mod cluster;
 pub mod containers;
+pub mod discovery_scenario;
 pub mod disk_scenario;
 pub mod images;
 pub mod lab;

@@ -180,6 +180,10 @@ pub(crate) enum ScenarioName {
     /// kubectl-unbounded`; or name it with UNBOUNDED_KUBECTL_PLUGIN): status, reboot,
     /// rollback, logs, and console through ipmi_sim's SOL during a reboot.
     Plugin,
+    /// Two VMs nobody declared (different shapes, SMBIOS serials) become discovered Machines
+    /// with their inventory and hardware labels; given their BMCs, a MachinePool requiring 2
+    /// CPUs claims only the larger, which becomes a Ready Node.
+    Discovery,
 }
 
 fn main() -> ExitCode {

@@ -111,14 +111,21 @@ pub fn relative_path(from: &Path, to: &Path) -> PathBuf {
 }
 
 /// The lab's kustomization: `base` (the repository's overlay, as a path relative to the
-/// kustomization's directory) with `overrides`.
-pub fn lab_kustomization(base: &Path, overrides: &[ImageOverride]) -> String {
+/// kustomization's directory) with `overrides`, and `patches` (files beside the
+/// kustomization).
+pub fn lab_kustomization(base: &Path, overrides: &[ImageOverride], patches: &[&str]) -> String {
     let mut out = format!(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
          # Written by unbounded-testbed for this run: testbed/overlay with the images\n\
          # the lab pushed to its registry, by digest.\nresources:\n  - {}\n",
         base.display()
     );
+    if !patches.is_empty() {
+        out.push_str("patches:\n");
+        for patch in patches {
+            out.push_str(&format!("  - path: {patch}\n"));
+        }
+    }
     if !overrides.is_empty() {
         out.push_str("images:\n");
         for o in overrides {
@@ -236,7 +243,15 @@ mod tests {
                 },
             ]
         );
-        let text = lab_kustomization(Path::new("../../repo/testbed/overlay"), &overrides);
+        let text = lab_kustomization(
+            Path::new("../../repo/testbed/overlay"),
+            &overrides,
+            &["bootserver-discovery.yaml"],
+        );
+        assert!(
+            text.contains("patches:\n  - path: bootserver-discovery.yaml\n"),
+            "{text}"
+        );
         assert!(
             text.contains("resources:\n  - ../../repo/testbed/overlay\n"),
             "{text}"

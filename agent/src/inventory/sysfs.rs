@@ -53,7 +53,10 @@ pub fn read_disks(root: &Path) -> Vec<Disk> {
                 size_bytes: sectors.saturating_mul(512),
                 rotational: read_trimmed(&dir.join("queue/rotational")).map(|r| r == "1"),
                 model: read_trimmed(&device.join("model")),
-                serial: read_trimmed(&device.join("serial")),
+                // NVMe and some SCSI drivers put the serial on the device; virtio-blk puts it
+                // on the disk itself (`/sys/block/vda/serial`).
+                serial: read_trimmed(&device.join("serial"))
+                    .or_else(|| read_trimmed(&dir.join("serial"))),
                 wwn: read_trimmed(&device.join("wwid")).or_else(|| read_trimmed(&dir.join("wwid"))),
                 name,
             })

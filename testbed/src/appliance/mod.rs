@@ -283,7 +283,7 @@ impl Appliance {
         )?;
         let machines_artifacts = installed_set_artifacts(images)?;
         steps.run("applying deploy/ through testbed/overlay", || {
-            apply_overlay(plane, &options.dir, &pushed)
+            apply_overlay(plane, &options.dir, &pushed, &machines_artifacts)
         })?;
         let mut bootstrap = steps
             .run("controller outside the cluster, for the first join", || {

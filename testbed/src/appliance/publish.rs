@@ -90,11 +90,14 @@ pub(super) fn push_artifacts(
     })
 }
 
-/// Writes the lab's kustomization over `testbed/overlay` and applies it.
+/// Writes the lab's kustomization over `testbed/overlay` and applies it: the images by
+/// digest, and the bootserver's configuration with discovery on, booting `machines`' host
+/// OS ([`crate::lab::discovery`]).
 pub(super) fn apply_overlay(
     plane: &LocalControlPlane,
     dir: &Path,
     pushed: &[PushedLayout],
+    machines: &BootArtifacts,
 ) -> Result<(), LabError> {
     let base = overlay::testbed_overlay();
     let base = fs::canonicalize(&base).map_err(|e| step(format!("{}: {e}", base.display())))?;
@@ -115,9 +118,22 @@ pub(super) fn apply_overlay(
     let out = dir.join("overlay");
     fs::create_dir_all(&out).map_err(|e| step(format!("{}: {e}", out.display())))?;
     let out = fs::canonicalize(&out).map_err(|e| step(format!("{}: {e}", out.display())))?;
+    let configmap = base.join("bootserver-config.yaml");
+    let configmap = fs::read_to_string(&configmap)
+        .map_err(|e| step(format!("{}: {e}", configmap.display())))?;
+    let discovery_patch = "bootserver-discovery.yaml";
+    fs::write(
+        out.join(discovery_patch),
+        crate::lab::discovery::configmap_patch(&configmap, machines)?,
+    )
+    .map_err(|e| step(format!("{}: {e}", out.display())))?;
     fs::write(
         out.join("kustomization.yaml"),
-        overlay::lab_kustomization(&overlay::relative_path(&out, &base), &overrides),
+        overlay::lab_kustomization(
+            &overlay::relative_path(&out, &base),
+            &overrides,
+            &[discovery_patch],
+        ),
     )
     .map_err(|e| step(format!("{}: {e}", out.display())))?;
     kubectl(

@@ -146,6 +146,9 @@ pub struct DomainOptions {
     /// is written), outside the boot order, for the node's state (`spec.template.storage`).
     /// The first has the serial `data-<domain>`, the next `data2-<domain>`, and so on.
     pub data_disks_gib: Vec<u32>,
+    /// The SMBIOS system serial the guest reads (`/sys/class/dmi/id/product_serial`), set
+    /// through libvirt's `<sysinfo type='smbios'>`; QEMU's default (none) when unset.
+    pub smbios_serial: Option<String>,
 }
 
 /// The kernel name of the lab's `index`th data disk (`vdb` first: `vda` is the boot disk).
@@ -170,6 +173,7 @@ impl Default for DomainOptions {
             vcpus: 1,
             network_fallback: false,
             data_disks_gib: Vec::new(),
+            smbios_serial: None,
         }
     }
 }
@@ -262,13 +266,26 @@ impl Domain {
         } else {
             ""
         };
+        let (sysinfo, smbios) = options.smbios_serial.as_deref().map_or_else(
+            || (String::new(), ""),
+            |serial| {
+                (
+                    format!(
+                        "<sysinfo type='smbios'><system><entry name='serial'>{}</entry></system></sysinfo>",
+                        xml_text(serial)
+                    ),
+                    "<smbios mode='sysinfo'/>",
+                )
+            },
+        );
         let xml = format!(
             "<domain type='{kind}'>
   <name>{name}</name>
   <uuid>{uuid}</uuid>
   <memory unit='MiB'>{memory}</memory>
   <vcpu>{vcpus}</vcpu>
-  <os><type arch='x86_64' machine='{machine}'>hvm</type>{loader}<boot dev='hd'/>{network_fallback}</os>
+  {sysinfo}
+  <os><type arch='x86_64' machine='{machine}'>hvm</type>{loader}<boot dev='hd'/>{network_fallback}{smbios}</os>
   <features><acpi/></features>
   <on_poweroff>destroy</on_poweroff>
   <on_reboot>restart</on_reboot>
@@ -346,9 +363,28 @@ impl Domain {
     }
 }
 
+/// `text` for an XML element's content.
+fn xml_text(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
 impl Drop for Domain {
     fn drop(&mut self) {
         let _ = virsh(&["destroy", &self.name]);
         let _ = virsh(&["undefine", "--nvram", &self.name]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::xml_text;
+
+    /// A serial is written into the domain's XML: markup in it stays text.
+    #[test]
+    fn smbios_values_are_escaped_for_xml() {
+        assert_eq!(xml_text("TB-1"), "TB-1");
+        assert_eq!(xml_text("a<b>&c</entry>"), "a&lt;b&gt;&amp;c&lt;/entry&gt;");
     }
 }

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use super::base::{LAB_ADDRESS, LAB_API_PORT, LabError, kubectl, service_account_kubeconfig, step};
 use super::{Components, LabOptions, write};
+use crate::appliance::BootArtifacts;
 use crate::bmc;
 use crate::cluster::LocalControlPlane;
 use crate::images::Images;
@@ -63,9 +64,18 @@ pub(super) fn start_host_binaries(
             .map_err(|e| step(format!("linking {name}: {e}")))?;
     }
 
-    say("bootserver (Kubernetes backend, full DHCP, router advertisements, agent credentials)");
+    say(
+        "bootserver (Kubernetes backend, full DHCP, router advertisements, agent credentials, discovery of unknown machines)",
+    );
     let config = options.dir.join("bootserver.yaml");
-    write(&config, &bootserver_config(&options.dir, &images_dir, &ca))?;
+    let artifacts = BootArtifacts::on_bootserver(&images.node.sha256);
+    write(
+        &config,
+        &super::discovery::with_discovery(
+            &bootserver_config(&options.dir, &images_dir, &ca),
+            &artifacts,
+        )?,
+    )?;
     let bootserver = Process::spawn(
         "bootserver",
         Some(ns),

@@ -250,6 +250,7 @@ impl Lab {
                     vcpus: 1,
                     network_fallback: true,
                     data_disks_gib: lab_data_disks(i),
+                    smbios_serial: None,
                 },
             )
             .map_err(|e| step(e.to_string()))?;
@@ -402,6 +403,7 @@ spec:
 }
 
 pub mod base;
+pub mod discovery;
 mod host_binaries;
 mod logs;
 pub mod running;
