@@ -171,9 +171,11 @@ pub mod operations {
             .then_some(HandlerKind::Provider)
     }
 
-    /// The names that some handler runs on a Machine of `provider`, for messages.
+    /// The names that some handler runs on a Machine of `provider` and a person may create,
+    /// for messages (not [`APPLY_FILES`]: `applyConfiguration` creates it).
     pub fn known(provider: MachineProvider) -> Vec<&'static str> {
-        let mut names = AGENT.to_vec();
+        let mut names: Vec<&'static str> =
+            AGENT.into_iter().filter(|n| *n != APPLY_FILES).collect();
         names.extend(CONTROLLER);
         if provider != MachineProvider::Manual {
             names.extend(POWER);
