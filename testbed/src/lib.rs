@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod containers;
 pub mod disk_scenario;
 pub mod images;
+pub mod in_place_scenario;
 pub mod lab;
 pub mod leaks;
 pub mod netns;

@@ -180,6 +180,10 @@ pub(crate) enum ScenarioName {
     /// kubectl-unbounded`; or name it with UNBOUNDED_KUBECTL_PLUGIN): status, reboot,
     /// rollback, logs, and console through ipmi_sim's SOL during a reboot.
     Plugin,
+    /// `applyConfiguration` on the first machine: a label and a file (containerd restarted)
+    /// in place with the Node, its UID and both boot IDs unchanged; then a removed file,
+    /// which needs a repave: refused without `disruptive`, carried out with it.
+    InPlace,
 }
 
 fn main() -> ExitCode {

@@ -57,6 +57,9 @@ pub(crate) fn run_scenario(name: ScenarioName) -> Result<(), CliError> {
                 &say,
             ),
             ScenarioName::Disks => unbounded_testbed::disk_scenario::disks(&lab, timeout, &say).map(|_| ()),
+            ScenarioName::InPlace => {
+                unbounded_testbed::in_place_scenario::in_place(&lab, timeout, &say)
+            }
             ScenarioName::All => Ok(()),
         }
     };
