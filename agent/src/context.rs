@@ -8,10 +8,11 @@ use std::sync::Mutex;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
-use unbounded_api::MachineOperation;
+use unbounded_api::{MachineConfigurationVersion, MachineOperation};
 
 use crate::credentials::Store;
 use crate::identity::Identity;
+use crate::state::KeptState;
 use crate::status::Reporter;
 use crate::systemd::Systemd;
 
@@ -60,11 +61,16 @@ pub(crate) struct Context {
     pub(crate) store: Store,
     pub(crate) nodes: Api<Node>,
     pub(crate) operations: Api<MachineOperation>,
+    /// MachineConfigurationVersions (those the role names are readable).
+    pub(crate) versions: Api<MachineConfigurationVersion>,
     /// The host's systemd.
     pub(crate) host: Systemd,
     pub(crate) reporter: Reporter,
     /// The operations a task is working on, so that each has one task.
     pub(crate) running_operations: Mutex<BTreeSet<String>>,
+    /// This boot's state (what was paved). Held by the loop's pass (a pave) and by an
+    /// `applyFiles`, so that the two never change the container at the same time.
+    pub(crate) kept: tokio::sync::Mutex<KeptState>,
 }
 
 impl Context {

@@ -27,11 +27,14 @@
 //!    and reports `status.agent.releaseWipe`; the provider powers off only after `Wiped`.
 //! 7. **Operations** ([`operation_tasks`], deciding with [`operations`]): `reboot`,
 //!    `shutdown` (logind) and `restartService` (systemd, in the node container or on the
-//!    host).
+//!    host); `applyFiles` ([`apply_files`]), the agent's part of an `applyConfiguration`:
+//!    a version's changed files and kubelet flags written into the running container and
+//!    the units that read them restarted, without a repave.
 //!
 //! Progress goes to the console (`unbounded-agent: …` lines) and to the Machine's status
 //! (`status.agent`, condition `BootstrapReady`).
 
+pub mod apply_files;
 pub mod container_root;
 pub mod context;
 pub mod credential_upkeep;

@@ -12,9 +12,13 @@ use unbounded_api::well_known::field_managers;
 use unbounded_api::{AgentReboot, HandlerKind, Machine};
 use unbounded_runtime::handler::{self, Claim, Outcome};
 
+use crate::apply_files::{ContainerFacts, ContainerSystemd, Target};
 use crate::context::Context;
 use crate::operations::{self, AfterRecord, RebootStep, Request, Scope};
+use crate::plan::ContainerState;
 use crate::systemd::Systemd;
+use unbounded_api::MachineOperation;
+use unbounded_api::in_place::AgentApply;
 
 /// Starts work on the operations the role routes to this agent.
 pub(crate) fn consider_operations(ctx: &Arc<Context>, role: &ClusterRole, machine: &Machine) {
@@ -74,6 +78,14 @@ async fn handle_operation(
         "unbounded-agent: running {} ({name})",
         operation.spec.operation_name
     );
+    if operation.spec.operation_name == unbounded_api::well_known::operations::APPLY_FILES {
+        let Some(outcome) = apply_files(ctx, name, &operation).await else {
+            // Postponed: still InProgress under our field manager, resumed on the next pass.
+            return Ok(());
+        };
+        handler::finish(&ctx.operations, field_manager, name, &outcome).await?;
+        return Ok(());
+    }
     let outcome = match request {
         Err(message) => Outcome::Failed(message),
         Ok(Request::RestartService { unit, scope }) => restart_service(ctx, &unit, scope).await,
@@ -139,6 +151,46 @@ async fn handle_operation(
     };
     handler::finish(&ctx.operations, field_manager, name, &outcome).await?;
     Ok(())
+}
+
+/// Runs an `applyFiles` with this boot's state held (no pave meanwhile); records the target
+/// as what the container holds once every step ran.
+async fn apply_files(ctx: &Context, name: &str, operation: &MachineOperation) -> Option<Outcome> {
+    let mut kept = ctx.kept.lock().await;
+    let unit = crate::systemd::container_unit(&ctx.node);
+    let running = matches!(
+        ctx.host.unit_state(&unit).await,
+        Ok((load, active)) if crate::systemd::container_state(&load, &active) == ContainerState::Running
+    );
+    let facts = ContainerFacts {
+        node: &ctx.node,
+        paved: kept.state.paved.as_ref(),
+        paving: kept.state.paving.is_some(),
+        running,
+    };
+    let root = ctx.paths.machines.join(&ctx.node);
+    let units = ContainerSystemd {
+        socket: ctx.bus_socket(),
+    };
+    let target = Target {
+        operations: &ctx.operations,
+        name,
+        field_manager: field_managers::AGENT,
+        root: &root,
+        units: &units,
+    };
+    let (outcome, applied) =
+        crate::apply_files::run(&target, &ctx.versions, &operation.spec.parameters, &facts).await;
+    if applied
+        && let (Some(paved), Ok(apply)) = (
+            kept.state.paved.as_mut(),
+            AgentApply::from_parameters(&operation.spec.parameters),
+        )
+    {
+        paved.configuration.version = apply.version;
+        kept.save();
+    }
+    outcome
 }
 
 pub(crate) async fn restart_service(ctx: &Context, unit: &str, scope: Scope) -> Outcome {

@@ -4,7 +4,6 @@
 //! with a growing backoff, and the Machine's status says why and when.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,8 +28,6 @@ use crate::systemd;
 
 /// What the loop remembers from one pass to the next.
 pub(crate) struct Reconciler {
-    /// This boot's state (what was paved), kept on disk.
-    kept: KeptState,
     /// Deployed (immutable) versions read so far.
     version_cache: BTreeMap<String, Arc<MachineConfigurationVersion>>,
     /// Failed steps in a row.
@@ -60,10 +57,9 @@ struct ReleaseProgress {
 const WIPE_RETRY_PAUSE: Duration = Duration::from_secs(60);
 
 impl Reconciler {
-    /// Starts from this boot's state in `state_dir`.
-    pub(crate) fn new(state_dir: &Path, boot_id: &str) -> Self {
+    /// Starts with nothing learnt (this boot's state is the context's).
+    pub(crate) fn new() -> Self {
         Self {
-            kept: KeptState::load(state_dir, boot_id),
             version_cache: BTreeMap::new(),
             failures: 0,
             retry_after: None,
@@ -137,6 +133,9 @@ impl Reconciler {
         machine: &Machine,
         node: Option<&Node>,
     ) {
+        // Held for the whole pass: an applyFiles never runs during a pave.
+        let mut kept_guard = ctx.kept.lock().await;
+        let kept: &mut KeptState = &mut kept_guard;
         let status = machine.status.as_ref();
         let desired = status.and_then(|s| s.configuration.clone());
         let version = match &desired {
@@ -145,7 +144,7 @@ impl Reconciler {
         };
         let unit = systemd::container_unit(&ctx.node);
         let container = match ctx.host.unit_state(&unit).await {
-            Ok((load, active)) if self.kept.state.paved.is_some() => {
+            Ok((load, active)) if kept.state.paved.is_some() => {
                 systemd::container_state(&load, &active)
             }
             Ok(_) => ContainerState::Absent,
@@ -164,15 +163,15 @@ impl Reconciler {
                 .and_then(|r| r.uid.as_deref()),
             node_uid: node_uid.as_deref(),
             node_name: &ctx.node,
-            paved: self.kept.state.paved.as_ref(),
-            interrupted: self.kept.state.paving.is_some(),
+            paved: kept.state.paved.as_ref(),
+            interrupted: kept.state.paving.is_some(),
             container,
             node_not_ready: node_not_ready_message(node),
             kubelet_recently_restarted: self
                 .kubelet_restarted
                 .is_some_and(|t| t.elapsed() < Duration::from_secs(60)),
         });
-        let paved_label = self.kept.state.paved.as_ref().map(|p| {
+        let paved_label = kept.state.paved.as_ref().map(|p| {
             format!(
                 "{} version {}",
                 p.configuration.name, p.configuration.version
@@ -195,16 +194,7 @@ impl Reconciler {
                     reason.as_str()
                 );
                 let _ = ctx.reporter.report(|_| {}, Some(readiness.clone())).await;
-                match pave(
-                    ctx,
-                    &mut self.kept,
-                    machine,
-                    configuration,
-                    &version,
-                    *reason,
-                )
-                .await
-                {
+                match pave(ctx, kept, machine, configuration, &version, *reason).await {
                     Ok(()) => {
                         self.failures = 0;
                         self.retry_after = None;
@@ -225,10 +215,10 @@ impl Reconciler {
                 }
             }
             Action::Start => {
-                if let Some(paved) = self.kept.state.paved.as_mut() {
+                if let Some(paved) = kept.state.paved.as_mut() {
                     paved.starts += 1;
                 }
-                self.kept.save();
+                kept.save();
                 match ctx.host.start(&unit, Duration::from_secs(120)).await {
                     Ok(()) => {
                         self.failures = 0;
@@ -254,25 +244,20 @@ impl Reconciler {
             }
             Action::RecordJoin(uid) => {
                 println!("unbounded-agent: Node {} registered (uid {uid})", ctx.node);
-                if let Some(paved) = self.kept.state.paved.as_mut() {
+                if let Some(paved) = kept.state.paved.as_mut() {
                     paved.joined_node_uid = Some(uid.clone());
                 }
-                self.kept.save();
+                kept.save();
             }
             Action::Wait(_) | Action::Steady => {}
         }
         let container = match ctx.host.unit_state(&unit).await {
-            Ok((load, active)) if self.kept.state.paved.is_some() => {
+            Ok((load, active)) if kept.state.paved.is_some() => {
                 systemd::container_state(&load, &active)
             }
             _ => ContainerState::Absent,
         };
-        let paved = self
-            .kept
-            .state
-            .paved
-            .as_ref()
-            .map(|p| p.configuration.clone());
+        let paved = kept.state.paved.as_ref().map(|p| p.configuration.clone());
         if let Err(error) = ctx
             .reporter
             .report(
@@ -287,7 +272,9 @@ impl Reconciler {
             tracing::warn!(%error, "reporting status failed");
         }
         if action == Action::Wait(Wait::Deleting) {
-            self.release(ctx, versions, machine, node.is_some()).await;
+            let paved = kept.state.paved.as_ref().map(|p| p.configuration.clone());
+            self.release(ctx, versions, machine, node.is_some(), paved)
+                .await;
         }
     }
 
@@ -299,6 +286,7 @@ impl Reconciler {
         versions: &Api<MachineConfigurationVersion>,
         machine: &Machine,
         node_exists: bool,
+        paved: Option<ResolvedConfiguration>,
     ) {
         let status = machine.status.as_ref();
         if !self.release.seeded {
@@ -310,13 +298,7 @@ impl Reconciler {
         }
         // The version paved on this boot, else the one the controller resolved (a pave
         // may have written to the disk before the agent restarted).
-        let resolved = self
-            .kept
-            .state
-            .paved
-            .as_ref()
-            .map(|p| p.configuration.clone())
-            .or_else(|| status.and_then(|s| s.configuration.clone()));
+        let resolved = paved.or_else(|| status.and_then(|s| s.configuration.clone()));
         let version = match &resolved {
             Some(r) => self.version(versions, r).await,
             None => None,

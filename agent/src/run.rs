@@ -101,6 +101,7 @@ pub async fn run(identity: Identity, paths: Paths) -> Result<(), AgentError> {
         store,
         nodes: Api::all(client.clone()),
         operations: Api::all(client.clone()),
+        versions: Api::all(client.clone()),
         host,
         reporter: Reporter::new(
             machines.clone(),
@@ -114,6 +115,7 @@ pub async fn run(identity: Identity, paths: Paths) -> Result<(), AgentError> {
             },
         ),
         running_operations: Mutex::default(),
+        kept: tokio::sync::Mutex::new(crate::state::KeptState::load(&paths.state, &boot_id)),
         identity: identity.clone(),
     });
 
@@ -124,7 +126,7 @@ pub async fn run(identity: Identity, paths: Paths) -> Result<(), AgentError> {
         role_name(&identity.machine),
     );
     let versions: Api<MachineConfigurationVersion> = Api::all(client.clone());
-    let mut reconciler = Reconciler::new(&paths.state, &boot_id);
+    let mut reconciler = Reconciler::new();
     let inventory = crate::inventory_refresh::Refresher::default();
     loop {
         let machine = machine_rx.borrow_and_update().clone();

@@ -4,12 +4,16 @@
 //! the plan out; a field that is not in [`FIELDS`] fails the field-walk test, so a new
 //! template field cannot be added without a decision.
 //!
+//! The agent's rows are carried out by an `applyFiles` operation that the controller's
+//! `applyConfiguration` creates for the Machine's agent ([`AgentApply`] is its parameters,
+//! [`ApplyPlan::agent_steps`] the order of its steps: every file, then each unit once).
+//!
 //! | field | how it is applied |
 //! |---|---|
 //! | `kubernetes.nodeLabels` | in place: the controller patches the Node's labels |
 //! | `kubernetes.nodeTaints` | in place: the controller patches the Node's taints |
-//! | `kubernetes.kubeletExtraArgs` | in place: the agent rewrites kubelet's flags and restarts `kubelet.service` |
-//! | `files[]` content, mode (and a new file) | in place: the agent writes the file and restarts its `restartUnits` |
+//! | `kubernetes.kubeletExtraArgs` | in place (agent): kubelet's flags rewritten, `kubelet.service` restarted |
+//! | `files[]` content, mode (and a new file) | in place (agent): the file written, its `restartUnits` restarted |
 //! | `files[].restartUnits` | nothing to do: it only says what a later change restarts |
 //! | `image.maxSizeBytes` | nothing to do: a download limit, read at the next pave |
 //! | `files[]` removed (or its path changed) | repave: the image's own file cannot be restored in place |
@@ -198,6 +202,123 @@ impl ApplyPlan {
             .map(RepaveReason::describe)
             .collect::<Vec<_>>()
             .join("; ")
+    }
+}
+
+/// One step of the agent's part of a plan, in the order the agent carries them out.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AgentStep {
+    /// Write this file of the new version into the node container's root.
+    WriteFile(FileSpec),
+    /// Rewrite kubelet's flags file with these extra flags (and the new version's labels).
+    WriteKubeletFlags(BTreeMap<String, String>),
+    /// Restart this unit inside the node container.
+    Restart(String),
+}
+
+impl ApplyPlan {
+    /// The agent's steps: every file first (in the new version's order), then kubelet's
+    /// flags, then each unit to restart once (sorted by name), so that a unit reading two
+    /// changed files starts once, with both in place. Empty when the agent has nothing to do.
+    pub fn agent_steps(&self) -> Vec<AgentStep> {
+        let mut steps: Vec<AgentStep> = self
+            .files
+            .iter()
+            .cloned()
+            .map(AgentStep::WriteFile)
+            .collect();
+        if let Some(args) = &self.kubelet_args {
+            steps.push(AgentStep::WriteKubeletFlags(args.clone()));
+        }
+        steps.extend(self.restart_units.iter().cloned().map(AgentStep::Restart));
+        steps
+    }
+}
+
+/// The parameters of an `applyFiles` operation (the agent's part of an
+/// `applyConfiguration`): which configuration, the version the Machine records and the
+/// target. The controller writes them, the agent and the agent's role read them: one format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentApply {
+    /// The configuration's name.
+    pub configuration: String,
+    /// The version the Machine records (what the container holds).
+    pub from: i64,
+    /// The target version.
+    pub version: i64,
+}
+
+impl AgentApply {
+    /// As the operation's parameters.
+    pub fn to_parameters(&self) -> BTreeMap<String, String> {
+        use crate::well_known::operations as names;
+        BTreeMap::from([
+            (
+                names::CONFIGURATION_PARAMETER.to_owned(),
+                self.configuration.clone(),
+            ),
+            (names::FROM_PARAMETER.to_owned(), self.from.to_string()),
+            (
+                names::VERSION_PARAMETER.to_owned(),
+                self.version.to_string(),
+            ),
+        ])
+    }
+
+    /// From the operation's parameters; an unknown, missing or malformed one is an error
+    /// that names it.
+    pub fn from_parameters(parameters: &BTreeMap<String, String>) -> Result<Self, String> {
+        use crate::well_known::operations as names;
+        let known = [
+            names::CONFIGURATION_PARAMETER,
+            names::FROM_PARAMETER,
+            names::VERSION_PARAMETER,
+        ];
+        if let Some(unknown) = parameters.keys().find(|k| !known.contains(&k.as_str())) {
+            return Err(format!(
+                "{} does not know the parameter {unknown:?} (known: {})",
+                names::APPLY_FILES,
+                known.join(", ")
+            ));
+        }
+        let number = |key: &str| {
+            parameters
+                .get(key)
+                .and_then(|v| v.parse::<i64>().ok())
+                .filter(|v| *v >= 1)
+                .ok_or_else(|| {
+                    format!(
+                        "{} needs the parameter {key}, a version number",
+                        names::APPLY_FILES
+                    )
+                })
+        };
+        let configuration = parameters
+            .get(names::CONFIGURATION_PARAMETER)
+            .filter(|c| !c.is_empty())
+            .cloned()
+            .ok_or_else(|| {
+                format!(
+                    "{} needs the parameter {}",
+                    names::APPLY_FILES,
+                    names::CONFIGURATION_PARAMETER
+                )
+            })?;
+        Ok(Self {
+            configuration,
+            from: number(names::FROM_PARAMETER)?,
+            version: number(names::VERSION_PARAMETER)?,
+        })
+    }
+
+    /// The MachineConfigurationVersion the agent reads for the target.
+    pub fn target_version_name(&self) -> String {
+        crate::version_name(&self.configuration, self.version)
+    }
+
+    /// The MachineConfigurationVersion of what the container holds now.
+    pub fn from_version_name(&self) -> String {
+        crate::version_name(&self.configuration, self.from)
     }
 }
 
@@ -602,6 +723,192 @@ mod tests {
             decide(&MachineTemplate::default(), &k(&[], &[])),
             ApplyPlan::default()
         );
+    }
+
+    #[test]
+    fn agent_steps_table() {
+        let cni = file(
+            "/etc/cni/x.conf",
+            "1",
+            &["containerd.service", "kubelet.service"],
+        );
+        let cni2 = file(
+            "/etc/cni/x.conf",
+            "2",
+            &["containerd.service", "kubelet.service"],
+        );
+        let motd = file("/etc/motd", "hi", &[]);
+        let extra = file("/etc/extra", "e", &["containerd.service"]);
+        let with = |files: Vec<FileSpec>, args: &[(&str, &str)]| MachineTemplate {
+            files,
+            kubernetes: Some(KubernetesSpec {
+                kubelet_extra_args: args
+                    .iter()
+                    .map(|(a, b)| ((*a).into(), (*b).into()))
+                    .collect(),
+                ..KubernetesSpec::default()
+            }),
+            ..MachineTemplate::default()
+        };
+        let w = |f: &FileSpec| AgentStep::WriteFile(f.clone());
+        let r = |u: &str| AgentStep::Restart(u.into());
+        // (case, old, new, steps)
+        let cases: Vec<(&str, MachineTemplate, MachineTemplate, Vec<AgentStep>)> = vec![
+            (
+                "nothing changed",
+                with(vec![cni.clone()], &[]),
+                with(vec![cni.clone()], &[]),
+                vec![],
+            ),
+            (
+                "two changed files share a unit: both written, then each unit once",
+                with(vec![cni.clone()], &[]),
+                with(vec![cni2.clone(), extra.clone(), motd.clone()], &[]),
+                vec![
+                    w(&cni2),
+                    w(&extra),
+                    w(&motd),
+                    r("containerd.service"),
+                    r("kubelet.service"),
+                ],
+            ),
+            (
+                "kubelet flags and a file naming kubelet: kubelet restarted once, after both",
+                with(vec![cni.clone()], &[]),
+                with(vec![cni2.clone()], &[("max-pods", "50")]),
+                vec![
+                    w(&cni2),
+                    AgentStep::WriteKubeletFlags([("max-pods".to_owned(), "50".to_owned())].into()),
+                    r("containerd.service"),
+                    r("kubelet.service"),
+                ],
+            ),
+            (
+                "an unchanged file's units are not restarted",
+                with(vec![cni.clone(), motd.clone()], &[]),
+                with(vec![cni.clone(), file("/etc/motd", "bye", &[])], &[]),
+                vec![w(&file("/etc/motd", "bye", &[]))],
+            ),
+        ];
+        for (case, old, new, steps) in cases {
+            assert_eq!(decide(&old, &new).agent_steps(), steps, "{case}");
+        }
+    }
+
+    #[test]
+    fn agent_apply_parameters() {
+        let apply = AgentApply {
+            configuration: "general".into(),
+            from: 2,
+            version: 3,
+        };
+        assert_eq!(
+            AgentApply::from_parameters(&apply.to_parameters()),
+            Ok(apply.clone())
+        );
+        assert_eq!(apply.target_version_name(), "general-v3");
+        assert_eq!(apply.from_version_name(), "general-v2");
+        let mut unknown = apply.to_parameters();
+        unknown.insert("force".into(), "true".into());
+        assert!(AgentApply::from_parameters(&unknown).is_err_and(|e| e.contains("\"force\"")));
+        let mut bad = apply.to_parameters();
+        bad.insert("from".into(), "0".into());
+        assert!(AgentApply::from_parameters(&bad).is_err_and(|e| e.contains("from")));
+        let mut missing = apply.to_parameters();
+        missing.remove("configuration");
+        assert!(AgentApply::from_parameters(&missing).is_err_and(|e| e.contains("configuration")));
+    }
+
+    mod agent_steps_properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        const UNITS: [&str; 4] = ["a.service", "b.service", "kubelet.service", "c.socket"];
+
+        fn files() -> impl Strategy<Value = Vec<FileSpec>> {
+            // Paths from a small set (so that old and new share some), unique per version.
+            proptest::collection::btree_map(
+                0..5u8,
+                (
+                    0..3u8,
+                    proptest::option::of(0..2u8),
+                    proptest::sample::subsequence(UNITS.to_vec(), 0..=3),
+                ),
+                0..5,
+            )
+            .prop_map(|m| {
+                m.into_iter()
+                    .map(|(p, (c, mode, units))| FileSpec {
+                        path: format!("/etc/f{p}"),
+                        content: format!("c{c}"),
+                        mode: mode.map(|m| format!("06{m}4")),
+                        restart_units: units.into_iter().map(str::to_owned).collect(),
+                    })
+                    .collect()
+            })
+        }
+
+        fn template() -> impl Strategy<Value = MachineTemplate> {
+            (files(), proptest::option::of(0..3u8)).prop_map(|(files, pods)| MachineTemplate {
+                files,
+                kubernetes: Some(KubernetesSpec {
+                    kubelet_extra_args: pods
+                        .map(|p| [("max-pods".to_owned(), p.to_string())].into())
+                        .unwrap_or_default(),
+                    ..KubernetesSpec::default()
+                }),
+                ..MachineTemplate::default()
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig {
+                cases: 512,
+                rng_seed: proptest::test_runner::RngSeed::Fixed(28),
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            })]
+
+            /// Every changed or new file is written exactly once and nothing else is; every
+            /// unit a changed file names (and kubelet, when its flags changed) is restarted
+            /// exactly once, after every write; no unit is restarted for unchanged files only.
+            #[test]
+            fn writes_first_then_each_named_unit_once(old in template(), new in template()) {
+                let steps = decide(&old, &new).agent_steps();
+                let changed: Vec<&FileSpec> = new
+                    .files
+                    .iter()
+                    .filter(|f| !old.files.iter().any(|o| o.path == f.path && o.content == f.content && o.mode == f.mode))
+                    .collect();
+                let written: Vec<&str> = steps.iter().filter_map(|s| match s {
+                    AgentStep::WriteFile(f) => Some(f.path.as_str()),
+                    _ => None,
+                }).collect();
+                let expected_written: Vec<&str> = changed.iter().map(|f| f.path.as_str()).collect();
+                prop_assert_eq!(written, expected_written);
+                let restarted: Vec<&str> = steps.iter().filter_map(|s| match s {
+                    AgentStep::Restart(u) => Some(u.as_str()),
+                    _ => None,
+                }).collect();
+                let unique: BTreeSet<&str> = restarted.iter().copied().collect();
+                prop_assert_eq!(unique.len(), restarted.len(), "a unit restarted twice: {:?}", restarted);
+                let kubelet_changed = old.kubernetes.as_ref().map(|k| &k.kubelet_extra_args)
+                    != new.kubernetes.as_ref().map(|k| &k.kubelet_extra_args);
+                let mut expected_units: BTreeSet<&str> = changed
+                    .iter()
+                    .flat_map(|f| f.restart_units.iter().map(String::as_str))
+                    .collect();
+                if kubelet_changed {
+                    expected_units.insert(KUBELET_UNIT);
+                }
+                prop_assert_eq!(unique, expected_units);
+                let flags_written = steps.iter().any(|s| matches!(s, AgentStep::WriteKubeletFlags(_)));
+                prop_assert_eq!(flags_written, kubelet_changed);
+                if let Some(first_restart) = steps.iter().position(|s| matches!(s, AgentStep::Restart(_))) {
+                    prop_assert!(steps[first_restart..].iter().all(|s| matches!(s, AgentStep::Restart(_))));
+                }
+            }
+        }
     }
 
     #[test]

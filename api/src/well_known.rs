@@ -128,6 +128,17 @@ pub mod operations {
     pub const DISRUPTIVE_PARAMETER: &str = "disruptive";
     /// What the controller runs itself, on every provider.
     pub const CONTROLLER: [&str; 1] = [APPLY_CONFIGURATION];
+    /// The agent's part of an `applyConfiguration`: write the files a version changes
+    /// (`files[]`, kubelet's flags) into the running node container and restart the units
+    /// that read them. Created by the controller only, as a child of the `applyConfiguration`
+    /// it belongs to (one created by anyone else is failed: the agent would change the
+    /// machine without the Machine recording it).
+    pub const APPLY_FILES: &str = "applyFiles";
+    /// The parameter of `applyFiles`: the configuration's name.
+    pub const CONFIGURATION_PARAMETER: &str = "configuration";
+    /// The parameter of `applyFiles`: the version the Machine records (what the container
+    /// holds now); `version` is the target.
+    pub const FROM_PARAMETER: &str = "from";
 
     /// The parameter of `restartService`.
     pub const SERVICE_PARAMETER: &str = "service";
@@ -136,7 +147,7 @@ pub mod operations {
     pub const DEALLOCATE_PARAMETER: &str = "deallocate";
 
     /// What the agent runs, on every provider.
-    pub const AGENT: [&str; 3] = [REBOOT, SHUTDOWN, RESTART_SERVICE];
+    pub const AGENT: [&str; 4] = [REBOOT, SHUTDOWN, RESTART_SERVICE, APPLY_FILES];
     /// What every provider that manages infrastructure runs.
     pub const POWER: [&str; 3] = [POWER_ON, POWER_OFF, POWER_CYCLE];
 
@@ -160,9 +171,11 @@ pub mod operations {
             .then_some(HandlerKind::Provider)
     }
 
-    /// The names that some handler runs on a Machine of `provider`, for messages.
+    /// The names that some handler runs on a Machine of `provider` and a person may create,
+    /// for messages (not [`APPLY_FILES`]: `applyConfiguration` creates it).
     pub fn known(provider: MachineProvider) -> Vec<&'static str> {
-        let mut names = AGENT.to_vec();
+        let mut names: Vec<&'static str> =
+            AGENT.into_iter().filter(|n| *n != APPLY_FILES).collect();
         names.extend(CONTROLLER);
         if provider != MachineProvider::Manual {
             names.extend(POWER);

@@ -20,7 +20,8 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
 use unbounded_api::agent::{AGENT_NAMESPACE, AgentAccess, role_name, self_refresh_rules};
-use unbounded_api::well_known::{conditions, field_managers, labels};
+use unbounded_api::in_place::AgentApply;
+use unbounded_api::well_known::{conditions, field_managers, labels, operations};
 use unbounded_api::{HandlerKind, Machine, MachineOperation, MachineProvider, OperationState};
 
 use crate::error::Error;
@@ -82,7 +83,8 @@ fn operation_visible(operation: &MachineOperation, now: i64) -> (bool, Option<i6
 }
 
 /// What a Machine's agent may touch, or `None` when no agent should run; plus when to look
-/// again (a finished operation leaves the role after [`FINISHED_GRACE`]).
+/// again. The versions are the one it records, the one it pins, and those an `applyFiles`
+/// routed to it names (it reads the target's files) (a finished operation leaves the role after [`FINISHED_GRACE`]).
 pub fn desired_access<'a>(
     machine: &Machine,
     operations: impl IntoIterator<Item = &'a MachineOperation>,
@@ -115,6 +117,13 @@ pub fn desired_access<'a>(
         let (visible, change) = operation_visible(operation, now);
         if visible {
             names.insert(operation.name_any());
+            // applyFiles: the agent reads the target version (and the one it holds).
+            if operation.spec.operation_name == operations::APPLY_FILES
+                && let Ok(apply) = AgentApply::from_parameters(&operation.spec.parameters)
+            {
+                versions.insert(apply.target_version_name());
+                versions.insert(apply.from_version_name());
+            }
         }
         if let Some(c) = change {
             next = Some(next.map_or(c, |n| n.min(c)));
@@ -483,5 +492,48 @@ mod tests {
             Some(Duration::from_secs(541)),
             "re-evaluated when just-done expires"
         );
+    }
+
+    /// An `applyFiles` routed to the agent adds its target version (the agent reads the
+    /// files it writes); one that is not routed to it yet, or is long finished, does not.
+    #[test]
+    fn an_apply_files_operation_adds_its_target_version() {
+        let apply = |name: &str, routed, state, done_at| {
+            let mut o = op(name, "m1", routed, state, done_at);
+            o.spec.operation_name = operations::APPLY_FILES.into();
+            o.spec.parameters = AgentApply {
+                configuration: "general".into(),
+                from: 2,
+                version: if name == "queued" { 5 } else { 3 },
+            }
+            .to_parameters();
+            o
+        };
+        let now = 10_000;
+        let m = machine(MachineProvider::Pxe, true);
+        let routed = apply(
+            "routed",
+            Some(HandlerKind::Agent),
+            OperationState::Pending,
+            None,
+        );
+        let queued = apply("queued", None, OperationState::Pending, None);
+        let (access, _) = desired_access(&m, [&routed, &queued], now);
+        assert_eq!(
+            access.unwrap().versions,
+            BTreeSet::from([
+                "general-v1".to_owned(),
+                "general-v2".to_owned(),
+                "general-v3".to_owned()
+            ])
+        );
+        let done = apply(
+            "done",
+            Some(HandlerKind::Agent),
+            OperationState::Complete,
+            Some(now - 3600),
+        );
+        let (access, _) = desired_access(&m, [&done], now);
+        assert!(!access.unwrap().versions.contains("general-v3"));
     }
 }

@@ -9,9 +9,18 @@
 //! Node is gone). The target must be what the Machine resolves to: a Machine pinned to
 //! another version, or resolving to a newer one, would be moved back at its next repave.
 //!
-//! The agent's part of the table (files, kubelet flags) is not carried out in place yet: a
-//! version that changes them is treated as needing a repave, so that no Machine ever records
-//! a version whose files it does not have.
+//! The agent's part of the table (files, kubelet's flags) goes to the Machine's agent as a
+//! child operation, `applyFiles` ([`unbounded_api::in_place::AgentApply`]: configuration,
+//! the recorded version, the target), owned by this operation and never queued behind
+//! anything (this one holds the Machine's turn). The agent writes the files into the running
+//! node container and restarts the units that read them, reporting each step in the child's
+//! status; only when the child is Complete does the controller patch the Node and record the
+//! version. A failed child fails this operation and nothing is recorded.
+//!
+//! A rolling update moves Machines in place only for changes the controller applies alone
+//! ([`rolls_in_place`]): a change with agent steps restarts units (kubelet with new flags)
+//! and is repaved in batches bounded by `maxUnavailable`, so that a bad flag cannot stop
+//! every kubelet of a configuration at once.
 
 use std::collections::BTreeMap;
 
@@ -24,7 +33,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use unbounded_api::condition::now;
-use unbounded_api::in_place::{ApplyPlan, decide, taints_after};
+use unbounded_api::in_place::{AgentApply, ApplyPlan, decide, taints_after};
 use unbounded_api::well_known::{annotations, field_managers, operations};
 use unbounded_api::{
     Machine, MachineOperation, MachinePhase, MachineTemplate, OperationState, ResolvedConfiguration,
@@ -108,6 +117,21 @@ pub struct ApplyFacts<'a> {
     pub repaving: bool,
     /// The Machine's phase.
     pub phase: Option<MachinePhase>,
+    /// The `applyFiles` child operation, when it exists.
+    pub agent: AgentPart<'a>,
+}
+
+/// Where the agent's part (the `applyFiles` child) stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentPart<'a> {
+    /// Not created yet.
+    Absent,
+    /// Created, not finished; its message.
+    Running(&'a str),
+    /// Failed; its message.
+    Failed(&'a str),
+    /// Complete; its message.
+    Complete(&'a str),
 }
 
 /// The next step of an `applyConfiguration` operation.
@@ -117,12 +141,21 @@ pub enum ApplyStep {
     Fail(String),
     /// Done: Complete with the message.
     Complete(String),
-    /// Patch the Node, then record the target.
+    /// Create the `applyFiles` child for the agent's part.
+    StartAgent {
+        /// Its parameters.
+        apply: AgentApply,
+        /// What the agent will do, for a person.
+        summary: String,
+    },
+    /// Patch the Node, then record the target (the agent's part, if any, is done).
     ApplyInPlace {
         /// What to apply.
         plan: Box<ApplyPlan>,
         /// The version to record.
         target: ResolvedConfiguration,
+        /// What the agent reported, when it had a part.
+        agent: Option<String>,
     },
     /// Request a repave (disruptive): the repave records the target.
     RequestRepave {
@@ -187,15 +220,7 @@ pub fn decide_step(facts: &ApplyFacts<'_>) -> ApplyStep {
         ));
     };
     let plan = decide(old, new);
-    let mut repave = plan.repave_summary();
-    if plan.has_agent_steps() {
-        let agent = "files or kubelet flags changed (not yet applied in place by the agent)";
-        repave = if repave.is_empty() {
-            agent.to_owned()
-        } else {
-            format!("{repave}; {agent}")
-        };
-    }
+    let repave = plan.repave_summary();
     if !repave.is_empty() {
         let what = format!(
             "version {} of {} needs a repave: {repave}",
@@ -209,13 +234,62 @@ pub fn decide_step(facts: &ApplyFacts<'_>) -> ApplyStep {
             ))
         };
     }
-    if plan.has_node_steps() && !facts.has_node {
+    if (plan.has_node_steps() || plan.has_agent_steps()) && !facts.has_node {
         return ApplyStep::Wait(format!("waiting for the Node of Machine {machine}"));
     }
+    let agent = if plan.has_agent_steps() {
+        match facts.agent {
+            AgentPart::Absent => {
+                return ApplyStep::StartAgent {
+                    apply: AgentApply {
+                        configuration: target.name.clone(),
+                        from: recorded.version,
+                        version: target.version,
+                    },
+                    summary: agent_summary(&plan),
+                };
+            }
+            AgentPart::Running(message) => {
+                return ApplyStep::Wait(format!("the agent of Machine {machine}: {message}"));
+            }
+            AgentPart::Failed(message) => {
+                return ApplyStep::Fail(format!(
+                    "the agent of Machine {machine} could not apply version {} of {} in place: {message}; the Machine still records version {} (fix the configuration and apply again, or delete the Node to repave with the recorded version)",
+                    target.version, target.name, recorded.version
+                ));
+            }
+            AgentPart::Complete(message) => Some(message.to_owned()),
+        }
+    } else {
+        None
+    };
     ApplyStep::ApplyInPlace {
         plan: Box::new(plan),
         target: target.clone(),
+        agent,
     }
+}
+
+/// What the agent's part does, for a person: the files, kubelet's flags, the units.
+pub fn agent_summary(plan: &ApplyPlan) -> String {
+    let mut parts = Vec::new();
+    if !plan.files.is_empty() {
+        let paths: Vec<&str> = plan.files.iter().map(|f| f.path.as_str()).collect();
+        parts.push(format!("write {}", paths.join(", ")));
+    }
+    if plan.kubelet_args.is_some() {
+        parts.push("rewrite kubelet's flags".to_owned());
+    }
+    if !plan.restart_units.is_empty() {
+        let units: Vec<&str> = plan.restart_units.iter().map(String::as_str).collect();
+        parts.push(format!("restart {}", units.join(", ")));
+    }
+    parts.join("; ")
+}
+
+/// The name of the `applyFiles` child of an `applyConfiguration` operation.
+pub fn agent_operation_name(operation: &str) -> String {
+    crate::dispatch::child_name(operation, "files")
 }
 
 /// Whether moving from `old` to `new` is applied entirely in place by this controller (no
@@ -291,6 +365,28 @@ pub async fn run(
     let target_template = template(target.as_ref());
     let node = crate::machine::find_node(machine, ctx);
     let annotations = machine.annotations();
+    let child_name = agent_operation_name(&operation.name_any());
+    let child = ctx
+        .operations
+        .get(&ObjectRef::new(&child_name))
+        .filter(|c| {
+            c.metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|r| Some(r.uid.as_str()) == operation.metadata.uid.as_deref())
+        });
+    let child_status = child
+        .as_ref()
+        .and_then(|c| c.status.clone())
+        .unwrap_or_default();
+    let child_message = child_status.message.as_deref().unwrap_or("not started yet");
+    let agent = match (&child, child_status.state) {
+        (None, _) => AgentPart::Absent,
+        (Some(_), Some(OperationState::Complete)) => AgentPart::Complete(child_message),
+        (Some(_), Some(OperationState::Failed)) => AgentPart::Failed(child_message),
+        (Some(_), _) => AgentPart::Running(child_message),
+    };
     let step = decide_step(&ApplyFacts {
         parameters: parameters(&operation.spec.parameters),
         machine: &machine_name,
@@ -302,6 +398,7 @@ pub async fn run(
         repaving: annotations.contains_key(annotations::REPAVE)
             || annotations.contains_key(annotations::REPAVING),
         phase: status.phase,
+        agent,
     });
     tracing::debug!(operation = %operation.name_any(), ?step, "applyConfiguration");
     match step {
@@ -344,7 +441,24 @@ pub async fn run(
             progress(operation, format!("{why}: repaving"), ctx).await?;
             Ok(Action::requeue(std::time::Duration::from_secs(2)))
         }
-        ApplyStep::ApplyInPlace { plan, target } => {
+        ApplyStep::StartAgent { apply, summary } => {
+            create_agent_operation(operation, &child_name, &machine_name, &apply, ctx).await?;
+            progress(
+                operation,
+                format!(
+                    "applying {} version {} in place: the agent of Machine {machine_name} is to {summary} (operation {child_name})",
+                    apply.configuration, apply.version
+                ),
+                ctx,
+            )
+            .await?;
+            Ok(Action::requeue(std::time::Duration::from_secs(2)))
+        }
+        ApplyStep::ApplyInPlace {
+            plan,
+            target,
+            agent,
+        } => {
             // Claimed first (InProgress), so that the outcome is written over the claim.
             let claimed = progress(
                 operation,
@@ -360,10 +474,13 @@ pub async fn run(
             }
             record(machine, &target, ctx).await?;
             let message = format!(
-                "applied {} version {} in place ({})",
+                "applied {} version {} in place ({}{})",
                 target.name,
                 target.version,
-                applied_summary(&plan)
+                applied_summary(&plan),
+                agent
+                    .map(|m| format!("; the agent: {m}"))
+                    .unwrap_or_default()
             );
             ctx.event(
                 machine,
@@ -378,6 +495,42 @@ pub async fn run(
     }
 }
 
+/// Creates the `applyFiles` child for the agent (owned by `operation`, so that it goes
+/// with it; labelled with the Machine, so that the agent's watch sees it), unless it exists.
+async fn create_agent_operation(
+    operation: &MachineOperation,
+    name: &str,
+    machine: &str,
+    apply: &AgentApply,
+    ctx: &Context,
+) -> Result<(), Error> {
+    let owner = operation.controller_owner_ref(&()).ok_or_else(|| {
+        Error::Waiting(format!(
+            "MachineOperation {} has no UID yet",
+            operation.name_any()
+        ))
+    })?;
+    let object: MachineOperation = serde_json::from_value(json!({
+        "apiVersion": MachineOperation::api_version(&()),
+        "kind": MachineOperation::kind(&()),
+        "metadata": {"name": name, "labels": {unbounded_api::well_known::labels::MACHINE: machine},
+                     "ownerReferences": [owner]},
+        "spec": {"machineRef": {"name": machine}, "operationName": operations::APPLY_FILES,
+                 "parameters": apply.to_parameters(),
+                 "activeDeadlineSeconds": operation.spec.active_deadline_seconds()},
+    }))
+    .map_err(|source| Error::Serialize {
+        what: format!("MachineOperation {name}"),
+        source,
+    })?;
+    let api: Api<MachineOperation> = Api::all(ctx.client.clone());
+    match api.create(&kube::api::PostParams::default(), &object).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(kube_err(format!("creating MachineOperation {name}"))(e)),
+    }
+}
+
 fn applied_summary(plan: &ApplyPlan) -> String {
     let mut parts = Vec::new();
     if plan.labels.is_some() {
@@ -385,6 +538,9 @@ fn applied_summary(plan: &ApplyPlan) -> String {
     }
     if plan.taints.is_some() {
         parts.push("Node taints");
+    }
+    if plan.has_agent_steps() {
+        parts.push("files and units in the node container");
     }
     if parts.is_empty() {
         "nothing to change on the machine".into()
@@ -581,16 +737,29 @@ mod tests {
             has_node: true,
             repaving: false,
             phase: Some(MachinePhase::Running),
+            agent: AgentPart::Absent,
         };
         let kind = |s: &ApplyStep| match s {
             ApplyStep::Fail(m) => format!("fail: {m}"),
             ApplyStep::Complete(m) => format!("complete: {m}"),
-            ApplyStep::ApplyInPlace { target, .. } => format!("in place: v{}", target.version),
+            ApplyStep::ApplyInPlace { target, agent, .. } => {
+                format!("in place: v{}, agent: {agent:?}", target.version)
+            }
+            ApplyStep::StartAgent { apply, summary } => {
+                format!(
+                    "agent: {} v{}→v{}: {summary}",
+                    apply.configuration, apply.from, apply.version
+                )
+            }
             ApplyStep::RequestRepave { why } => format!("repave: {why}"),
             ApplyStep::Wait(m) => format!("wait: {m}"),
         };
         let cases: Vec<(&str, ApplyFacts<'_>, &str)> = vec![
-            ("a label change: in place", base.clone(), "in place: v2"),
+            (
+                "a label change: in place",
+                base.clone(),
+                "in place: v2, agent: None",
+            ),
             (
                 "a Kubernetes version change, not disruptive: refused",
                 ApplyFacts {
@@ -704,14 +873,22 @@ mod tests {
         assert_eq!(rollout_operation_name("m1", 3), "m1-apply-v3");
     }
 
+    /// Files and kubelet flags go to the agent first (an applyFiles child), and the version
+    /// is recorded only once the agent completed; a failed agent fails the operation.
     #[test]
-    fn agent_steps_take_a_repave_until_the_agent_applies_them() {
+    fn agent_steps_go_to_the_agent_before_anything_is_recorded() {
         let (v1, v2) = (cfg(1), cfg(2));
         let old = labels("a");
-        let mut new = labels("a");
+        let mut new = labels("b");
         if let Some(k) = new.kubernetes.as_mut() {
             k.kubelet_extra_args.insert("max-pods".into(), "50".into());
         }
+        new.files.push(unbounded_api::FileSpec {
+            path: "/etc/containerd/conf.d/x.toml".into(),
+            content: "x".into(),
+            mode: None,
+            restart_units: vec!["containerd.service".into()],
+        });
         let facts = ApplyFacts {
             parameters: params(2, false),
             machine: "m1",
@@ -722,7 +899,52 @@ mod tests {
             has_node: true,
             repaving: false,
             phase: Some(MachinePhase::Running),
+            agent: AgentPart::Absent,
         };
-        assert!(matches!(decide_step(&facts), ApplyStep::Fail(m) if m.contains("kubelet flags")));
+        assert_eq!(
+            decide_step(&facts),
+            ApplyStep::StartAgent {
+                apply: AgentApply {
+                    configuration: "general".into(),
+                    from: 1,
+                    version: 2
+                },
+                summary: "write /etc/containerd/conf.d/x.toml; rewrite kubelet's flags; restart containerd.service, kubelet.service".into(),
+            }
+        );
+        let step = |agent| {
+            decide_step(&ApplyFacts {
+                agent,
+                ..facts.clone()
+            })
+        };
+        assert_eq!(
+            step(AgentPart::Running("restarting kubelet.service")),
+            ApplyStep::Wait("the agent of Machine m1: restarting kubelet.service".into())
+        );
+        assert!(matches!(
+            step(AgentPart::Failed("kubelet.service failed")),
+            ApplyStep::Fail(m) if m.contains("kubelet.service failed") && m.contains("still records version 1")
+        ));
+        assert!(matches!(
+            step(AgentPart::Complete("done")),
+            ApplyStep::ApplyInPlace { agent: Some(m), plan, .. } if m == "done" && plan.labels.is_some()
+        ));
+        assert_eq!(
+            decide_step(&ApplyFacts {
+                has_node: false,
+                ..facts.clone()
+            }),
+            ApplyStep::Wait("waiting for the Node of Machine m1".into()),
+            "the agent's part needs a running node container"
+        );
+        // A person's (or a rollout's) disruptive flag changes nothing: no repave for files.
+        assert!(matches!(
+            decide_step(&ApplyFacts {
+                parameters: params(2, true),
+                ..facts.clone()
+            }),
+            ApplyStep::StartAgent { .. }
+        ));
     }
 }

@@ -51,6 +51,10 @@ pub struct SingleFacts<'a> {
     pub handler: Option<&'a str>,
     /// The earliest unfinished operation on the same Machine created before this one.
     pub blocked_by: Option<&'a str>,
+    /// The single-machine operation on the same Machine that created this one and owns it
+    /// (an `applyConfiguration`'s `applyFiles`): it is part of that operation, which holds
+    /// the Machine's turn, so it is never queued behind anything.
+    pub part_of: Option<&'a str>,
 }
 
 /// What to do with a single-machine operation.
@@ -163,6 +167,16 @@ pub fn plan_single(facts: &SingleFacts<'_>) -> SinglePlan {
             format!("Machine {} does not exist", facts.machine_name)
         });
     };
+    if facts.operation_name == operations::APPLY_FILES && facts.part_of.is_none() {
+        return SinglePlan::Fail(format!(
+            "{} is the agent's part of an {} and is created by it; create an {} operation instead",
+            operations::APPLY_FILES,
+            operations::APPLY_CONFIGURATION,
+            operations::APPLY_CONFIGURATION
+        ));
+    }
+    // Part of a running operation: that one holds the Machine's turn.
+    let blocked_by = facts.blocked_by.filter(|_| facts.part_of.is_none());
     let runs_here = operations::CONTROLLER.contains(&facts.operation_name);
     let routed = operations::route(machine.provider, facts.operation_name);
     let Some(kind) = routed.or(runs_here.then_some(HandlerKind::Agent)) else {
@@ -200,7 +214,7 @@ pub fn plan_single(facts: &SingleFacts<'_>) -> SinglePlan {
         if machine.deleting {
             return SinglePlan::Fail(format!("Machine {} is being deleted", facts.machine_name));
         }
-        if let Some(earlier) = facts.blocked_by {
+        if let Some(earlier) = blocked_by {
             return SinglePlan::Queue {
                 message: format!(
                     "waiting for operation {earlier} on Machine {} to finish",
@@ -217,7 +231,7 @@ pub fn plan_single(facts: &SingleFacts<'_>) -> SinglePlan {
     if machine.deleting {
         return SinglePlan::Fail(format!("Machine {} is being deleted", facts.machine_name));
     }
-    if let Some(earlier) = facts.blocked_by {
+    if let Some(earlier) = blocked_by {
         return SinglePlan::Queue {
             message: format!(
                 "waiting for operation {earlier} on Machine {} to finish",
@@ -430,6 +444,7 @@ mod tests {
             routed_to: None,
             handler: None,
             blocked_by: None,
+            part_of: None,
         }
     }
 
@@ -507,6 +522,22 @@ mod tests {
                 message: "waiting for operation earlier on Machine m1 to finish".into(),
                 requeue: Duration::from_secs(51),
             },
+        ));
+        let mut f = single(10, None);
+        f.operation_name = "applyFiles";
+        f.blocked_by = Some("m1-apply-v2");
+        f.part_of = Some("m1-apply-v2");
+        cases.push((
+            "applyFiles, part of the running applyConfiguration, goes to the agent at once",
+            f,
+            route(Agent, "waiting for the agent of Machine m1 to claim it", 51),
+        ));
+        let mut f = single(10, None);
+        f.operation_name = "applyFiles";
+        cases.push((
+            "applyFiles created by a person is refused",
+            f,
+            fail("applyFiles is the agent's part of an applyConfiguration and is created by it; create an applyConfiguration operation instead"),
         ));
         let mut f = single(61, Some(InProgress));
         f.operation_name = "applyConfiguration";

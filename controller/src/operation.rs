@@ -94,6 +94,28 @@ fn blocked_by(operation: &MachineOperation, machine: &str, ctx: &Context) -> Opt
         .map(|o| o.name_any())
 }
 
+/// The single-machine operation on the same Machine that owns this one (an
+/// `applyConfiguration` owns its `applyFiles`), if any. A selector operation's children are
+/// owned by an operation without a `machineRef`: not this.
+fn part_of(operation: &MachineOperation, machine: &str, ctx: &Context) -> Option<String> {
+    operation
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|r| r.kind == MachineOperation::kind(&()))
+        .find_map(|r| {
+            let owner = ctx.operations.get(&ObjectRef::new(&r.name))?;
+            (owner.metadata.uid.as_deref() == Some(r.uid.as_str())
+                && owner
+                    .spec
+                    .machine_ref
+                    .as_ref()
+                    .is_some_and(|m| m.name == machine))
+            .then(|| owner.name_any())
+        })
+}
+
 /// The Machine from the cache, confirmed by a read when the cache does not have it (an
 /// operation created right after its Machine may arrive first).
 async fn find_machine(name: &str, ctx: &Context) -> Result<Option<Arc<Machine>>, Error> {
@@ -116,6 +138,7 @@ async fn reconcile_single(operation: &MachineOperation, ctx: &Context) -> Result
     let machine = find_machine(machine_name, ctx).await?;
     let status = operation.status.clone().unwrap_or_default();
     let earlier = blocked_by(operation, machine_name, ctx);
+    let owner = part_of(operation, machine_name, ctx);
     let plan = plan_single(&SingleFacts {
         clock: clock(operation),
         operation_name: &operation.spec.operation_name,
@@ -128,6 +151,7 @@ async fn reconcile_single(operation: &MachineOperation, ctx: &Context) -> Result
         routed_to: status.routed_to,
         handler: status.handler.as_deref(),
         blocked_by: earlier.as_deref(),
+        part_of: owner.as_deref(),
     });
     let name = operation.name_any();
     tracing::debug!(operation = %name, ?plan, "planned");

@@ -358,6 +358,55 @@ pub async fn finish(
     Ok(false)
 }
 
+/// Writes a step's message on an operation `field_manager` is running (still `InProgress`),
+/// unless it is no longer its own. Returns whether it was written. Server-side apply under
+/// the handler's field manager, with everything the claim set, so that nothing it owns is
+/// dropped.
+pub async fn progress(
+    api: &Api<MachineOperation>,
+    field_manager: &str,
+    name: &str,
+    message: &str,
+) -> Result<bool, HandlerError> {
+    let kube_err = |action, source| HandlerError::Kube {
+        action,
+        name: name.to_owned(),
+        source,
+    };
+    for _ in 0..5 {
+        let Some(current) = api
+            .get_opt(name)
+            .await
+            .map_err(|e| kube_err("reading", e))?
+        else {
+            return Ok(false);
+        };
+        if !resumable(&current, field_manager) {
+            return Ok(false);
+        }
+        let status = current.status.clone().unwrap_or_default();
+        let patch = json!({
+            "apiVersion": "unbounded-cloud.io/v1alpha1",
+            "kind": "MachineOperation",
+            "metadata": {"name": name, "resourceVersion": current.resource_version()},
+            "status": {
+                "state": OperationState::InProgress,
+                "startTime": status.start_time,
+                "handler": field_manager,
+                "message": message,
+            },
+        });
+        let params = PatchParams::apply(field_manager).force();
+        match api.patch_status(name, &params, &Patch::Apply(&patch)).await {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(status)) if status.code == 409 => continue,
+            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
+            Err(source) => return Err(kube_err("reporting progress on", source)),
+        }
+    }
+    Ok(false)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -184,6 +184,10 @@ pub(crate) enum ScenarioName {
     /// with their inventory and hardware labels; given their BMCs, a MachinePool requiring 2
     /// CPUs claims only the larger, which becomes a Ready Node.
     Discovery,
+    /// `applyConfiguration` on the first machine: a label and a file (containerd restarted)
+    /// in place with the Node, its UID and both boot IDs unchanged; then a removed file,
+    /// which needs a repave: refused without `disruptive`, carried out with it.
+    InPlace,
 }
 
 fn main() -> ExitCode {

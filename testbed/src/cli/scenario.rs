@@ -71,6 +71,9 @@ pub(crate) fn run_scenario(name: ScenarioName) -> Result<(), CliError> {
                     ));
                 })
             }
+            ScenarioName::InPlace => {
+                unbounded_testbed::in_place_scenario::in_place(&lab, timeout, &say)
+            }
             ScenarioName::All => Ok(()),
         }
     };
