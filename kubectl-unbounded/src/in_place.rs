@@ -85,6 +85,8 @@ fn step_with(
         repaving: a.contains_key(unbounded_api::well_known::annotations::REPAVE)
             || a.contains_key(unbounded_api::well_known::annotations::REPAVING),
         phase: status.and_then(|s| s.phase),
+        // A new operation: its agent part does not exist yet.
+        agent: unbounded_controller::apply::AgentPart::Absent,
     })
 }
 
@@ -157,6 +159,7 @@ pub fn plan(
                 format!("{why}: cordon, drain, delete its Node and repave")
             }
             ApplyStep::ApplyInPlace { plan, .. } => in_place_summary(&plan),
+            ApplyStep::StartAgent { summary, .. } => format!("in place, by the agent: {summary}"),
         };
         // Every step but Fail has a target (the controller's rule fails without one).
         let Some(target) = target else {
