@@ -200,8 +200,10 @@ fn meta(name: &str, namespace: Option<&str>, machine: &Machine) -> ObjectMeta {
     }
 }
 
-/// Applies the ServiceAccount, ClusterRole and binding for one access.
-async fn apply(
+/// Applies the ServiceAccount, ClusterRole and binding for one access (and the Role with
+/// which an agent renews its own token, where it does). The API server accepts a role only
+/// from a creator that holds every grant in it: deploy/rbac/controller.yaml must.
+pub async fn apply_access(
     client: &Client,
     machine: &Machine,
     access: &AgentAccess,
@@ -294,7 +296,7 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<AccessContext>) -> Result
         .map(|a| a.get(&uid) == Some(&desired))
         .unwrap_or(false);
     if !unchanged {
-        apply(&ctx.client, &machine, &desired)
+        apply_access(&ctx.client, &machine, &desired)
             .await
             .map_err(|source| Error::Kube {
                 action: "applying agent access".into(),
