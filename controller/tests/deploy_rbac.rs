@@ -15,7 +15,10 @@ use serde_json::json;
 use unbounded_api::agent::AgentAccess;
 use unbounded_controller::agent_access::apply_access;
 
-const DEPLOY_RBAC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/rbac/controller.yaml");
+const DEPLOY_RBAC: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../deploy/rbac/controller.yaml"
+);
 
 async fn as_controller() -> kube::Client {
     let mut config = kube::Config::from_custom_kubeconfig(

@@ -57,6 +57,10 @@ enum Commands {
         /// Which one.
         #[arg(value_enum)]
         name: ScenarioName,
+        /// leader-failover only: the rolling update also adds `storage: {}`, so every
+        /// machine paves onto its data disk (what CI's end to end runs).
+        #[arg(long)]
+        onto_disks: bool,
     },
     /// Build (once, cached) or locate the Kubernetes binaries and print their paths.
     KubernetesBinaries,
@@ -230,7 +234,7 @@ fn main() -> ExitCode {
             stage_timeout: Duration::from_secs(stage_timeout),
         }),
         Commands::Down => down(),
-        Commands::Scenario { name } => run_scenario(name),
+        Commands::Scenario { name, onto_disks } => run_scenario(name, onto_disks),
         Commands::Cluster {
             command: ClusterCommand::Up,
         } => cluster_up(),

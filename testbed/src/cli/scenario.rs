@@ -7,7 +7,7 @@ use unbounded_testbed::{appliance_scenarios, scenario};
 
 use crate::{CliError, ScenarioName};
 
-pub(crate) fn run_scenario(name: ScenarioName) -> Result<(), CliError> {
+pub(crate) fn run_scenario(name: ScenarioName, onto_disks: bool) -> Result<(), CliError> {
     let lab = RunningLab::load().ok_or_else(|| {
         CliError::Other(
             "no testbed is running: start one with `cargo run -p unbounded-testbed -- up`".into(),
@@ -27,7 +27,7 @@ pub(crate) fn run_scenario(name: ScenarioName) -> Result<(), CliError> {
             ScenarioName::Operations => scenario::operations(&lab, timeout, &say),
             ScenarioName::Pool => unbounded_testbed::pool_scenario::pool(&lab, timeout, &say),
             ScenarioName::LeaderFailover => {
-                appliance_scenarios::leader_failover(&lab, 1, false, timeout, &say).map(|f| {
+                appliance_scenarios::leader_failover(&lab, 1, onto_disks, timeout, &say).map(|f| {
                     say(&format!(
                         "leader-failover: {} took over from {} in {:.1} s (bound {} s); rollout to version {} {:.0} s",
                         f.new_leader,
