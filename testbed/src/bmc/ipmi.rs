@@ -5,7 +5,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use super::libvirt::LIBVIRT_URI;
-use super::{BmcError, Daemon, daemon_command, free_port, run, setup, spawn, wait_until};
+use super::{
+    BmcError, Daemon, daemon_command, free_port, run, setup, spawn, spawn_group, wait_until,
+};
 use crate::netns::Netns;
 
 /// OpenIPMI's `ipmi_sim`: an IPMI v2.0 LAN (RMCP+) BMC on `127.0.0.1:<port>` whose chassis
@@ -90,7 +92,7 @@ impl IpmiSim {
                         "TCP-LISTEN:{sol_port},bind={address},reuseaddr,fork"
                     ))
                     .arg(format!("EXEC:tail -c 0 -F {}", console.display()));
-                let relay = spawn(relay, &dir.path().join("sol-relay.log"))?;
+                let relay = spawn_group(relay, &dir.path().join("sol-relay.log"))?;
                 (
                     format!("  sol \"tcp:{address}:{sol_port}\" 115200\n"),
                     Some(relay),

@@ -64,16 +64,38 @@ pub fn emulators_bin() -> Result<PathBuf, BmcError> {
 
 /// A child killed (and reaped) on drop; it also dies with the test (`PR_SET_PDEATHSIG`).
 #[derive(Debug)]
-struct Daemon(Child);
+/// A daemon, killed when dropped; with `group`, its whole process group (a daemon that
+/// forks per connection, such as `socat … fork`: a forked child keeps no parent-death
+/// signal, so killing the parent alone would leave the children running).
+struct Daemon {
+    child: Child,
+    group: bool,
+}
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        if self.group {
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &format!("-{}", self.child.id())])
+                .stderr(Stdio::null())
+                .status();
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
-fn spawn(mut command: Command, log: &Path) -> Result<Daemon, BmcError> {
+fn spawn(command: Command, log: &Path) -> Result<Daemon, BmcError> {
+    spawn_daemon(command, log, false)
+}
+
+/// [`spawn`] in a process group of its own, all of which is killed with it.
+fn spawn_group(mut command: Command, log: &Path) -> Result<Daemon, BmcError> {
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    spawn_daemon(command, log, true)
+}
+
+fn spawn_daemon(mut command: Command, log: &Path, group: bool) -> Result<Daemon, BmcError> {
     let file = std::fs::File::create(log).map_err(|e| setup(e.to_string()))?;
     let err = file.try_clone().map_err(|e| setup(e.to_string()))?;
     command
@@ -81,7 +103,7 @@ fn spawn(mut command: Command, log: &Path) -> Result<Daemon, BmcError> {
         .stdout(file)
         .stderr(err)
         .spawn()
-        .map(Daemon)
+        .map(|child| Daemon { child, group })
         .map_err(|e| setup(format!("{command:?}: {e}")))
 }
 
