@@ -52,8 +52,9 @@ pub struct MachineOperationSpec {
 
     /// What to do: `reboot`, `shutdown`, `restartService` (handled by the agent), `powerOn`,
     /// `powerOff`, `powerCycle` (handled by the Machine's provider), `applyConfiguration`
-    /// (handled by the controller: parameters `version` and `disruptive`), or a provider's own
-    /// name.
+    /// (handled by the controller: parameters `version` and `disruptive`; its files and
+    /// kubelet flags are written by the agent through an `applyFiles` child the controller
+    /// creates, which a person does not create), or a provider's own name.
     #[schemars(length(max = 63))]
     #[x_kube(validation = Rule::new("self.size() >= 1").message("spec.operationName must not be empty"))]
     #[x_kube(validation = Rule::new("self.matches('^[A-Za-z][A-Za-z0-9-]*$')").message("spec.operationName must start with a letter and hold only letters, digits and '-'"))]
