@@ -316,57 +316,37 @@ pub async fn finish(
     name: &str,
     outcome: &Outcome,
 ) -> Result<bool, HandlerError> {
-    let kube_err = |action, source| HandlerError::Kube {
-        action,
-        name: name.to_owned(),
-        source,
-    };
-    // A conflict means the object changed between read and write: read again, decide
-    // again. A handful of rounds is plenty; nothing else writes in a loop.
-    for _ in 0..5 {
-        let Some(current) = api
-            .get_opt(name)
-            .await
-            .map_err(|e| kube_err("reading", e))?
-        else {
-            return Ok(false);
-        };
-        if !resumable(&current, field_manager) {
-            return Ok(false);
-        }
-        let status = current.status.clone().unwrap_or_default();
-        let patch = json!({
-            "apiVersion": "unbounded-cloud.io/v1alpha1",
-            "kind": "MachineOperation",
-            "metadata": {"name": name, "resourceVersion": current.resource_version()},
-            "status": {
-                "state": outcome.state(),
-                "startTime": status.start_time,
-                "completionTime": Time(unbounded_api::condition::now()),
-                "handler": field_manager,
-                "message": outcome.message(),
-            },
-        });
-        let params = PatchParams::apply(field_manager).force();
-        match api.patch_status(name, &params, &Patch::Apply(&patch)).await {
-            Ok(_) => return Ok(true),
-            Err(kube::Error::Api(status)) if status.code == 409 => continue,
-            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
-            Err(source) => return Err(kube_err("finishing", source)),
-        }
-    }
-    Ok(false)
+    let fields = json!({
+        "state": outcome.state(),
+        "completionTime": Time(unbounded_api::condition::now()),
+        "message": outcome.message(),
+    });
+    write_own_status(api, field_manager, name, "finishing", fields).await
 }
 
 /// Writes a step's message on an operation `field_manager` is running (still `InProgress`),
-/// unless it is no longer its own. Returns whether it was written. Server-side apply under
-/// the handler's field manager, with everything the claim set, so that nothing it owns is
-/// dropped.
+/// unless it is no longer its own. Returns whether it was written.
 pub async fn progress(
     api: &Api<MachineOperation>,
     field_manager: &str,
     name: &str,
     message: &str,
+) -> Result<bool, HandlerError> {
+    let fields = json!({"state": OperationState::InProgress, "message": message});
+    write_own_status(api, field_manager, name, "reporting progress on", fields).await
+}
+
+/// Server-side applies `fields` (plus the claim's `startTime` and `handler`, so that nothing
+/// the handler owns is dropped) to the status of an operation that is still
+/// `field_manager`'s; false when it is not (or is gone). A conflict means the object changed
+/// between read and write: read again, decide again; a handful of rounds is plenty, nothing
+/// else writes in a loop.
+async fn write_own_status(
+    api: &Api<MachineOperation>,
+    field_manager: &str,
+    name: &str,
+    action: &'static str,
+    fields: serde_json::Value,
 ) -> Result<bool, HandlerError> {
     let kube_err = |action, source| HandlerError::Kube {
         action,
@@ -384,24 +364,24 @@ pub async fn progress(
         if !resumable(&current, field_manager) {
             return Ok(false);
         }
-        let status = current.status.clone().unwrap_or_default();
+        let start_time = current.status.as_ref().and_then(|s| s.start_time.clone());
+        let mut status = fields.clone();
+        if let Some(status) = status.as_object_mut() {
+            status.insert("startTime".into(), json!(start_time));
+            status.insert("handler".into(), json!(field_manager));
+        }
         let patch = json!({
             "apiVersion": "unbounded-cloud.io/v1alpha1",
             "kind": "MachineOperation",
             "metadata": {"name": name, "resourceVersion": current.resource_version()},
-            "status": {
-                "state": OperationState::InProgress,
-                "startTime": status.start_time,
-                "handler": field_manager,
-                "message": message,
-            },
+            "status": status,
         });
         let params = PatchParams::apply(field_manager).force();
         match api.patch_status(name, &params, &Patch::Apply(&patch)).await {
             Ok(_) => return Ok(true),
             Err(kube::Error::Api(status)) if status.code == 409 => continue,
             Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
-            Err(source) => return Err(kube_err("reporting progress on", source)),
+            Err(source) => return Err(kube_err(action, source)),
         }
     }
     Ok(false)
