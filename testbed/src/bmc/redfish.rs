@@ -129,25 +129,7 @@ impl SushyEmulator {
             ),
         )
         .map_err(|e| setup(e.to_string()))?;
-        let port = free_port(false)?;
-        let mut command = daemon_command(None, &bin.join("sushy-emulator"));
-        command.arg("--config").arg(&config).args([
-            "--interface",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-        ]);
-        let daemon = spawn(command, &dir.path().join("sushy.log"))?;
-        let this = Self {
-            port,
-            _daemon: daemon,
-            dir,
-        };
-        wait_until("sushy-emulator", Duration::from_secs(60), || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-        })
-        .map_err(|e| setup(format!("{e}\n{}", this.log())))?;
-        Ok(this)
+        Self::start_on_loopback(&bin, dir, &config, &[])
     }
 
     /// Starts the emulator with its libvirt driver over libvirt's in-process test driver
@@ -167,16 +149,24 @@ impl SushyEmulator {
             format!("SUSHY_EMULATOR_LIBVIRT_URI = {uri:?}\n{extra_config}\n"),
         )
         .map_err(|e| setup(e.to_string()))?;
+        Self::start_on_loopback(&bin, dir, &config, &["--libvirt-uri", &uri])
+    }
+
+    /// Runs `sushy-emulator` from `bin` with `config` and `args` on a free port of the
+    /// host's loopback, its log in `dir`, and waits until it accepts connections.
+    fn start_on_loopback(
+        bin: &std::path::Path,
+        dir: tempfile::TempDir,
+        config: &std::path::Path,
+        args: &[&str],
+    ) -> Result<Self, BmcError> {
         let port = free_port(false)?;
         let mut command = daemon_command(None, &bin.join("sushy-emulator"));
-        command.arg("--config").arg(&config).args([
-            "--interface",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-            "--libvirt-uri",
-            &uri,
-        ]);
+        command
+            .arg("--config")
+            .arg(config)
+            .args(["--interface", "127.0.0.1", "--port", &port.to_string()])
+            .args(args);
         let daemon = spawn(command, &dir.path().join("sushy.log"))?;
         let this = Self {
             port,
