@@ -390,7 +390,7 @@ fn observed(machine: &Machine, power: Power) -> Observed {
 /// Refuses a Machine whose recorded provider ID names none of its MACs, before its BMC is
 /// touched: the server it describes is not the one the ID names (terminal: the ID is
 /// immutable).
-fn check_identity(machine: &Machine) -> Result<(), ProviderError> {
+pub(crate) fn check_identity(machine: &Machine) -> Result<(), ProviderError> {
     let (Some(recorded), Some(pxe)) = (machine.spec.provider_id.as_deref(), &machine.spec.pxe)
     else {
         return Ok(());

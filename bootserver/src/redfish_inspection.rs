@@ -14,6 +14,8 @@
 //! - again when the Machine's `unbounded-cloud.io/reinspect` annotation holds a value the
 //!   last Redfish read did not answer (the read records the value it answered, in the
 //!   inventory's `reads`: nothing to remove, nothing repeated after a restart);
+//! - never for a Machine the provider refuses (a terminal failure recorded, or a provider ID
+//!   that names none of its MACs): its BMC may be another server's and is left alone;
 //! - never in a loop: a failed read (BMC unreachable, refused credentials) is tried again
 //!   after 30 s, doubling up to an hour, and only while a read is still wanted; a changed
 //!   BMC address alone does not read again (ask with the annotation).
@@ -53,6 +55,9 @@ pub struct Facts<'a> {
     pub redfish_bmc: bool,
     /// The Machine is being deleted.
     pub deleting: bool,
+    /// The provider refuses the Machine: a terminal failure is recorded, or its provider ID
+    /// names none of its MACs (the BMC may be another server's, so it is left alone).
+    pub refused: bool,
     /// The Machine's `unbounded-cloud.io/reinspect` value.
     pub reinspect: Option<&'a str>,
     /// The inventory's record of the last Redfish read, if any.
@@ -84,7 +89,7 @@ pub fn retry_wait(failures: u32) -> Duration {
 
 /// Whether (and when) to read a Machine's BMC.
 pub fn decide(facts: &Facts<'_>) -> Next {
-    if !facts.redfish_bmc || facts.deleting {
+    if !facts.redfish_bmc || facts.deleting || facts.refused {
         return Next::Idle;
     }
     let wanted = match (facts.last_read, facts.reinspect) {
@@ -235,6 +240,11 @@ async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, R
     let facts = Facts {
         redfish_bmc,
         deleting: machine.metadata.deletion_timestamp.is_some(),
+        refused: machine
+            .status
+            .as_ref()
+            .is_some_and(|s| s.failure_reason.is_some())
+            || crate::pxe_provider::check_identity(&machine).is_err(),
         reinspect: machine.annotations().get(REINSPECT).map(String::as_str),
         last_read: inventory
             .as_ref()
@@ -312,6 +322,7 @@ mod tests {
         let base = Facts {
             redfish_bmc: true,
             deleting: false,
+            refused: false,
             reinspect: None,
             last_read: None,
             failures: None,
@@ -368,6 +379,15 @@ mod tests {
                 "being deleted",
                 Facts {
                     deleting: true,
+                    ..base.clone()
+                },
+                Next::Idle,
+            ),
+            (
+                "refused by the provider (terminal failure or foreign provider ID)",
+                Facts {
+                    refused: true,
+                    reinspect: Some("a"),
                     ..base.clone()
                 },
                 Next::Idle,

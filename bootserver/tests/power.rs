@@ -316,3 +316,43 @@ async fn a_bmc_that_answers_500_or_never_answers_gives_a_clear_error() {
         "{error}"
     );
 }
+
+/// Each IPMI call closes the session it opened. A BMC's session table is small (ipmi_sim
+/// allows this user 10; real BMCs often fewer), and sessions left to the BMC's inactivity
+/// timeout lock out whoever comes next: an operator's `ipmitool`, the console's
+/// Serial-over-LAN, the next poll.
+#[tokio::test(flavor = "multi_thread")]
+async fn each_ipmi_call_closes_the_session_it_opened() {
+    let sim = IpmiSim::start("unbounded-no-such-domain", "admin", PASSWORD).unwrap();
+    let ipmi = Bmc::new(
+        &BmcAddress::parse(&format!("ipmi://127.0.0.1:{}", sim.port)).unwrap(),
+        Credentials::new("admin", PASSWORD),
+        &Tls::default(),
+        Duration::from_secs(2),
+    )
+    .unwrap();
+    // More calls than the user may hold sessions.
+    for call in 1..=15 {
+        let power = ipmi
+            .power_state()
+            .await
+            .unwrap_or_else(|e| panic!("call {call}: {e}\n{}", sim.log()));
+        assert_eq!(power, Power::Off, "the domain does not exist");
+    }
+    // Only the asking session is left.
+    let output = std::process::Command::new("ipmitool")
+        .args(["-I", "lanplus", "-C", "3", "-H", "127.0.0.1", "-p"])
+        .arg(sim.port.to_string())
+        .args(["-U", "admin", "-E", "session", "info", "active"])
+        .env("IPMI_PASSWORD", PASSWORD)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    let count = text
+        .lines()
+        .find(|l| l.starts_with("active sessions"))
+        .and_then(|l| l.rsplit(':').next())
+        .map(str::trim)
+        .unwrap_or_else(|| panic!("{text}\n{}", String::from_utf8_lossy(&output.stderr)));
+    assert_eq!(count, "1", "{text}");
+}

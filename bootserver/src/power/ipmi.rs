@@ -19,6 +19,8 @@ const SET_SYSTEM_BOOT_OPTIONS: u8 = 0x08;
 /// NetFn App, Set Session Privilege Level (§22.18), to Administrator (4).
 const NETFN_APP: u8 = 0x06;
 const SET_SESSION_PRIVILEGE_LEVEL: u8 = 0x3B;
+/// NetFn App, Close Session (§22.19).
+const CLOSE_SESSION: u8 = 0x3C;
 const ADMINISTRATOR: u8 = 0x04;
 
 /// Chassis Control actions (§28.3).
@@ -101,6 +103,19 @@ impl IpmiBmc {
             Some(self.credentials.password().as_bytes()),
         )
         .map_err(|e| activation_error(&bmc, self.timeout, &e))?;
+        let result = Self::in_session(&mut rmcp, &bmc, cmd, data);
+        close_session(&mut rmcp, &bmc);
+        result
+    }
+
+    /// Raises the session to Administrator and sends one chassis command.
+    fn in_session(
+        rmcp: &mut Rmcp,
+        bmc: &str,
+        cmd: u8,
+        data: Vec<u8>,
+    ) -> Result<Vec<u8>, PowerError> {
+        let bmc = bmc.to_owned();
         // A session starts at User level; chassis control and boot options need more.
         let mut raise = Request::new(
             Message::new_raw(NETFN_APP, SET_SESSION_PRIVILEGE_LEVEL, vec![ADMINISTRATOR]),
@@ -153,6 +168,45 @@ impl IpmiBmc {
             .await
             .map(drop)
     }
+}
+
+/// Closes the session, best effort: a BMC's session table is small (often 4 to 16 slots), and
+/// a session left to its inactivity timeout holds a slot that an operator's `ipmitool` or a
+/// Serial-over-LAN console needs. A failed close is logged and the BMC's timeout ends it.
+fn close_session(rmcp: &mut Rmcp, bmc: &str) {
+    let Some(id) = session_id(&format!("{rmcp:?}")) else {
+        tracing::debug!(
+            bmc,
+            "no session ID to close; the BMC's timeout ends the session"
+        );
+        return;
+    };
+    let mut close = Request::new(
+        Message::new_raw(NETFN_APP, CLOSE_SESSION, id.to_le_bytes().to_vec()),
+        RequestTargetAddress::Bmc(LogicalUnit::Zero),
+    );
+    match rmcp.send_recv(&mut close) {
+        Ok(response) if response.cc() == 0 => {}
+        Ok(response) => {
+            tracing::debug!(
+                bmc,
+                cc = response.cc(),
+                "the BMC refused to close the session"
+            );
+        }
+        Err(error) => tracing::debug!(bmc, ?error, "closing the session failed"),
+    }
+}
+
+/// The Managed System Session ID of an active session, read from ipmi-rs's `Debug` output
+/// of the connection: ipmi-rs 0.6 keeps the ID private and shows it only there (with the
+/// password and keys redacted), and Close Session needs it (ipmi_sim closes by ID only).
+/// `None` when the output has no such field.
+pub fn session_id(debug: &str) -> Option<u32> {
+    let rest = debug.split("session_id: ").nth(1)?;
+    let rest = rest.strip_prefix("Some(").unwrap_or(rest);
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok().filter(|id| *id != 0)
 }
 
 /// Maps a session-activation failure: a timeout or socket error is the network's, anything
@@ -256,6 +310,32 @@ impl PowerDriver for IpmiBmc {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn session_id_is_read_from_the_connection_debug_output() {
+        let cases = [
+            (
+                "RMCP+",
+                "State { socket: RmcpIpmiSocket { buffer: [0, 1] }, session_id: 305419896, session_sequence_number: 3, state: CryptoState { password: \"<redacted>\" } }",
+                Some(305_419_896),
+            ),
+            (
+                "IPMI v1.5",
+                "State { session_id: Some(42), auth_type: MD5 }",
+                Some(42),
+            ),
+            (
+                "no session yet",
+                "Rmcp { unbound_state: RmcpWithState(Unbound), active_state: None }",
+                None,
+            ),
+            ("zero is no session", "State { session_id: 0 }", None),
+            ("v1.5 before activation", "State { session_id: None }", None),
+        ];
+        for (case, debug, want) in cases {
+            assert_eq!(session_id(debug), want, "{case}");
+        }
+    }
 
     #[test]
     fn boot_flags_are_valid_one_time_pxe_with_the_efi_bit_for_uefi() {
