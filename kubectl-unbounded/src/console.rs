@@ -261,6 +261,17 @@ pub async fn run(client: &Client, name: &str, interactive: bool) -> Result<(), E
     }
 }
 
+/// The first executable file called `name` in a directory of `PATH`.
+fn on_path(name: &str) -> Option<std::path::PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|path| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(path)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
 /// Serial-over-LAN with ipmitool until it ends or Ctrl-C; `via` adds to the first line.
 async fn open_sol(
     name: &str,
@@ -270,8 +281,23 @@ async fn open_sol(
     interactive: bool,
     via: &str,
 ) -> Result<(), Error> {
+    let ipmitool_path = on_path("ipmitool").ok_or_else(|| {
+        Error::Console("ipmitool not found on PATH (Debian package ipmitool)".into())
+    })?;
+    // ipmitool prints its banner through stdio, which buffers a pipe: through a pipe (a
+    // script, `| tee`) a quiet console would hold "SOL Session operational" back until the
+    // machine has written 4 KiB. `stdbuf -o0` (GNU coreutils) unbuffers ipmitool's output;
+    // where there is no stdbuf, ipmitool runs as it is.
+    let stdbuf = on_path("stdbuf");
     let ipmitool = |action: &str| {
-        let mut command = tokio::process::Command::new("ipmitool");
+        let mut command = match (&stdbuf, action) {
+            (Some(stdbuf), "activate") => {
+                let mut command = tokio::process::Command::new(stdbuf);
+                command.arg("-o0").arg(&ipmitool_path);
+                command
+            }
+            _ => tokio::process::Command::new(&ipmitool_path),
+        };
         command
             .args(ipmitool_args(target, username, action))
             .env("IPMI_PASSWORD", password)

@@ -117,6 +117,20 @@ async fn serial_port() -> u16 {
     port
 }
 
+/// A serial port that accepts ipmi_sim's connection and stays silent: a machine that is up
+/// and writes nothing to its console.
+async fn quiet_serial_port() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+        }
+    });
+    port
+}
+
 async fn create_secret(client: &kube::Client, name: &str, password: &str) {
     let secret: Secret = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Secret",
@@ -205,6 +219,54 @@ async fn console_reads_the_serial_port_through_ipmi_sol_and_never_shows_the_pass
         run.stderr
     );
     assert!(!run.stderr.contains("not-the-password") && !run.stdout.contains("not-the-password"));
+}
+
+/// Through a pipe (a script, `| tee`), the session's banner comes out when the session opens,
+/// not when the machine first writes: ipmitool's stdout is a buffered pipe there, and a quiet
+/// console would keep the banner in its buffer.
+#[tokio::test]
+async fn console_through_a_pipe_says_the_session_is_open_before_the_machine_writes() {
+    let client = client().await;
+    let sim = start_sim(quiet_serial_port().await).await;
+    create_secret(&client, "sol-quiet-bmc", PASSWORD).await;
+    create_bmc_machine(&client, "sol-quiet", sim.port, "sol-quiet-bmc").await;
+
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kubectl-unbounded"))
+        .arg("--kubeconfig")
+        .arg(control_plane().kubeconfig_path())
+        .args(["console", "sol-quiet"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // Activation takes a second or two; the banner is not waited for longer than this.
+    let banner = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.contains("SOL Session operational") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    let pid = child.id().unwrap();
+    std::process::Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .unwrap();
+    let out = tokio::time::timeout(TIMEOUT, child.wait_with_output())
+        .await
+        .expect("the plugin ends on Ctrl-C")
+        .unwrap();
+    assert_eq!(
+        banner,
+        Ok(true),
+        "ipmitool's banner through the pipe; stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[tokio::test]
