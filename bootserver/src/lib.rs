@@ -19,6 +19,7 @@
 //! (`unbounded-bootserver install-images`).
 
 pub mod backend;
+pub mod bmc_inspection;
 pub mod bmc_secrets;
 pub mod boot;
 pub mod boot_images;
@@ -40,7 +41,6 @@ pub mod power;
 pub mod preflight;
 pub mod pxe_provider;
 pub mod ra;
-pub mod redfish_inspection;
 pub mod server;
 pub mod tftp;
 pub mod tls;

@@ -10,7 +10,7 @@
 //! - operations `powerOn`, `powerOff`, `powerCycle` and `pxeBoot` (one-time PXE, then a
 //!   power cycle; or power on when off);
 //! - the out-of-band inventory of Machines with a Redfish BMC
-//!   ([`crate::redfish_inspection`]), through the same drivers and gates.
+//!   ([`crate::bmc_inspection`]), through the same drivers and gates.
 //!
 //! Credentials come from the Machine's Secret (keys `username` and `password`), read from a
 //! watch of its namespace ([`crate::bmc_secrets`]), so a rotated password takes effect as
@@ -291,26 +291,35 @@ impl PxeProvider {
 }
 
 impl PxeProvider {
-    /// Reads the Machine's inventory documents from its BMC when it is a Redfish BMC (`None`
-    /// for IPMI): through the same driver, credentials and one-at-a-time gate as power.
-    pub async fn redfish_documents(
-        &self,
-        machine: &Machine,
-    ) -> Result<Option<crate::power::redfish_inventory::RedfishDocuments>, ProviderError> {
+    /// Reads what the Machine's BMC holds about its hardware (Redfish documents, or IPMI FRU
+    /// device 0): through the same driver, credentials and one-at-a-time gate as power.
+    pub async fn bmc_inventory(&self, machine: &Machine) -> Result<BmcInventory, ProviderError> {
         let (bmc, address, _) = self.bmc_of(machine).await?;
-        let Bmc::Redfish(redfish) = bmc.as_ref() else {
-            return Ok(None);
-        };
         let gate = self.gate(&address);
         let _permit = gate
             .acquire()
             .await
             .map_err(|_| failure("ShuttingDown", "the provider is stopping"))?;
-        with_retries(self.settings.backoff, || redfish.inventory_documents())
-            .await
-            .map(Some)
-            .map_err(power_failure)
+        let backoff = self.settings.backoff;
+        match bmc.as_ref() {
+            Bmc::Redfish(redfish) => with_retries(backoff, || redfish.inventory_documents())
+                .await
+                .map(BmcInventory::Redfish),
+            Bmc::Ipmi(ipmi) => with_retries(backoff, || ipmi.fru_bytes())
+                .await
+                .map(BmcInventory::IpmiFru),
+        }
+        .map_err(power_failure)
     }
+}
+
+/// What a BMC holds about its machine's hardware, as read.
+#[derive(Debug, Clone)]
+pub enum BmcInventory {
+    /// A Redfish service's ComputerSystem and its members.
+    Redfish(crate::power::redfish_inventory::RedfishDocuments),
+    /// An IPMI BMC's FRU device 0.
+    IpmiFru(Vec<u8>),
 }
 
 /// What to do with a machine's power.
@@ -514,7 +523,7 @@ pub async fn run(client: Client, settings: PowerSettings) {
             tracing::error!(%error, "the power operation handler stopped");
         }
     };
-    let inspection = crate::redfish_inspection::run(client.clone(), provider.clone());
+    let inspection = crate::bmc_inspection::run(client.clone(), provider.clone());
     let provider_loop =
         unbounded_runtime::provider::run(client, SharedProvider(provider), settings.loop_settings);
     tokio::select! {

@@ -21,6 +21,15 @@ const NETFN_APP: u8 = 0x06;
 const SET_SESSION_PRIVILEGE_LEVEL: u8 = 0x3B;
 /// NetFn App, Close Session (§22.19).
 const CLOSE_SESSION: u8 = 0x3C;
+/// NetFn Storage: Get FRU Inventory Area Info and Read FRU Data (§34.1, §34.2).
+const NETFN_STORAGE: u8 = 0x0A;
+const GET_FRU_INVENTORY_AREA_INFO: u8 = 0x10;
+const READ_FRU_DATA: u8 = 0x11;
+/// The FRU bytes read at most: the header and the chassis, board and product areas fit in
+/// a few hundred; a BMC that claims more is not read further.
+pub const MAX_FRU_BYTES: usize = 2048;
+/// Bytes per Read FRU Data: small enough for every BMC's message size.
+const FRU_CHUNK: usize = 16;
 const ADMINISTRATOR: u8 = 0x04;
 
 /// Chassis Control actions (§28.3).
@@ -74,11 +83,76 @@ impl IpmiBmc {
 
     /// Opens a session and sends one raw chassis command; returns the response data.
     async fn chassis(&self, cmd: u8, data: Vec<u8>) -> Result<Vec<u8>, PowerError> {
+        self.in_session(move |rmcp, bmc| {
+            raise_to_administrator(rmcp, bmc)?;
+            send(rmcp, bmc, NETFN_CHASSIS, cmd, data)
+        })
+        .await
+    }
+
+    /// Reads FRU device 0 (the machine's identity: chassis, board, product), up to
+    /// [`MAX_FRU_BYTES`], [`FRU_CHUNK`] bytes per Read FRU Data. User privilege suffices.
+    pub async fn fru_bytes(&self) -> Result<Vec<u8>, PowerError> {
+        self.in_session(|rmcp, bmc| {
+            let info = send(
+                rmcp,
+                bmc,
+                NETFN_STORAGE,
+                GET_FRU_INVENTORY_AREA_INFO,
+                vec![0],
+            )?;
+            let size = match info.as_slice() {
+                [lsb, msb, ..] => usize::from(u16::from_le_bytes([*lsb, *msb])),
+                _ => {
+                    return Err(PowerError::Failed {
+                        bmc: bmc.to_owned(),
+                        message: "Get FRU Inventory Area Info answered without a size".into(),
+                    });
+                }
+            };
+            let size = size.min(MAX_FRU_BYTES);
+            let mut bytes = Vec::with_capacity(size);
+            while bytes.len() < size {
+                let offset = u16::try_from(bytes.len()).unwrap_or(u16::MAX).to_le_bytes();
+                let count = (size - bytes.len()).min(FRU_CHUNK) as u8;
+                let answer = send(
+                    rmcp,
+                    bmc,
+                    NETFN_STORAGE,
+                    READ_FRU_DATA,
+                    vec![0, offset[0], offset[1], count],
+                )?;
+                // The first byte is how many bytes follow.
+                match answer.split_first() {
+                    Some((&n, data)) if n > 0 && usize::from(n) <= data.len() => {
+                        bytes.extend_from_slice(&data[..usize::from(n)]);
+                    }
+                    _ => break,
+                }
+            }
+            Ok(bytes)
+        })
+        .await
+    }
+
+    /// Runs `commands` in a session of their own on tokio's blocking pool, bounded by four
+    /// times the timeout (the socket has its own timeout per packet), and closes the session
+    /// however they end.
+    async fn in_session<T, F>(&self, commands: F) -> Result<T, PowerError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Rmcp, &str) -> Result<T, PowerError> + Send + 'static,
+    {
         let this = self.clone();
         let bmc = self.name();
         let seconds = self.timeout.as_secs().max(1);
-        let call = tokio::task::spawn_blocking(move || this.chassis_blocking(cmd, data));
-        // The socket has its own timeout per packet; this bounds the whole exchange.
+        let call = tokio::task::spawn_blocking(move || {
+            let bmc = this.name();
+            let mut rmcp = this.open_session(&bmc)?;
+            let result = commands(&mut rmcp, &bmc);
+            close_session(&mut rmcp, &bmc);
+            result
+        });
         match tokio::time::timeout(self.timeout * 4, call).await {
             Ok(Ok(result)) => result,
             Ok(Err(join)) => Err(PowerError::Failed {
@@ -89,11 +163,10 @@ impl IpmiBmc {
         }
     }
 
-    fn chassis_blocking(&self, cmd: u8, data: Vec<u8>) -> Result<Vec<u8>, PowerError> {
-        let bmc = self.name();
+    fn open_session(&self, bmc: &str) -> Result<Rmcp, PowerError> {
         let mut rmcp = Rmcp::new((self.host.as_str(), self.port), self.timeout).map_err(|e| {
             PowerError::Unreachable {
-                bmc: bmc.clone(),
+                bmc: bmc.to_owned(),
                 message: e.to_string(),
             }
         })?;
@@ -102,71 +175,68 @@ impl IpmiBmc {
             Some(&self.credentials.username),
             Some(self.credentials.password().as_bytes()),
         )
-        .map_err(|e| activation_error(&bmc, self.timeout, &e))?;
-        let result = Self::in_session(&mut rmcp, &bmc, cmd, data);
-        close_session(&mut rmcp, &bmc);
-        result
-    }
-
-    /// Raises the session to Administrator and sends one chassis command.
-    fn in_session(
-        rmcp: &mut Rmcp,
-        bmc: &str,
-        cmd: u8,
-        data: Vec<u8>,
-    ) -> Result<Vec<u8>, PowerError> {
-        let bmc = bmc.to_owned();
-        // A session starts at User level; chassis control and boot options need more.
-        let mut raise = Request::new(
-            Message::new_raw(NETFN_APP, SET_SESSION_PRIVILEGE_LEVEL, vec![ADMINISTRATOR]),
-            RequestTargetAddress::Bmc(LogicalUnit::Zero),
-        );
-        match rmcp.send_recv(&mut raise) {
-            Ok(response) if response.cc() == 0 => {}
-            Ok(response) => {
-                return Err(PowerError::Failed {
-                    bmc,
-                    message: format!(
-                        "the user may not act as Administrator (completion code {:#04x})",
-                        response.cc()
-                    ),
-                });
-            }
-            Err(e) => {
-                return Err(PowerError::Unreachable {
-                    bmc,
-                    message: format!("{e:?}"),
-                });
-            }
-        }
-        let mut request = Request::new(
-            Message::new_raw(NETFN_CHASSIS, cmd, data),
-            RequestTargetAddress::Bmc(LogicalUnit::Zero),
-        );
-        let response = rmcp
-            .send_recv(&mut request)
-            .map_err(|e| PowerError::Unreachable {
-                bmc: bmc.clone(),
-                message: format!("{e:?}"),
-            })?;
-        match response.cc() {
-            0x00 => Ok(response.data().to_vec()),
-            // Node busy, or "command not supported in present state" (during POST).
-            cc @ (0xC0 | 0xD5) => Err(PowerError::Busy {
-                bmc,
-                message: format!("completion code {cc:#04x}"),
-            }),
-            cc => Err(PowerError::Failed {
-                bmc,
-                message: format!("completion code {cc:#04x} for command {cmd:#04x}"),
-            }),
-        }
+        .map_err(|e| activation_error(bmc, self.timeout, &e))?;
+        Ok(rmcp)
     }
 
     async fn control(&self, action: ChassisControl) -> Result<(), PowerError> {
         self.chassis(CHASSIS_CONTROL, vec![action as u8])
             .await
             .map(drop)
+    }
+}
+
+/// A session starts at User level; chassis control and boot options need Administrator.
+fn raise_to_administrator(rmcp: &mut Rmcp, bmc: &str) -> Result<(), PowerError> {
+    let mut raise = Request::new(
+        Message::new_raw(NETFN_APP, SET_SESSION_PRIVILEGE_LEVEL, vec![ADMINISTRATOR]),
+        RequestTargetAddress::Bmc(LogicalUnit::Zero),
+    );
+    match rmcp.send_recv(&mut raise) {
+        Ok(response) if response.cc() == 0 => Ok(()),
+        Ok(response) => Err(PowerError::Failed {
+            bmc: bmc.to_owned(),
+            message: format!(
+                "the user may not act as Administrator (completion code {:#04x})",
+                response.cc()
+            ),
+        }),
+        Err(e) => Err(PowerError::Unreachable {
+            bmc: bmc.to_owned(),
+            message: format!("{e:?}"),
+        }),
+    }
+}
+
+/// Sends one raw command to the BMC; returns the response data after the completion code.
+fn send(
+    rmcp: &mut Rmcp,
+    bmc: &str,
+    netfn: u8,
+    cmd: u8,
+    data: Vec<u8>,
+) -> Result<Vec<u8>, PowerError> {
+    let mut request = Request::new(
+        Message::new_raw(netfn, cmd, data),
+        RequestTargetAddress::Bmc(LogicalUnit::Zero),
+    );
+    let response = rmcp
+        .send_recv(&mut request)
+        .map_err(|e| PowerError::Unreachable {
+            bmc: bmc.to_owned(),
+            message: format!("{e:?}"),
+        })?;
+    match response.cc() {
+        0x00 => Ok(response.data().to_vec()),
+        // Node busy, or "command not supported in present state" (during POST).
+        cc @ (0xC0 | 0xD5) => Err(PowerError::Busy {
+            bmc: bmc.to_owned(),
+            message: format!("completion code {cc:#04x}"),
+        }),
+        cc => Err(PowerError::Failed {
+            bmc: bmc.to_owned(),
+            message: format!("completion code {cc:#04x} for command {netfn:#04x}/{cmd:#04x}"),
+        }),
     }
 }
 

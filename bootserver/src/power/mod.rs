@@ -18,6 +18,7 @@
 //! backoff and jitter.
 
 pub mod ipmi;
+pub mod ipmi_fru;
 pub mod redfish;
 pub mod redfish_inventory;
 

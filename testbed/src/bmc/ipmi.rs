@@ -49,7 +49,20 @@ impl IpmiSim {
         username: &str,
         password: &str,
     ) -> Result<Self, BmcError> {
-        Self::start_inner(ns, address, domain, username, password, None)
+        Self::start_inner(ns, address, domain, username, password, None, None)
+    }
+
+    /// Like [`Self::start_bound`], with `fru` as FRU device 0 (the machine's identity:
+    /// [`super::fru`] builds one).
+    pub fn start_with_fru(
+        ns: Option<&Netns>,
+        address: &str,
+        domain: &str,
+        username: &str,
+        password: &str,
+        fru: &[u8],
+    ) -> Result<Self, BmcError> {
+        Self::start_inner(ns, address, domain, username, password, None, Some(fru))
     }
 
     /// Like [`Self::start_bound`], with Serial-over-LAN showing the domain's serial console
@@ -66,7 +79,7 @@ impl IpmiSim {
         password: &str,
         console: &Path,
     ) -> Result<Self, BmcError> {
-        Self::start_inner(ns, address, domain, username, password, Some(console))
+        Self::start_inner(ns, address, domain, username, password, Some(console), None)
     }
 
     fn start_inner(
@@ -76,6 +89,7 @@ impl IpmiSim {
         username: &str,
         password: &str,
         console: Option<&Path>,
+        fru: Option<&[u8]>,
     ) -> Result<Self, BmcError> {
         let dir = tempfile::tempdir().map_err(|e| setup(e.to_string()))?;
         let port = free_port(true)?;
@@ -110,9 +124,20 @@ impl IpmiSim {
         )
         .map_err(|e| setup(e.to_string()))?;
         let emu = dir.path().join("sim.emu");
+        // Device support 0x9f includes the FRU inventory device.
+        let fru_line = fru.map_or_else(String::new, |bytes| {
+            let data: Vec<String> = bytes.iter().map(|b| format!("{b:#04x}")).collect();
+            format!(
+                "mc_add_fru_data 0x20 0 {:#x} data {}\n",
+                bytes.len(),
+                data.join(" ")
+            )
+        });
         std::fs::write(
             &emu,
-            "mc_setbmc 0x20\nmc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr\nmc_enable 0x20\n",
+            format!(
+                "mc_setbmc 0x20\nmc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr\n{fru_line}mc_enable 0x20\n"
+            ),
         )
         .map_err(|e| setup(e.to_string()))?;
         let state = dir.path().join("state");

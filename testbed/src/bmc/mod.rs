@@ -127,6 +127,7 @@ pub fn free_port(udp: bool) -> Result<u16, BmcError> {
     port.map(|a| a.port()).map_err(|e| setup(e.to_string()))
 }
 
+pub mod fru;
 mod ipmi;
 mod libvirt;
 mod redfish;

@@ -3,12 +3,15 @@
 //! the BMC: its libvirt driver over libvirt's in-process test driver (`test:///<file>`), so
 //! the System, Processors, EthernetInterfaces and Storage documents are the ones sushy
 //! renders from a libvirt domain (4 vCPUs, 6 GiB, two NICs) and its static drives; no
-//! libvirtd, no VM. The bootserver's Redfish reads run in this process.
+//! libvirtd, no VM. And OpenIPMI's `ipmi_sim` as an IPMI BMC holding a FRU image (chassis,
+//! board and product areas). The bootserver's BMC reads run in this process.
 //!
 //! - a Machine with a Redfish BMC gets its MachineInventory from the BMC, every section
 //!   tagged `Redfish`, the read recorded, and hardware labels a pool can select on;
 //! - an in-band section already there is not clobbered (in band outranks Redfish), while
 //!   the sections in band lacks are filled;
+//! - a Machine with an IPMI BMC gets the identity its FRU holds (vendor, product, serials),
+//!   tagged `IpmiFru`, and the vendor and product labels;
 //! - `unbounded-cloud.io/reinspect` with a new value reads again, once: the answered value
 //!   is recorded and the read is not repeated.
 
@@ -23,7 +26,8 @@ use unbounded_api::inventory::{
     SystemFacts,
 };
 use unbounded_bootserver::pxe_provider::{PowerSettings, PxeProvider};
-use unbounded_testbed::bmc::SushyEmulator;
+use unbounded_testbed::bmc::fru::FruIdentity;
+use unbounded_testbed::bmc::{IpmiSim, SushyEmulator};
 use unbounded_testbed::cluster::LocalControlPlane;
 
 const SYSTEM_A: &str = "5b000000-0000-4000-8000-00000000b001";
@@ -64,7 +68,20 @@ fn sushy() -> SushyEmulator {
     SushyEmulator::start_libvirt_test(&node, &storage).unwrap()
 }
 
-fn manifests(port: u16) -> String {
+/// The IPMI machine's FRU.
+fn fru() -> FruIdentity {
+    FruIdentity {
+        chassis_serial: "CH-0042".into(),
+        board_vendor: "Acme Boards".into(),
+        board_product: "AB-X11".into(),
+        board_serial: "BRD-0042".into(),
+        vendor: "Acme Systems".into(),
+        product: "RS-2U".into(),
+        serial: "SYS-0042".into(),
+    }
+}
+
+fn manifests(port: u16, ipmi_port: u16) -> String {
     let machine = |name: &str, system: &str, mac: &str| {
         format!(
             r#"---
@@ -83,6 +100,17 @@ spec:
         "apiVersion: v1\nkind: Secret\nmetadata: {{name: ri-bmc, namespace: default}}\nstringData: {{username: admin, password: ri-not-checked}}\n{}{}",
         machine("ri-a", SYSTEM_A, "52:54:00:0b:00:01"),
         machine("ri-b", SYSTEM_B, "52:54:00:0b:00:03"),
+    ) + &format!(
+        r#"---
+apiVersion: unbounded-cloud.io/v1alpha1
+kind: Machine
+metadata: {{name: ri-c}}
+spec:
+  provider: pxe
+  pxe:
+    macAddresses: ["52:54:00:0b:00:04"]
+    bmc: {{address: "ipmi://127.0.0.1:{ipmi_port}", credentialsSecretRef: {{namespace: default, name: ri-bmc}}}}
+"#
     )
 }
 
@@ -110,11 +138,23 @@ async fn redfish_describes_machines_without_clobbering_in_band_facts_and_reads_a
     let cp = LocalControlPlane::shared().unwrap();
     let client = cp.client().await.unwrap();
     let sushy = sushy();
+    let ipmi = IpmiSim::start_with_fru(
+        None,
+        "127.0.0.1",
+        "unbounded-ri-c-no-domain",
+        "admin",
+        "ri-not-checked",
+        &fru().image(),
+    )
+    .unwrap();
     let inventories = Api::<MachineInventory>::all(client.clone());
     let machines = Api::<Machine>::all(client.clone());
 
-    cp.kubectl_with_input(&["apply", "-f", "-"], Some(&manifests(sushy.port)))
-        .unwrap_or_else(|e| panic!("{e}"));
+    cp.kubectl_with_input(
+        &["apply", "-f", "-"],
+        Some(&manifests(sushy.port, ipmi.port)),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     // ri-b's agent reported before any Redfish read (its firmware and identity in band).
     let ri_b = machines.get("ri-b").await.unwrap();
     let in_band_at = Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap());
@@ -152,7 +192,7 @@ async fn redfish_describes_machines_without_clobbering_in_band_facts_and_reads_a
     .unwrap();
 
     let provider = Arc::new(PxeProvider::new(client.clone(), PowerSettings::default()));
-    tokio::spawn(unbounded_bootserver::redfish_inspection::run(
+    tokio::spawn(unbounded_bootserver::bmc_inspection::run(
         client.clone(),
         provider,
     ));
@@ -286,5 +326,60 @@ async fn redfish_describes_machines_without_clobbering_in_band_facts_and_reads_a
         after.metadata.resource_version, version,
         "an answered request is not read again"
     );
+
+    // ri-c: its IPMI BMC's FRU, identity only.
+    let c = wait_for("ri-c's FRU read", || async {
+        let i = inventories.get_opt("ri-c").await.unwrap()?;
+        i.spec.read_of(FactSource::IpmiFru).is_some().then_some(i)
+    })
+    .await;
+    let system = c.spec.system.as_ref().expect("system");
+    let want = fru();
+    assert_eq!(system.origin.source, FactSource::IpmiFru);
+    assert_eq!(
+        (
+            system.vendor.as_deref(),
+            system.product.as_deref(),
+            system.serial.as_deref()
+        ),
+        (
+            Some(want.vendor.as_str()),
+            Some(want.product.as_str()),
+            Some(want.serial.as_str())
+        )
+    );
+    assert_eq!(
+        (
+            system.board_vendor.as_deref(),
+            system.board_product.as_deref(),
+            system.board_serial.as_deref()
+        ),
+        (Some("Acme Boards"), Some("AB-X11"), Some("BRD-0042"))
+    );
+    assert!(
+        c.spec.cpu.is_none() && c.spec.disks.is_none(),
+        "FRU tells identity only"
+    );
+    let labels = wait_for("ri-c's vendor label", || async {
+        let m = machines.get("ri-c").await.unwrap();
+        let labels = m.metadata.labels.clone().unwrap_or_default();
+        labels
+            .contains_key("hardware.unbounded-cloud.io/vendor")
+            .then_some(labels)
+    })
+    .await;
+    assert_eq!(
+        (
+            labels
+                .get("hardware.unbounded-cloud.io/vendor")
+                .map(String::as_str),
+            labels
+                .get("hardware.unbounded-cloud.io/product")
+                .map(String::as_str)
+        ),
+        (Some("Acme-Systems"), Some("RS-2U")),
+        "{labels:?}"
+    );
     drop(sushy);
+    drop(ipmi);
 }

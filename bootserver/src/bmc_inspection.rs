@@ -1,27 +1,27 @@
-//! The out-of-band inventory: for a Machine with a Redfish BMC, the bootserver (the PXE
-//! provider's leader, which holds the BMC credentials) reads the ComputerSystem, its
-//! Processors, Memory, Storage drives and EthernetInterfaces
-//! ([`crate::power::redfish::RedfishBmc::inventory_documents`]), parses them
-//! ([`crate::power::redfish_inventory::parse`], every section tagged `Redfish` and the time)
-//! and folds them into the Machine's `MachineInventory`
-//! ([`unbounded_runtime::inventory::fold_into`]: in-band sections outrank Redfish ones, so a
-//! read never clobbers what the machine's own agent reported). The Machine's hardware labels
-//! follow the folded inventory, so a pool can claim a machine that never booted.
+//! The out-of-band inventory: for a Machine with a BMC, the bootserver (the PXE provider's
+//! leader, which holds the BMC credentials) reads what the BMC holds about the machine
+//! ([`crate::pxe_provider::PxeProvider::bmc_inventory`]) — a Redfish service's
+//! ComputerSystem, Processors, Memory, Storage drives and EthernetInterfaces
+//! ([`crate::power::redfish_inventory::parse`], sections tagged `Redfish`), or an IPMI BMC's
+//! FRU device 0 ([`crate::power::ipmi_fru::parse`]: identity only, tagged `IpmiFru`) — and
+//! folds it into the Machine's `MachineInventory` ([`unbounded_runtime::inventory::fold_into`]:
+//! in-band sections outrank Redfish ones, which outrank FRU ones, so a read never clobbers
+//! what a better source reported). The Machine's hardware labels follow the folded
+//! inventory, so a pool can claim a machine that never booted.
 //!
 //! When ([`decide`], a pure function):
-//! - once, on the first reconcile of a Machine with a Redfish BMC (the inventory records no
-//!   Redfish read yet) — including a discovered Machine given a BMC when it is claimed;
+//! - once, on the first reconcile of a Machine with a BMC (the inventory records no read of
+//!   that BMC's kind yet) — including a discovered Machine given a BMC when it is claimed;
 //! - again when the Machine's `unbounded-cloud.io/reinspect` annotation holds a value the
-//!   last Redfish read did not answer (the read records the value it answered, in the
-//!   inventory's `reads`: nothing to remove, nothing repeated after a restart);
+//!   last read did not answer (the read records the value it answered, in the inventory's
+//!   `reads`: nothing to remove, nothing repeated after a restart);
 //! - never for a Machine the provider refuses (a terminal failure recorded, or a provider ID
 //!   that names none of its MACs): its BMC may be another server's and is left alone;
 //! - never in a loop: a failed read (BMC unreachable, refused credentials) is tried again
 //!   after 30 s, doubling up to an hour, and only while a read is still wanted; a changed
 //!   BMC address alone does not read again (ask with the annotation).
 //!
-//! IPMI BMCs are not read (IPMI FRU is left for later); a Machine without a BMC has only its
-//! in-band inventory.
+//! A Machine without a BMC has only its in-band inventory.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -38,7 +38,7 @@ use unbounded_api::well_known::annotations::REINSPECT;
 use unbounded_api::{Machine, MachineProvider};
 
 use crate::power::redfish_inventory;
-use crate::pxe_provider::PxeProvider;
+use crate::pxe_provider::{BmcInventory, PxeProvider};
 
 /// The field manager of the inventory and label writes.
 pub const FIELD_MANAGER: &str = "unbounded-bootserver-redfish-inventory";
@@ -51,8 +51,8 @@ pub const MAX_RETRY: Duration = Duration::from_secs(3600);
 /// What [`decide`] looks at.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Facts<'a> {
-    /// The Machine is `pxe` with a BMC address of a Redfish scheme.
-    pub redfish_bmc: bool,
+    /// The source the Machine's BMC reads as (`Redfish` or `IpmiFru`), `None` without a BMC.
+    pub bmc: Option<FactSource>,
     /// The Machine is being deleted.
     pub deleting: bool,
     /// The provider refuses the Machine: a terminal failure is recorded, or its provider ID
@@ -60,7 +60,7 @@ pub struct Facts<'a> {
     pub refused: bool,
     /// The Machine's `unbounded-cloud.io/reinspect` value.
     pub reinspect: Option<&'a str>,
-    /// The inventory's record of the last Redfish read, if any.
+    /// The inventory's record of the last read of the BMC's kind, if any.
     pub last_read: Option<&'a InventoryRead>,
     /// Failed reads in a row and how long ago the last one ended.
     pub failures: Option<(u32, Duration)>,
@@ -89,7 +89,7 @@ pub fn retry_wait(failures: u32) -> Duration {
 
 /// Whether (and when) to read a Machine's BMC.
 pub fn decide(facts: &Facts<'_>) -> Next {
-    if !facts.redfish_bmc || facts.deleting || facts.refused {
+    if facts.bmc.is_none() || facts.deleting || facts.refused {
         return Next::Idle;
     }
     let wanted = match (facts.last_read, facts.reinspect) {
@@ -111,15 +111,20 @@ pub fn decide(facts: &Facts<'_>) -> Next {
     }
 }
 
-/// Whether a Machine's BMC address names a Redfish service.
-fn has_redfish_bmc(machine: &Machine) -> bool {
-    machine.spec.provider == MachineProvider::Pxe
-        && machine
-            .spec
-            .pxe
-            .as_ref()
-            .and_then(|p| p.bmc.as_ref())
-            .is_some_and(|bmc| bmc.address.starts_with("redfish"))
+/// The source a Machine's BMC reads as, by its address's scheme: `Redfish` for
+/// `redfish…://`, `IpmiFru` for `ipmi://`; `None` for a Machine without a BMC or not `pxe`.
+fn bmc_source(machine: &Machine) -> Option<FactSource> {
+    if machine.spec.provider != MachineProvider::Pxe {
+        return None;
+    }
+    let address = &machine.spec.pxe.as_ref()?.bmc.as_ref()?.address;
+    if address.starts_with("redfish") {
+        Some(FactSource::Redfish)
+    } else if address.starts_with("ipmi") {
+        Some(FactSource::IpmiFru)
+    } else {
+        None
+    }
 }
 
 /// Why a read failed.
@@ -131,6 +136,9 @@ pub enum ReadError {
     /// The documents are not a ComputerSystem's.
     #[error("{0}")]
     Parse(#[from] redfish_inventory::RedfishInventoryError),
+    /// The FRU data cannot be read.
+    #[error("{0}")]
+    Fru(#[from] crate::power::ipmi_fru::FruError),
     /// Writing the inventory failed.
     #[error("{0}")]
     Write(#[from] unbounded_runtime::inventory::InventoryWriteError),
@@ -169,24 +177,30 @@ impl Context {
     }
 }
 
-/// Reads, parses and folds one Machine's Redfish inventory, then its hardware labels.
+/// Reads, parses and folds one Machine's BMC inventory, then its hardware labels.
 async fn read(
     ctx: &Context,
     machine: &Machine,
     reinspection: Option<String>,
-) -> Result<bool, ReadError> {
-    let Some(documents) = ctx
+) -> Result<(), ReadError> {
+    let read = ctx
         .provider
-        .redfish_documents(machine)
+        .bmc_inventory(machine)
         .await
-        .map_err(ReadError::Bmc)?
-    else {
-        return Ok(false);
-    };
+        .map_err(ReadError::Bmc)?;
     let now = Time(unbounded_api::condition::now());
-    let sections = redfish_inventory::parse(&documents, now.clone())?;
+    let (sections, source) = match read {
+        BmcInventory::Redfish(documents) => (
+            redfish_inventory::parse(&documents, now.clone())?,
+            FactSource::Redfish,
+        ),
+        BmcInventory::IpmiFru(bytes) => (
+            crate::power::ipmi_fru::parse(&bytes, now.clone())?,
+            FactSource::IpmiFru,
+        ),
+    };
     let record = InventoryRead {
-        source: FactSource::Redfish,
+        source,
         observed_at: now,
         reinspection,
     };
@@ -216,16 +230,16 @@ async fn read(
                 source,
             })?;
     }
-    Ok(true)
+    Ok(())
 }
 
 async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, ReadError> {
     let name = machine.name_any();
-    let redfish_bmc = has_redfish_bmc(&machine);
-    if !redfish_bmc {
+    let bmc = bmc_source(&machine);
+    let Some(source) = bmc else {
         ctx.failures().remove(&name);
         return Ok(Action::await_change());
-    }
+    };
     let inventory = Api::<MachineInventory>::all(ctx.client.clone())
         .get_opt(&name)
         .await
@@ -238,7 +252,7 @@ async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, R
         .get(&name)
         .map(|(count, at)| (*count, at.elapsed()));
     let facts = Facts {
-        redfish_bmc,
+        bmc,
         deleting: machine.metadata.deletion_timestamp.is_some(),
         refused: machine
             .status
@@ -246,20 +260,16 @@ async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, R
             .is_some_and(|s| s.failure_reason.is_some())
             || crate::pxe_provider::check_identity(&machine).is_err(),
         reinspect: machine.annotations().get(REINSPECT).map(String::as_str),
-        last_read: inventory
-            .as_ref()
-            .and_then(|i| i.spec.read_of(FactSource::Redfish)),
+        last_read: inventory.as_ref().and_then(|i| i.spec.read_of(source)),
         failures,
     };
     match decide(&facts) {
         Next::Idle => Ok(Action::await_change()),
         Next::RetryAfter(wait) => Ok(Action::requeue(wait)),
         Next::Read { reinspection } => match read(&ctx, &machine, reinspection).await {
-            Ok(read) => {
+            Ok(()) => {
                 ctx.failures().remove(&name);
-                if read {
-                    tracing::info!(machine = %name, "read the inventory from the Redfish BMC");
-                }
+                tracing::info!(machine = %name, ?source, "read the inventory from the BMC");
                 Ok(Action::await_change())
             }
             Err(error) => {
@@ -270,7 +280,7 @@ async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, R
                     entry.0
                 };
                 // The error names the BMC by address only, never a credential.
-                tracing::warn!(machine = %name, %error, failures = count, "reading the inventory from the Redfish BMC failed");
+                tracing::warn!(machine = %name, %error, failures = count, "reading the inventory from the BMC failed");
                 Ok(Action::requeue(retry_wait(count)))
             }
         },
@@ -282,7 +292,7 @@ fn error_policy(_machine: Arc<Machine>, error: &ReadError, _ctx: Arc<Context>) -
     Action::requeue(FIRST_RETRY)
 }
 
-/// Reads the Redfish inventories of `pxe` Machines, through `provider`'s drivers, until the
+/// Reads the BMC inventories of `pxe` Machines, through `provider`'s drivers, until the
 /// watch ends. Run by the PXE provider's leader ([`crate::pxe_provider::run`]).
 pub async fn run(client: Client, provider: Arc<PxeProvider>) {
     let ctx = Arc::new(Context {
@@ -320,7 +330,7 @@ mod tests {
         let done = read(None);
         let answered_a = read(Some("a"));
         let base = Facts {
-            redfish_bmc: true,
+            bmc: Some(FactSource::Redfish),
             deleting: false,
             refused: false,
             reinspect: None,
@@ -368,9 +378,9 @@ mod tests {
                 Next::Idle,
             ),
             (
-                "no Redfish BMC",
+                "no BMC",
                 Facts {
-                    redfish_bmc: false,
+                    bmc: None,
                     ..base.clone()
                 },
                 Next::Idle,
