@@ -6,7 +6,10 @@
 //! [`REREPORT`] so that a changed machine (a disk added while it waits) is described afresh.
 //!
 //! What follows each answer is decided by [`next_step`], a pure function:
-//! - 201/200 (created, updated): wait [`REREPORT`], then report again;
+//! - 201/200 (created, updated): wait [`REREPORT`], then report again; meanwhile ask every
+//!   [`CLAIM_POLL`] whether the Machine was claimed (`GET /discovery/claim/<boot MAC>`, a
+//!   lookup in the bootserver's Machine index), so that a claimed machine reboots within
+//!   seconds rather than at its next report ([`after_poll`]);
 //! - 429, 503 or no answer: retry with backoff (1 s up to 5 minutes, or `Retry-After`);
 //! - 409 `known`: the MACs belong now to a Machine that is not waiting (an operator or a pool
 //!   claimed it): reboot, so that the firmware network-boots the Machine's own script;
@@ -15,10 +18,15 @@
 
 use std::time::Duration;
 
-use unbounded_api::inventory::{DISCOVERY_REPORT_PATH, DiscoveryReport, REFUSAL_HEADER};
+use unbounded_api::inventory::{
+    DISCOVERY_CLAIM_PATH, DISCOVERY_REPORT_PATH, DiscoveryReport, REFUSAL_HEADER,
+};
 
 /// How often a waiting machine reports again.
 pub const REREPORT: Duration = Duration::from_secs(300);
+
+/// How often a waiting machine asks whether it was claimed.
+pub const CLAIM_POLL: Duration = Duration::from_secs(15);
 
 /// The kernel argument that selects this mode.
 pub const CMDLINE_INSPECT: &str = "unbounded.inspect";
@@ -98,6 +106,50 @@ pub fn next_step(answer: &Answer, attempt: u32) -> Step {
             ..
         } => retry(*retry_after),
         Answer::Status { .. } => settled,
+    }
+}
+
+/// What to do after a claim poll, while waiting after a report that was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterPoll {
+    /// Keep waiting (still waiting, or no clear answer: the next report settles it).
+    Wait,
+    /// The Machine is not waiting any more: reboot into its own boot.
+    Reboot,
+    /// No Machine has the MAC any more (deleted while waiting): report now.
+    ReportNow,
+}
+
+/// Decides what a claim poll's answer means.
+pub fn after_poll(answer: &Answer) -> AfterPoll {
+    match answer {
+        Answer::Status {
+            code: 409,
+            refusal: Some(reason),
+            ..
+        } if reason == "known" => AfterPoll::Reboot,
+        Answer::Status { code: 404, .. } => AfterPoll::ReportNow,
+        _ => AfterPoll::Wait,
+    }
+}
+
+/// Asks the bootserver whether the Machine of `boot_mac` was claimed.
+pub async fn poll_claim(http: &reqwest::Client, bootserver: &str, boot_mac: &str) -> Answer {
+    let url = format!(
+        "{}{DISCOVERY_CLAIM_PATH}/{boot_mac}",
+        bootserver.trim_end_matches('/')
+    );
+    match http.get(&url).send().await {
+        Ok(response) => Answer::Status {
+            code: response.status().as_u16(),
+            refusal: response
+                .headers()
+                .get(REFUSAL_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+            retry_after: None,
+        },
+        Err(_) => Answer::Unreachable,
     }
 }
 
@@ -198,7 +250,44 @@ pub async fn run(bootserver: &str, boot_mac: Option<String>, root: &std::path::P
                     wait
                 };
                 attempt = next;
-                tokio::time::sleep(wait).await;
+                let taken =
+                    matches!(&answer, Answer::Status { code, .. } if (200..300).contains(code));
+                match (&boot_mac, taken) {
+                    (Some(mac), true) => {
+                        if wait_polling_claim(&http, bootserver, mac, wait).await {
+                            return;
+                        }
+                    }
+                    _ => tokio::time::sleep(wait).await,
+                }
+            }
+        }
+    }
+}
+
+/// Waits up to `wait`, asking every [`CLAIM_POLL`] whether the Machine was claimed. True when
+/// it was (reboot); false when the wait is over or the Machine is gone (report again).
+async fn wait_polling_claim(
+    http: &reqwest::Client,
+    bootserver: &str,
+    boot_mac: &str,
+    wait: Duration,
+) -> bool {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        tokio::time::sleep(CLAIM_POLL.min(left)).await;
+        match after_poll(&poll_claim(http, bootserver, boot_mac).await) {
+            AfterPoll::Wait => {}
+            AfterPoll::ReportNow => return false,
+            AfterPoll::Reboot => {
+                println!(
+                    "unbounded-agent: this machine was claimed while it waited: rebooting into its own boot"
+                );
+                return true;
             }
         }
     }
@@ -286,5 +375,36 @@ mod tests {
         assert!(!requested("unbounded.machine=n"));
         assert_eq!(boot_mac("BOOTIF=01-52-54-00"), None);
         assert_eq!(boot_mac("BOOTIF=01-52-54-00-ab-00-zz"), None);
+    }
+
+    #[test]
+    fn after_poll_table() {
+        let cases = [
+            ("still waiting", status(200, None, None), AfterPoll::Wait),
+            (
+                "claimed",
+                status(409, Some("known"), None),
+                AfterPoll::Reboot,
+            ),
+            (
+                "409 without the label",
+                status(409, None, None),
+                AfterPoll::Wait,
+            ),
+            (
+                "the Machine is gone",
+                status(404, None, None),
+                AfterPoll::ReportNow,
+            ),
+            (
+                "bootserver busy",
+                status(503, None, Some(60)),
+                AfterPoll::Wait,
+            ),
+            ("no answer", Answer::Unreachable, AfterPoll::Wait),
+        ];
+        for (case, answer, want) in cases {
+            assert_eq!(after_poll(&answer), want, "{case}");
+        }
     }
 }

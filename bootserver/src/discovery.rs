@@ -197,6 +197,28 @@ pub fn discovered_name(boot_mac: &str) -> String {
     )
 }
 
+/// Where the Machine of a boot MAC stands, for the inspection agent's poll between reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimState {
+    /// A discovered Machine with this MAC waits to be claimed.
+    Waiting(String),
+    /// A Machine with this MAC is not waiting (claimed, or declared by an operator).
+    Claimed(String),
+    /// No Machine has this MAC.
+    Unknown,
+}
+
+/// Decides [`ClaimState`] for `boot_mac` (lower case) from the Machines that have it: a
+/// Machine that is not waiting wins, as it does for a report ([`decide`]'s `known`).
+pub fn claim_state(machines: &[KnownMachine], boot_mac: &str) -> ClaimState {
+    let mut having = machines.iter().filter(|m| m.macs.contains(boot_mac));
+    let first_waiting = having.clone().find(|m| m.waiting).map(|m| m.name.clone());
+    match having.find(|m| !m.waiting) {
+        Some(claimed) => ClaimState::Claimed(claimed.name.clone()),
+        None => first_waiting.map_or(ClaimState::Unknown, ClaimState::Waiting),
+    }
+}
+
 /// Decides what a report does. `recent_creations` are the times (seconds) Machines were
 /// created by discovery; `now` is the same clock.
 pub fn decide(

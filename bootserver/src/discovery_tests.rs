@@ -352,3 +352,45 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn claim_state_table() {
+    let waiting = known("discovered-a", &[1, 2], true);
+    let claimed = known("worker-7", &[3], false);
+    let cases = [
+        (
+            "waiting",
+            vec![waiting.clone()],
+            1,
+            ClaimState::Waiting("discovered-a".into()),
+        ),
+        (
+            "a second MAC of the waiting Machine",
+            vec![waiting.clone()],
+            2,
+            ClaimState::Waiting("discovered-a".into()),
+        ),
+        (
+            "claimed",
+            vec![claimed.clone()],
+            3,
+            ClaimState::Claimed("worker-7".into()),
+        ),
+        (
+            "a declared Machine took a waiting one's MAC: it wins",
+            vec![waiting.clone(), known("declared", &[1], false)],
+            1,
+            ClaimState::Claimed("declared".into()),
+        ),
+        (
+            "nobody has it",
+            vec![waiting, claimed],
+            9,
+            ClaimState::Unknown,
+        ),
+        ("no Machines", vec![], 1, ClaimState::Unknown),
+    ];
+    for (case, machines, boot, want) in cases {
+        assert_eq!(claim_state(&machines, &mac(boot)), want, "{case}");
+    }
+}

@@ -224,6 +224,16 @@ impl DiscoveryWriter {
             .inc();
     }
 
+    /// Where the Machine of `boot_mac` stands (from the bootserver's Machine index; no API
+    /// call), for the inspection agent's poll between reports.
+    pub fn claim_state(&self, boot_mac: MacAddr) -> discovery::ClaimState {
+        let view = self.backend.discovery_view(
+            &[boot_mac],
+            &discovery::discovered_name(&boot_mac.to_string()),
+        );
+        discovery::claim_state(&view, &boot_mac.to_string())
+    }
+
     /// Decides and writes one report of `body_bytes` bytes.
     pub async fn report(
         &self,

@@ -37,7 +37,7 @@ use crate::files::{self, InlineFs};
 use crate::leases::Leases;
 use crate::metrics::{Metrics, Service};
 use crate::preflight::Readiness;
-use unbounded_api::inventory::{DISCOVERY_REPORT_PATH, DiscoveryReport};
+use unbounded_api::inventory::{DISCOVERY_CLAIM_PATH, DISCOVERY_REPORT_PATH, DiscoveryReport};
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -86,6 +86,10 @@ pub fn router(state: AppState) -> Router {
         .route("/boot.ipxe", get(boot_script))
         .route("/discover.ipxe", get(discover_script))
         .route(DISCOVERY_REPORT_PATH, post(discovery_report))
+        .route(
+            &format!("{DISCOVERY_CLAIM_PATH}/{{mac}}"),
+            get(discovery_claim),
+        )
         .route("/machines/{name}/config", get(machine_config))
         .route("/machines/{name}/credentials", post(machine_credentials))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -305,27 +309,11 @@ async fn discovery_report(
             );
         }
     };
-    // With a full DHCP server the bootserver knows who holds which address: a report must
-    // come from the address leased to the MAC it says it booted from.
-    if let (IpAddr::V4(peer), DhcpMode::Full) = (peer.ip(), state.settings.dhcp_mode) {
-        let leased_to = match state.leases.lease_at(peer) {
-            Ok(lease) => lease.map(|l| l.mac),
-            Err(error) => {
-                tracing::error!(%error, "the address book cannot answer; refusing a discovery report");
-                return reply(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the bootserver cannot check the sender's address now; retry".into(),
-                );
-            }
-        };
-        let boot_mac = report.boot_mac.parse::<MacAddr>().ok();
-        if leased_to.is_none() || leased_to != boot_mac {
+    if let Err((code, text)) = sender_holds(&state, peer, report.boot_mac.parse().ok()) {
+        if code == StatusCode::FORBIDDEN {
             writer.count_outcome("wrong_address");
-            return reply(
-                StatusCode::FORBIDDEN,
-                format!("{peer} is not leased to the report's boot MAC"),
-            );
         }
+        return reply(code, text);
     }
     match writer.report(report, bytes.len()).await {
         Ok(Outcome::Created(name)) => {
@@ -363,6 +351,84 @@ async fn discovery_report(
             }
             response
         }
+    }
+}
+
+/// With a full DHCP server the bootserver knows who holds which address: an inspection
+/// agent's request must come from the address leased to the MAC it says it booted from
+/// (with ProxyDHCP nothing can be checked).
+fn sender_holds(
+    state: &AppState,
+    peer: SocketAddr,
+    boot_mac: Option<MacAddr>,
+) -> Result<(), (StatusCode, String)> {
+    let (IpAddr::V4(peer), DhcpMode::Full) = (peer.ip(), state.settings.dhcp_mode) else {
+        return Ok(());
+    };
+    let leased_to = match state.leases.lease_at(peer) {
+        Ok(lease) => lease.map(|l| l.mac),
+        Err(error) => {
+            tracing::error!(%error, "the address book cannot answer; refusing a discovery request");
+            return Err((
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the bootserver cannot check the sender's address now; retry".into(),
+            ));
+        }
+    };
+    if leased_to.is_none() || leased_to != boot_mac {
+        return Err((
+            StatusCode::FORBIDDEN,
+            format!("{peer} is not leased to the boot MAC"),
+        ));
+    }
+    Ok(())
+}
+
+/// An inspection agent's poll between reports ([`DISCOVERY_CLAIM_PATH`]): 200 while its
+/// Machine waits, 409 `known` once claimed (it reboots into its own boot), 404 when no
+/// Machine has the MAC (it reports again). Answered from the Machine index, no API call.
+async fn discovery_claim(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    axum::extract::Path(mac): axum::extract::Path<String>,
+) -> Response {
+    let route = DISCOVERY_CLAIM_PATH;
+    let reply = |code: StatusCode, text: String| {
+        state.metrics.http_request(route, code.as_u16());
+        (code, format!("{text}\n")).into_response()
+    };
+    let Some(writer) = &state.discovery else {
+        return reply(StatusCode::NOT_FOUND, "discovery is off here".into());
+    };
+    let Ok(boot_mac) = mac.parse::<MacAddr>() else {
+        let shown: String = mac.chars().take(64).filter(|c| !c.is_control()).collect();
+        return reply(
+            StatusCode::BAD_REQUEST,
+            format!("{shown:?} is not a MAC address"),
+        );
+    };
+    if let Err((code, text)) = sender_holds(&state, peer, Some(boot_mac)) {
+        return reply(code, text);
+    }
+    match writer.claim_state(boot_mac) {
+        crate::discovery::ClaimState::Waiting(name) => {
+            reply(StatusCode::OK, format!("{name} waits to be claimed"))
+        }
+        crate::discovery::ClaimState::Claimed(name) => {
+            let mut response = reply(
+                StatusCode::CONFLICT,
+                format!("{boot_mac} belongs to Machine {name}, which is not waiting: boot it"),
+            );
+            response.headers_mut().insert(
+                unbounded_api::inventory::REFUSAL_HEADER,
+                header::HeaderValue::from_static("known"),
+            );
+            response
+        }
+        crate::discovery::ClaimState::Unknown => reply(
+            StatusCode::NOT_FOUND,
+            format!("no Machine has {boot_mac}: report"),
+        ),
     }
 }
 

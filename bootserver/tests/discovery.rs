@@ -606,6 +606,18 @@ fn an_unknown_server_becomes_one_waiting_machine_and_the_door_holds() {
         ) >= 1.0
     );
 
+    // The agent's poll between reports: waiting, then nobody's MAC, then garbage.
+    let (code, answer) = get(link, &format!("/discovery/claim/{mac_a}"));
+    assert_eq!(code, 200, "{answer}");
+    assert!(
+        answer.contains(&format!("{name} waits to be claimed")),
+        "{answer}"
+    );
+    let (code, answer) = get(link, "/discovery/claim/52:54:00:0d:99:99");
+    assert_eq!(code, 404, "{answer}");
+    let (code, answer) = get(link, "/discovery/claim/not-a-mac");
+    assert_eq!(code, 400, "{answer}");
+
     // Claimed by hand: it boots as itself (here: no configuration yet), no inspection.
     ok(
         cp,
@@ -625,6 +637,39 @@ fn an_unknown_server_becomes_one_waiting_machine_and_the_door_holds() {
             let script = get(link, &format!("/boot.ipxe?mac={mac_a}")).1;
             script.contains("has no boot target yet")
         },
+    );
+    // The waiting agent's next poll says so, and it reboots (the real agent's client).
+    let (code, answer) = get(link, &format!("/discovery/claim/{mac_a}"));
+    assert_eq!(code, 409, "{answer}");
+    assert!(
+        answer
+            .to_ascii_lowercase()
+            .contains("unbounded-refusal: known"),
+        "{answer}"
+    );
+    let polled_mac = mac_a.to_owned();
+    let polled = link
+        .client
+        .spawn_inside(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            runtime.block_on(async {
+                let http = reqwest::Client::new();
+                let base = format!("http://{SERVER}:8080");
+                unbounded_agent::inspect::poll_claim(&http, &base, &polled_mac).await
+            })
+        })
+        .unwrap()
+        .join()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        unbounded_agent::inspect::after_poll(&polled),
+        unbounded_agent::inspect::AfterPoll::Reboot,
+        "{polled:?}"
     );
     let (code, answer) = site.post(&report(&[mac_a], 1));
     assert_eq!(

@@ -456,6 +456,12 @@ pub fn is_accelerator(class_code: &str, vendor_id: &str) -> bool {
 /// The bootserver's route an inspection agent posts its [`DiscoveryReport`] to.
 pub const DISCOVERY_REPORT_PATH: &str = "/discovery/inventory";
 
+/// The bootserver's route an inspection agent polls between reports: `GET
+/// /discovery/claim/<boot MAC>` answers 200 while the machine's Machine waits, 409 with
+/// [`REFUSAL_HEADER`] `known` once it is claimed (the agent reboots into its own boot), and
+/// 404 when no Machine has the MAC (the agent reports again).
+pub const DISCOVERY_CLAIM_PATH: &str = "/discovery/claim";
+
 /// The response header that names why the bootserver refused a report (a fixed label such
 /// as `known`, `rate_limited`, `invalid`).
 pub const REFUSAL_HEADER: &str = "unbounded-refusal";
