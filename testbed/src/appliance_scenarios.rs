@@ -284,16 +284,21 @@ pub fn leader_failover(
                 .iter()
                 .map(|n| {
                     format!(
-                        "{n}: {} v{}",
+                        "{n}: {} v{} paved v{}",
                         get(lab, "machine", n, "{.status.phase}"),
-                        get(lab, "machine", n, "{.status.configuration.version}")
+                        get(lab, "machine", n, "{.status.configuration.version}"),
+                        get(lab, "machine", n, "{.status.agent.paved.version}")
                     )
                 })
                 .collect();
+            // Recorded is not rolled: the controller records the version before the repave,
+            // while the old Node may still be Ready. The agent's `paved` says the running
+            // container is the new version's (and its storage report went out with it).
             let done = names.iter().all(|n| {
                 ready.contains(n)
                     && get(lab, "machine", n, "{.status.phase}") == "Running"
                     && get(lab, "machine", n, "{.status.configuration.version}") == next.to_string()
+                    && get(lab, "machine", n, "{.status.agent.paved.version}") == next.to_string()
             });
             (done, format!("{states:?}"))
         },
