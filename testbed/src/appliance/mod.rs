@@ -74,7 +74,7 @@ pub const SYSTEM_NAMESPACE: &str = "unbounded-system";
 /// The controller's Lease.
 pub const CONTROLLER_LEASE: &str = "unbounded-controller";
 /// The host's and the namespace's ends of the routed link, and the subnet routed.
-const HOST_ROUTE: (&str, &str, &str) = ("10.99.1.1/30", "10.99.1.2/30", "10.99.0.0/24");
+pub(crate) const HOST_ROUTE: (&str, &str, &str) = ("10.99.1.1/30", "10.99.1.2/30", "10.99.0.0/24");
 
 pub(super) fn step(message: impl Into<String>) -> LabError {
     LabError::Step(message.into())

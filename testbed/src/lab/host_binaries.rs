@@ -10,7 +10,7 @@ use crate::appliance::BootArtifacts;
 use crate::bmc;
 use crate::cluster::LocalControlPlane;
 use crate::images::Images;
-use crate::netns::Netns;
+use crate::netns::{HostRoute, Netns};
 use crate::process::Process;
 
 /// The controller and the bootserver binaries as `deploy/` runs them, each with its own
@@ -24,6 +24,10 @@ pub(super) fn start_host_binaries(
     images: &Images,
     say: &dyn Fn(&str),
 ) -> Result<Components, LabError> {
+    // As the pods lab's appliance does: without it the API server cannot reach a kubelet.
+    say("routed link host ↔ provisioning network (10.99.0.0/24)");
+    let (host_cidr, ns_cidr, subnet) = crate::appliance::HOST_ROUTE;
+    let route = HostRoute::new(ns, host_cidr, ns_cidr, subnet).map_err(|e| step(e.to_string()))?;
     say("applying deploy/ (CRDs, policies, RBAC, Deployments)");
     kubectl(
         plane,
@@ -114,6 +118,7 @@ pub(super) fn start_host_binaries(
     Ok(Components::HostBinaries {
         controller,
         bootserver,
+        _route: route,
     })
 }
 

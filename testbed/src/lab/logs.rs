@@ -14,6 +14,7 @@ impl Lab {
             Components::HostBinaries {
                 controller,
                 bootserver,
+                ..
             } => vec![bootserver.tail(40), controller.tail(30)],
             Components::Pods(appliance) => {
                 let mut out = vec![
@@ -89,6 +90,7 @@ impl Lab {
             Components::HostBinaries {
                 controller,
                 bootserver,
+                ..
             } => vec![
                 bootserver.log_path().to_path_buf(),
                 controller.log_path().to_path_buf(),

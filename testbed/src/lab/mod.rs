@@ -27,7 +27,7 @@ use crate::appliance::{Appliance, ApplianceOptions, BootArtifacts};
 use crate::bmc::{self, Domain, DomainOptions, IpmiSim, Libvirtd, SushyEmulator};
 use crate::cluster::{KUBERNETES_VERSION, Lifetime, LocalControlPlane, PlaneOptions};
 use crate::images::Images;
-use crate::netns::{LoopbackForward, Netns};
+use crate::netns::{HostRoute, LoopbackForward, Netns};
 use crate::process::Process;
 
 /// Every lab machine's blank data disk (`vdb`), for configurations with
@@ -117,6 +117,9 @@ enum Components {
     HostBinaries {
         controller: Process,
         bootserver: Process,
+        /// The host's route to the machines: the API server reaches their kubelets
+        /// (`kubectl logs`, the agent's log through `nodes/proxy`).
+        _route: HostRoute,
     },
     /// `deploy/` as pods on the appliance node.
     Pods(Box<Appliance>),
@@ -303,6 +306,7 @@ impl Lab {
             Components::HostBinaries {
                 controller,
                 bootserver,
+                ..
             } => controller.exited().or_else(|| bootserver.exited()),
             Components::Pods(appliance) => appliance.exited(),
         }
