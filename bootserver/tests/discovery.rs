@@ -108,6 +108,34 @@ fn get(link: &Link, path: &str) -> (u16, String) {
     curl(link, &[&format!("http://{SERVER}:8080{path}")])
 }
 
+/// Runs the agent's own HTTP code in the client namespace (a machine on the provisioning
+/// network), with an HTTP client and the bootserver's base URL, as the agent's binary sets
+/// them up.
+fn as_the_agent<T, F, Fut>(link: &Link, work: F) -> T
+where
+    T: Send + 'static,
+    F: FnOnce(reqwest::Client, String) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = T>,
+{
+    link.client
+        .spawn_inside(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            // As the agent's binary does at its start.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            runtime.block_on(work(
+                reqwest::Client::new(),
+                format!("http://{SERVER}:8080"),
+            ))
+        })
+        .unwrap()
+        .join()
+        .unwrap()
+        .unwrap()
+}
+
 /// Posts `body` (written to a file, so that any size goes) to the discovery route.
 fn post_report(link: &Link, dir: &Path, body: &str, extra: &[&str]) -> (u16, String) {
     let file = dir.join("report.json");
@@ -417,27 +445,11 @@ fn an_unknown_server_becomes_one_waiting_machine_and_the_door_holds() {
         boot_mac: mac_r.into(),
         inventory,
     };
-    let answers = link
-        .client
-        .spawn_inside(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            // As the agent's binary does at its start.
-            let _ = rustls::crypto::ring::default_provider().install_default();
-            runtime.block_on(async {
-                let http = reqwest::Client::new();
-                let base = format!("http://{SERVER}:8080");
-                let first = unbounded_agent::inspect::post(&http, &base, &agent_report).await;
-                let second = unbounded_agent::inspect::post(&http, &base, &agent_report).await;
-                (first, second)
-            })
-        })
-        .unwrap()
-        .join()
-        .unwrap()
-        .unwrap();
+    let answers = as_the_agent(link, async move |http, base| {
+        let first = unbounded_agent::inspect::post(&http, &base, &agent_report).await;
+        let second = unbounded_agent::inspect::post(&http, &base, &agent_report).await;
+        (first, second)
+    });
     assert!(
         matches!(answers.0, Answer::Status { code: 201, .. }),
         "a real inventory of this host is taken: {answers:?}"
@@ -648,24 +660,9 @@ fn an_unknown_server_becomes_one_waiting_machine_and_the_door_holds() {
         "{answer}"
     );
     let polled_mac = mac_a.to_owned();
-    let polled = link
-        .client
-        .spawn_inside(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            let _ = rustls::crypto::ring::default_provider().install_default();
-            runtime.block_on(async {
-                let http = reqwest::Client::new();
-                let base = format!("http://{SERVER}:8080");
-                unbounded_agent::inspect::poll_claim(&http, &base, &polled_mac).await
-            })
-        })
-        .unwrap()
-        .join()
-        .unwrap()
-        .unwrap();
+    let polled = as_the_agent(link, async move |http, base| {
+        unbounded_agent::inspect::poll_claim(&http, &base, &polled_mac).await
+    });
     assert_eq!(
         unbounded_agent::inspect::after_poll(&polled),
         unbounded_agent::inspect::AfterPoll::Reboot,

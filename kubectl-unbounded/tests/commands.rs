@@ -727,16 +727,7 @@ async fn many_machines_need_a_yes_typed_in_the_terminal() {
 async fn ctrl_c_stops_following_and_leaves_the_operation() {
     let client = client().await;
     create_machine(&client, "int-m", json!({}), json!({})).await;
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kubectl-unbounded"))
-        .arg("--kubeconfig")
-        .arg(control_plane().kubeconfig_path())
-        .args(["reboot", "int-m", "--timeout", "600"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = spawn_plugin(&["reboot", "int-m", "--timeout", "600"]);
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     // Following: no controller runs here, so the operation stays pending.
     loop {
@@ -749,15 +740,7 @@ async fn ctrl_c_stops_following_and_leaves_the_operation() {
             break;
         }
     }
-    let pid = child.id().unwrap();
-    std::process::Command::new("kill")
-        .args(["-INT", &pid.to_string()])
-        .status()
-        .unwrap();
-    let out = tokio::time::timeout(TIMEOUT, child.wait_with_output())
-        .await
-        .expect("the plugin ends on Ctrl-C")
-        .unwrap();
+    let out = interrupt(child).await;
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -163,16 +163,7 @@ async fn console_reads_the_serial_port_through_ipmi_sol_and_never_shows_the_pass
     create_secret(&client, "sol-bmc", PASSWORD).await;
     create_bmc_machine(&client, "sol-m", sim.port, "sol-bmc").await;
 
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kubectl-unbounded"))
-        .arg("--kubeconfig")
-        .arg(control_plane().kubeconfig_path())
-        .args(["console", "sol-m"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = spawn_plugin(&["console", "sol-m"]);
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut seen = Vec::new();
     let found = tokio::time::timeout(TIMEOUT, async {
@@ -191,15 +182,7 @@ async fn console_reads_the_serial_port_through_ipmi_sol_and_never_shows_the_pass
         "the serial port's line through SOL: {seen:?}"
     );
     // Ctrl-C ends the session (and deactivates SOL), with success.
-    let pid = child.id().unwrap();
-    std::process::Command::new("kill")
-        .args(["-INT", &pid.to_string()])
-        .status()
-        .unwrap();
-    let out = tokio::time::timeout(TIMEOUT, child.wait_with_output())
-        .await
-        .expect("the plugin ends on Ctrl-C")
-        .unwrap();
+    let out = interrupt(child).await;
     assert!(out.status.success(), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -231,16 +214,7 @@ async fn console_through_a_pipe_says_the_session_is_open_before_the_machine_writ
     create_secret(&client, "sol-quiet-bmc", PASSWORD).await;
     create_bmc_machine(&client, "sol-quiet", sim.port, "sol-quiet-bmc").await;
 
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kubectl-unbounded"))
-        .arg("--kubeconfig")
-        .arg(control_plane().kubeconfig_path())
-        .args(["console", "sol-quiet"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = spawn_plugin(&["console", "sol-quiet"]);
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     // Activation takes a second or two; the banner is not waited for longer than this.
     let banner = tokio::time::timeout(Duration::from_secs(30), async {
@@ -252,15 +226,7 @@ async fn console_through_a_pipe_says_the_session_is_open_before_the_machine_writ
         false
     })
     .await;
-    let pid = child.id().unwrap();
-    std::process::Command::new("kill")
-        .args(["-INT", &pid.to_string()])
-        .status()
-        .unwrap();
-    let out = tokio::time::timeout(TIMEOUT, child.wait_with_output())
-        .await
-        .expect("the plugin ends on Ctrl-C")
-        .unwrap();
+    let out = interrupt(child).await;
     assert_eq!(
         banner,
         Ok(true),

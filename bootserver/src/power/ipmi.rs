@@ -146,8 +146,9 @@ impl IpmiBmc {
         let this = self.clone();
         let bmc = self.name();
         let seconds = self.timeout.as_secs().max(1);
+        let name = bmc.clone();
         let call = tokio::task::spawn_blocking(move || {
-            let bmc = this.name();
+            let bmc = name;
             let mut rmcp = this.open_session(&bmc)?;
             let result = commands(&mut rmcp, &bmc);
             close_session(&mut rmcp, &bmc);

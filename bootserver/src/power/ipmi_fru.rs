@@ -40,7 +40,7 @@ pub enum FruError {
 pub struct FruAreas {
     /// Chassis serial number.
     pub chassis_serial: Option<String>,
-    /// Board manufacturer, product name, serial number.
+    /// Board manufacturer.
     pub board_vendor: Option<String>,
     /// Board product name.
     pub board_product: Option<String>,

@@ -52,6 +52,34 @@ pub async fn plugin(args: &[&str]) -> Run {
 }
 
 /// Polls `check` until it returns Some, or panics after [`TIMEOUT`] with `what`.
+/// The plugin started with `args` against the test control plane, its output piped, for a
+/// test that reads it while it runs (stopped with [`interrupt`]).
+pub fn spawn_plugin(args: &[&str]) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_kubectl-unbounded"))
+        .arg("--kubeconfig")
+        .arg(control_plane().kubeconfig_path())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+/// Ctrl-C to a running plugin; its exit and the output it had left.
+pub async fn interrupt(child: tokio::process::Child) -> std::process::Output {
+    let pid = child.id().unwrap();
+    std::process::Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .unwrap();
+    tokio::time::timeout(TIMEOUT, child.wait_with_output())
+        .await
+        .expect("the plugin ends on Ctrl-C")
+        .unwrap()
+}
+
 pub async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
 where
     F: FnMut() -> Fut,
