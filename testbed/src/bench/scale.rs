@@ -83,11 +83,9 @@ pub fn run(
         "building the controller ({})",
         if options.release { "release" } else { "debug" }
     ));
-    let built = crate::images::cargo_build(
-        &["unbounded-controller", "unbounded-bootserver"],
+    let built = crate::images::host_build(
         &["unbounded-controller", "unbounded-bootserver"],
         options.release,
-        false,
     )
     .map_err(failed)?;
     let (Some(controller_bin), Some(bootserver_bin)) = (built.first(), built.get(1)) else {

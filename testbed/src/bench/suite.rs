@@ -208,13 +208,8 @@ pub fn run_network(
         "building our bootserver ({})",
         if options.release { "release" } else { "debug" }
     ));
-    let built = crate::images::cargo_build(
-        &["unbounded-bootserver"],
-        &["unbounded-bootserver"],
-        options.release,
-        false,
-    )
-    .map_err(|e| SuiteError::Build(e.to_string()))?;
+    let built = crate::images::host_build(&["unbounded-bootserver"], options.release)
+        .map_err(|e| SuiteError::Build(e.to_string()))?;
     let ours = built
         .first()
         .ok_or_else(|| SuiteError::Build("no binary".into()))?;

@@ -50,12 +50,7 @@ pub(crate) fn up(options: UpOptions) -> Result<(), CliError> {
         containers: !host_binaries,
     })?;
     eprintln!("testbed: building the controller and the bootserver");
-    let binaries = images::cargo_build(
-        &["unbounded-controller", "unbounded-bootserver"],
-        &["unbounded-controller", "unbounded-bootserver"],
-        false,
-        false,
-    )?;
+    let binaries = images::host_build(&["unbounded-controller", "unbounded-bootserver"], false)?;
     let (Some(controller), Some(bootserver)) = (binaries.first(), binaries.get(1)) else {
         return Err(CliError::Other(
             "cargo built no controller or bootserver".into(),

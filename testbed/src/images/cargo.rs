@@ -33,13 +33,28 @@ pub fn set_by_cargo_run(names: impl Iterator<Item = String>) -> Vec<String> {
         .collect()
 }
 
+/// What a cargo build selects and how.
+#[derive(Debug, Clone, Copy)]
+enum Selection<'a> {
+    /// For this host (the lab's and the benchmarks' binaries): the workspace but the testbed,
+    /// debug or release. Every such build resolves features as `cargo test --workspace` does
+    /// (the manifests keep no feature that only a dev-dependency turns on), so one compiled
+    /// dependency graph serves them all and `scripts/test`'s tests; selecting only the
+    /// binaries' packages would resolve another and compile it again. The testbed is left
+    /// out so that `cargo run -p unbounded-testbed`, which may be running, keeps its build.
+    Host { release: bool },
+    /// For the images: these packages, release, static.
+    StaticRelease { packages: &'a [&'a str] },
+}
+
+/// Builds binaries of this workspace for this host (debug or release) and returns each one's
+/// path, in the order of `binaries`.
+pub fn host_build(binaries: &[&str], release: bool) -> Result<Vec<PathBuf>, ImagesError> {
+    cargo_build(Selection::Host { release }, binaries)
+}
+
 /// Builds Rust binaries with cargo and returns each one's path.
-pub fn cargo_build(
-    packages: &[&str],
-    binaries: &[&str],
-    release: bool,
-    static_target: bool,
-) -> Result<Vec<PathBuf>, ImagesError> {
+fn cargo_build(selection: Selection<'_>, binaries: &[&str]) -> Result<Vec<PathBuf>, ImagesError> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut command = Command::new(cargo);
     command
@@ -48,39 +63,44 @@ pub fn cargo_build(
     for name in set_by_cargo_run(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok())) {
         command.env_remove(name);
     }
-    if release {
-        command.arg("--release");
-    }
-    if static_target {
-        // glibc, linked statically: no musl toolchain needed, nothing to install in the image.
-        // Source paths (in panic messages) are remapped, so that the same commit gives the
-        // same binary in any checkout and under any home directory.
-        command.args(["--target", containers::TARGET]);
-        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .unwrap_or(Path::new("."))
-            .to_path_buf();
-        let cargo_home = std::env::var_os("CARGO_HOME").map_or_else(
-            || {
-                PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
-                    .join(".cargo")
-            },
-            PathBuf::from,
-        );
-        command.env(
-            "RUSTFLAGS",
-            format!(
-                "-C target-feature=+crt-static --remap-path-prefix={}=/unbounded --remap-path-prefix={}=/cargo",
-                workspace.display(),
-                cargo_home.display()
-            ),
-        );
-    }
-    for package in packages {
-        command.args(["-p", package]);
-    }
-    for binary in binaries {
-        command.args(["--bin", binary]);
+    match selection {
+        Selection::Host { release } => {
+            command.args(["--workspace", "--exclude", "unbounded-testbed"]);
+            if release {
+                command.arg("--release");
+            }
+        }
+        Selection::StaticRelease { packages } => {
+            // glibc, linked statically: no musl toolchain needed, nothing to install in the
+            // image. Source paths (in panic messages) are remapped, so that the same commit
+            // gives the same binary in any checkout and under any home directory.
+            command.args(["--release", "--target", containers::TARGET]);
+            let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .unwrap_or(Path::new("."))
+                .to_path_buf();
+            let cargo_home = std::env::var_os("CARGO_HOME").map_or_else(
+                || {
+                    PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+                        .join(".cargo")
+                },
+                PathBuf::from,
+            );
+            command.env(
+                "RUSTFLAGS",
+                format!(
+                    "-C target-feature=+crt-static --remap-path-prefix={}=/unbounded --remap-path-prefix={}=/cargo",
+                    workspace.display(),
+                    cargo_home.display()
+                ),
+            );
+            for package in packages {
+                command.args(["-p", package]);
+            }
+            for binary in binaries {
+                command.args(["--bin", binary]);
+            }
+        }
     }
     let output = command
         .stderr(Stdio::inherit())
@@ -173,7 +193,13 @@ pub(super) fn release_builds(containers: bool) -> Result<(PathBuf, Vec<PathBuf>)
     if containers {
         packages.extend(PROJECT_IMAGES.iter().map(|i| i.package));
     }
-    let mut built = cargo_build(&packages, &packages, true, true)?.into_iter();
+    let mut built = cargo_build(
+        Selection::StaticRelease {
+            packages: &packages,
+        },
+        &packages,
+    )?
+    .into_iter();
     let agent = built
         .next()
         .ok_or_else(|| step_err("agent", "cargo built no agent"))?;

@@ -2,8 +2,7 @@
 //! release build of the controller the benchmark runs.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::PathBuf;
 
 use super::probe::{self, RequestCounts};
 use super::{BenchError, Phase, Report};
@@ -149,39 +148,15 @@ fn resources(counts: &RequestCounts) -> String {
 
 /// Builds the controller in release mode with cargo and returns the binary's path.
 pub fn build_release_controller() -> Result<PathBuf, BenchError> {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let output = Command::new(cargo)
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "unbounded-controller",
-            "--bin",
-            "unbounded-controller",
-            "--message-format=json-render-diagnostics",
-        ])
-        .current_dir(&workspace)
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|source| BenchError::Io {
-            what: "running cargo build --release -p unbounded-controller".into(),
-            source,
-        })?;
-    let failed = |message: String| BenchError::Controller {
-        what: "building the release controller".into(),
-        message,
-    };
-    if !output.status.success() {
-        return Err(failed(format!("cargo exited with {}", output.status)));
-    }
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|m| {
-            m["reason"] == "compiler-artifact" && m["target"]["name"] == "unbounded-controller"
+    crate::images::host_build(&["unbounded-controller"], true)
+        .map_err(|e| BenchError::Controller {
+            what: "building the release controller".into(),
+            message: e.to_string(),
+        })?
+        .into_iter()
+        .next()
+        .ok_or_else(|| BenchError::Controller {
+            what: "building the release controller".into(),
+            message: "cargo built no unbounded-controller".into(),
         })
-        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
-        .ok_or_else(|| failed("cargo reported no unbounded-controller executable".into()))
 }
