@@ -351,6 +351,7 @@ async fn follow(
             .map(|o| o.map(|o| Followed::Operation(Box::new(o))))
             .boxed()
     };
+    let mut interrupt = crate::interrupts()?;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         let elapsed = i64::try_from(started.elapsed().as_secs()).unwrap_or(i64::MAX);
@@ -369,7 +370,7 @@ async fn follow(
                 )));
             }
             _ = tick.tick(), if terminal.stdout_tty => {}
-            _ = tokio::signal::ctrl_c() => {
+            _ = interrupt.recv() => {
                 printer.end()?;
                 let elapsed = i64::try_from(started.elapsed().as_secs()).unwrap_or(i64::MAX);
                 return Err(Error::TimedOut(format!(

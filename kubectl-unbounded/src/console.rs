@@ -324,6 +324,7 @@ async fn open_sol(
         })
         .stdout(Stdio::inherit())
         .stderr(Stdio::inherit());
+    let mut interrupt = crate::interrupts().map_err(Error::Output)?;
     let mut child = session
         .spawn()
         .map_err(|e| Error::Console(format!("running ipmitool (Debian package ipmitool): {e}")))?;
@@ -331,7 +332,7 @@ async fn open_sol(
     let _input = child.stdin.take();
     let status = tokio::select! {
         status = child.wait() => Some(status.map_err(Error::Output)?),
-        _ = tokio::signal::ctrl_c() => None,
+        _ = interrupt.recv() => None,
     };
     let Some(status) = status else {
         // Ended by the user: stop the session, and free the BMC's SOL payload for the next one.

@@ -307,6 +307,7 @@ async fn watch_status(
     };
     check_filter(filter, &snapshot())?;
     let mut last = String::new();
+    let mut interrupt = interrupts()?;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         let tree = status::build(&snapshot(), filter, args.by, Timestamp::now());
@@ -327,9 +328,17 @@ async fn watch_status(
         tokio::select! {
             _ = tick.tick(), if terminal.stdout_tty => {}
             event = events.next() => if event.is_none() { return Ok(()) },
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = interrupt.recv() => return Ok(()),
         }
     }
+}
+
+/// Ctrl-C, listened for from now on. A SIGINT that arrives while a loop is busy elsewhere
+/// waits for its next `recv`; a `tokio::signal::ctrl_c()` made anew in each turn of a loop
+/// misses one that comes between two turns (tokio's handler is installed by then, so the
+/// signal no longer ends the process either), and the plugin followed on until its timeout.
+pub(crate) fn interrupts() -> std::io::Result<tokio::signal::unix::Signal> {
+    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
 }
 
 async fn why(client: &Client, name: &str, event_limit: usize) -> Result<(), Error> {

@@ -431,6 +431,7 @@ pub async fn run(client: &Client, name: &str, options: &Options) -> Result<(), E
         });
     }
     drop(tx);
+    let mut interrupt = crate::interrupts()?;
     loop {
         tokio::select! {
             line = rx.recv() => match line {
@@ -441,7 +442,7 @@ pub async fn run(client: &Client, name: &str, options: &Options) -> Result<(), E
                 }
                 None => return Ok(()),
             },
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = interrupt.recv() => return Ok(()),
         }
     }
 }
