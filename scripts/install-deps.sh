@@ -24,6 +24,8 @@ packages=(
   fdisk util-linux e2fsprogs
   # a real LLDP sender: the agent's LLDP capture test, the discovery scenario's switch
   lldpd
+  # the test command's runner reads cargo's list of test binaries (scripts/run-test-binaries)
+  jq
 )
 
 missing=()
