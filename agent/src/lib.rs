@@ -43,6 +43,7 @@ pub mod identity;
 pub mod inspect;
 pub mod inventory;
 pub mod inventory_refresh;
+pub mod kubelet_version;
 pub mod log_file;
 pub mod operation_tasks;
 pub mod operations;

@@ -22,6 +22,7 @@ use unbounded_api::{Machine, MachineConfigurationVersion, ResolvedConfiguration}
 use crate::container_root::{self, ContainerRootError};
 use crate::context::Context;
 use crate::credentials::{self, CredentialError};
+use crate::kubelet_version::{self, KubeletVersionError};
 use crate::plan::{PaveReason, Paved};
 use crate::render::{self, KubeletInput};
 use crate::rootfs::{self, RootfsError};
@@ -54,12 +55,14 @@ pub(crate) enum PaveError {
     Root(#[from] ContainerRootError),
     #[error(transparent)]
     Storage(#[from] StorageStepError),
+    #[error(transparent)]
+    Kubelet(#[from] KubeletVersionError),
 }
 
 impl PaveError {
     pub(crate) fn reason(&self) -> &'static str {
         match self {
-            Self::NoImage | Self::RelativeImage(_) | Self::Render(_) => {
+            Self::NoImage | Self::RelativeImage(_) | Self::Render(_) | Self::Kubelet(_) => {
                 status::reasons::INVALID_CONFIGURATION
             }
             Self::Rootfs(e) => e.reason(),
@@ -161,6 +164,12 @@ pub(crate) async fn pave(
             started.elapsed().as_secs_f64()
         );
     }
+    // The kubelet it carries is the one the configuration asks for (kubernetes.version),
+    // checked before anything of the running container changes.
+    kubelet_version::check(
+        kubernetes.version.as_deref(),
+        kubelet_version::carried(target).await.as_deref(),
+    )?;
     let credentials = credentials::obtain(&ctx.http, &ctx.identity, &ctx.store, true).await?;
     let token = credentials
         .bootstrap_token

@@ -35,6 +35,11 @@ mkdir -p "$root/opt/cni/bin"
 for b in bridge host-local loopback portmap; do install -m 0755 "$tools/$b" "$root/opt/cni/bin/$b"; done
 cp -a "$here/overlay/." "$root/"
 install -D -m 0644 "$pause" "$root/usr/share/unbounded/pause.tar"
+# Which kubelet this image carries: the agent refuses it for a MachineConfiguration whose
+# kubernetes.version is another (agent/src/kubelet_version.rs reads this file).
+kubelet_version="$("$kubelet" --version 2>/dev/null | awk '{print $2}')"
+case "$kubelet_version" in v[0-9]*.[0-9]*.[0-9]*) ;; *) echo "kubelet --version printed no version" >&2; exit 1 ;; esac
+echo "$kubelet_version" >"$root/usr/share/unbounded/kubelet-version"
 mkdir -p "$root/var/lib/kubelet" "$root/etc/unbounded"
 chroot "$root" systemctl enable containerd.service unbounded-pause-image.service kubelet.service >/dev/null 2>&1
 # Inside the container: nothing to do for the network (host network), no consoles to get.
@@ -57,7 +62,7 @@ tar --numeric-owner --xattrs -C "$root" --exclude=./dev/* --exclude=./proc/* --e
 mv "$out/node.tar.zst.tmp" "$out/node.tar.zst"
 sha256sum "$out/node.tar.zst" | cut -d' ' -f1 >"$out/node.tar.zst.sha256"
 {
-  echo "kubelet $("$kubelet" --version 2>/dev/null | awk '{print $2}')"
+  echo "kubelet $kubelet_version"
   echo "root $(du -sm "$root" | cut -f1) MB"
   echo "archive $(du -m "$out/node.tar.zst" | cut -f1) MB"
   echo "sha256 $(cat "$out/node.tar.zst.sha256")"

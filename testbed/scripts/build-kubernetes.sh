@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kubelet from
-# Kubernetes' own Go modules at one pinned release, through the Go module
-# proxy, into OUT_DIR. Idempotent: exits at once when every binary is there.
+# Builds kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kubelet (or
+# only the BINARY arguments: a node image for another release needs only its kubelet) from
+# Kubernetes' own Go modules at one pinned release, through the Go module proxy, into
+# OUT_DIR. Idempotent: exits at once when every binary is there.
 #
-# usage: build-kubernetes.sh VERSION OUT_DIR   (VERSION like v1.35.4)
+# usage: build-kubernetes.sh VERSION OUT_DIR [BINARY...]   (VERSION like v1.35.4)
 set -euo pipefail
 
-version="${1:?usage: build-kubernetes.sh VERSION OUT_DIR}"
-out="${2:?usage: build-kubernetes.sh VERSION OUT_DIR}"
+version="${1:?usage: build-kubernetes.sh VERSION OUT_DIR [BINARY...]}"
+out="${2:?usage: build-kubernetes.sh VERSION OUT_DIR [BINARY...]}"
+shift 2
 binaries=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet)
+[ "$#" -gt 0 ] && binaries=("$@")
 
 all_present=1
 for b in "${binaries[@]}"; do [ -x "$out/$b" ] || all_present=0; done

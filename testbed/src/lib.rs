@@ -14,6 +14,7 @@ pub mod discovery_scenario;
 pub mod disk_scenario;
 pub mod images;
 pub mod in_place_scenario;
+pub mod kubelet_scenario;
 pub mod lab;
 pub mod leaks;
 pub mod netns;

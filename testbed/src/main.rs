@@ -71,6 +71,11 @@ enum Commands {
         /// Also build the container images (a static release build of three binaries).
         #[arg(long)]
         containers: bool,
+        /// Only the node image of this Kubernetes release (such as v1.34.4): its kubelet
+        /// built from that release's Go modules, for a MachineConfiguration whose
+        /// `kubernetes.version` is that release.
+        #[arg(long, value_name = "VERSION", conflicts_with = "containers")]
+        kubelet: Option<String>,
     },
     /// The local Kubernetes control plane alone.
     Cluster {
@@ -192,6 +197,11 @@ pub(crate) enum ScenarioName {
     /// in place with the Node, its UID and both boot IDs unchanged; then a removed file,
     /// which needs a repave: refused without `disruptive`, carried out with it.
     InPlace,
+    /// The lab's machines rolled (RollingUpdate, maxUnavailable 1) to the node image and
+    /// `kubernetes.version` of another release (v1.34.4; its kubelet built from its Go
+    /// modules the first time), each Node's kubelet checked, then back by pinning (a lab
+    /// started with `up --host-binaries`).
+    Kubelet,
 }
 
 fn main() -> ExitCode {
@@ -242,7 +252,10 @@ fn main() -> ExitCode {
             command: ClusterCommand::Down,
         } => cluster_down(),
         Commands::KubernetesBinaries => kubernetes_binaries(),
-        Commands::Images { containers } => build_images(containers),
+        Commands::Images {
+            containers,
+            kubelet,
+        } => build_images(containers, kubelet.as_deref()),
         Commands::Bench {
             mode,
             smoke,

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use crate::lab::{LAB_LABEL, LabError};
 use crate::scenario::{
-    Lab, get, operation, set_configuration_label, step, wait_complete, wait_until,
+    Lab, get, operation, set_configuration_label, step, wait_complete, wait_new_version, wait_until,
 };
 
 const POOL: &str = "tb-pool";
@@ -230,16 +230,7 @@ pub fn pool(lab: &Lab, timeout: Duration, say: &dyn Fn(&str)) -> Result<(), LabE
         "unbounded-cloud.io/generation",
         &format!("pool-{generation}"),
     )?;
-    let mut next = String::new();
-    wait_until("a new testbed version", Duration::from_secs(60), || {
-        next = get(
-            lab,
-            "machineconfiguration",
-            "testbed",
-            "{.status.latestVersion}",
-        );
-        (!next.is_empty() && next != latest, next.clone())
-    })?;
+    let next = wait_new_version(lab, &latest)?;
     say(&format!("pool: rolling to testbed version {next}"));
     let started = Instant::now();
     let mut most = 0;

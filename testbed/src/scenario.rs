@@ -190,6 +190,27 @@ pub(crate) fn patch_configuration(lab: &Lab, patch: &str) -> Result<(), LabError
     Ok(())
 }
 
+/// The newest version of the lab's configuration `testbed` (empty when unreadable).
+pub(crate) fn latest_version(lab: &Lab) -> String {
+    get(
+        lab,
+        "machineconfiguration",
+        "testbed",
+        "{.status.latestVersion}",
+    )
+}
+
+/// Waits for the configuration `testbed` to make a version after `old` (a template change
+/// was just written), and returns its number.
+pub(crate) fn wait_new_version(lab: &Lab, old: &str) -> Result<String, LabError> {
+    let mut next = String::new();
+    wait_until("a new testbed version", Duration::from_secs(60), || {
+        next = latest_version(lab);
+        (!next.is_empty() && next != old, next.clone())
+    })?;
+    Ok(next)
+}
+
 /// Pins `machine` to `version` of the lab's configuration (applied at its next repave).
 pub(crate) fn pin(lab: &Lab, machine: &str, version: i64) -> Result<(), LabError> {
     lab.kubectl(

@@ -4,8 +4,15 @@ use unbounded_testbed::{images, setup};
 
 use crate::CliError;
 
-pub(crate) fn build_images(containers: bool) -> Result<(), CliError> {
+pub(crate) fn build_images(containers: bool, kubelet: Option<&str>) -> Result<(), CliError> {
     setup::install_dependencies()?;
+    if let Some(version) = kubelet {
+        let node = images::node_image_for(version)?;
+        println!("node image    {}", node.archive.display());
+        println!("node sha256   {}", node.sha256);
+        println!("kubelet       {version}");
+        return Ok(());
+    }
     let built = images::build(&images::Options { containers })?;
     println!("host kernel   {}", built.host.kernel.display());
     println!("host initrd   {}", built.host.initrd.display());

@@ -65,7 +65,10 @@ pub(crate) fn up(options: UpOptions) -> Result<(), CliError> {
     let err = log
         .try_clone()
         .map_err(|e| CliError::Other(e.to_string()))?;
-    let exe = std::env::current_exe().map_err(|e| CliError::Other(e.to_string()))?;
+    // This very program, also when a build replaced its file while the images were built
+    // (its path then names a deleted file, or another build); the link stays valid while
+    // `up` runs, which waits for the lab to be ready.
+    let exe = PathBuf::from(format!("/proc/{}/exe", std::process::id()));
     // The lab lives in a process of its own (a new session), so that it outlives `up`.
     let mut child = Command::new("setsid")
         .arg(&exe)

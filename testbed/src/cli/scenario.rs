@@ -74,6 +74,21 @@ pub(crate) fn run_scenario(name: ScenarioName, onto_disks: bool) -> Result<(), C
             ScenarioName::InPlace => {
                 unbounded_testbed::in_place_scenario::in_place(&lab, timeout, &say)
             }
+            ScenarioName::Kubelet => unbounded_testbed::kubelet_scenario::kubelet(
+                &lab,
+                &lab.dir.join("images"),
+                timeout,
+                &say,
+            )
+            .map(|f| {
+                for (what, steps) in [("upgrade", &f.upgrade), ("rollback", &f.rollback)] {
+                    let line: Vec<String> = steps
+                        .iter()
+                        .map(|(m, at)| format!("{m} {:.0} s", at.as_secs_f64()))
+                        .collect();
+                    say(&format!("kubelet: {what}: {}", line.join(", ")));
+                }
+            }),
             ScenarioName::All => Ok(()),
         }
     };

@@ -35,7 +35,7 @@ impl Binaries {
             Some(dir) => PathBuf::from(dir),
             None => {
                 let dir = cache_dir().join(format!("kubernetes-{KUBERNETES_VERSION}"));
-                build_kubernetes(&dir)?;
+                build_kubernetes(KUBERNETES_VERSION, &dir, &ALL_BINARIES)?;
                 dir
             }
         };
@@ -66,16 +66,27 @@ impl Binaries {
     }
 }
 
-/// Builds the Kubernetes binaries into `out` unless they are there. Holds a lock file so that
-/// test binaries started together build once.
-fn build_kubernetes(out: &Path) -> Result<(), ClusterError> {
-    let wanted = [
-        "kube-apiserver",
-        "kube-controller-manager",
-        "kube-scheduler",
-        "kubectl",
-        "kubelet",
-    ];
+/// Every binary the testbed's control plane and node image take from Kubernetes.
+const ALL_BINARIES: [&str; 5] = [
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kubelet",
+];
+
+/// The kubelet of another Kubernetes release than the control plane's (a node image per
+/// Kubernetes version: `images --kubelet`), built alone from that release's Go modules into
+/// the cache once, as the control plane's binaries are.
+pub fn kubelet_of(version: &str) -> Result<PathBuf, ClusterError> {
+    let dir = cache_dir().join(format!("kubernetes-{version}"));
+    build_kubernetes(version, &dir, &["kubelet"])?;
+    Ok(dir.join("kubelet"))
+}
+
+/// Builds `wanted` of Kubernetes `version` into `out` unless they are there. Holds a lock file
+/// so that test binaries started together build once.
+fn build_kubernetes(version: &str, out: &Path, wanted: &[&str]) -> Result<(), ClusterError> {
     if wanted.iter().all(|b| out.join(b).is_file()) {
         return Ok(());
     }
@@ -86,15 +97,17 @@ fn build_kubernetes(out: &Path) -> Result<(), ClusterError> {
     find_program("flock", "install util-linux")?;
     let parent = out.parent().unwrap_or(Path::new("/tmp"));
     fs::create_dir_all(parent).map_err(io_err(format!("creating {}", parent.display())))?;
-    let lock = parent.join(format!("kubernetes-{KUBERNETES_VERSION}.lock"));
+    let lock = parent.join(format!("kubernetes-{version}.lock"));
     eprintln!(
-        "testbed: building Kubernetes {KUBERNETES_VERSION} into {} (first time only: ~10 min on 2 cores)",
+        "testbed: building Kubernetes {version} ({}) into {} (first time only: ~10 min on 2 cores for all of them)",
+        wanted.join(", "),
         out.display()
     );
     let mut child = Command::new("flock")
         .arg(&lock)
-        .args(["bash", "-s", KUBERNETES_VERSION])
+        .args(["bash", "-s", version])
         .arg(out)
+        .args(wanted)
         .stdin(Stdio::piped())
         .stdout(Stdio::inherit())
         .stderr(Stdio::inherit())
@@ -110,7 +123,7 @@ fn build_kubernetes(out: &Path) -> Result<(), ClusterError> {
         .map_err(io_err("waiting for the Kubernetes build"))?;
     if !status.success() {
         return Err(ClusterError::Build {
-            version: KUBERNETES_VERSION.to_owned(),
+            version: version.to_owned(),
             status: status.to_string(),
         });
     }

@@ -400,6 +400,6 @@ mod boot;
 mod detached;
 mod pki;
 
-pub use binaries::{Binaries, find_program};
+pub use binaries::{Binaries, find_program, kubelet_of};
 use boot::new_data_dir;
 pub use detached::{DetachedState, detached_state_path, start_detached, stop_detached};

@@ -162,13 +162,15 @@ pub(super) fn cached_build(
     fs::create_dir_all(&dir).map_err(|e| step_err("cache", format!("{}: {e}", dir.display())))?;
     build(&dir)?;
     fs::write(&stamp, b"").map_err(|e| step_err("cache", e.to_string()))?;
-    prune(name, &dir);
+    prune(&images_cache(), name, &dir);
     Ok((dir, false))
 }
 
-/// Keeps only the newest build of each artifact (they are hundreds of MB each).
-pub(super) fn prune(name: &str, keep: &Path) {
-    let Ok(entries) = fs::read_dir(images_cache()) else {
+/// Keeps only the newest build of each artifact (they are hundreds of MB each): the
+/// entries of `cache` named `<name>-<key>`, but `keep`. Another name that starts with
+/// `name` (`node-v1.34.4`, the node image of another Kubernetes release) is another artifact.
+pub(super) fn prune(cache: &Path, name: &str, keep: &Path) {
+    let Ok(entries) = fs::read_dir(cache) else {
         return;
     };
     for entry in entries.flatten() {
@@ -187,6 +189,30 @@ pub(super) fn prune(name: &str, keep: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pruning_keeps_other_artifacts_and_other_releases() {
+        let cache = tempfile::tempdir().unwrap();
+        let entry = |name: &str| {
+            let path = cache.path().join(name);
+            fs::create_dir_all(&path).unwrap();
+            path
+        };
+        let old_default = entry("node-0123456789abcdef");
+        let new_default = entry("node-fedcba9876543210");
+        let other_release = entry("node-v1.34.4-0123456789abcdef");
+        let tools = entry("node-tools-0123456789abcdef");
+        prune(cache.path(), "node", &new_default);
+        assert!(
+            !old_default.exists(),
+            "the default image's older build goes"
+        );
+        assert!(new_default.exists() && other_release.exists() && tools.exists());
+        let newer_other = entry("node-v1.34.4-fedcba9876543210");
+        prune(cache.path(), "node-v1.34.4", &newer_other);
+        assert!(!other_release.exists(), "that release's older build goes");
+        assert!(newer_other.exists() && new_default.exists() && tools.exists());
+    }
 
     #[test]
     fn keys_change_with_any_input() {

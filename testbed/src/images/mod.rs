@@ -124,6 +124,71 @@ pub fn build(options: &Options) -> Result<Images, ImagesError> {
         },
     )?;
 
+    let node = node_image_steps(&mut progress, &recipes, &kubelet, "node")?;
+
+    let (agent, image_binaries) = progress.run(
+        if options.containers {
+            "release build (static): agent, controller, bootserver, azure"
+        } else {
+            "release build (static): agent"
+        },
+        || Ok((release_builds(options.containers)?, false)),
+    )?;
+
+    let host = progress.run("host OS image (debootstrap, kernel, agent)", || {
+        let key = Key::default()
+            .path("recipe", &recipes.join("host/build.sh"))?
+            .path("overlay", &recipes.join("host/overlay"))?
+            .path("agent", &agent)?
+            .text("mirror", &mirror())
+            .finish();
+        let (dir, cached) = cached_build("host", &key, |dir| {
+            run_logged(
+                "host image",
+                Command::new("bash")
+                    .arg(recipes.join("host/build.sh"))
+                    .arg(dir)
+                    .arg(&agent)
+                    .env("DEBIAN_MIRROR", mirror()),
+                &dir.join("build.log"),
+            )
+        })?;
+        Ok((
+            HostImage {
+                kernel: dir.join("vmlinuz"),
+                initrd: dir.join("initrd.img"),
+            },
+            cached,
+        ))
+    })?;
+
+    record_current(&host, &node)?;
+    let containers = if options.containers {
+        Some(container_images(
+            &mut progress,
+            &recipes,
+            &host,
+            &node,
+            image_binaries,
+        )?)
+    } else {
+        None
+    };
+    Ok(Images {
+        host,
+        node,
+        containers,
+    })
+}
+
+/// The node image around `kubelet`: containerd and the CNI plugins, the pause image, then
+/// the image itself (each cached by its inputs).
+fn node_image_steps(
+    progress: &mut Progress,
+    recipes: &Path,
+    kubelet: &Path,
+    cache_name: &str,
+) -> Result<NodeImage, ImagesError> {
     let tools = progress.run(
         &format!("containerd {CONTAINERD_VERSION}, CNI plugins {CNI_PLUGINS_VERSION}"),
         || {
@@ -185,7 +250,7 @@ pub fn build(options: &Options) -> Result<Images, ImagesError> {
         Ok((dir.join("image.tar"), cached))
     })?;
 
-    let node = progress.run("node image (debootstrap, kubelet, containerd)", || {
+    progress.run("node image (debootstrap, kubelet, containerd)", || {
         let key = Key::default()
             .path("recipe", &recipes.join("node/build.sh"))?
             .path("overlay", &recipes.join("node/overlay"))?
@@ -194,7 +259,7 @@ pub fn build(options: &Options) -> Result<Images, ImagesError> {
             .path("pause", &pause)?
             .text("mirror", &mirror())
             .finish();
-        let (dir, cached) = cached_build("node", &key, |dir| {
+        let (dir, cached) = cached_build(cache_name, &key, |dir| {
             run_logged(
                 "node image",
                 Command::new("bash")
@@ -218,61 +283,54 @@ pub fn build(options: &Options) -> Result<Images, ImagesError> {
             },
             cached,
         ))
-    })?;
-
-    let (agent, image_binaries) = progress.run(
-        if options.containers {
-            "release build (static): agent, controller, bootserver, azure"
-        } else {
-            "release build (static): agent"
-        },
-        || Ok((release_builds(options.containers)?, false)),
-    )?;
-
-    let host = progress.run("host OS image (debootstrap, kernel, agent)", || {
-        let key = Key::default()
-            .path("recipe", &recipes.join("host/build.sh"))?
-            .path("overlay", &recipes.join("host/overlay"))?
-            .path("agent", &agent)?
-            .text("mirror", &mirror())
-            .finish();
-        let (dir, cached) = cached_build("host", &key, |dir| {
-            run_logged(
-                "host image",
-                Command::new("bash")
-                    .arg(recipes.join("host/build.sh"))
-                    .arg(dir)
-                    .arg(&agent)
-                    .env("DEBIAN_MIRROR", mirror()),
-                &dir.join("build.log"),
-            )
-        })?;
-        Ok((
-            HostImage {
-                kernel: dir.join("vmlinuz"),
-                initrd: dir.join("initrd.img"),
-            },
-            cached,
-        ))
-    })?;
-
-    record_current(&host, &node)?;
-    let containers = if options.containers {
-        Some(container_images(
-            &mut progress,
-            &recipes,
-            &host,
-            &node,
-            image_binaries,
-        )?)
-    } else {
-        None
-    };
-    Ok(Images {
-        host,
-        node,
-        containers,
     })
+}
+
+/// The node image of another Kubernetes release than the testbed's (`images --kubelet`):
+/// its kubelet built from that release's Go modules, the rest as the default image's, each
+/// step cached. A MachineConfiguration runs it with `kubernetes.version` set to `version`
+/// (the agent refuses an image whose kubelet is another).
+pub fn node_image_for(version: &str) -> Result<NodeImage, ImagesError> {
+    if !is_release(version) {
+        return Err(step_err(
+            "node image",
+            format!("{version:?} is not a Kubernetes release such as v1.34.4"),
+        ));
+    }
+    let recipes = recipes_dir();
+    let mut progress = Progress { total: 4, done: 0 };
+    let kubelet = progress.run(&format!("Kubernetes {version} (kubelet)"), || {
+        let cached = cluster::cache_dir()
+            .join(format!("kubernetes-{version}/kubelet"))
+            .is_file();
+        let kubelet = if version == KUBERNETES_VERSION {
+            cluster::Binaries::ensure()?.kubelet
+        } else {
+            cluster::kubelet_of(version)?
+        };
+        Ok((kubelet, cached))
+    })?;
+    // A cache entry of its own: the cache keeps one build per name, and the testbed's
+    // default image (which a running lab serves) must not make way for this one.
+    let cache_name = if version == KUBERNETES_VERSION {
+        "node".to_owned()
+    } else {
+        format!("node-{version}")
+    };
+    node_image_steps(&mut progress, &recipes, &kubelet, &cache_name)
+}
+
+/// `v<major>.<minor>.<patch>`, digits only: a release whose Go modules the build fetches
+/// (and a safe directory name).
+fn is_release(version: &str) -> bool {
+    let Some(numbers) = version.strip_prefix('v') else {
+        return false;
+    };
+    let parts: Vec<&str> = numbers.split('.').collect();
+    parts.len() == 3
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Where the paths of the newest host and node images are recorded.
@@ -345,6 +403,30 @@ mod cache;
 mod cargo;
 mod container_set;
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kubelet_version_is_a_plain_release() {
+        for good in ["v1.34.4", "v1.35.0", "v2.0.10"] {
+            assert!(is_release(good), "{good}");
+        }
+        for bad in [
+            "1.34.4",
+            "v1.34",
+            "v1.34.4-rc.1",
+            "v1.34.4/../x",
+            "v1..4",
+            "",
+            "v1.34.4 ",
+            "va.b.c",
+        ] {
+            assert!(!is_release(bad), "{bad}");
+        }
+    }
+}
+
 pub use cache::{Key, file_sha256};
-pub use cargo::{cargo_build, set_by_cargo_run};
+pub use cargo::{host_build, set_by_cargo_run};
 pub use container_set::{cached_containers, containers_path};

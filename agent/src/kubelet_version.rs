@@ -1,0 +1,136 @@
+//! The kubelet a node image carries against the one its configuration asks for
+//! (`kubernetes.version`). A node image says which kubelet it holds in
+//! [`KUBELET_VERSION_FILE`] (the image builder writes what `kubelet --version` printed); the
+//! agent reads it from the unpacked root and starts nothing whose kubelet is another: a
+//! configuration that changes `kubernetes.version` must name a node image of that version,
+//! and one that names the wrong image is refused on the machine before the old container is
+//! stopped, with a message that names both versions.
+
+use std::path::Path;
+
+/// Where a node image says which kubelet it carries (one line, such as `v1.35.4`).
+pub const KUBELET_VERSION_FILE: &str = "usr/share/unbounded/kubelet-version";
+
+/// Why a node image is refused for its kubelet.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum KubeletVersionError {
+    /// The image does not say which kubelet it carries.
+    #[error(
+        "the configuration asks for kubelet {wanted}, and the node image does not say which kubelet it carries (no /{KUBELET_VERSION_FILE}): build it with `unbounded-testbed images` or write that file"
+    )]
+    Unlabelled {
+        /// `kubernetes.version`.
+        wanted: String,
+    },
+    /// The image carries another kubelet.
+    #[error(
+        "the configuration asks for kubelet {wanted}, and its node image carries kubelet {carried}: give the configuration the node image of {wanted} (or set kubernetes.version to {carried})"
+    )]
+    Differs {
+        /// `kubernetes.version`.
+        wanted: String,
+        /// What the image says.
+        carried: String,
+    },
+}
+
+/// Decides whether an image that carries `carried` (the first line of its
+/// [`KUBELET_VERSION_FILE`], if it has one) may run for a configuration that asks for
+/// `wanted`. No version asked for: any kubelet.
+pub(crate) fn check(
+    wanted: Option<&str>,
+    carried: Option<&str>,
+) -> Result<(), KubeletVersionError> {
+    let Some(wanted) = wanted.map(str::trim).filter(|w| !w.is_empty()) else {
+        return Ok(());
+    };
+    let carried = carried
+        .and_then(|text| text.lines().next())
+        .map(str::trim)
+        .filter(|c| !c.is_empty());
+    match carried {
+        None => Err(KubeletVersionError::Unlabelled {
+            wanted: wanted.to_owned(),
+        }),
+        Some(carried) if carried == wanted => Ok(()),
+        Some(carried) => Err(KubeletVersionError::Differs {
+            wanted: wanted.to_owned(),
+            carried: carried.chars().take(64).collect(),
+        }),
+    }
+}
+
+/// What the image unpacked at `root` says of its kubelet (`None`: it says nothing).
+pub(crate) async fn carried(root: &Path) -> Option<String> {
+    tokio::fs::read_to_string(root.join(KUBELET_VERSION_FILE))
+        .await
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_version_asked_for_takes_any_image() {
+        assert_eq!(check(None, None), Ok(()));
+        assert_eq!(check(None, Some("v1.34.4\n")), Ok(()));
+        assert_eq!(check(Some(""), Some("v1.34.4")), Ok(()));
+    }
+
+    #[test]
+    fn the_same_kubelet_runs() {
+        assert_eq!(check(Some("v1.35.4"), Some("v1.35.4\n")), Ok(()));
+    }
+
+    #[test]
+    fn another_kubelet_is_refused_naming_both() {
+        let err = check(Some("v1.35.4"), Some("v1.34.4\n")).unwrap_err();
+        assert_eq!(
+            err,
+            KubeletVersionError::Differs {
+                wanted: "v1.35.4".into(),
+                carried: "v1.34.4".into()
+            }
+        );
+        let message = err.to_string();
+        assert!(
+            message.contains("v1.35.4") && message.contains("v1.34.4"),
+            "{message}"
+        );
+        // A patch release is another kubelet.
+        assert!(check(Some("v1.35.4"), Some("v1.35.3")).is_err());
+    }
+
+    #[test]
+    fn an_image_that_says_nothing_is_refused_when_a_version_is_asked_for() {
+        for carried in [None, Some(""), Some("\n")] {
+            assert_eq!(
+                check(Some("v1.35.4"), carried),
+                Err(KubeletVersionError::Unlabelled {
+                    wanted: "v1.35.4".into()
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn a_long_claim_is_cut_in_the_message() {
+        let long = "v".repeat(10_000);
+        let Err(KubeletVersionError::Differs { carried, .. }) = check(Some("v1.35.4"), Some(&long))
+        else {
+            panic!("not refused");
+        };
+        assert_eq!(carried.len(), 64);
+    }
+
+    #[tokio::test]
+    async fn reads_what_the_unpacked_image_says() {
+        let root = tempfile::tempdir().unwrap();
+        assert_eq!(carried(root.path()).await, None);
+        let file = root.path().join(KUBELET_VERSION_FILE);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, "v1.34.4\n").unwrap();
+        assert_eq!(carried(root.path()).await.as_deref(), Some("v1.34.4\n"));
+    }
+}
