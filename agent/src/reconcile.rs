@@ -34,6 +34,10 @@ pub(crate) struct Reconciler {
     failures: u32,
     /// No pave or start before this.
     retry_after: Option<Instant>,
+    /// What the last failed step reported, said again until the retry: the plan's own
+    /// readiness ("paving …") would otherwise replace it in the Machine's status at the next
+    /// pass, and why a pave fails would show only for the seconds between two passes.
+    last_failure: Option<Readiness>,
     /// When kubelet was last restarted for a Node that never registered.
     kubelet_restarted: Option<Instant>,
     /// The release wipe, once the Machine is being deleted.
@@ -63,10 +67,18 @@ impl Reconciler {
             version_cache: BTreeMap::new(),
             failures: 0,
             retry_after: None,
+            last_failure: None,
             kubelet_restarted: None,
             release: ReleaseProgress::default(),
         }
     }
+}
+
+/// What the agent reports while it waits to retry a failed pave or start: that failure, as
+/// it was reported (the same text, so no new status write each pass), not the plan's
+/// "paving …", which would hide why the machine has no Node.
+fn while_backing_off(planned: Readiness, last_failure: Option<&Readiness>) -> Readiness {
+    last_failure.cloned().unwrap_or(planned)
 }
 
 fn release_status(
@@ -180,7 +192,9 @@ impl Reconciler {
         let mut readiness = status::readiness(&action, container, paved_label.as_deref());
         let backing_off = self.retry_after.is_some_and(|t| Instant::now() < t);
         match &action {
-            Action::Pave { .. } | Action::Start if backing_off => {}
+            Action::Pave { .. } | Action::Start if backing_off => {
+                readiness = while_backing_off(readiness, self.last_failure.as_ref());
+            }
             Action::Pave {
                 configuration,
                 reason,
@@ -196,8 +210,7 @@ impl Reconciler {
                 let _ = ctx.reporter.report(|_| {}, Some(readiness.clone())).await;
                 match pave(ctx, kept, machine, configuration, &version, *reason).await {
                     Ok(()) => {
-                        self.failures = 0;
-                        self.retry_after = None;
+                        self.succeeded();
                         println!("unbounded-agent: node container {} started", ctx.node);
                         readiness = Readiness {
                             ready: true,
@@ -221,8 +234,7 @@ impl Reconciler {
                 kept.save();
                 match ctx.host.start(&unit, Duration::from_secs(120)).await {
                     Ok(()) => {
-                        self.failures = 0;
-                        self.retry_after = None;
+                        self.succeeded();
                     }
                     Err(error) => {
                         readiness =
@@ -427,6 +439,12 @@ impl Reconciler {
         }
     }
 
+    fn succeeded(&mut self) {
+        self.failures = 0;
+        self.retry_after = None;
+        self.last_failure = None;
+    }
+
     fn failed(&mut self, reason: &str, message: &str) -> Readiness {
         self.failures += 1;
         let wait = backoff(
@@ -436,10 +454,49 @@ impl Reconciler {
         );
         self.retry_after = Some(Instant::now() + wait);
         tracing::warn!(reason, message, retry_in = ?wait, "pave step failed");
-        Readiness {
+        let readiness = Readiness {
             ready: false,
             reason: reason.to_owned(),
             message: format!("{message} (retrying in {} s)", wait.as_secs()),
+        };
+        self.last_failure = Some(readiness.clone());
+        readiness
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn readiness(reason: &str, message: &str) -> Readiness {
+        Readiness {
+            ready: false,
+            reason: reason.into(),
+            message: message.into(),
         }
+    }
+
+    #[test]
+    fn a_failure_stays_reported_until_the_retry() {
+        let planned = readiness(status::reasons::PAVING, "paving with testbed version 3");
+        let failure = readiness(
+            status::reasons::INVALID_CONFIGURATION,
+            "the configuration asks for kubelet v1.34.4, and its node image carries kubelet v1.35.4 (retrying in 10 s)",
+        );
+        assert_eq!(while_backing_off(planned.clone(), Some(&failure)), failure);
+        assert_eq!(while_backing_off(planned.clone(), None), planned);
+    }
+
+    #[test]
+    fn success_forgets_the_failure_and_a_failure_is_remembered() {
+        let mut reconciler = Reconciler::new();
+        let reported = reconciler.failed(status::reasons::CONTAINER_FAILED, "start failed");
+        assert_eq!(reconciler.last_failure.as_ref(), Some(&reported));
+        assert!(reported.message.starts_with("start failed (retrying in "));
+        assert!(reconciler.retry_after.is_some());
+        reconciler.succeeded();
+        assert_eq!(reconciler.last_failure, None);
+        assert_eq!(reconciler.retry_after, None);
+        assert_eq!(reconciler.failures, 0);
     }
 }

@@ -47,6 +47,9 @@ pub enum ManifestError {
         /// The digest as written.
         sha256: String,
     },
+    /// A Kubernetes version not of the form `v1.35.4`.
+    #[error("kubernetesVersion {0:?} is not a Kubernetes release such as v1.35.4")]
+    KubernetesVersion(String),
     /// Two entries with one name, or two with one role.
     #[error("{0} appears twice in the manifest")]
     Duplicate(String),
@@ -99,6 +102,11 @@ pub struct BootImagesManifest {
     pub version: String,
     /// Its files: exactly one kernel, one initrd and one node image.
     pub files: Vec<BootImageFile>,
+    /// The kubelet the node image carries (`v1.35.4`), which a MachineConfiguration that
+    /// selects the set names as `kubernetes.version` (the agent refuses a node image whose
+    /// kubelet is another). Absent in a set assembled without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_version: Option<String>,
 }
 
 /// The MachineConfiguration fields that select one set: `boot.kernelURL`,
@@ -113,15 +121,21 @@ pub struct ConfigurationValues {
     pub image_url: String,
     /// The node image's SHA-256: what the agent verifies before it unpacks the image.
     pub image_sha256: String,
+    /// `kubernetes.version`: the kubelet of the node image, when the manifest says.
+    pub kubernetes_version: Option<String>,
 }
 
 impl ConfigurationValues {
     /// The values as the `spec.template` fragment of a MachineConfiguration (YAML).
     pub fn template_yaml(&self) -> String {
-        format!(
+        let mut yaml = format!(
             "boot:\n  kernelURL: {}\n  initrdURL: {}\nimage:\n  url: {}\n  sha256: {}\n",
             self.kernel_url, self.initrd_url, self.image_url, self.image_sha256
-        )
+        );
+        if let Some(version) = &self.kubernetes_version {
+            yaml.push_str(&format!("kubernetes:\n  version: {version}\n"));
+        }
+        yaml
     }
 }
 
@@ -134,6 +148,18 @@ pub fn valid_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// `v<major>.<minor>.<patch>`, digits only (at most 4 each): a Kubernetes release.
+pub fn valid_release(version: &str) -> bool {
+    let Some(numbers) = version.strip_prefix('v') else {
+        return false;
+    };
+    let parts: Vec<&str> = numbers.split('.').collect();
+    parts.len() == 3
+        && parts
+            .iter()
+            .all(|p| (1..=4).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
 fn valid_sha256(digest: &str) -> bool {
@@ -189,6 +215,11 @@ impl BootImagesManifest {
                 name: self.version.clone(),
             });
         }
+        if let Some(version) = &self.kubernetes_version
+            && !valid_release(version)
+        {
+            return Err(ManifestError::KubernetesVersion(version.clone()));
+        }
         let mut names = BTreeSet::new();
         let mut roles = BTreeSet::new();
         for file in &self.files {
@@ -240,6 +271,7 @@ impl BootImagesManifest {
             initrd_url: url(BootImageRole::Initrd)?,
             image_url: url(BootImageRole::NodeImage)?,
             image_sha256: self.file(BootImageRole::NodeImage)?.sha256.clone(),
+            kubernetes_version: self.kubernetes_version.clone(),
         })
     }
 }
@@ -266,6 +298,7 @@ mod tests {
         BootImagesManifest {
             version: content_version(&files),
             files,
+            kubernetes_version: Some("v1.35.4".into()),
         }
     }
 
@@ -287,6 +320,51 @@ mod tests {
                 .template_yaml()
                 .contains(&format!("  sha256: {}\n", "c".repeat(64)))
         );
+        assert_eq!(values.kubernetes_version.as_deref(), Some("v1.35.4"));
+        assert!(
+            values
+                .template_yaml()
+                .ends_with("kubernetes:\n  version: v1.35.4\n")
+        );
+    }
+
+    #[test]
+    fn a_release_is_three_plain_numbers() {
+        for good in ["v1.34.4", "v1.35.0", "v2.0.10"] {
+            assert!(valid_release(good), "{good}");
+        }
+        for bad in [
+            "1.34.4",
+            "v1.34",
+            "v1.34.4-rc.1",
+            "v1.34.4/../x",
+            "v1..4",
+            "",
+            "v1.34.4 ",
+            "va.b.c",
+            "v1.34.44444",
+        ] {
+            assert!(!valid_release(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_kubernetes_version_is_optional_and_checked() {
+        let mut manifest = good();
+        manifest.kubernetes_version = None;
+        let json = manifest.to_json();
+        assert!(!String::from_utf8_lossy(&json).contains("kubernetesVersion"));
+        let parsed = BootImagesManifest::parse(&json).unwrap();
+        let values = parsed.configuration_values().unwrap();
+        assert!(!values.template_yaml().contains("kubernetes"));
+        for bad in ["1.35.4", "v1.35", "v1.35.4-rc.0", "v1.35.4\nx"] {
+            manifest.kubernetes_version = Some(bad.into());
+            assert_eq!(
+                manifest.validate(),
+                Err(ManifestError::KubernetesVersion(bad.into())),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

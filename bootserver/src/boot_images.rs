@@ -537,6 +537,7 @@ mod tests {
         let manifest = BootImagesManifest {
             version: content_version(&files),
             files,
+            kubernetes_version: None,
         };
         fs::write(dir.join(MANIFEST_FILE), manifest.to_json()).unwrap();
         manifest
@@ -549,6 +550,7 @@ mod tests {
         let other = BootImagesManifest {
             version: source.version.clone(),
             files: source.files.iter().rev().cloned().collect(),
+            kubernetes_version: None,
         };
         let fault = FileFault::Missing {
             name: "vmlinuz".into(),

@@ -657,6 +657,7 @@ mod tests {
                     manifest: Ok(unbounded_api::boot_images::BootImagesManifest {
                         version: "v1".into(),
                         files: vec![],
+                        kubernetes_version: None,
                     }),
                     faults: vec![fault.clone()],
                 },

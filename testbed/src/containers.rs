@@ -467,6 +467,8 @@ pub fn boot_images_image(
     let manifest = BootImagesManifest {
         version: content_version(&entries),
         files: entries,
+        // The node image's kubelet: the testbed's release (images/node/build.sh).
+        kubernetes_version: Some(crate::cluster::KUBERNETES_VERSION.to_owned()),
     };
     manifest
         .validate()

@@ -291,7 +291,7 @@ fn node_image_steps(
 /// step cached. A MachineConfiguration runs it with `kubernetes.version` set to `version`
 /// (the agent refuses an image whose kubelet is another).
 pub fn node_image_for(version: &str) -> Result<NodeImage, ImagesError> {
-    if !is_release(version) {
+    if !unbounded_api::boot_images::valid_release(version) {
         return Err(step_err(
             "node image",
             format!("{version:?} is not a Kubernetes release such as v1.34.4"),
@@ -318,19 +318,6 @@ pub fn node_image_for(version: &str) -> Result<NodeImage, ImagesError> {
         format!("node-{version}")
     };
     node_image_steps(&mut progress, &recipes, &kubelet, &cache_name)
-}
-
-/// `v<major>.<minor>.<patch>`, digits only: a release whose Go modules the build fetches
-/// (and a safe directory name).
-fn is_release(version: &str) -> bool {
-    let Some(numbers) = version.strip_prefix('v') else {
-        return false;
-    };
-    let parts: Vec<&str> = numbers.split('.').collect();
-    parts.len() == 3
-        && parts
-            .iter()
-            .all(|p| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Where the paths of the newest host and node images are recorded.
@@ -402,30 +389,6 @@ fn go_path() -> String {
 mod cache;
 mod cargo;
 mod container_set;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_kubelet_version_is_a_plain_release() {
-        for good in ["v1.34.4", "v1.35.0", "v2.0.10"] {
-            assert!(is_release(good), "{good}");
-        }
-        for bad in [
-            "1.34.4",
-            "v1.34",
-            "v1.34.4-rc.1",
-            "v1.34.4/../x",
-            "v1..4",
-            "",
-            "v1.34.4 ",
-            "va.b.c",
-        ] {
-            assert!(!is_release(bad), "{bad}");
-        }
-    }
-}
 
 pub use cache::{Key, file_sha256};
 pub use cargo::{host_build, set_by_cargo_run};
