@@ -254,7 +254,7 @@ fn node_image_steps(
         let key = Key::default()
             .path("recipe", &recipes.join("node/build.sh"))?
             .path("overlay", &recipes.join("node/overlay"))?
-            .path("kubelet", &kubelet)?
+            .path("kubelet", kubelet)?
             .path("tools", &tools)?
             .path("pause", &pause)?
             .text("mirror", &mirror())
@@ -265,7 +265,7 @@ fn node_image_steps(
                 Command::new("bash")
                     .arg(recipes.join("node/build.sh"))
                     .arg(dir)
-                    .arg(&kubelet)
+                    .arg(kubelet)
                     .arg(&tools)
                     .arg(&pause)
                     .env("DEBIAN_MIRROR", mirror()),
