@@ -60,6 +60,31 @@ pub(crate) fn check(
     }
 }
 
+/// What a node image (by its digest) said of its kubelet when it was last unpacked: kept in
+/// the agent's state, so that a configuration refused for its kubelet is refused again
+/// without downloading and unpacking the same image at every retry.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageKubelet {
+    /// The image's SHA-256.
+    pub sha256: String,
+    /// The first line of its [`KUBELET_VERSION_FILE`], if it had one.
+    pub carried: Option<String>,
+}
+
+/// Decides, before any download, whether the image `sha256` is already known to carry
+/// another kubelet than `wanted` (from `known`, the last unpacked image's record).
+pub(crate) fn known_refusal(
+    wanted: Option<&str>,
+    sha256: &str,
+    known: Option<&ImageKubelet>,
+) -> Result<(), KubeletVersionError> {
+    match known {
+        Some(known) if known.sha256 == sha256 => check(wanted, known.carried.as_deref()),
+        _ => Ok(()),
+    }
+}
+
 /// What the image unpacked at `root` says of its kubelet (`None`: it says nothing).
 pub(crate) async fn carried(root: &Path) -> Option<String> {
     tokio::fs::read_to_string(root.join(KUBELET_VERSION_FILE))
@@ -122,6 +147,41 @@ mod tests {
             panic!("not refused");
         };
         assert_eq!(carried.len(), 64);
+    }
+
+    #[test]
+    fn a_known_image_is_refused_before_its_download() {
+        let known = ImageKubelet {
+            sha256: "a".repeat(64),
+            carried: Some("v1.35.4".into()),
+        };
+        // The same image, another kubelet asked for: refused at once.
+        assert!(matches!(
+            known_refusal(Some("v1.34.4"), &"a".repeat(64), Some(&known)),
+            Err(KubeletVersionError::Differs { .. })
+        ));
+        // The same image and its kubelet, another image, or nothing known: download it.
+        assert_eq!(
+            known_refusal(Some("v1.35.4"), &"a".repeat(64), Some(&known)),
+            Ok(())
+        );
+        assert_eq!(
+            known_refusal(Some("v1.34.4"), &"b".repeat(64), Some(&known)),
+            Ok(())
+        );
+        assert_eq!(
+            known_refusal(Some("v1.34.4"), &"a".repeat(64), None),
+            Ok(())
+        );
+        // An image known to say nothing, with a version asked for.
+        let silent = ImageKubelet {
+            carried: None,
+            ..known
+        };
+        assert!(matches!(
+            known_refusal(Some("v1.34.4"), &"a".repeat(64), Some(&silent)),
+            Err(KubeletVersionError::Unlabelled { .. })
+        ));
     }
 
     #[tokio::test]

@@ -151,6 +151,13 @@ pub(crate) async fn pave(
     // otherwise), and nothing is downloaded or unpacked.
     let target = if from_disk { &root } else { &staging };
     if !from_disk {
+        // An image already unpacked once and refused for its kubelet is refused again
+        // without a download.
+        kubelet_version::known_refusal(
+            kubernetes.version.as_deref(),
+            &image.sha256,
+            kept.state.image_kubelet.as_ref(),
+        )?;
         let source = rootfs::ImageSource {
             url,
             sha256: image.sha256.clone(),
@@ -166,10 +173,18 @@ pub(crate) async fn pave(
     }
     // The kubelet it carries is the one the configuration asks for (kubernetes.version),
     // checked before anything of the running container changes.
-    kubelet_version::check(
-        kubernetes.version.as_deref(),
-        kubelet_version::carried(target).await.as_deref(),
-    )?;
+    let carried = kubelet_version::carried(target).await;
+    if !from_disk {
+        kept.state.image_kubelet = Some(kubelet_version::ImageKubelet {
+            sha256: image.sha256.clone(),
+            carried: carried
+                .as_deref()
+                .and_then(|c| c.lines().next())
+                .map(|c| c.trim().to_owned()),
+        });
+        kept.save();
+    }
+    kubelet_version::check(kubernetes.version.as_deref(), carried.as_deref())?;
     let credentials = credentials::obtain(&ctx.http, &ctx.identity, &ctx.store, true).await?;
     let token = credentials
         .bootstrap_token

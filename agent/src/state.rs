@@ -22,6 +22,9 @@ pub struct LocalState {
     /// What was paved.
     #[serde(default)]
     pub paved: Option<Paved>,
+    /// What the last unpacked node image said of its kubelet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_kubelet: Option<crate::kubelet_version::ImageKubelet>,
 }
 
 /// Reads and writes the state file.
@@ -108,6 +111,7 @@ mod tests {
                 version: 2,
             }),
             paved: None,
+            image_kubelet: None,
         };
         file.save(&state).unwrap();
         assert_eq!(file.load("boot-a"), state);
