@@ -32,12 +32,14 @@ use crate::backend::{MacAddr, MachineBackend, MachineRecord};
 use crate::boot;
 use crate::config::{DhcpMode, Settings, UnknownMachines};
 use crate::credentials::{Issuer, Origin};
-use crate::discovery_writes::{DiscoveryWriter, Outcome};
+use crate::discovery_writes::DiscoveryWriter;
 use crate::files::{self, InlineFs};
 use crate::leases::Leases;
 use crate::metrics::{Metrics, Service};
 use crate::preflight::Readiness;
-use unbounded_api::inventory::{DISCOVERY_CLAIM_PATH, DISCOVERY_REPORT_PATH, DiscoveryReport};
+use unbounded_api::inventory::{DISCOVERY_CLAIM_PATH, DISCOVERY_REPORT_PATH};
+
+mod discovery;
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -84,11 +86,11 @@ pub fn router(state: AppState) -> Router {
     };
     Router::new()
         .route("/boot.ipxe", get(boot_script))
-        .route("/discover.ipxe", get(discover_script))
-        .route(DISCOVERY_REPORT_PATH, post(discovery_report))
+        .route("/discover.ipxe", get(discovery::discover_script))
+        .route(DISCOVERY_REPORT_PATH, post(discovery::discovery_report))
         .route(
             &format!("{DISCOVERY_CLAIM_PATH}/{{mac}}"),
-            get(discovery_claim),
+            get(discovery::discovery_claim),
         )
         .route("/machines/{name}/config", get(machine_config))
         .route("/machines/{name}/credentials", post(machine_credentials))
@@ -202,234 +204,6 @@ async fn boot_script(
         None => boot::refusal(&format!("{mac} belongs to no Machine; not booting it")),
     };
     ipxe(&state, "/boot.ipxe", script)
-}
-
-/// The inspection boot ([`crate::discovery::inspection_script`]) for a MAC no Machine has,
-/// or whose Machine was discovered and waits to be claimed; anything else is refused (a
-/// declared Machine boots its own script, never an inspection that could report for it).
-async fn discover_script(
-    State(state): State<AppState>,
-    Query(query): Query<HashMap<String, String>>,
-) -> Response {
-    let route = "/discover.ipxe";
-    let base = state.settings.http_base();
-    let discovery = match &state.settings.discovery {
-        Some(discovery) if state.settings.unknown_machines == UnknownMachines::Discover => {
-            discovery
-        }
-        _ => {
-            return ipxe(
-                &state,
-                route,
-                boot::refusal("unknown machine: create a Machine with this MAC to boot it"),
-            );
-        }
-    };
-    let Some(mac) = query.get("mac") else {
-        return ipxe(
-            &state,
-            route,
-            format!("#!ipxe\nchain {base}/discover.ipxe?mac=${{net0/mac}}\n"),
-        );
-    };
-    let Ok(mac) = mac.parse::<MacAddr>() else {
-        return ipxe(
-            &state,
-            route,
-            boot::refusal("the mac parameter is not a MAC address"),
-        );
-    };
-    if let Some(machine) = state.backend.machine_by_mac(&mac)
-        && !machine.discovery_waiting
-    {
-        return ipxe(
-            &state,
-            route,
-            boot::refusal(&format!(
-                "{mac} belongs to Machine {}: it boots its own script, not an inspection",
-                machine.name
-            )),
-        );
-    }
-    let script = crate::discovery::inspection_script(
-        &boot::image_url(&discovery.kernel, &base),
-        &boot::image_url(&discovery.initrd, &base),
-        &discovery.kernel_args,
-        &base,
-        &mac.to_string(),
-    );
-    ipxe(&state, route, script)
-}
-
-/// An inspection agent's report ([`crate::discovery_writes`]). The body is read up to the
-/// limit and no further: a larger one is refused (413) before it is buffered. 201 with the
-/// Machine's name when it was created, 200 when its inventory was updated, the refusal's
-/// 4xx with the reason otherwise, 503 only when the API server failed (the agent retries).
-async fn discovery_report(
-    State(state): State<AppState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
-    body: axum::body::Body,
-) -> Response {
-    let route = DISCOVERY_REPORT_PATH;
-    let reply = |code: StatusCode, text: String| {
-        state.metrics.http_request(route, code.as_u16());
-        (code, format!("{text}\n")).into_response()
-    };
-    let Some(writer) = &state.discovery else {
-        return reply(
-            StatusCode::NOT_FOUND,
-            "discovery is off here (it needs backend kubernetes and dhcp.unknownMachines: discover)".into(),
-        );
-    };
-    let max = writer.limits().max_body_bytes;
-    let too_large = |writer: &DiscoveryWriter| {
-        let refusal = crate::discovery::Refusal::TooLarge { max };
-        writer.count_outcome(refusal.label());
-        reply(StatusCode::PAYLOAD_TOO_LARGE, refusal.to_string())
-    };
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > max as u64) {
-        return too_large(writer);
-    }
-    // Reads at most `max` bytes: a longer (chunked) body fails here, unread past the limit.
-    let Ok(bytes) = axum::body::to_bytes(body, max).await else {
-        return too_large(writer);
-    };
-    let report: DiscoveryReport = match serde_json::from_slice(&bytes) {
-        Ok(report) => report,
-        Err(error) => {
-            writer.count_outcome("not_a_report");
-            return reply(
-                StatusCode::BAD_REQUEST,
-                format!("the body is not a discovery report: {error}"),
-            );
-        }
-    };
-    if let Err((code, text)) = sender_holds(&state, peer, report.boot_mac.parse().ok()) {
-        if code == StatusCode::FORBIDDEN {
-            writer.count_outcome("wrong_address");
-        }
-        return reply(code, text);
-    }
-    match writer.report(report, bytes.len()).await {
-        Ok(Outcome::Created(name)) => {
-            state.metrics.http_request(route, 201);
-            (
-                StatusCode::CREATED,
-                [(header::CONTENT_TYPE, "application/json")],
-                serde_json::json!({"machine": name, "outcome": "created"}).to_string(),
-            )
-                .into_response()
-        }
-        Ok(Outcome::Updated(name)) => {
-            state.metrics.http_request(route, 200);
-            (
-                [(header::CONTENT_TYPE, "application/json")],
-                serde_json::json!({"machine": name, "outcome": "updated"}).to_string(),
-            )
-                .into_response()
-        }
-        Err(error) => {
-            tracing::info!(%peer, reason = error.label(), %error, "discovery report refused");
-            let code =
-                StatusCode::from_u16(error.status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-            let mut response = reply(code, error.to_string());
-            // The reason, machine-readable: the inspection agent reboots on `known` (its
-            // MACs are a claimed or declared Machine's, which boots its own script now).
-            response.headers_mut().insert(
-                unbounded_api::inventory::REFUSAL_HEADER,
-                header::HeaderValue::from_static(error.label()),
-            );
-            if code == StatusCode::TOO_MANY_REQUESTS || code == StatusCode::SERVICE_UNAVAILABLE {
-                response
-                    .headers_mut()
-                    .insert(header::RETRY_AFTER, header::HeaderValue::from(60u64));
-            }
-            response
-        }
-    }
-}
-
-/// With a full DHCP server the bootserver knows who holds which address: an inspection
-/// agent's request must come from the address leased to the MAC it says it booted from
-/// (with ProxyDHCP nothing can be checked).
-fn sender_holds(
-    state: &AppState,
-    peer: SocketAddr,
-    boot_mac: Option<MacAddr>,
-) -> Result<(), (StatusCode, String)> {
-    let (IpAddr::V4(peer), DhcpMode::Full) = (peer.ip(), state.settings.dhcp_mode) else {
-        return Ok(());
-    };
-    let leased_to = match state.leases.lease_at(peer) {
-        Ok(lease) => lease.map(|l| l.mac),
-        Err(error) => {
-            tracing::error!(%error, "the address book cannot answer; refusing a discovery request");
-            return Err((
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the bootserver cannot check the sender's address now; retry".into(),
-            ));
-        }
-    };
-    if leased_to.is_none() || leased_to != boot_mac {
-        return Err((
-            StatusCode::FORBIDDEN,
-            format!("{peer} is not leased to the boot MAC"),
-        ));
-    }
-    Ok(())
-}
-
-/// An inspection agent's poll between reports ([`DISCOVERY_CLAIM_PATH`]): 200 while its
-/// Machine waits, 409 `known` once claimed (it reboots into its own boot), 404 when no
-/// Machine has the MAC (it reports again). Answered from the Machine index, no API call.
-async fn discovery_claim(
-    State(state): State<AppState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    axum::extract::Path(mac): axum::extract::Path<String>,
-) -> Response {
-    let route = DISCOVERY_CLAIM_PATH;
-    let reply = |code: StatusCode, text: String| {
-        state.metrics.http_request(route, code.as_u16());
-        (code, format!("{text}\n")).into_response()
-    };
-    let Some(writer) = &state.discovery else {
-        return reply(StatusCode::NOT_FOUND, "discovery is off here".into());
-    };
-    let Ok(boot_mac) = mac.parse::<MacAddr>() else {
-        let shown: String = mac.chars().take(64).filter(|c| !c.is_control()).collect();
-        return reply(
-            StatusCode::BAD_REQUEST,
-            format!("{shown:?} is not a MAC address"),
-        );
-    };
-    if let Err((code, text)) = sender_holds(&state, peer, Some(boot_mac)) {
-        return reply(code, text);
-    }
-    match writer.claim_state(boot_mac) {
-        crate::discovery::ClaimState::Waiting(name) => {
-            reply(StatusCode::OK, format!("{name} waits to be claimed"))
-        }
-        crate::discovery::ClaimState::Claimed(name) => {
-            let mut response = reply(
-                StatusCode::CONFLICT,
-                format!("{boot_mac} belongs to Machine {name}, which is not waiting: boot it"),
-            );
-            response.headers_mut().insert(
-                unbounded_api::inventory::REFUSAL_HEADER,
-                header::HeaderValue::from_static("known"),
-            );
-            response
-        }
-        crate::discovery::ClaimState::Unknown => reply(
-            StatusCode::NOT_FOUND,
-            format!("no Machine has {boot_mac}: report"),
-        ),
-    }
 }
 
 /// The agent's configuration. A machine gets only its own: the request must come from an
