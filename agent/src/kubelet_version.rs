@@ -16,7 +16,7 @@ pub const KUBELET_VERSION_FILE: &str = "usr/share/unbounded/kubelet-version";
 pub(crate) enum KubeletVersionError {
     /// The image does not say which kubelet it carries.
     #[error(
-        "the configuration asks for kubelet {wanted}, and the node image does not say which kubelet it carries (no /{KUBELET_VERSION_FILE}): build it with `unbounded-testbed images` or write that file"
+        "the configuration asks for kubelet {wanted}, and the node image does not say which kubelet it carries (no release in /{KUBELET_VERSION_FILE}): build it with `unbounded-testbed images` or write that file"
     )]
     Unlabelled {
         /// `kubernetes.version`.
@@ -68,7 +68,7 @@ pub(crate) fn check(
 pub struct ImageKubelet {
     /// The image's SHA-256.
     pub sha256: String,
-    /// The first line of its [`KUBELET_VERSION_FILE`], if it had one.
+    /// What it said ([`carried`]).
     pub carried: Option<String>,
 }
 
@@ -85,11 +85,15 @@ pub(crate) fn known_refusal(
     }
 }
 
-/// What the image unpacked at `root` says of its kubelet (`None`: it says nothing).
-pub(crate) async fn carried(root: &Path) -> Option<String> {
-    tokio::fs::read_to_string(root.join(KUBELET_VERSION_FILE))
-        .await
-        .ok()
+/// What the image unpacked at `root` says of its kubelet: the first line of
+/// [`KUBELET_VERSION_FILE`] when it names a release (`v1.35.4`), else `None` (it says
+/// nothing). Only a release is taken, and the file is read inside the root only: what the
+/// agent reports of it cannot be the content of another file (a symlink to a host secret).
+pub(crate) fn carried(root: &Path) -> Option<String> {
+    let bytes = crate::rootfs::read_inside(root, &format!("/{KUBELET_VERSION_FILE}"), 256)?;
+    let text = String::from_utf8_lossy(&bytes);
+    let first = text.lines().next()?.trim();
+    unbounded_api::boot_images::valid_release(first).then(|| first.to_owned())
 }
 
 #[cfg(test)]
@@ -184,13 +188,35 @@ mod tests {
         ));
     }
 
-    #[tokio::test]
-    async fn reads_what_the_unpacked_image_says() {
+    #[test]
+    fn reads_what_the_unpacked_image_says() {
         let root = tempfile::tempdir().unwrap();
-        assert_eq!(carried(root.path()).await, None);
+        assert_eq!(carried(root.path()), None);
         let file = root.path().join(KUBELET_VERSION_FILE);
         std::fs::create_dir_all(file.parent().unwrap()).unwrap();
         std::fs::write(&file, "v1.34.4\n").unwrap();
-        assert_eq!(carried(root.path()).await.as_deref(), Some("v1.34.4\n"));
+        assert_eq!(carried(root.path()).as_deref(), Some("v1.34.4"));
+        // Anything but a release says nothing (and is never repeated in a message).
+        std::fs::write(&file, "token=s3cret\n").unwrap();
+        assert_eq!(carried(root.path()), None);
+    }
+
+    #[test]
+    fn a_symlink_out_of_the_image_is_not_read() {
+        let root = tempfile::tempdir().unwrap();
+        let host = tempfile::tempdir().unwrap();
+        let secret = host.path().join("secret");
+        std::fs::write(&secret, "v9.9.9\n").unwrap();
+        let file = root.path().join(KUBELET_VERSION_FILE);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(&secret, &file).unwrap();
+        assert_eq!(carried(root.path()), None);
+        // A directory on the way that leads out is no better.
+        std::fs::remove_file(&file).unwrap();
+        std::fs::remove_dir(file.parent().unwrap()).unwrap();
+        std::fs::create_dir_all(host.path().join("unbounded")).unwrap();
+        std::fs::write(host.path().join("unbounded/kubelet-version"), "v9.9.9\n").unwrap();
+        std::os::unix::fs::symlink(host.path().join("unbounded"), file.parent().unwrap()).unwrap();
+        assert_eq!(carried(root.path()), None);
     }
 }

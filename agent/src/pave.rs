@@ -173,14 +173,11 @@ pub(crate) async fn pave(
     }
     // The kubelet it carries is the one the configuration asks for (kubernetes.version),
     // checked before anything of the running container changes.
-    let carried = kubelet_version::carried(target).await;
+    let carried = kubelet_version::carried(target);
     if !from_disk {
         kept.state.image_kubelet = Some(kubelet_version::ImageKubelet {
             sha256: image.sha256.clone(),
-            carried: carried
-                .as_deref()
-                .and_then(|c| c.lines().next())
-                .map(|c| c.trim().to_owned()),
+            carried: carried.clone(),
         });
         kept.save();
     }

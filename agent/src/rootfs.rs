@@ -410,6 +410,25 @@ pub fn write_file(root: &Path, path: &str, content: &[u8], mode: u32) -> Result<
     fs::rename(&temporary, &current).map_err(io_err("renaming", &current))
 }
 
+/// Reads at most `limit` bytes of the file at `path` inside `root`: `None` when it is missing,
+/// unreadable, or resolves (through a symlink anywhere on the way) outside `root`, so that an
+/// image cannot make the agent read a file of the host.
+pub fn read_inside(root: &Path, path: &str, limit: u64) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let relative = relative_inside(path).ok()?;
+    let resolved = fs::canonicalize(root.join(relative)).ok()?;
+    if !resolved.starts_with(fs::canonicalize(root).ok()?) || !resolved.is_file() {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    fs::File::open(&resolved)
+        .ok()?
+        .take(limit)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    Some(bytes)
+}
+
 /// `O_NOFOLLOW` on Linux.
 const fn libc_o_nofollow() -> i32 {
     0o400000

@@ -114,15 +114,7 @@ pub fn build(options: &Options) -> Result<Images, ImagesError> {
         total: if options.containers { 10 } else { 6 },
         done: 0,
     };
-    let kubelet = progress.run(
-        &format!("Kubernetes {KUBERNETES_VERSION} (kubelet)"),
-        || {
-            let cached = cluster::cache_dir()
-                .join(format!("kubernetes-{KUBERNETES_VERSION}/kubelet"))
-                .is_file();
-            Ok((cluster::Binaries::ensure()?.kubelet, cached))
-        },
-    )?;
+    let kubelet = kubelet_step(&mut progress, KUBERNETES_VERSION)?;
 
     let node = node_image_steps(&mut progress, &recipes, &kubelet, "node")?;
 
@@ -178,6 +170,22 @@ pub fn build(options: &Options) -> Result<Images, ImagesError> {
         host,
         node,
         containers,
+    })
+}
+
+/// Kubernetes `version`'s kubelet: the control plane's build for the testbed's release (all
+/// its binaries), that release's kubelet alone for another.
+fn kubelet_step(progress: &mut Progress, version: &str) -> Result<PathBuf, ImagesError> {
+    progress.run(&format!("Kubernetes {version} (kubelet)"), || {
+        let cached = cluster::cache_dir()
+            .join(format!("kubernetes-{version}/kubelet"))
+            .is_file();
+        let kubelet = if version == KUBERNETES_VERSION {
+            cluster::Binaries::ensure()?.kubelet
+        } else {
+            cluster::kubelet_of(version)?
+        };
+        Ok((kubelet, cached))
     })
 }
 
@@ -299,17 +307,7 @@ pub fn node_image_for(version: &str) -> Result<NodeImage, ImagesError> {
     }
     let recipes = recipes_dir();
     let mut progress = Progress { total: 4, done: 0 };
-    let kubelet = progress.run(&format!("Kubernetes {version} (kubelet)"), || {
-        let cached = cluster::cache_dir()
-            .join(format!("kubernetes-{version}/kubelet"))
-            .is_file();
-        let kubelet = if version == KUBERNETES_VERSION {
-            cluster::Binaries::ensure()?.kubelet
-        } else {
-            cluster::kubelet_of(version)?
-        };
-        Ok((kubelet, cached))
-    })?;
+    let kubelet = kubelet_step(&mut progress, version)?;
     // A cache entry of its own: the cache keeps one build per name, and the testbed's
     // default image (which a running lab serves) must not make way for this one.
     let cache_name = if version == KUBERNETES_VERSION {
