@@ -1,7 +1,7 @@
 //! Inspection mode (`unbounded.inspect=1` on the kernel command line): the boot an unknown
 //! server gets with discovery on. The agent has no Machine name, no nonce and asks for no
 //! credentials: it reads the machine and listens for its switches' LLDP frames
-//! ([`crate::inventory::collect_with_lldp`]), posts the report to
+//! ([`crate::inventory::collect_live`]), posts the report to
 //! the bootserver (`POST /discovery/inventory`) and waits, posting again every
 //! [`REREPORT`] so that a changed machine (a disk added while it waits) is described afresh.
 //!
@@ -219,7 +219,7 @@ pub async fn run(bootserver: &str, boot_mac: Option<String>, root: &std::path::P
             k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(unbounded_api::condition::now());
         // Listening for LLDP first delays a report by at most 35 s (the switches' default
         // interval), once per report: a discovered Machine then names its switch ports.
-        let inventory = crate::inventory::collect_with_lldp(
+        let inventory = crate::inventory::collect_live(
             root,
             std::env::consts::ARCH,
             boot_mac.as_deref(),

@@ -1,7 +1,7 @@
 //! The running agent's in-band inventory: once each time the agent starts (hardware changes
 //! need a power cycle, which restarts it), and again when its Machine's
 //! `unbounded-cloud.io/reinspect` holds a value this agent has not answered. The read
-//! ([`crate::inventory::collect_with_lldp`]: `/proc`, `/sys` and up to 35 s of LLDP) runs in
+//! ([`crate::inventory::collect_live`]: `/proc`, `/sys` and up to 35 s of LLDP) runs in
 //! the background, one at a time, and is folded into the Machine's `MachineInventory` by the
 //! rule every source follows ([`unbounded_runtime::inventory::fold_into`]: in-band sections
 //! outrank Redfish ones), tagged `InBand` with the time and the request value it answered.
@@ -82,7 +82,7 @@ impl Refresher {
 /// Reads this machine and folds the read into its MachineInventory.
 async fn refresh(client: &Client, machine: &Machine, reinspection: Option<String>) {
     let now = Time(unbounded_api::condition::now());
-    let inventory = crate::inventory::collect_with_lldp(
+    let inventory = crate::inventory::collect_live(
         std::path::Path::new("/"),
         std::env::consts::ARCH,
         None,

@@ -23,10 +23,11 @@ root="$work/root"
 step() { echo "host image: $*" >&2; }
 
 # fdisk (sfdisk) and e2fsprogs (mkfs.ext4) lay out the disk of spec.template.storage;
-# util-linux (wipefs, blkdiscard, partx, blkid, mount) is in minbase already.
-step "debootstrap $suite (minbase + systemd, networkd, nspawn, dbus, kmod, disk tools)"
+# util-linux (wipefs, blkdiscard, partx, blkid, mount) is in minbase already. ipmitool reads
+# the BMC's LAN channel through the host's IPMI device for the inventory's BMC suggestion.
+step "debootstrap $suite (minbase + systemd, networkd, nspawn, dbus, kmod, disk tools, ipmitool)"
 debootstrap --variant=minbase --cache-dir="$debs" \
-  --include=systemd,systemd-sysv,systemd-container,udev,dbus,iproute2,kmod,ca-certificates,fdisk,e2fsprogs \
+  --include=systemd,systemd-sysv,systemd-container,udev,dbus,iproute2,kmod,ca-certificates,fdisk,e2fsprogs,ipmitool \
   "$suite" "$root" "$mirror" >"$work/debootstrap.log" 2>&1 \
   || { tail -30 "$work/debootstrap.log" >&2; exit 1; }
 
@@ -62,6 +63,7 @@ dirs=(
   net/bridge net/llc net/802 net/netfilter net/ipv4/netfilter net/ipv6/netfilter net/ipv6
   net/ipv4/udp_tunnel.ko net/ipv6/ip6_udp_tunnel.ko net/sched net/vmw_vsock net/packet net/xfrm
   net/ipv4/ip_tunnel.ko net/ipv4/ipip.ko net/ipv4/tunnel4.ko net/key net/netlink crypto
+  drivers/char/ipmi
 )
 for d in "${dirs[@]}" ${HOST_MODULES_EXTRA:-}; do
   [ -e "$src/kernel/$d" ] || continue
@@ -82,7 +84,7 @@ chroot "$root" systemctl enable systemd-networkd.service unbounded-agent.service
 chroot "$root" systemctl mask systemd-networkd-wait-online.service apt-daily.timer \
   apt-daily-upgrade.timer e2scrub_all.timer e2scrub_reap.service fstrim.timer \
   dpkg-db-backup.timer getty@tty1.service systemd-update-utmp.service \
-  systemd-update-utmp-runlevel.service >/dev/null 2>&1 || true
+  systemd-update-utmp-runlevel.service ipmievd.service >/dev/null 2>&1 || true
 ln -sf /lib/systemd/systemd "$root/init"
 # A fresh, unique machine ID at every boot (the root lives in RAM).
 : >"$root/etc/machine-id"
@@ -90,7 +92,9 @@ echo unbounded >"$root/etc/hostname"
 passwd -R "$root" -l root >/dev/null
 
 step "trimming (docs, locales, apt lists, caches)"
+# ipmitool's IANA enterprise-number list (4 MB) only names vendors in its output.
 rm -rf "$root"/usr/share/{doc,man,info,locale,lintian,bug} "$root"/var/lib/apt/lists/* \
+  "$root"/usr/share/misc/enterprise-numbers* \
   "$root"/var/cache/apt/* "$root"/var/cache/debconf/*-old "$root"/var/log/*.log
 
 step "initramfs (cpio, zstd -3)"

@@ -17,8 +17,8 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use unbounded_api::Machine;
 use unbounded_api::agent::AgentAccess;
 use unbounded_api::inventory::{
-    CpuFacts, FactOrigin, FactSource, FirmwareFacts, InventoryRead, MachineInventory,
-    MachineInventorySpec, SystemFacts,
+    BmcFacts, CpuFacts, FactOrigin, FactSource, FirmwareFacts, InventoryRead, IpmiLan,
+    MachineInventory, MachineInventorySpec, SystemFacts,
 };
 use unbounded_runtime::inventory::fold_into;
 use unbounded_testbed::cluster::LocalControlPlane;
@@ -52,6 +52,18 @@ fn in_band(second: i64, serial: &str) -> MachineInventorySpec {
             origin: origin(FactSource::InBand, second),
             mode: unbounded_api::Firmware::Uefi,
             secure_boot: Some(true),
+        }),
+        bmc: Some(BmcFacts {
+            origin: origin(FactSource::InBand, second),
+            suggested_address: Some("ipmi://10.40.0.17".into()),
+            ipmi_lan: Some(IpmiLan {
+                channel: 1,
+                ip_address: "10.40.0.17".into(),
+                ip_source: Some("dhcp".into()),
+                mac: Some("b4:96:91:0a:1b:30".into()),
+                vlan: None,
+            }),
+            redfish_host_interface: None,
         }),
         ..Default::default()
     }
@@ -185,6 +197,13 @@ async fn agents_and_the_bootserver_fold_reads_and_an_agent_writes_only_in_band_f
     )
     .await
     .unwrap();
+    assert_eq!(
+        written
+            .bmc
+            .as_ref()
+            .and_then(|b| b.suggested_address.as_deref()),
+        Some("ipmi://10.40.0.17")
+    );
     assert_eq!(written.system.unwrap().serial.as_deref(), Some("IN-BAND"));
 
     // The bootserver's Redfish read: cpu filled, system (in band) kept.
@@ -237,6 +256,17 @@ async fn agents_and_the_bootserver_fold_reads_and_an_agent_writes_only_in_band_f
             .await,
     );
     assert!(message.contains("spec.cpu"), "{message}");
+    // Nor pass its own BMC suggestion off as the BMC's word.
+    let mut forged = inventories.get("iw-one").await.unwrap();
+    if let Some(bmc) = forged.spec.bmc.as_mut() {
+        bmc.origin = origin(FactSource::Redfish, 350);
+    }
+    let message = forbidden(
+        inventories
+            .replace("iw-one", &PostParams::default(), &forged)
+            .await,
+    );
+    assert!(message.contains("spec.bmc"), "{message}");
     let mut forged = inventories.get("iw-one").await.unwrap();
     forged
         .spec

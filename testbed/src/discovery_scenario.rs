@@ -3,15 +3,20 @@
 //!
 //! 1. Two VMs of different shapes join the lab's bridge ([`SHAPES`]: 1 vCPU, 1280 MiB, one
 //!    data disk; 2 vCPUs, 2048 MiB, two data disks), each with an SMBIOS system serial, a
-//!    MAC no Machine has, network boot on every boot, and **no BMC**: a discovered server has
-//!    none that anyone told us about. They are started with `virsh start`.
+//!    MAC no Machine has, network boot on every boot, and **no BMC anyone told us about**.
+//!    Each has one inside, as servers do ([`InBandBmc`]): the first an IPMI BMC (OpenIPMI's
+//!    `ipmi_sim` behind the VM's KCS interface, its LAN channel set to the address it
+//!    listens on), the second only a Redfish host interface (an SMBIOS type 42 structure).
+//!    They are started with `virsh start`.
 //! 2. The lab's bootserver discovers unknown machines ([`crate::lab::discovery`]): each VM
 //!    boots the host OS in inspection mode and its agent reports. Checked for each: a
 //!    Machine `discovered-<MAC>` with that MAC, no configuration, phase `Pending`, condition
 //!    `Discovered=True/WaitingToBeClaimed`, label `unbounded-cloud.io/discovery=waiting` and
 //!    the hardware labels of its shape; and its MachineInventory ([`inventory_problems`]):
 //!    CPUs, memory (±5 %), the data disks by serial and size, the NIC it booted from, the
-//!    SMBIOS serial, BIOS firmware, every section tagged `InBand`.
+//!    SMBIOS serial, BIOS firmware, the BMC as the machine sees it (the first: its LAN
+//!    channel's address and MAC, suggested as `ipmi://<address>`; the second: the host
+//!    interface's service address and no suggestion), every section tagged `InBand`.
 //! 3. The scenario, as the operator, gives both discovered Machines their BMC: the lab's
 //!    sushy-tools (Redfish), which serves every libvirt domain by UUID, with the lab's BMC
 //!    Secret. The claim path needs it: the controller grants a `pxe` Machine's agent its
@@ -79,23 +84,63 @@ pub fn shapes() -> [Shape; 2] {
     ]
 }
 
+/// The BMC a VM carries inside, as its OS sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InBandBmc {
+    /// An IPMI BMC behind the VM's KCS interface whose LAN channel says `ip` and `mac`.
+    Ipmi {
+        /// The LAN channel's address: the host's end of the lab's routed link, where the
+        /// simulator listens.
+        ip: String,
+        /// The LAN channel's MAC.
+        mac: String,
+    },
+    /// Only a Redfish host interface (SMBIOS type 42) whose service is at `service_address`.
+    RedfishHostInterface {
+        /// The service's address on the host interface.
+        service_address: String,
+    },
+}
+
+/// The Redfish host interface's service address in the second VM's SMBIOS type 42.
+const HOST_INTERFACE_SERVICE: [u8; 4] = [169, 254, 95, 118];
+
 /// The VMs of a run of process `pid`: one per shape, MACs `52:54:00:99:0d:<n>` (the lab's
-/// machines have `52:54:00:99:00:<n>`), domains `ub-d<pid>-<n>`, serials `TB-DISCO-<pid>-<n>`.
+/// machines have `52:54:00:99:00:<n>`, the first VM's BMC `52:54:00:99:0b:01`), domains
+/// `ub-d<pid>-<n>`, serials `TB-DISCO-<pid>-<n>`.
 pub fn expected_vms(pid: u32) -> Vec<Expected> {
     shapes()
         .into_iter()
         .enumerate()
         .map(|(i, shape)| {
             let index = i + 1;
+            let bmc = if index == 1 {
+                InBandBmc::Ipmi {
+                    ip: host_route_address(),
+                    mac: format!("52:54:00:99:0b:{index:02x}"),
+                }
+            } else {
+                InBandBmc::RedfishHostInterface {
+                    service_address: std::net::Ipv4Addr::from(HOST_INTERFACE_SERVICE).to_string(),
+                }
+            };
             Expected {
                 mac: format!("52:54:00:99:0d:{index:02x}"),
                 // Short: a virtio disk serial holds 20 bytes, and `data2-` comes before it.
                 domain: format!("{}{pid}-{index}", domain_prefix()),
                 serial: format!("TB-DISCO-{pid}-{index}"),
                 shape,
+                bmc,
             }
         })
         .collect()
+}
+
+/// The host's end of the lab's routed link (both lab modes have it): QEMU in the lab's
+/// namespace reaches a BMC simulator on the host there.
+fn host_route_address() -> String {
+    let (host_cidr, _, _) = crate::appliance::HOST_ROUTE;
+    host_cidr.split('/').next().unwrap_or(host_cidr).to_owned()
 }
 
 /// What a discovered VM must look like.
@@ -109,6 +154,8 @@ pub struct Expected {
     pub domain: String,
     /// The SMBIOS system serial set on it.
     pub serial: String,
+    /// The BMC inside it.
+    pub bmc: InBandBmc,
 }
 
 impl Expected {
@@ -229,6 +276,45 @@ pub fn inventory_problems(expected: &Expected, inventory: &MachineInventorySpec)
     }
     if let Some(pci) = &inventory.pci {
         in_band("pci", pci.origin.source, &mut say);
+    }
+    match (&inventory.bmc, &expected.bmc) {
+        (None, _) => say("no bmc section".into()),
+        (Some(bmc), InBandBmc::Ipmi { ip, mac }) => {
+            in_band("bmc", bmc.origin.source, &mut say);
+            let lan = bmc.ipmi_lan.as_ref();
+            if lan.map(|l| (l.ip_address.as_str(), l.mac.as_deref()))
+                != Some((ip.as_str(), Some(mac.as_str())))
+            {
+                say(format!(
+                    "BMC LAN channel {lan:?}, not address {ip} and MAC {mac}"
+                ));
+            }
+            let want = format!("ipmi://{ip}");
+            if bmc.suggested_address.as_deref() != Some(want.as_str()) {
+                say(format!(
+                    "suggested BMC address {:?}, not {want}",
+                    bmc.suggested_address
+                ));
+            }
+        }
+        (Some(bmc), InBandBmc::RedfishHostInterface { service_address }) => {
+            in_band("bmc", bmc.origin.source, &mut say);
+            let seen = bmc
+                .redfish_host_interface
+                .as_ref()
+                .map(|h| h.service_address.as_str());
+            if seen != Some(service_address.as_str()) {
+                say(format!(
+                    "Redfish host interface at {seen:?}, not {service_address}"
+                ));
+            }
+            if bmc.suggested_address.is_some() || bmc.ipmi_lan.is_some() {
+                say(format!(
+                    "a BMC suggestion {:?} from a machine without an IPMI LAN channel",
+                    bmc.suggested_address
+                ));
+            }
+        }
     }
     problems
 }
@@ -366,21 +452,74 @@ spec:
     )
 }
 
-/// The VMs of one run: defined and started, destroyed and undefined when dropped.
+/// The VMs of one run: defined and started, destroyed and undefined when dropped, with
+/// their in-band BMCs (simulators stopped, SMBIOS files removed on drop).
 struct Vms {
     expected: Vec<Expected>,
     domains: Vec<Domain>,
+    _bmcs: Vec<bmc::IpmiSim>,
+    _smbios: tempfile::TempDir,
+}
+
+/// The QEMU arguments that put `vm`'s BMC inside it: a simulator started (and its LAN
+/// channel set) for an IPMI BMC, an SMBIOS type 42 file for a Redfish host interface.
+fn in_band_bmc(
+    vm: &Expected,
+    smbios_dir: &std::path::Path,
+    bmcs: &mut Vec<bmc::IpmiSim>,
+) -> Result<Vec<String>, LabError> {
+    match &vm.bmc {
+        InBandBmc::Ipmi { ip, mac } => {
+            let sim = bmc::IpmiSim::start_for_vm(None, ip, "tb-discovery", "tb-discovery-pw")
+                .map_err(|e| step(e.to_string()))?;
+            sim.set_lan(ip, mac).map_err(|e| step(e.to_string()))?;
+            let args = sim.qemu_args();
+            bmcs.push(sim);
+            Ok(args)
+        }
+        InBandBmc::RedfishHostInterface { service_address } => {
+            let address: std::net::Ipv4Addr = service_address
+                .parse()
+                .map_err(|e| step(format!("{service_address}: {e}")))?;
+            let uuid = uuid_bytes(&vm.domain);
+            let file = smbios_dir.join(format!("{}-type42.bin", vm.domain));
+            std::fs::write(
+                &file,
+                bmc::smbios::host_interface_structure(address, 443, uuid, "tb-bmc"),
+            )
+            .map_err(|e| step(format!("{}: {e}", file.display())))?;
+            Ok(vec!["-smbios".into(), format!("file={}", file.display())])
+        }
+    }
+}
+
+/// Sixteen bytes named after `domain` (the host interface's service UUID).
+fn uuid_bytes(domain: &str) -> [u8; 16] {
+    let mut bytes = [0x5a_u8; 16];
+    for (slot, b) in bytes.iter_mut().zip(domain.bytes()) {
+        *slot ^= b;
+    }
+    bytes
 }
 
 impl Vms {
     fn start(expected: Vec<Expected>, say: &dyn Fn(&str)) -> Result<Self, LabError> {
         let mut domains = Vec::new();
+        let mut bmcs = Vec::new();
+        let smbios = tempfile::tempdir().map_err(|e| step(e.to_string()))?;
         for vm in &expected {
             let shape = &vm.shape;
             say(&format!(
-                "discovery: VM {} ({} vCPU, {} MiB, data disks {:?} GiB, MAC {}, serial {}), no Machine, no BMC",
-                vm.domain, shape.vcpus, shape.memory_mib, shape.data_disks_gib, vm.mac, vm.serial
+                "discovery: VM {} ({} vCPU, {} MiB, data disks {:?} GiB, MAC {}, serial {}, inside {:?}), no Machine, no BMC told",
+                vm.domain,
+                shape.vcpus,
+                shape.memory_mib,
+                shape.data_disks_gib,
+                vm.mac,
+                vm.serial,
+                vm.bmc
             ));
+            let qemu_args = in_band_bmc(vm, smbios.path(), &mut bmcs)?;
             // Pushed at once: a domain defined is undefined when `domains` drops, also when a
             // later one fails.
             domains.push(
@@ -395,6 +534,7 @@ impl Vms {
                         network_fallback: true,
                         data_disks_gib: shape.data_disks_gib.clone(),
                         smbios_serial: Some(vm.serial.clone()),
+                        qemu_args,
                     },
                 )
                 .map_err(|e| step(e.to_string()))?,
@@ -403,7 +543,12 @@ impl Vms {
         for domain in &domains {
             bmc::virsh(&["start", &domain.name]).map_err(|e| step(e.to_string()))?;
         }
-        Ok(Self { expected, domains })
+        Ok(Self {
+            expected,
+            domains,
+            _bmcs: bmcs,
+            _smbios: smbios,
+        })
     }
 
     fn consoles(&self) -> String {
@@ -600,12 +745,19 @@ fn run(
             )));
         }
         say(&format!(
-            "discovery: {name}'s inventory: {} CPUs, {} bytes of memory, {} disks (data disks by serial and size), NIC {} booted, serial {}, BIOS, all InBand",
+            "discovery: {name}'s inventory: {} CPUs, {} bytes of memory, {} disks (data disks by serial and size), NIC {} booted, serial {}, BIOS, BMC {:?} (suggested {}), all InBand",
             vm.shape.vcpus,
             inventory.spec.memory.as_ref().map_or(0, |m| m.total_bytes),
             vm.disk_count(),
             vm.mac,
-            vm.serial
+            vm.serial,
+            vm.bmc,
+            inventory
+                .spec
+                .bmc
+                .as_ref()
+                .and_then(|b| b.suggested_address.as_deref())
+                .unwrap_or("nothing"),
         ));
     }
 
@@ -804,6 +956,17 @@ mod tests {
             "system": {"origin": origin, "vendor": "QEMU", "serial": vm.serial},
             "pci": {"origin": origin, "devices": []},
             "firmware": {"origin": origin, "mode": "bios"},
+            "bmc": match &vm.bmc {
+                InBandBmc::Ipmi { ip, mac } => serde_json::json!({
+                    "origin": origin,
+                    "suggestedAddress": format!("ipmi://{ip}"),
+                    "ipmiLan": {"channel": 1, "ipAddress": ip, "mac": mac, "ipSource": "static"},
+                }),
+                InBandBmc::RedfishHostInterface { service_address } => serde_json::json!({
+                    "origin": origin,
+                    "redfishHostInterface": {"serviceAddress": service_address, "port": 443},
+                }),
+            },
         }))
         .unwrap()
     }
@@ -820,9 +983,16 @@ mod tests {
             inventory_problems(&big, &reported(&big)),
             Vec::<String>::new()
         );
+        let mut suggested = reported(&big);
+        suggested.bmc.as_mut().unwrap().suggested_address = Some("redfish://10.0.0.1".into());
+        assert_eq!(
+            inventory_problems(&big, &suggested).len(),
+            1,
+            "a host interface alone suggests nothing"
+        );
 
         type Change = fn(&mut MachineInventorySpec);
-        let cases: [(&str, Change, &str); 11] = [
+        let cases: [(&str, Change, &str); 14] = [
             (
                 "CPUs",
                 |i| i.cpu.as_mut().unwrap().threads = 2,
@@ -885,6 +1055,25 @@ mod tests {
                 |i| i.memory = None,
                 "no memory section",
             ),
+            (
+                "the BMC's LAN address",
+                |i| {
+                    i.bmc
+                        .as_mut()
+                        .unwrap()
+                        .ipmi_lan
+                        .as_mut()
+                        .unwrap()
+                        .ip_address = "10.99.1.9".into()
+                },
+                "BMC LAN channel",
+            ),
+            (
+                "a suggestion that is not the LAN address",
+                |i| i.bmc.as_mut().unwrap().suggested_address = Some("ipmi://10.99.1.9".into()),
+                "suggested BMC address",
+            ),
+            ("no BMC read", |i| i.bmc = None, "no bmc section"),
         ];
         for (what, change, expected) in cases {
             let mut inventory = reported(&vm);

@@ -4,8 +4,9 @@
 //!
 //! The parsers are pure functions over text or bytes ([`procfs`], [`lldp`]) or over a root
 //! directory ([`sysfs`]), so that tests run them on fixture trees; [`collect`] reads a root
-//! (`/` on a machine) and assembles; [`collect_with_lldp`] also listens for the switches'
-//! LLDP frames on the NICs whose link is up ([`lldp_capture`], at most 35 s in all). Nothing here needs credentials: the inspection boot runs
+//! (`/` on a machine) and assembles; [`collect_live`] adds what only the live machine
+//! answers: the switches' LLDP frames on the NICs whose link is up ([`lldp_capture`], at most
+//! 35 s in all) and the BMC's view of itself ([`bmc`]). Nothing here needs credentials: the inspection boot runs
 //! it before the machine is claimed, and posts the result to the bootserver's discovery
 //! endpoint.
 
@@ -17,6 +18,7 @@ use unbounded_api::inventory::{
     NicFacts, PciFacts,
 };
 
+pub mod bmc;
 pub mod lldp;
 pub mod lldp_capture;
 pub mod procfs;
@@ -79,32 +81,63 @@ pub fn collect(root: &Path, arch: &str, boot_mac: Option<&str>, now: Time) -> Ma
             mode,
             secure_boot,
         }),
+        bmc: None,
         reads: Vec::new(),
     }
 }
 
-/// [`collect`], then listens for LLDP on the NICs whose link is up (all at once, at most
-/// `lldp_wait`; see [`lldp_capture`] for why 35 s) and puts each switch port heard on its NIC.
-/// `root` is `/` on a machine: the sockets listen on this machine's interfaces.
-pub async fn collect_with_lldp(
+/// [`collect`], then what only the live machine can answer: the switches' LLDP frames on
+/// the NICs whose link is up (all at once, at most `lldp_wait`; see [`lldp_capture`] for why
+/// 35 s), each switch port put on its NIC, and the BMC's own view of itself ([`bmc`]: the
+/// IPMI LAN channel through `ipmitool` when there is an IPMI device, the Redfish host
+/// interface from SMBIOS). `root` is `/` on a machine: the sockets listen on this machine's
+/// interfaces.
+pub async fn collect_live(
     root: &Path,
     arch: &str,
     boot_mac: Option<&str>,
     now: Time,
     lldp_wait: std::time::Duration,
 ) -> MachineInventorySpec {
-    let mut inventory = collect(root, arch, boot_mac, now);
-    if let Some(nics) = inventory.nics.as_mut() {
+    let mut inventory = collect(root, arch, boot_mac, now.clone());
+    let origin = FactOrigin {
+        source: FactSource::InBand,
+        observed_at: now,
+    };
+    let bmc = bmc::read(root, origin);
+    let lldp = async {
+        let Some(nics) = inventory.nics.as_mut() else {
+            return;
+        };
         let listeners = lldp_capture::listeners(nics);
-        if !listeners.is_empty() {
-            let heard = lldp_capture::capture(&listeners, lldp_wait).await;
-            println!(
-                "unbounded-agent: LLDP: heard a switch on {} of {} NICs with link",
-                heard.len(),
-                listeners.len()
-            );
-            lldp_capture::attach(nics, &heard);
+        if listeners.is_empty() {
+            return;
         }
+        let heard = lldp_capture::capture(&listeners, lldp_wait).await;
+        println!(
+            "unbounded-agent: LLDP: heard a switch on {} of {} NICs with link",
+            heard.len(),
+            listeners.len()
+        );
+        lldp_capture::attach(nics, &heard);
+    };
+    let ((), bmc) = tokio::join!(lldp, bmc);
+    if let Some(bmc) = &bmc {
+        println!(
+            "unbounded-agent: BMC: {} (suggested address {})",
+            [
+                bmc.ipmi_lan.as_ref().map(|_| "IPMI LAN channel"),
+                bmc.redfish_host_interface
+                    .as_ref()
+                    .map(|_| "Redfish host interface")
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(" and "),
+            bmc.suggested_address.as_deref().unwrap_or("none")
+        );
     }
+    inventory.bmc = bmc;
     inventory
 }

@@ -26,8 +26,11 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub mod bmc;
 pub mod labels;
 pub mod validate;
+
+pub use bmc::{BmcFacts, IpmiLan, RedfishHostInterface};
 
 pub use labels::{HardwareRequirements, hardware_labels};
 pub use validate::{InventoryError, validate};
@@ -81,6 +84,13 @@ pub use validate::{InventoryError, validate};
         priority = 1
     ),
     printcolumn(
+        name = "BMC",
+        type_ = "string",
+        json_path = ".spec.bmc.suggestedAddress",
+        description = "BMC address the machine suggests (in band; confirm before use)",
+        priority = 1
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -109,6 +119,10 @@ pub struct MachineInventorySpec {
     /// Firmware mode and Secure Boot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub firmware: Option<FirmwareFacts>,
+    /// The machine's own BMC as the machine sees it, with a suggested BMC address (in band
+    /// only; a suggestion, never used on its own: see [`bmc`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bmc: Option<BmcFacts>,
     /// The last read of each source (at most one per source): when it happened and which
     /// re-inspection request it answered. Written by whoever read, never taken from a
     /// discovery report.
@@ -490,6 +504,7 @@ impl MachineInventorySpec {
             self.system.as_mut().map(|s| &mut s.origin),
             self.pci.as_mut().map(|s| &mut s.origin),
             self.firmware.as_mut().map(|s| &mut s.origin),
+            self.bmc.as_mut().map(|s| &mut s.origin),
         ];
         for slot in origins.into_iter().flatten() {
             *slot = origin.clone();
@@ -546,6 +561,7 @@ impl MachineInventorySpec {
         one(&mut self.firmware, read.firmware, source, |s| {
             s.origin.source
         });
+        one(&mut self.bmc, read.bmc, source, |s| s.origin.source);
         self.reads.retain(|r| r.source != source);
         self.reads.push(record);
         self.reads.sort_by_key(|r| rank(r.source));

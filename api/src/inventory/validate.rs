@@ -221,6 +221,83 @@ pub fn validate(spec: &MachineInventorySpec) -> Result<(), InventoryError> {
             }
         }
     }
+    if let Some(bmc) = &spec.bmc {
+        validate_bmc(bmc)?;
+    }
+    Ok(())
+}
+
+/// The BMC section: addresses that parse as what they say, a suggestion that is exactly what
+/// [`super::bmc::suggested_address`] makes of the rest (so a report cannot suggest anything
+/// else), bounded names.
+fn validate_bmc(bmc: &super::BmcFacts) -> Result<(), InventoryError> {
+    if let Some(lan) = &bmc.ipmi_lan {
+        range("bmc.ipmiLan.channel", lan.channel.into(), 0, 15)?;
+        if lan.ip_address.parse::<std::net::Ipv4Addr>().is_err() {
+            return Err(bad_format("bmc.ipmiLan.ipAddress", "an IPv4 address"));
+        }
+        if let Some(source) = &lan.ip_source
+            && !super::bmc::IP_SOURCES.contains(&source.as_str())
+        {
+            return Err(bad_format(
+                "bmc.ipmiLan.ipSource",
+                "one of static, dhcp, bios, other",
+            ));
+        }
+        if let Some(mac) = &lan.mac
+            && !is_mac(mac)
+        {
+            return Err(bad_format(
+                "bmc.ipmiLan.mac",
+                "a MAC address such as 52:54:00:12:34:56",
+            ));
+        }
+        if let Some(vlan) = lan.vlan {
+            range("bmc.ipmiLan.vlan", vlan.into(), 1, 4094)?;
+        }
+    }
+    if let Some(redfish) = &bmc.redfish_host_interface {
+        if redfish.service_address.parse::<std::net::IpAddr>().is_err() {
+            return Err(bad_format(
+                "bmc.redfishHostInterface.serviceAddress",
+                "an IPv4 or IPv6 address",
+            ));
+        }
+        range(
+            "bmc.redfishHostInterface.port",
+            redfish.port.into(),
+            1,
+            65_535,
+        )?;
+        if let Some(uuid) = &redfish.service_uuid
+            && !is_uuid(uuid)
+        {
+            return Err(bad_format(
+                "bmc.redfishHostInterface.serviceUuid",
+                "a UUID such as 4c4c4544-0042-3510-8052-b4c04f4e3732",
+            ));
+        }
+        if let Some(hostname) = &redfish.hostname {
+            text("bmc.redfishHostInterface.hostname", hostname, 253)?;
+            if !hostname
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+            {
+                return Err(bad_format(
+                    "bmc.redfishHostInterface.hostname",
+                    "a host name (letters, digits, '-' and '.')",
+                ));
+            }
+        }
+    }
+    let derived =
+        super::bmc::suggested_address(bmc.ipmi_lan.as_ref(), bmc.redfish_host_interface.as_ref());
+    if bmc.suggested_address != derived {
+        return Err(bad_format(
+            "bmc.suggestedAddress",
+            "the address its ipmiLan and redfishHostInterface make",
+        ));
+    }
     Ok(())
 }
 
@@ -398,6 +475,23 @@ pub(crate) mod tests {
                 mode: crate::Firmware::Uefi,
                 secure_boot: Some(true),
             }),
+            bmc: Some(BmcFacts {
+                origin: origin(),
+                suggested_address: Some("redfish://10.40.0.17".into()),
+                ipmi_lan: Some(IpmiLan {
+                    channel: 1,
+                    ip_address: "10.40.0.17".into(),
+                    ip_source: Some("dhcp".into()),
+                    mac: Some("b4:96:91:0a:1b:30".into()),
+                    vlan: Some(40),
+                }),
+                redfish_host_interface: Some(RedfishHostInterface {
+                    service_address: "169.254.95.118".into(),
+                    port: 443,
+                    service_uuid: Some("c7d1ac7b-8d5f-4a6e-9c2b-1f0a7e3c5d11".into()),
+                    hostname: Some("idrac-7xk2qh3".into()),
+                }),
+            }),
             reads: Vec::new(),
         }
     }
@@ -506,6 +600,72 @@ pub(crate) mod tests {
                     })
                 },
                 "nics.interfaces[0].lldp.systemName",
+            ),
+            (
+                "a suggestion the facts do not make",
+                |s| s.bmc.as_mut().unwrap().suggested_address = Some("redfish://10.9.9.9".into()),
+                "bmc.suggestedAddress",
+            ),
+            (
+                "a suggestion with no facts",
+                |s| {
+                    let bmc = s.bmc.as_mut().unwrap();
+                    bmc.ipmi_lan = None;
+                    bmc.redfish_host_interface = None;
+                },
+                "bmc.suggestedAddress",
+            ),
+            (
+                "a LAN address that is a URL",
+                |s| {
+                    s.bmc
+                        .as_mut()
+                        .unwrap()
+                        .ipmi_lan
+                        .as_mut()
+                        .unwrap()
+                        .ip_address = "https://evil".into()
+                },
+                "bmc.ipmiLan.ipAddress",
+            ),
+            (
+                "an unknown address source",
+                |s| {
+                    s.bmc.as_mut().unwrap().ipmi_lan.as_mut().unwrap().ip_source =
+                        Some("magic".into())
+                },
+                "bmc.ipmiLan.ipSource",
+            ),
+            (
+                "a VLAN out of range",
+                |s| s.bmc.as_mut().unwrap().ipmi_lan.as_mut().unwrap().vlan = Some(4095),
+                "bmc.ipmiLan.vlan",
+            ),
+            (
+                "a host name with a slash",
+                |s| {
+                    s.bmc
+                        .as_mut()
+                        .unwrap()
+                        .redfish_host_interface
+                        .as_mut()
+                        .unwrap()
+                        .hostname = Some("evil/redfish".into())
+                },
+                "bmc.redfishHostInterface.hostname",
+            ),
+            (
+                "port zero",
+                |s| {
+                    s.bmc
+                        .as_mut()
+                        .unwrap()
+                        .redfish_host_interface
+                        .as_mut()
+                        .unwrap()
+                        .port = 0
+                },
+                "bmc.redfishHostInterface.port",
             ),
         ];
         for (what, edit, field) in cases {

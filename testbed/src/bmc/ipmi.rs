@@ -20,6 +20,13 @@ use crate::netns::Netns;
 pub struct IpmiSim {
     /// The IPMI UDP port.
     pub port: u16,
+    /// The TCP port QEMU's `ipmi-bmc-extern` connects to, when the simulator is also the BMC
+    /// inside a VM ([`Self::start_for_vm`]).
+    pub vm_port: Option<u16>,
+    address: String,
+    username: String,
+    password: String,
+    ns: Option<String>,
     _daemon: Daemon,
     _sol_relay: Option<Daemon>,
     dir: tempfile::TempDir,
@@ -49,7 +56,70 @@ impl IpmiSim {
         username: &str,
         password: &str,
     ) -> Result<Self, BmcError> {
-        Self::start_inner(ns, address, domain, username, password, None, None)
+        Self::start_inner(ns, address, domain, username, password, Extras::default())
+    }
+
+    /// Like [`Self::start_bound`], and also the BMC *inside* a VM: it listens on a TCP port
+    /// (at `address`) for QEMU's `ipmi-bmc-extern` ([`Self::qemu_args`]: a KCS system
+    /// interface wired to it), so that the guest reaches it in band through its IPMI device,
+    /// as a server's OS reaches its BMC. No chassis control: the VM's power stays with
+    /// whoever else drives it.
+    pub fn start_for_vm(
+        ns: Option<&Netns>,
+        address: &str,
+        username: &str,
+        password: &str,
+    ) -> Result<Self, BmcError> {
+        let extras = Extras {
+            vm: true,
+            ..Extras::default()
+        };
+        Self::start_inner(ns, address, "", username, password, extras)
+    }
+
+    /// The QEMU arguments that give a VM this simulator as its BMC: a socket to
+    /// [`Self::vm_port`] (reconnecting: the simulator may start after the VM), an external
+    /// BMC on it and an ISA KCS interface (which QEMU describes in SMBIOS type 38 and ACPI).
+    pub fn qemu_args(&self) -> Vec<String> {
+        let Some(port) = self.vm_port else {
+            return Vec::new();
+        };
+        [
+            "-chardev".to_owned(),
+            format!(
+                "socket,id=ubipmi,host={},port={port},reconnect=10",
+                self.address
+            ),
+            "-device".to_owned(),
+            "ipmi-bmc-extern,id=ubbmc,chardev=ubipmi".to_owned(),
+            "-device".to_owned(),
+            "isa-ipmi-kcs,bmc=ubbmc".to_owned(),
+        ]
+        .to_vec()
+    }
+
+    /// Configures the BMC's LAN channel 1 as a BMC's own DHCP client or an administrator
+    /// would: a static `ip` and the channel's `mac` (Set LAN Configuration Parameters, over
+    /// the simulator's LAN interface).
+    pub fn set_lan(&self, ip: &str, mac: &str) -> Result<(), BmcError> {
+        for args in [["ipsrc", "static"], ["ipaddr", ip], ["macaddr", mac]] {
+            let mut ipmitool = match &self.ns {
+                Some(ns) => {
+                    let mut c = Command::new("ip");
+                    c.args(["netns", "exec", ns, "ipmitool"]);
+                    c
+                }
+                None => Command::new("ipmitool"),
+            };
+            ipmitool
+                .args(["-I", "lanplus", "-C", "3", "-H", &self.address])
+                .args(["-p", &self.port.to_string(), "-U", &self.username, "-E"])
+                .args(["lan", "set", "1"])
+                .args(args)
+                .env("IPMI_PASSWORD", &self.password);
+            run(&mut ipmitool)?;
+        }
+        Ok(())
     }
 
     /// Like [`Self::start_bound`], with `fru` as FRU device 0 (the machine's identity:
@@ -62,7 +132,11 @@ impl IpmiSim {
         password: &str,
         fru: &[u8],
     ) -> Result<Self, BmcError> {
-        Self::start_inner(ns, address, domain, username, password, None, Some(fru))
+        let extras = Extras {
+            fru: Some(fru),
+            ..Extras::default()
+        };
+        Self::start_inner(ns, address, domain, username, password, extras)
     }
 
     /// Like [`Self::start_bound`], with Serial-over-LAN showing the domain's serial console
@@ -79,7 +153,11 @@ impl IpmiSim {
         password: &str,
         console: &Path,
     ) -> Result<Self, BmcError> {
-        Self::start_inner(ns, address, domain, username, password, Some(console), None)
+        let extras = Extras {
+            console: Some(console),
+            ..Extras::default()
+        };
+        Self::start_inner(ns, address, domain, username, password, extras)
     }
 
     fn start_inner(
@@ -88,15 +166,27 @@ impl IpmiSim {
         domain: &str,
         username: &str,
         password: &str,
-        console: Option<&Path>,
-        fru: Option<&[u8]>,
+        extras: Extras<'_>,
     ) -> Result<Self, BmcError> {
+        let Extras { console, fru, vm } = extras;
         let dir = tempfile::tempdir().map_err(|e| setup(e.to_string()))?;
         let port = free_port(true)?;
-        let script = dir.path().join("chassis.sh");
-        std::fs::write(&script, chassis_script(domain, dir.path()))
-            .map_err(|e| setup(e.to_string()))?;
-        run(Command::new("chmod").arg("+x").arg(&script))?;
+        let (chassis_line, vm_port) = if vm {
+            let vm_port = free_port(false)?;
+            (
+                format!("  serial kcs {address} {vm_port} codec VM\n"),
+                Some(vm_port),
+            )
+        } else {
+            let script = dir.path().join("chassis.sh");
+            std::fs::write(&script, chassis_script(domain, dir.path()))
+                .map_err(|e| setup(e.to_string()))?;
+            run(Command::new("chmod").arg("+x").arg(&script))?;
+            (
+                format!("  chassis_control \"{}\"\n", script.display()),
+                None,
+            )
+        };
         let (sol_line, sol_relay) = match console {
             Some(console) => {
                 let sol_port = free_port(false)?;
@@ -118,8 +208,7 @@ impl IpmiSim {
         std::fs::write(
             &conf,
             format!(
-                "name \"ubsim\"\nset_working_mc 0x20\n  startlan 1\n    addr {address} {port}\n    priv_limit admin\n    allowed_auths_callback none md5\n    allowed_auths_user none md5\n    allowed_auths_operator none md5\n    allowed_auths_admin none md5\n    guid a123456789abcdefa123456789abcdef\n  endlan\n  chassis_control \"{}\"\n{sol_line}user 2 true \"{username}\" \"{password}\" admin 10 none md5\n",
-                script.display()
+                "name \"ubsim\"\nset_working_mc 0x20\n  startlan 1\n    addr {address} {port}\n    priv_limit admin\n    allowed_auths_callback none md5\n    allowed_auths_user none md5\n    allowed_auths_operator none md5\n    allowed_auths_admin none md5\n    guid a123456789abcdefa123456789abcdef\n  endlan\n{chassis_line}{sol_line}user 2 true \"{username}\" \"{password}\" admin 10 none md5\n",
             ),
         )
         .map_err(|e| setup(e.to_string()))?;
@@ -154,6 +243,11 @@ impl IpmiSim {
         let daemon = spawn(command, &dir.path().join("ipmi_sim.log"))?;
         let this = Self {
             port,
+            vm_port,
+            address: address.to_owned(),
+            username: username.to_owned(),
+            password: password.to_owned(),
+            ns: ns.map(|ns| ns.name().to_owned()),
             _daemon: daemon,
             _sol_relay: sol_relay,
             dir,
@@ -221,6 +315,17 @@ impl IpmiSim {
     pub fn chassis_calls(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("calls.log")).unwrap_or_default()
     }
+}
+
+/// What a simulator carries beyond its LAN channel and administrator.
+#[derive(Debug, Default, Clone, Copy)]
+struct Extras<'a> {
+    /// Serial-over-LAN showing this console file.
+    console: Option<&'a Path>,
+    /// FRU device 0.
+    fru: Option<&'a [u8]>,
+    /// The BMC of a VM (QEMU's `ipmi-bmc-extern`) instead of a libvirt chassis script.
+    vm: bool,
 }
 
 /// The `chassis_control` script: `get <items>` prints `item:value` lines, `set <item>

@@ -149,6 +149,10 @@ pub struct DomainOptions {
     /// The SMBIOS system serial the guest reads (`/sys/class/dmi/id/product_serial`), set
     /// through libvirt's `<sysinfo type='smbios'>`; QEMU's default (none) when unset.
     pub smbios_serial: Option<String>,
+    /// More QEMU arguments, passed through libvirt's `<qemu:commandline>`: devices libvirt does
+    /// not model (an IPMI system interface wired to an external BMC emulator, SMBIOS
+    /// structures from a file).
+    pub qemu_args: Vec<String>,
 }
 
 /// The kernel name of the lab's `index`th data disk (`vdb` first: `vda` is the boot disk).
@@ -174,6 +178,7 @@ impl Default for DomainOptions {
             network_fallback: false,
             data_disks_gib: Vec::new(),
             smbios_serial: None,
+            qemu_args: Vec::new(),
         }
     }
 }
@@ -278,8 +283,18 @@ impl Domain {
                 )
             },
         );
+        let qemu_args: String = options
+            .qemu_args
+            .iter()
+            .map(|arg| format!("<qemu:arg value='{}'/>", xml_text(arg)))
+            .collect();
+        let qemu_commandline = if qemu_args.is_empty() {
+            String::new()
+        } else {
+            format!("<qemu:commandline>{qemu_args}</qemu:commandline>")
+        };
         let xml = format!(
-            "<domain type='{kind}'>
+            "<domain type='{kind}' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>
   <name>{name}</name>
   <uuid>{uuid}</uuid>
   <memory unit='MiB'>{memory}</memory>
@@ -301,6 +316,7 @@ impl Domain {
     <serial type='file'><source path='{console}' append='on'/><target port='0'/></serial>
     <graphics type='vnc' port='-1' listen='127.0.0.1'/>
   </devices>
+  {qemu_commandline}
 </domain>",
             disk = disk.display(),
             console = console.display(),
@@ -368,6 +384,7 @@ fn xml_text(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+        .replace('\'', "&apos;")
 }
 
 impl Drop for Domain {

@@ -131,6 +131,7 @@ pub mod fru;
 mod ipmi;
 mod libvirt;
 mod redfish;
+pub mod smbios;
 
 pub use ipmi::IpmiSim;
 pub use libvirt::{

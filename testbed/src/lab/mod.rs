@@ -254,6 +254,7 @@ impl Lab {
                     network_fallback: true,
                     data_disks_gib: lab_data_disks(i),
                     smbios_serial: None,
+                    qemu_args: Vec::new(),
                 },
             )
             .map_err(|e| step(e.to_string()))?;
