@@ -11,7 +11,11 @@ cni_version="${CNI_PLUGINS_VERSION:-v1.9.1}"
 command -v go >/dev/null || { echo "error: the Go toolchain is required (go not on PATH)" >&2; exit 1; }
 mkdir -p "$out/bin"
 cd "$out"
-export CGO_ENABLED=0 GOFLAGS=-trimpath GOBIN="$out/bin.tmp"
+export CGO_ENABLED=0 GOFLAGS="-trimpath -modcacherw" GOBIN="$out/bin.tmp"
+# This build's own Go caches, removed once the binaries are in place (as
+# testbed/scripts/build-kubernetes.sh does: a later build has other sources; a failed one
+# keeps them to resume).
+export GOCACHE="$out/cache/go-build" GOMODCACHE="$out/cache/mod"
 
 want=(containerd containerd-shim-runc-v2 ctr bridge host-local loopback portmap)
 missing=0
@@ -33,5 +37,6 @@ go install -ldflags "-s -w -X github.com/containernetworking/plugins/pkg/utils/b
   "$cni/main/loopback@$cni_version" "$cni/meta/portmap@$cni_version"
 mv "$GOBIN"/* bin/
 rmdir "$GOBIN"
+rm -rf "$out/cache"
 echo "containerd $containerd_version, cni-plugins $cni_version" >"$out/versions.txt"
 echo "node tools: built into $out/bin" >&2
