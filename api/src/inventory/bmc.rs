@@ -21,8 +21,9 @@ use super::FactOrigin;
 pub struct BmcFacts {
     /// Source and time.
     pub origin: FactOrigin,
-    /// The address to confirm into `spec.pxe.bmc.address` (see [`suggested_address`]); absent
-    /// when the machine told no address reachable from the provisioning side.
+    /// The address to confirm into `spec.pxe.bmc.address`: the LAN channel's address as
+    /// `redfish://` when the firmware announces a Redfish service, `ipmi://` otherwise; absent
+    /// without a LAN address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub suggested_address: Option<String>,

@@ -119,8 +119,8 @@ pub struct MachineInventorySpec {
     /// Firmware mode and Secure Boot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub firmware: Option<FirmwareFacts>,
-    /// The machine's own BMC as the machine sees it, with a suggested BMC address (in band
-    /// only; a suggestion, never used on its own: see [`bmc`]).
+    /// The machine's own BMC as the machine sees it (in band only), with a suggested BMC
+    /// address that nothing acts on: an operator confirms it into `spec.pxe.bmc`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bmc: Option<BmcFacts>,
     /// The last read of each source (at most one per source): when it happened and which
