@@ -211,20 +211,32 @@ fn unresolved_condition(resolution: &Resolution) -> ConditionPlan {
 /// The `Discovered` condition of a Machine that discovery created (label
 /// `unbounded-cloud.io/discovery`): `WaitingToBeClaimed` while it waits, `Claimed` once an
 /// operator or a pool set the label to `claimed`, so that the condition the bootserver
-/// wrote at discovery does not go on saying "waiting". `None` for any other Machine.
+/// wrote at discovery does not go on saying "waiting".
+///
+/// Once written it is written on every status write, also after the label is gone
+/// (`has_condition`: the Machine carries a `Discovered` condition; then `Claimed`) and while
+/// the Machine is deleted. The bootserver wrote the condition first, so its field manager
+/// still owns the fields both wrote alike (type, status, transition time): a controller
+/// write without the condition would drop only the controller's reason and message, and the
+/// API server refuses the entry that is left (a claimed discovered Machine then stayed
+/// `Deleting` for ever). `None` for any other Machine.
 pub fn discovered_condition(
     labels: &std::collections::BTreeMap<String, String>,
+    has_condition: bool,
 ) -> Option<ConditionPlan> {
     use unbounded_api::well_known::{discovery, labels::DISCOVERY};
-    let (reason, message) = match labels.get(DISCOVERY)?.as_str() {
-        discovery::WAITING => (
-            reasons::AWAITING_CLAIM,
-            "discovered by network boot; claim it (label unbounded-cloud.io/discovery=claimed, or a MachinePool) to provision it",
-        ),
-        discovery::CLAIMED => (
-            reasons::CLAIMED,
-            "discovered by network boot and claimed; provisioned like any other Machine",
-        ),
+    let waiting = (
+        reasons::AWAITING_CLAIM,
+        "discovered by network boot; claim it (label unbounded-cloud.io/discovery=claimed, or a MachinePool) to provision it",
+    );
+    let claimed = (
+        reasons::CLAIMED,
+        "discovered by network boot and claimed; provisioned like any other Machine",
+    );
+    let (reason, message) = match labels.get(DISCOVERY).map(String::as_str) {
+        Some(discovery::WAITING) => waiting,
+        Some(discovery::CLAIMED) => claimed,
+        _ if has_condition => claimed,
         _ => return None,
     };
     Some(ConditionPlan {
@@ -460,18 +472,27 @@ mod tests {
     fn the_discovered_condition_follows_the_label() {
         let discovery = unbounded_api::well_known::labels::DISCOVERY;
         let cases = [
-            (None, None),
-            (Some("waiting"), Some(reasons::AWAITING_CLAIM)),
-            (Some("claimed"), Some(reasons::CLAIMED)),
-            (Some("something else"), None),
+            (None, false, None),
+            (Some("waiting"), false, Some(reasons::AWAITING_CLAIM)),
+            (Some("claimed"), false, Some(reasons::CLAIMED)),
+            (Some("something else"), false, None),
+            (Some("waiting"), true, Some(reasons::AWAITING_CLAIM)),
+            (Some("claimed"), true, Some(reasons::CLAIMED)),
+            // The label gone or changed, the condition written: kept, as claimed.
+            (None, true, Some(reasons::CLAIMED)),
+            (Some("something else"), true, Some(reasons::CLAIMED)),
         ];
-        for (value, reason) in cases {
+        for (value, has_condition, reason) in cases {
             let labels: std::collections::BTreeMap<String, String> = value
                 .map(|v| (discovery.to_owned(), v.to_owned()))
                 .into_iter()
                 .collect();
-            let plan = discovered_condition(&labels);
-            assert_eq!(plan.as_ref().map(|p| p.reason), reason, "{value:?}");
+            let plan = discovered_condition(&labels, has_condition);
+            assert_eq!(
+                plan.as_ref().map(|p| p.reason),
+                reason,
+                "{value:?} {has_condition}"
+            );
             assert!(plan.is_none_or(|p| p.status && p.type_ == "Discovered"));
         }
     }

@@ -142,7 +142,7 @@ async fn apply(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
         reason,
         message,
     });
-    let discovered_plan = crate::lifecycle::discovered_condition(machine.labels());
+    let discovered_plan = discovered_plan(machine, &status);
 
     // Lock first, then record: a Machine must never run a version that can still change.
     if let Some(configuration) = &plan.configuration {
@@ -452,11 +452,22 @@ async fn write_status(
     }
 }
 
+/// The `Discovered` condition this Machine's every status write carries
+/// ([`crate::lifecycle::discovered_condition`] says why also while it is deleted).
+fn discovered_plan(
+    machine: &Machine,
+    status: &unbounded_api::MachineStatus,
+) -> Option<crate::lifecycle::ConditionPlan> {
+    let has_condition = condition::find(&status.conditions, conditions::DISCOVERED).is_some();
+    crate::lifecycle::discovered_condition(machine.labels(), has_condition)
+}
+
 /// Deletion: drain and delete the Node, then wait until every provider has released the
 /// infrastructure (removed its own finalizer). Every step is idempotent.
 async fn cleanup(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
     let status = machine.status.clone().unwrap_or_default();
     let node_name = machine.node_name();
+    let discovered = discovered_plan(machine, &status);
     write_status(
         machine,
         &status,
@@ -464,7 +475,7 @@ async fn cleanup(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
         &status.node_ref,
         status.kubelet_version.as_deref(),
         MachinePhase::Deleting,
-        &[],
+        &discovered.iter().collect::<Vec<_>>(),
         ctx,
     )
     .await?;
@@ -593,6 +604,7 @@ async fn release_disks(
         ctx.event(machine, EventType::Warning, reason, message.clone())
             .await;
     }
+    let discovered = discovered_plan(machine, status);
     write_status(
         machine,
         status,
@@ -600,7 +612,9 @@ async fn release_disks(
         &status.node_ref,
         status.kubelet_version.as_deref(),
         MachinePhase::Deleting,
-        &[&plan],
+        &std::iter::once(&plan)
+            .chain(discovered.as_ref())
+            .collect::<Vec<_>>(),
         ctx,
     )
     .await?;

@@ -8,6 +8,7 @@ mod common;
 use common::*;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use unbounded_api::well_known::{annotations, conditions, reasons};
@@ -888,4 +889,82 @@ spec:
             "{name} was repaved"
         );
     }
+}
+
+/// A Machine discovery created — its `Discovered` condition written first by the
+/// bootserver's field manager, as `discovery_writes` does — then claimed, then deleted. The
+/// controller's status writes must keep the shared condition whole: without it, the API
+/// server refused the entry left behind (no reason, no message) and the Machine stayed
+/// `Deleting` for ever (seen in `scenario discovery`).
+#[tokio::test]
+async fn a_claimed_discovered_machine_is_deleted() {
+    start_controller();
+    let client = client().await;
+    let machines: Api<Machine> = Api::all(client.clone());
+    let name = "rule-discovered";
+    create_machine(
+        &client,
+        name,
+        json!({"unbounded-cloud.io/discovery": "waiting"}),
+        json!({"provider": "pxe", "pxe": {"macAddresses": ["52:54:00:d1:5c:01"]}}),
+    )
+    .await;
+    let discovered = unbounded_api::condition::new_condition(
+        conditions::DISCOVERED,
+        true,
+        reasons::AWAITING_CLAIM,
+        "discovered by network boot; claim it (label unbounded-cloud.io/discovery=claimed, or a MachinePool) to provision it",
+        None,
+    );
+    machines
+        .patch_status(
+            name,
+            &PatchParams::apply("unbounded-bootserver-discovery").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "unbounded-cloud.io/v1alpha1", "kind": "Machine",
+                "status": {"phase": "Pending", "conditions": [discovered]},
+            })),
+        )
+        .await
+        .unwrap();
+    let reason_is = |want: &'static str| {
+        let client = client.clone();
+        move || {
+            let client = client.clone();
+            async move {
+                let m = machine(&client, name).await;
+                let status = m.status.clone().unwrap_or_default();
+                unbounded_api::condition::find(&status.conditions, conditions::DISCOVERED)
+                    .filter(|c| c.reason == want && !m.finalizers().is_empty())
+                    .map(|_| ())
+            }
+        }
+    };
+    wait_for(
+        "the controller's Discovered condition",
+        reason_is(reasons::AWAITING_CLAIM),
+    )
+    .await;
+    machines
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"labels": {"unbounded-cloud.io/discovery": "claimed"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    wait_for("Discovered=Claimed", reason_is(reasons::CLAIMED)).await;
+    machines
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("the claimed discovered Machine gone", || async {
+        match machines.get_opt(name).await.unwrap() {
+            None => Some(()),
+            Some(_) => None,
+        }
+    })
+    .await;
 }

@@ -28,10 +28,9 @@
 //!    larger VM and only it (the smaller sorts first by name, so a pool ignoring the
 //!    requirement would take it); the smaller stays `waiting`, `Pending`, in no pool.
 //! 5. The claimed Machine becomes `Running` with a Ready Node. It is powered on already (a
-//!    claim power-cycles only a Machine found off): its inspection agent reports again every
-//!    5 minutes, is answered 409 `known` once the Machine is claimed, and reboots the VM into
-//!    its network boot, which now serves the Machine's own script. So this step takes up to
-//!    5 minutes more than a boot.
+//!    claim power-cycles only a Machine found off): its inspection agent asks every 15 s
+//!    whether it was claimed, is answered 409 `known` once it is, and reboots the VM into its
+//!    network boot, which now serves the Machine's own script.
 //! 6. Clean-up, also after a failure, and first of all a killed run's leftovers: both
 //!    Machines are deleted while their VMs run (the provider powers them off through their
 //!    BMCs; their MachineInventories go with them), then the pool, the VMs, and the Node.
@@ -56,6 +55,9 @@ const POOL: &str = "tb-discovery";
 const REPORT_CYCLE: Duration = Duration::from_secs(300 + 35);
 /// Memory as the guest counts it may differ from the domain's by this share.
 const MEMORY_TOLERANCE: f64 = 0.05;
+/// How often a waiting inspection agent asks whether it was claimed
+/// (`unbounded_agent::inspect::CLAIM_POLL`; the testbed does not depend on the agent).
+const CLAIM_POLL: Duration = Duration::from_secs(15);
 
 /// One VM the scenario boots.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -842,8 +844,8 @@ fn run(
         },
     )?;
     say(&format!(
-        "discovery: {big} claimed; waiting for its inspection agent's next report (up to {} s), its reboot and its Node",
-        REPORT_CYCLE.as_secs()
+        "discovery: {big} claimed; waiting for its inspection agent's claim poll (every {} s), its reboot and its Node",
+        CLAIM_POLL.as_secs()
     ));
     check_left_alone(lab, &small)?;
 
