@@ -15,22 +15,19 @@ use unbounded_testbed::bmc::IpmiSim;
 const USER: &str = "admin";
 const PASSWORD: &str = "lan-test-pw";
 
+/// `ipmitool` over IPMI-over-LAN to a BMC on loopback `port`, with `extra` options.
+fn ipmitool_at(port: &str, extra: &[&str]) -> Vec<String> {
+    let base = ["ipmitool", "-I", "lan", "-H", "127.0.0.1", "-p", port];
+    let login = ["-U", USER, "-P", PASSWORD];
+    base.iter()
+        .chain(&login)
+        .chain(extra)
+        .map(|s| (*s).to_owned())
+        .collect()
+}
+
 fn ipmitool(bmc: &IpmiSim) -> Vec<String> {
-    [
-        "ipmitool",
-        "-I",
-        "lan",
-        "-H",
-        "127.0.0.1",
-        "-p",
-        &bmc.port.to_string(),
-        "-U",
-        USER,
-        "-P",
-        PASSWORD,
-    ]
-    .map(str::to_owned)
-    .to_vec()
+    ipmitool_at(&bmc.port.to_string(), &[])
 }
 
 fn lan_set(bmc: &IpmiSim, args: &[&str]) {
@@ -76,24 +73,7 @@ async fn a_bmc_that_does_not_answer_gives_nothing() {
     let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let port = socket.local_addr().unwrap().port().to_string();
     drop(socket);
-    let command = [
-        "ipmitool",
-        "-I",
-        "lan",
-        "-H",
-        "127.0.0.1",
-        "-p",
-        &port,
-        "-U",
-        USER,
-        "-P",
-        PASSWORD,
-        "-R",
-        "1",
-        "-N",
-        "1",
-    ]
-    .map(str::to_owned);
+    let command = ipmitool_at(&port, &["-R", "1", "-N", "1"]);
     assert_eq!(read_ipmi_lan(&command).await, None);
     // Nor does a program that is not there.
     assert_eq!(

@@ -10,12 +10,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
 
 use std::collections::BTreeMap;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use unbounded_agent::inventory::lldp_capture::{Listener, attach, capture};
 use unbounded_api::inventory::{FactOrigin, FactSource, LldpNeighbour, Nic, NicFacts};
+use unbounded_testbed::lldp::Lldpd;
 use unbounded_testbed::netns::{Link, Netns};
 
 const SWITCH_MAC: &str = "02:11:22:33:44:55";
@@ -49,62 +50,6 @@ fn can_run(test: &str) -> bool {
             eprintln!("SKIPPED {test}: needs root and lldpd: {why}");
             false
         }
-    }
-}
-
-/// lldpd in `ns` announcing on `interface` every 2 s; killed on drop.
-struct Lldpd {
-    child: Child,
-    dir: tempfile::TempDir,
-}
-
-impl Lldpd {
-    fn start(ns: &Netns, interface: &str, system_name: &str, port_description: &str) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        // lldpd's configuration runs through lldpcli as lldpd's own unprivileged user: it
-        // must reach the control socket in this directory.
-        std::fs::set_permissions(
-            dir.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )
-        .unwrap();
-        let config = dir.path().join("lldpd.conf");
-        std::fs::write(
-            &config,
-            format!(
-                "configure system hostname {system_name}\n\
-                 configure lldp tx-interval 2\n\
-                 configure lldp portidsubtype ifname\n\
-                 configure ports {interface} lldp portdescription \"{port_description}\"\n"
-            ),
-        )
-        .unwrap();
-        let log = std::fs::File::create(dir.path().join("lldpd.log")).unwrap();
-        let child = ns
-            .command("lldpd")
-            .arg("-d")
-            .arg("-u")
-            .arg(dir.path().join("lldpd.socket"))
-            .args(["-I", interface, "-C", interface])
-            .arg("-O")
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        Self { child, dir }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("lldpd.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Lldpd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -157,7 +102,13 @@ fn the_switch_port_lldpd_announces_is_heard() {
         return;
     }
     let link = link();
-    let lldpd = Lldpd::start(&link.server, &link.server_if, "leaf-test-1", "server r1u7");
+    let lldpd = Lldpd::start(
+        link.server.name(),
+        &link.server_if,
+        "leaf-test-1",
+        Some("server r1u7"),
+    )
+    .unwrap();
     let listeners = vec![Listener {
         interface: link.client_if.clone(),
         mac: SERVER_MAC.into(),
@@ -196,7 +147,13 @@ fn a_silent_link_gets_no_neighbour_and_does_not_hold_the_others() {
         return;
     }
     let link = link();
-    let _lldpd = Lldpd::start(&link.server, &link.server_if, "leaf-test-2", "server r1u8");
+    let _lldpd = Lldpd::start(
+        link.server.name(),
+        &link.server_if,
+        "leaf-test-2",
+        Some("server r1u8"),
+    )
+    .unwrap();
     // A second veth pair inside the server's namespace: link up, nobody sending.
     let server = &link.client;
     server

@@ -35,8 +35,8 @@
 //!    Machines are deleted while their VMs run (the provider powers them off through their
 //!    BMCs; their MachineInventories go with them), then the pool, the VMs, and the Node.
 //!
-//! No LLDP sender: the agent's capture against a real `lldpd` is tested in
-//! `agent/tests/lldp.rs`; here each inspection waits the capture's full 35 s.
+//! A switch: `lldpd` on the lab's bridge (in the lab's namespace), whose frames reach every
+//! VM; each discovered VM's boot NIC must have heard it (system name `tb-switch`, port `br0`).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -104,6 +104,10 @@ pub enum InBandBmc {
     },
 }
 
+/// The LLDP sender's system name and port: lldpd on the lab's bridge.
+const SWITCH_NAME: &str = "tb-switch";
+const SWITCH_PORT: &str = "br0";
+
 /// The Redfish host interface's service address in the second VM's SMBIOS type 42.
 const HOST_INTERFACE_SERVICE: [u8; 4] = [169, 254, 95, 118];
 
@@ -133,6 +137,7 @@ pub fn expected_vms(pid: u32) -> Vec<Expected> {
                 serial: format!("TB-DISCO-{pid}-{index}"),
                 shape,
                 bmc,
+                switch: None,
             }
         })
         .collect()
@@ -158,6 +163,9 @@ pub struct Expected {
     pub serial: String,
     /// The BMC inside it.
     pub bmc: InBandBmc,
+    /// The system name of the LLDP sender on the lab's bridge, when one runs: the NIC the VM
+    /// booted from hears it on port `br0`.
+    pub switch: Option<String>,
 }
 
 impl Expected {
@@ -251,7 +259,20 @@ pub fn inventory_problems(expected: &Expected, inventory: &MachineInventorySpec)
                     "NIC {} ({}): pxeBooted {}, link {}; both should be true",
                     nic.name, nic.mac, nic.pxe_booted, nic.link
                 )),
-                Some(_) => {}
+                Some(nic) => {
+                    let heard = nic
+                        .lldp
+                        .as_ref()
+                        .map(|l| (l.system_name.as_deref(), l.port_id.as_str()));
+                    if let Some(switch) = &expected.switch
+                        && heard != Some((Some(switch.as_str()), SWITCH_PORT))
+                    {
+                        say(format!(
+                            "NIC {} heard LLDP {heard:?}, not {switch} port {SWITCH_PORT}",
+                            nic.name
+                        ));
+                    }
+                }
             }
         }
     }
@@ -667,11 +688,30 @@ pub fn discovery(
     timeout: Duration,
     say: &dyn Fn(&str),
 ) -> Result<DiscoveryFigures, LabError> {
-    let expected = expected_vms(std::process::id());
+    let mut expected = expected_vms(std::process::id());
     let names: Vec<String> = expected.iter().map(Expected::machine_name).collect();
     // A killed run's leftovers would turn this run's reports into updates, and its VMs
     // would answer with this run's MACs.
     clean_up(lab, &names, None)?;
+    // A switch on the provisioning network: lldpd on the lab's bridge (a lab that an older
+    // testbed started does not say its namespace; then no sender, and no LLDP expected).
+    let _switch = match lab.netns() {
+        Some(netns) => {
+            let switch = crate::lldp::Lldpd::start(&netns, SWITCH_PORT, SWITCH_NAME, None)
+                .map_err(|e| step(e.to_string()))?;
+            say(&format!(
+                "discovery: LLDP sender {SWITCH_NAME} on {SWITCH_PORT} in {netns}"
+            ));
+            for vm in &mut expected {
+                vm.switch = Some(SWITCH_NAME.to_owned());
+            }
+            Some(switch)
+        }
+        None => {
+            say("discovery: the lab does not say its namespace: no LLDP sender");
+            None
+        }
+    };
     // Defined domains are destroyed and undefined when `Vms` drops, a failed start included.
     let vms = Vms::start(expected, say)?;
     let result = run(lab, &vms, timeout, say).map_err(|e| step(format!("{e}\n{}", vms.consoles())));
@@ -934,7 +974,9 @@ mod tests {
     use super::*;
 
     fn small() -> Expected {
-        expected_vms(4_194_304).remove(0)
+        let mut vm = expected_vms(4_194_304).remove(0);
+        vm.switch = Some(SWITCH_NAME.to_owned());
+        vm
     }
 
     /// What the agent reports for [`small`] (its shape as a QEMU guest would show it).
@@ -953,7 +995,8 @@ mod tests {
             "memory": {"origin": origin, "totalBytes": i64::from(vm.shape.memory_mib) << 20},
             "disks": {"origin": origin, "devices": disks},
             "nics": {"origin": origin, "interfaces": [
-                {"name": "ens3", "mac": vm.mac, "link": true, "pxeBooted": true}
+                {"name": "ens3", "mac": vm.mac, "link": true, "pxeBooted": true,
+                 "lldp": {"chassisId": "02:00:00:00:00:01", "portId": SWITCH_PORT, "systemName": SWITCH_NAME}}
             ]},
             "system": {"origin": origin, "vendor": "QEMU", "serial": vm.serial},
             "pci": {"origin": origin, "devices": []},
@@ -994,7 +1037,7 @@ mod tests {
         );
 
         type Change = fn(&mut MachineInventorySpec);
-        let cases: [(&str, Change, &str); 14] = [
+        let cases: [(&str, Change, &str); 15] = [
             (
                 "CPUs",
                 |i| i.cpu.as_mut().unwrap().threads = 2,
@@ -1076,6 +1119,11 @@ mod tests {
                 "suggested BMC address",
             ),
             ("no BMC read", |i| i.bmc = None, "no bmc section"),
+            (
+                "no switch heard",
+                |i| i.nics.as_mut().unwrap().interfaces[0].lldp = None,
+                "heard LLDP None",
+            ),
         ];
         for (what, change, expected) in cases {
             let mut inventory = reported(&vm);

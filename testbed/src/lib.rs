@@ -17,6 +17,7 @@ pub mod in_place_scenario;
 pub mod kubelet_scenario;
 pub mod lab;
 pub mod leaks;
+pub mod lldp;
 pub mod netns;
 pub mod oci;
 pub mod overlay;

@@ -25,6 +25,8 @@ pub trait LabAccess {
     fn console(&self, machine: &str) -> String;
     /// The registry, the images pushed and the bootserver's URL, when the lab runs the pods.
     fn pods(&self) -> Option<PodsInfo>;
+    /// The provisioning network's namespace (its bridge is `br0`), when known.
+    fn netns(&self) -> Option<String>;
 }
 
 pub(crate) type Lab = dyn LabAccess;

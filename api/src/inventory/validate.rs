@@ -191,14 +191,7 @@ pub fn validate(spec: &MachineInventorySpec) -> Result<(), InventoryError> {
         ] {
             opt_text(field, value.as_deref(), max)?;
         }
-        if let Some(uuid) = &system.uuid
-            && !is_uuid(uuid)
-        {
-            return Err(bad_format(
-                "system.uuid",
-                "a UUID such as 4c4c4544-0042-3510-8052-b4c04f4e3732",
-            ));
-        }
+        opt_uuid("system.uuid", system.uuid.as_deref())?;
     }
     if let Some(pci) = &spec.pci {
         count("pci.devices", pci.devices.len(), MAX_PCI_DEVICES)?;
@@ -269,14 +262,10 @@ fn validate_bmc(bmc: &super::BmcFacts) -> Result<(), InventoryError> {
             1,
             65_535,
         )?;
-        if let Some(uuid) = &redfish.service_uuid
-            && !is_uuid(uuid)
-        {
-            return Err(bad_format(
-                "bmc.redfishHostInterface.serviceUuid",
-                "a UUID such as 4c4c4544-0042-3510-8052-b4c04f4e3732",
-            ));
-        }
+        opt_uuid(
+            "bmc.redfishHostInterface.serviceUuid",
+            redfish.service_uuid.as_deref(),
+        )?;
         if let Some(hostname) = &redfish.hostname {
             text("bmc.redfishHostInterface.hostname", hostname, 253)?;
             if !hostname
@@ -299,6 +288,16 @@ fn validate_bmc(bmc: &super::BmcFacts) -> Result<(), InventoryError> {
         ));
     }
     Ok(())
+}
+
+fn opt_uuid(field: &str, value: Option<&str>) -> Result<(), InventoryError> {
+    match value {
+        Some(uuid) if !is_uuid(uuid) => Err(bad_format(
+            field,
+            "a UUID such as 4c4c4544-0042-3510-8052-b4c04f4e3732",
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn bad_format(field: &str, expected: &'static str) -> InventoryError {

@@ -198,6 +198,7 @@ pub(crate) fn serve(options: LabOptions) -> Result<(), CliError> {
             .map(|m| (m.name.clone(), m.domain.console_path()))
             .collect(),
         pods: lab.appliance().map(|a| a.info.clone()),
+        netns: Some(lab.netns_name().to_owned()),
     }
     .save()?;
     say(&format!("READY {}", lab.kubeconfig.display()));

@@ -136,7 +136,7 @@ pub struct Lab {
     _forward: LoopbackForward,
     /// The control plane.
     pub plane: LocalControlPlane,
-    _ns: Netns,
+    ns: Netns,
     /// Where logs and generated files are.
     pub dir: PathBuf,
     /// The admin kubeconfig.
@@ -290,7 +290,7 @@ impl Lab {
             libvirtd,
             _forward: forward,
             plane,
-            _ns: ns,
+            ns,
             dir: options.dir.clone(),
             kubeconfig,
             powered_on: BTreeMap::new(),

@@ -29,6 +29,17 @@ impl crate::scenario::LabAccess for Lab {
     fn pods(&self) -> Option<PodsInfo> {
         self.appliance().map(|a| a.info.clone())
     }
+
+    fn netns(&self) -> Option<String> {
+        Some(self.ns.name().to_owned())
+    }
+}
+
+impl Lab {
+    /// The provisioning network's namespace.
+    pub fn netns_name(&self) -> &str {
+        self.ns.name()
+    }
 }
 
 /// What `testbed up` records about the lab it left running (`<cache>/testbed/state.json`).
@@ -49,6 +60,9 @@ pub struct RunningLab {
     /// What a lab running the pods offers scenarios (absent for host binaries).
     #[serde(default)]
     pub pods: Option<PodsInfo>,
+    /// The provisioning network's namespace (absent in a state an older testbed wrote).
+    #[serde(default)]
+    pub netns: Option<String>,
 }
 
 impl RunningLab {
@@ -98,6 +112,10 @@ impl crate::scenario::LabAccess for RunningLab {
 
     fn pods(&self) -> Option<PodsInfo> {
         self.pods.clone()
+    }
+
+    fn netns(&self) -> Option<String> {
+        self.netns.clone()
     }
 }
 
