@@ -6,7 +6,9 @@
 //! Ready Nodes. Then the reduced day-2 scenario of the appliance runs: a rolling update
 //! repaves both machines in one batch onto their data disks (`storage: {}`), and the leading
 //! controller pod is deleted in the middle of it; both come back Ready on the new version,
-//! their node state on the disk.
+//! their node state on the disk. Then the reduced discovery: a VM nobody declared, an IPMI
+//! BMC inside it and a switch (lldpd) on the bridge, becomes a waiting Machine whose
+//! inventory says its shape, its switch port and its BMC's address.
 //!
 //! The host, node and container images come from the image cache (`unbounded-testbed
 //! images --containers`, which the test command runs first); the controller binary that the
@@ -14,11 +16,11 @@
 
 use std::time::Duration;
 
-use unbounded_testbed::appliance_scenarios;
 use unbounded_testbed::images;
 use unbounded_testbed::lab::{Lab, LabMode, LabOptions};
 use unbounded_testbed::progress;
 use unbounded_testbed::scenario::{self, LabAccess as _};
+use unbounded_testbed::{appliance_scenarios, discovery_scenario};
 
 mod common;
 use common::workspace_binary;
@@ -95,6 +97,23 @@ fn the_appliance_runs_deploy_as_pods_that_boot_machines_to_ready_nodes() {
         failover.bound.as_secs(),
         failover.rollout.as_secs_f64()
     );
+
+    // The reduced discovery: a server nobody declared, with a BMC inside and a switch on
+    // the bridge, becomes a waiting Machine with its inventory (`scenario discovery` runs
+    // the rest: the pool's claim and the Ready Node).
+    let discovered = discovery_scenario::discovery(
+        &lab,
+        discovery_scenario::Depth::Reduced,
+        Duration::from_secs(300),
+        &say,
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
+    for (machine, took) in &discovered.discovered {
+        eprintln!(
+            "discovery: {machine} discovered {:.0} s after power-on",
+            took.as_secs_f64()
+        );
+    }
 
     // No BMC password, token or bootstrap token in any component's log, pod log or console.
     let leaks = lab.secret_leaks();

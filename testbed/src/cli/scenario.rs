@@ -58,17 +58,20 @@ pub(crate) fn run_scenario(name: ScenarioName, onto_disks: bool) -> Result<(), C
             ),
             ScenarioName::Disks => unbounded_testbed::disk_scenario::disks(&lab, timeout, &say).map(|_| ()),
             ScenarioName::Discovery => {
-                unbounded_testbed::discovery_scenario::discovery(&lab, timeout, &say).map(|f| {
+                use unbounded_testbed::discovery_scenario::{Depth, discovery};
+                discovery(&lab, Depth::Full, timeout, &say).map(|f| {
                     for (machine, took) in &f.discovered {
                         say(&format!(
                             "discovery: {machine} discovered {:.0} s after power-on",
                             took.as_secs_f64()
                         ));
                     }
-                    say(&format!(
-                        "discovery: pool created → claimed Machine Running with a Ready Node in {:.0} s",
-                        f.claimed_to_running.as_secs_f64()
-                    ));
+                    if let Some(took) = f.claimed_to_running {
+                        say(&format!(
+                            "discovery: pool created → claimed Machine Running with a Ready Node in {:.0} s",
+                            took.as_secs_f64()
+                        ));
+                    }
                 })
             }
             ScenarioName::InPlace => {
