@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 use std::time::Duration;
 
-use unbounded_api::inventory::bmc::suggested_address;
+use unbounded_api::inventory::bmc::{IP_SOURCES, suggested_address};
 use unbounded_api::inventory::{BmcFacts, FactOrigin, IpmiLan, RedfishHostInterface};
 
 /// The LAN channels asked, in order: 1 on most servers, 2 on some (HPE), 8 on others. The
@@ -33,17 +33,13 @@ pub fn parse_lan_print(channel: i32, output: &str) -> Option<IpmiLan> {
         })
     };
     let ip_address = field("IP Address")?.parse::<Ipv4Addr>().ok()?.to_string();
+    // "Static Address", "DHCP Address", "BIOS Assigned Address", "Other"; "Unspecified" is none.
     let ip_source = field("IP Address Source").and_then(|s| {
         let s = s.to_ascii_lowercase();
-        [
-            ("static", "static"),
-            ("dhcp", "dhcp"),
-            ("bios", "bios"),
-            ("other", "other"),
-        ]
-        .into_iter()
-        .find(|(word, _)| s.starts_with(word))
-        .map(|(_, name)| name.to_owned())
+        IP_SOURCES
+            .into_iter()
+            .find(|word| s.starts_with(word))
+            .map(str::to_owned)
     });
     // `MAC Address : 52:54:00:aa:bb:cc` keeps its colons after the first split.
     let mac = output.lines().find_map(|line| {
