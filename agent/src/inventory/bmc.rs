@@ -118,13 +118,7 @@ fn parse_redfish_over_ip(data: &[u8]) -> Option<RedfishHostInterface> {
                 .map(|b| char::from(*b))
                 .collect::<String>()
         })
-        .filter(|name| {
-            !name.is_empty()
-                && name.len() <= 253
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
-        });
+        .filter(|name| unbounded_api::inventory::bmc::is_hostname(name));
     Some(RedfishHostInterface {
         service_address: service_address.to_string(),
         port: i32::from(port),

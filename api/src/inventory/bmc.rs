@@ -96,6 +96,15 @@ pub fn suggested_address(
     Some(format!("{scheme}://{ip}"))
 }
 
+/// Whether `name` is a host name as [`RedfishHostInterface::hostname`] takes it: letters,
+/// digits, `-` and `.`, 1 to 253 characters.
+pub fn is_hostname(name: &str) -> bool {
+    (1..=253).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+}
+
 /// `dhcp` and the others, as [`IpmiLan::ip_source`] writes them.
 pub const IP_SOURCES: [&str; 4] = ["static", "dhcp", "bios", "other"];
 

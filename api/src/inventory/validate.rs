@@ -268,10 +268,7 @@ fn validate_bmc(bmc: &super::BmcFacts) -> Result<(), InventoryError> {
         )?;
         if let Some(hostname) = &redfish.hostname {
             text("bmc.redfishHostInterface.hostname", hostname, 253)?;
-            if !hostname
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
-            {
+            if !super::bmc::is_hostname(hostname) {
                 return Err(bad_format(
                     "bmc.redfishHostInterface.hostname",
                     "a host name (letters, digits, '-' and '.')",

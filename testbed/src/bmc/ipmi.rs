@@ -24,8 +24,7 @@ pub struct IpmiSim {
     /// inside a VM ([`Self::start_for_vm`]).
     pub vm_port: Option<u16>,
     address: String,
-    username: String,
-    password: String,
+    login: Login,
     ns: Option<String>,
     _daemon: Daemon,
     _sol_relay: Option<Daemon>,
@@ -113,11 +112,30 @@ impl IpmiSim {
             };
             ipmitool
                 .args(["-I", "lanplus", "-C", "3", "-H", &self.address])
-                .args(["-p", &self.port.to_string(), "-U", &self.username, "-E"])
+                .args([
+                    "-p",
+                    &self.port.to_string(),
+                    "-U",
+                    &self.login.username,
+                    "-E",
+                ])
                 .args(["lan", "set", "1"])
                 .args(args)
-                .env("IPMI_PASSWORD", &self.password);
-            run(&mut ipmitool)?;
+                .env("IPMI_PASSWORD", &self.login.password)
+                .stdin(Stdio::null());
+            // Not `run`: its error shows the command, and this one's environment holds the
+            // password.
+            let output = ipmitool
+                .output()
+                .map_err(|e| setup(format!("ipmitool lan set 1 {args:?}: {e}")))?;
+            if !output.status.success() {
+                return Err(setup(format!(
+                    "ipmitool lan set 1 {args:?} on {}:{}: {}",
+                    self.address,
+                    self.port,
+                    String::from_utf8_lossy(&output.stderr).trim()
+                )));
+            }
         }
         Ok(())
     }
@@ -245,8 +263,10 @@ impl IpmiSim {
             port,
             vm_port,
             address: address.to_owned(),
-            username: username.to_owned(),
-            password: password.to_owned(),
+            login: Login {
+                username: username.to_owned(),
+                password: password.to_owned(),
+            },
             ns: ns.map(|ns| ns.name().to_owned()),
             _daemon: daemon,
             _sol_relay: sol_relay,
@@ -314,6 +334,20 @@ impl IpmiSim {
     /// The chassis calls so far (`get power`, `set power 1`, `set boot pxe`, …).
     pub fn chassis_calls(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("calls.log")).unwrap_or_default()
+    }
+}
+
+/// The administrator [`IpmiSim::set_lan`] logs in as; its `Debug` leaves the password out.
+struct Login {
+    username: String,
+    password: String,
+}
+
+impl std::fmt::Debug for Login {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Login")
+            .field("username", &self.username)
+            .finish_non_exhaustive()
     }
 }
 
