@@ -23,6 +23,7 @@ pub mod oci;
 pub mod overlay;
 pub mod plugin_scenario;
 pub mod pool_scenario;
+pub mod ports;
 pub mod process;
 pub mod progress;
 pub mod qemu;

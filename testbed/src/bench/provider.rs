@@ -19,6 +19,7 @@ use super::controller::probe::{self, RequestCounts};
 use super::proc::Daemon;
 use super::report::{Better, Cell, Report, Row};
 use crate::cluster::LocalControlPlane;
+use crate::ports::{Protocol, free_loopback_port};
 
 /// The provider benchmark's size.
 #[derive(Debug, Clone, Copy)]
@@ -202,10 +203,7 @@ async fn api_counts(client: &kube::Client) -> Result<RequestCounts, String> {
 }
 
 fn free_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| e.to_string())
+    free_loopback_port(Protocol::Tcp).map_err(|e| e.to_string())
 }
 
 /// Counters at one moment.

@@ -13,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::netns::Netns;
+use crate::ports::{Protocol, free_loopback_port};
 
 /// Errors of the BMC plumbing.
 #[derive(Debug, thiserror::Error)]
@@ -117,14 +118,10 @@ fn daemon_command(ns: Option<&Netns>, program: &Path) -> Command {
     command
 }
 
-/// A free TCP or UDP port on loopback (bound once and released).
+/// A free TCP or UDP port on loopback (see [`crate::ports`]).
 pub fn free_port(udp: bool) -> Result<u16, BmcError> {
-    let port = if udp {
-        std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr())
-    } else {
-        std::net::TcpListener::bind("127.0.0.1:0").and_then(|s| s.local_addr())
-    };
-    port.map(|a| a.port()).map_err(|e| setup(e.to_string()))
+    let protocol = if udp { Protocol::Udp } else { Protocol::Tcp };
+    free_loopback_port(protocol).map_err(|e| setup(e.to_string()))
 }
 
 pub mod fru;

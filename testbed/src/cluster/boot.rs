@@ -2,7 +2,6 @@
 //! (each waited for), the CRDs and policies.
 
 use std::fs;
-use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -14,6 +13,7 @@ use super::pki::{generate_pki, write_kubeconfig};
 use super::{
     ClusterError, Lifetime, LocalControlPlane, READY_TIMEOUT, cache_dir, deploy_dir, io_err,
 };
+use crate::ports::{Protocol, free_loopback_port};
 
 /// A Machine created (dry run) to see [`PlaneOptions::finalizer_at_creation`]'s policy act.
 const FINALIZER_PROBE: &str = "apiVersion: unbounded-cloud.io/v1alpha1
@@ -379,12 +379,7 @@ pub(super) fn new_data_dir(lifetime: Lifetime) -> Result<PathBuf, ClusterError> 
 }
 
 pub(super) fn free_port() -> Result<u16, ClusterError> {
-    let listener =
-        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(io_err("finding a free port"))?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(io_err("reading a free port"))
+    free_loopback_port(Protocol::Tcp).map_err(io_err("finding a free port"))
 }
 
 pub(super) fn tail(path: &Path, lines: usize) -> String {

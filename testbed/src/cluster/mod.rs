@@ -230,18 +230,25 @@ impl LocalControlPlane {
             "openssl",
             "run scripts/install-deps.sh (Debian package openssl)",
         )?;
-        let dir = new_data_dir(lifetime)?;
-        let mut plane = Self {
-            kubeconfig: dir.join("admin.kubeconfig"),
-            server: String::new(),
-            dir,
-            binaries,
-            children: Vec::new(),
-            lifetime,
-            options,
-        };
-        plane.boot()?;
-        Ok(plane)
+        let mut attempt = 1;
+        loop {
+            let dir = new_data_dir(lifetime)?;
+            let mut plane = Self {
+                kubeconfig: dir.join("admin.kubeconfig"),
+                server: String::new(),
+                dir,
+                binaries: binaries.clone(),
+                children: Vec::new(),
+                lifetime,
+                options,
+            };
+            match plane.boot() {
+                Ok(()) => return Ok(plane),
+                // Dropping the plane stops what it started and removes its directory.
+                Err(e) if attempt < PORT_ATTEMPTS && lost_a_port(&e) => attempt += 1,
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// The admin kubeconfig.
@@ -344,6 +351,17 @@ impl Drop for LocalControlPlane {
     }
 }
 
+/// How many times a start-up that lost a port is tried, each with new ports.
+const PORT_ATTEMPTS: u32 = 3;
+
+/// A component exited because the port chosen for it was taken between [`boot::free_port`]
+/// finding it free and the component binding it: another process (a parallel test binary,
+/// an outgoing connection's ephemeral port) got there first. Nothing about the plane is
+/// wrong, so the start is tried again with new ports.
+fn lost_a_port(error: &ClusterError) -> bool {
+    matches!(error, ClusterError::Exited { tail, .. } if tail.contains("address already in use"))
+}
+
 /// Runs a kubectl `command` (already pointed at a cluster) with `args` and optional input:
 /// its stdout, or its stderr as the error.
 pub fn run_kubectl(
@@ -403,3 +421,37 @@ mod pki;
 pub use binaries::{Binaries, find_program, kubelet_of};
 use boot::new_data_dir;
 pub use detached::{DetachedState, detached_state_path, start_detached, stop_detached};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exited(tail: &str) -> ClusterError {
+        ClusterError::Exited {
+            component: "etcd".to_owned(),
+            log: "/dev/shm/x/etcd.log".to_owned(),
+            tail: tail.to_owned(),
+        }
+    }
+
+    #[test]
+    fn only_a_component_that_lost_its_port_is_started_again() {
+        // etcd's and kube-apiserver's own words when the port was taken.
+        assert!(lost_a_port(&exited(
+            "etcdmain: listen tcp 127.0.0.1:34017: bind: address already in use"
+        )));
+        assert!(lost_a_port(&exited(
+            "failed to create listener: failed to listen on 127.0.0.1:6443: listen tcp \
+             127.0.0.1:6443: bind: address already in use"
+        )));
+        assert!(!lost_a_port(&exited(
+            "etcdmain: open /x/etcd: permission denied"
+        )));
+        assert!(!lost_a_port(&ClusterError::NotReady {
+            component: "kube-apiserver".to_owned(),
+            seconds: 60,
+            log: String::new(),
+            tail: "bind: address already in use".to_owned(),
+        }));
+    }
+}
