@@ -142,6 +142,7 @@ pub fn work(
     new: &MachineTemplate,
     version: i64,
     node: &str,
+    node_ip: Option<std::net::IpAddr>,
 ) -> Result<Work, ApplyFilesError> {
     let plan: ApplyPlan = decide(old, new);
     if plan.needs_repave() {
@@ -178,6 +179,7 @@ pub fn work(
                     labels: &kubernetes.node_labels,
                     taints: &kubernetes.node_taints,
                     extra_args: &args,
+                    node_ip,
                 })?;
                 out.writes
                     .push((render::KUBELET_ENV.to_owned(), env.into_bytes(), 0o644));
@@ -331,7 +333,8 @@ pub async fn run<U: RestartUnits>(
         (Ok(old), Ok(new)) => (old, new),
         (Err(e), _) | (_, Err(e)) => return (Some(Outcome::Failed(e)), false),
     };
-    let work = match work(&old, &new, apply.version, facts.node) {
+    let node_ip = facts.paved.and_then(|p| p.node_ip);
+    let work = match work(&old, &new, apply.version, facts.node, node_ip) {
         Ok(w) => w,
         Err(error) => return (Some(Outcome::Failed(error.to_string())), false),
     };
@@ -355,6 +358,7 @@ mod tests {
             image_sha256: "x".into(),
             joined_node_uid: None,
             starts: 1,
+            node_ip: None,
         }
     }
 
@@ -445,6 +449,8 @@ mod tests {
             &template(vec![a2.clone()], &[("max-pods", "50")]),
             2,
             "n1",
+            // The address the pave gave kubelet stays in its flags.
+            Some(std::net::IpAddr::from([10, 99, 0, 21])),
         )
         .unwrap();
         assert_eq!(
@@ -453,7 +459,7 @@ mod tests {
                 ("/etc/a".to_owned(), b"2".to_vec(), 0o600),
                 (
                     render::KUBELET_ENV.to_owned(),
-                    b"# Written by unbounded-agent from the MachineConfigurationVersion.\nKUBELET_ARGS=\"--hostname-override=n1 --node-labels=rack=r1 --max-pods=50\"\n".to_vec(),
+                    b"# Written by unbounded-agent from the MachineConfigurationVersion.\nKUBELET_ARGS=\"--hostname-override=n1 --node-labels=rack=r1 --node-ip=10.99.0.21 --max-pods=50\"\n".to_vec(),
                     0o644
                 ),
             ]
@@ -487,7 +493,7 @@ mod tests {
             ),
         ];
         for (case, old, new, part) in refused {
-            let error = work(&old, &new, 2, "n1").unwrap_err().to_string();
+            let error = work(&old, &new, 2, "n1", None).unwrap_err().to_string();
             assert!(error.contains(part), "{case}: {error}");
         }
     }

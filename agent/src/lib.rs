@@ -45,6 +45,7 @@ pub mod inventory;
 pub mod inventory_refresh;
 pub mod kubelet_version;
 pub mod log_file;
+pub mod node_address;
 pub mod operation_tasks;
 pub mod operations;
 pub mod pave;

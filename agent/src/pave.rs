@@ -23,6 +23,7 @@ use crate::container_root::{self, ContainerRootError};
 use crate::context::Context;
 use crate::credentials::{self, CredentialError};
 use crate::kubelet_version::{self, KubeletVersionError};
+use crate::node_address;
 use crate::plan::{PaveReason, Paved};
 use crate::render::{self, KubeletInput};
 use crate::rootfs::{self, RootfsError};
@@ -109,6 +110,7 @@ pub(crate) async fn pave(
         labels: &kubernetes.node_labels,
         taints: &kubernetes.node_taints,
         extra_args: &kubernetes.kubelet_extra_args,
+        node_ip: None,
     };
     render::kubelet_env(&empty_check)?;
 
@@ -187,9 +189,11 @@ pub(crate) async fn pave(
         .bootstrap_token
         .clone()
         .ok_or(PaveError::NoBootstrapToken)?;
+    let node_ip = node_address::toward(&credentials.server).await;
     let input = KubeletInput {
         server: &credentials.server,
         bootstrap_token: &token,
+        node_ip,
         ..empty_check
     };
     let rendered = [
@@ -258,6 +262,7 @@ pub(crate) async fn pave(
         image_sha256: image.sha256.clone(),
         joined_node_uid: None,
         starts: 1,
+        node_ip,
     });
     kept.state.paving = None;
     kept.save();

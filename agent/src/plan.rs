@@ -37,6 +37,10 @@ pub struct Paved {
     /// How many times the container was started since it was paved.
     #[serde(default)]
     pub starts: u32,
+    /// The Node address kubelet was given (`--node-ip`), so that an in-place change of
+    /// kubelet's flags keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_ip: Option<std::net::IpAddr>,
 }
 
 /// The node container's systemd unit, as observed.
@@ -259,6 +263,7 @@ mod tests {
             image_sha256: "0".repeat(64),
             joined_node_uid: joined.map(str::to_owned),
             starts,
+            node_ip: None,
         }
     }
 

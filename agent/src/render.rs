@@ -124,6 +124,9 @@ pub struct KubeletInput<'a> {
     pub taints: &'a [Taint],
     /// Extra kubelet flags (without `--`).
     pub extra_args: &'a BTreeMap<String, String>,
+    /// The Node's address (`--node-ip`, see [`crate::node_address`]), unless `extra_args`
+    /// names one.
+    pub node_ip: Option<std::net::IpAddr>,
 }
 
 /// Label prefixes under `kubernetes.io` and `k8s.io` that a kubelet may set on its own Node
@@ -182,6 +185,11 @@ pub fn kubelet_env(input: &KubeletInput<'_>) -> Result<String, RenderError> {
             ));
         }
         args.push(format!("--node-labels={joined}"));
+    }
+    if let Some(ip) = input.node_ip
+        && !input.extra_args.contains_key("node-ip")
+    {
+        args.push(format!("--node-ip={ip}"));
     }
     for (flag, value) in input.extra_args {
         let name_ok = flag
@@ -290,6 +298,7 @@ mod tests {
             labels,
             taints,
             extra_args: extra,
+            node_ip: None,
         }
     }
 
@@ -367,6 +376,25 @@ mod tests {
             env.lines().last().unwrap(),
             "KUBELET_ARGS=\"--hostname-override=node-1 --node-labels=rack=r1 --max-pods=50 --v=2\""
         );
+        // The agent's address toward the API server, unless the configuration names one.
+        let node_ip = Some(std::net::IpAddr::from([10, 99, 0, 21]));
+        let env = kubelet_env(&KubeletInput {
+            node_ip,
+            ..input(&labels, &[], &extra)
+        })
+        .unwrap();
+        assert!(
+            env.contains("--node-labels=rack=r1 --node-ip=10.99.0.21 --max-pods=50"),
+            "{env}"
+        );
+        let theirs = BTreeMap::from([("node-ip".to_owned(), "192.0.2.7".to_owned())]);
+        let env = kubelet_env(&KubeletInput {
+            node_ip,
+            ..input(&labels, &[], &theirs)
+        })
+        .unwrap();
+        assert!(env.contains("--node-ip=192.0.2.7\""), "{env}");
+        assert!(!env.contains("10.99.0.21"), "{env}");
         for (flag, value) in [
             ("config", "/etc/x"),
             ("Max-Pods", "1"),

@@ -157,6 +157,7 @@ async fn agent_runs(
         image_sha256: "x".into(),
         joined_node_uid: None,
         starts: 1,
+        node_ip: None,
     };
     let facts = ContainerFacts {
         node: machine,

@@ -29,11 +29,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+pub use timeline::{AgentPhase, RebootMark, RebootTimeline, last_agent_phase};
+
 use crate::bmc::{data_disk_serial, data_disk_target};
 use crate::lab::base::LabError;
 use crate::scenario::{
     Lab, get, operation, patch_configuration, pin, repave, step, wait_complete, wait_until,
 };
+
+mod timeline;
 
 /// A file the scenario writes onto the second machine's filesystem from the host: what a
 /// previous tenant would have left.
@@ -46,12 +50,16 @@ pub struct DiskFigures {
     pub reboot_ram: Timed,
     /// The agent's part of that boot.
     pub agent_ram: Option<AgentPhase>,
+    /// That reboot's stages.
+    pub stages_ram: RebootTimeline,
     /// Node deletion → Ready, paving onto a freshly formatted disk.
     pub pave_onto_disk: Timed,
     /// Reboot → Ready of the same machine with the node container started from the disk.
     pub reboot_from_disk: Timed,
     /// The agent's part of that boot.
     pub agent_disk: Option<AgentPhase>,
+    /// That reboot's stages.
+    pub stages_disk: RebootTimeline,
     /// Machine deletion → the disk wiped and the Machine gone.
     pub release: Timed,
 }
@@ -125,10 +133,12 @@ fn same_machine_reboots(
     say: &dyn Fn(&str),
 ) -> Result<DiskFigures, LabError> {
     say(&format!("disks: reboot {machine} (node container in RAM)"));
-    let (reboot_ram, agent_ram) = reboot(lab, machine, "tb-disks-reboot-ram", timeout)?;
+    let ram = reboot(lab, machine, "tb-disks-reboot-ram", timeout)?;
     say(&format!(
-        "disks: {machine} Ready {reboot_ram} after its reboot (container downloaded and unpacked); {}",
-        phase_text(agent_ram)
+        "disks: {machine} Ready {} after its reboot (container downloaded and unpacked); {}; stages: {}",
+        ram.took,
+        phase_text(ram.agent),
+        ram.stages
     ));
 
     say("disks: adding storage: {} to the lab's configuration (a new version)");
@@ -151,7 +161,7 @@ fn same_machine_reboots(
     say(&format!(
         "disks: reboot {machine} (node container on its disk)"
     ));
-    let (reboot_from_disk, agent_disk) = reboot(lab, machine, "tb-disks-reboot-disk", timeout)?;
+    let disk = reboot(lab, machine, "tb-disks-reboot-disk", timeout)?;
     let used = storage_status(lab, machine);
     if used.action != "reused" || used.container_reused != "true" {
         return Err(step(format!(
@@ -159,9 +169,11 @@ fn same_machine_reboots(
         )));
     }
     say(&format!(
-        "disks: {machine} Ready {reboot_from_disk} after its reboot (container started from {}); {}",
+        "disks: {machine} Ready {} after its reboot (container started from {}); {}; stages: {}",
+        disk.took,
         used.device,
-        phase_text(agent_disk)
+        phase_text(disk.agent),
+        disk.stages
     ));
 
     say(&format!(
@@ -207,11 +219,13 @@ fn same_machine_reboots(
         "disks: {machine} released in {release}; its disk read back on the host: no signature left"
     ));
     Ok(DiskFigures {
-        reboot_ram,
-        agent_ram,
+        reboot_ram: ram.took,
+        agent_ram: ram.agent,
+        stages_ram: ram.stages,
         pave_onto_disk,
-        reboot_from_disk,
-        agent_disk,
+        reboot_from_disk: disk.took,
+        agent_disk: disk.agent,
+        stages_disk: disk.stages,
         release,
     })
 }
@@ -260,6 +274,9 @@ fn wipe_policies(
     say(&format!(
         "disks: shutting {machine} down to leave a file on its disk from the host"
     ));
+    // Taken before the shutdown: the Node keeps the old boot's Ready condition for the node
+    // controller's grace period, longer than a shutdown and power-on can take.
+    let node_boot_before = get(lab, "node", machine, "{.status.nodeInfo.bootID}");
     operation(lab, "tb-disks-shutdown", machine, "shutdown", "")?;
     wait_complete(lab, "tb-disks-shutdown", timeout)?;
     wait_until(&format!("{machine}'s VM shut off"), timeout, || {
@@ -270,7 +287,7 @@ fn wipe_policies(
     let boot_before = get(lab, "machine", machine, "{.status.agent.bootID}");
     operation(lab, "tb-disks-power-on", machine, "powerOn", "")?;
     wait_complete(lab, "tb-disks-power-on", timeout)?;
-    wait_ready_on_new_boot(lab, machine, &boot_before, "", timeout)?;
+    wait_ready_on_new_boot(lab, machine, &boot_before, &node_boot_before, timeout)?;
     let used = storage_status(lab, machine);
     if used.action != "reused" || used.container_reused != "true" {
         return Err(step(format!(
@@ -364,101 +381,86 @@ fn wait_ready_on_new_boot(
     timeout: Duration,
 ) -> Result<(), LabError> {
     wait_until(&format!("{machine} Ready on its new boot"), timeout, || {
-        let boot = get(lab, "machine", machine, "{.status.agent.bootID}");
-        let node_boot = get(lab, "node", machine, "{.status.nodeInfo.bootID}");
-        let ready = get(
-            lab,
-            "node",
-            machine,
-            "{.status.conditions[?(@.type==\"Ready\")].status}",
-        );
-        (
-            !boot.is_empty()
-                && boot != boot_before
-                && !node_boot.is_empty()
-                && node_boot != node_boot_before
-                && ready == "True",
-            format!("agent boot {boot}, Node boot {node_boot}, Ready {ready}"),
-        )
+        ready_on_new_boot(lab, machine, boot_before, node_boot_before)
     })
+}
+
+fn ready_on_new_boot(
+    lab: &Lab,
+    machine: &str,
+    boot_before: &str,
+    node_boot_before: &str,
+) -> (bool, String) {
+    let boot = get(lab, "machine", machine, "{.status.agent.bootID}");
+    let node_boot = get(lab, "node", machine, "{.status.nodeInfo.bootID}");
+    let ready = get(
+        lab,
+        "node",
+        machine,
+        "{.status.conditions[?(@.type==\"Ready\")].status}",
+    );
+    (
+        !boot.is_empty()
+            && boot != boot_before
+            && !node_boot.is_empty()
+            && node_boot != node_boot_before
+            && ready == "True",
+        format!("agent boot {boot}, Node boot {node_boot}, Ready {ready}"),
+    )
+}
+
+/// What one reboot took.
+struct Rebooted {
+    took: Timed,
+    agent: Option<AgentPhase>,
+    stages: RebootTimeline,
 }
 
 /// A `reboot` operation on `machine`, timed until its Node is Ready on the new boot: the
 /// agent reports a new boot ID and the Node a new one of its own (kubelet runs in the node
-/// container, whose boot ID systemd-nspawn makes up: it is not the host's).
-fn reboot(
-    lab: &Lab,
-    machine: &str,
-    name: &str,
-    timeout: Duration,
-) -> Result<(Timed, Option<AgentPhase>), LabError> {
+/// container, whose boot ID systemd-nspawn makes up: it is not the host's). The console is
+/// read at each poll (once a second) for the stages between.
+fn reboot(lab: &Lab, machine: &str, name: &str, timeout: Duration) -> Result<Rebooted, LabError> {
     let boot_before = get(lab, "machine", machine, "{.status.agent.bootID}");
     let node_boot_before = get(lab, "node", machine, "{.status.nodeInfo.bootID}");
     lab.kubectl(
         &["delete", "machineoperation", name, "--ignore-not-found"],
         None,
     )?;
+    let lines_before = lab.console(machine).lines().count();
+    let mut stages = RebootTimeline::default();
     let started = Instant::now();
-    operation(lab, name, machine, "reboot", "")?;
-    wait_complete(lab, name, timeout)?;
-    wait_ready_on_new_boot(lab, machine, &boot_before, &node_boot_before, timeout)?;
-    let took = Timed::since(started);
-    Ok((took, last_agent_phase(&lab.console(machine), machine)))
-}
-
-/// The agent's part of a machine's last boot, read from its serial console: from the agent's
-/// start to its node container running, in the guest kernel's own timestamps (the firmware,
-/// iPXE, the kernel and the host OS before the agent are what a reboot costs with or without
-/// a disk, and under TCG they vary with the host's load by tens of seconds).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AgentPhase {
-    /// Seconds from the agent's start to the container running.
-    pub to_container: f64,
-    /// Whether the node image was fetched and unpacked on that boot.
-    pub fetched: bool,
-}
-
-impl std::fmt::Display for AgentPhase {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let how = if self.fetched {
-            "node image fetched and unpacked"
-        } else {
-            "no download"
-        };
-        write!(
-            f,
-            "agent start → container running {:.1} s ({how})",
-            self.to_container
-        )
-    }
-}
-
-/// [`AgentPhase`] of the last boot in `console`, if the agent started and then started the
-/// container of `node`.
-pub fn last_agent_phase(console: &str, node: &str) -> Option<AgentPhase> {
-    let stamped = |line: &str| -> Option<f64> {
-        let open = line.find('[')?;
-        let rest = &line[open + 1..];
-        let close = rest.find(']')?;
-        rest[..close].trim().parse().ok()
+    let observe = |stages: &mut RebootTimeline| {
+        let console = lab.console(machine);
+        stages.observe(
+            console.lines().skip(lines_before),
+            started.elapsed(),
+            machine,
+            name,
+        );
     };
-    let lines: Vec<&str> = console.lines().collect();
-    let start = lines
-        .iter()
-        .rposition(|l| l.contains("unbounded-agent starting"))?;
-    let started_at = stamped(lines[start])?;
-    let container = format!("node container {node} started");
-    let mut fetched = false;
-    for line in &lines[start..] {
-        fetched |= line.contains("node image") && line.contains("fetched");
-        if line.contains(&container) {
-            return Some(AgentPhase {
-                to_container: stamped(line)? - started_at,
-                fetched,
-            });
-        }
-    }
-    None
+    operation(lab, name, machine, "reboot", "")?;
+    wait_until(
+        &format!("MachineOperation {name} Complete"),
+        timeout,
+        || {
+            observe(&mut stages);
+            let state = get(lab, "machineoperation", name, "{.status.state}");
+            let message = get(lab, "machineoperation", name, "{.status.message}");
+            (state == "Complete", format!("{state}: {message}"))
+        },
+    )?;
+    wait_until(&format!("{machine} Ready on its new boot"), timeout, || {
+        observe(&mut stages);
+        ready_on_new_boot(lab, machine, &boot_before, &node_boot_before)
+    })?;
+    let took = Timed::since(started);
+    stages.note(RebootMark::Ready, took.took);
+    Ok(Rebooted {
+        took,
+        agent: last_agent_phase(&lab.console(machine), machine),
+        stages,
+    })
 }
 
 /// `status.agent.storage` as the scenario reads it.
@@ -628,42 +630,5 @@ fn run(command: &mut Command) -> Result<String, LabError> {
             "{command:?}: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         )))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Lines as the lab's consoles show them (colour codes, carriage returns), from the run
-    /// of 2026-11-26.
-    const TWO_BOOTS: &str = "[   29.867668] unbounded-agent[156]: \x1b[2m2026-11-26T11:28:56Z\x1b[0m \x1b[32m INFO\x1b[0m unbounded-agent starting \x1b[3mmachine\x1b[0m=machine-1\r
-[   42.550593] unbounded-agent[156]: unbounded-agent: node image 97 MB fetched, verified and unpacked in 11.0 s\r
-[   45.259008] unbounded-agent[156]: unbounded-agent: node container machine-1 started\r
-[  239.625010] unbounded-agent[156]: unbounded-agent: rebooting for tb-disks-reboot-disk\r
-iPXE 1.0.0+git-20190125.36a4c85-5.1 -- Open Source Network Boot Firmware\r
-[   85.475135] unbounded-agent[155]: INFO unbounded-agent starting machine=machine-1\r
-[   92.546996] unbounded-agent[155]: unbounded-agent: storage on disk vdb (21 GB, reused): the node container on it is started as it is\r
-unbounded login: [   99.567274] unbounded-agent[155]: unbounded-agent: node container machine-1 started\r
-";
-
-    #[test]
-    fn the_agents_part_of_the_last_boot() {
-        let phase = last_agent_phase(TWO_BOOTS, "machine-1").unwrap();
-        assert!((phase.to_container - 14.092139).abs() < 1e-6, "{phase:?}");
-        assert!(!phase.fetched);
-
-        let first_boot: String = TWO_BOOTS.lines().take(3).collect::<Vec<_>>().join("\n");
-        let phase = last_agent_phase(&first_boot, "machine-1").unwrap();
-        assert!((phase.to_container - 15.39134).abs() < 1e-6, "{phase:?}");
-        assert!(phase.fetched);
-    }
-
-    #[test]
-    fn no_phase_without_the_containers_start_or_for_another_node() {
-        let started_only: String = TWO_BOOTS.lines().take(6).collect::<Vec<_>>().join("\n");
-        assert_eq!(last_agent_phase(&started_only, "machine-1"), None);
-        assert_eq!(last_agent_phase(TWO_BOOTS, "machine-10"), None);
-        assert_eq!(last_agent_phase("", "machine-1"), None);
     }
 }
