@@ -266,13 +266,14 @@ pub(crate) async fn pave(
     });
     kept.state.paving = None;
     kept.save();
-    if let Some(d) = disk {
-        // Goes out with the next status write (the loop's, right after the pave).
-        let _ = ctx
-            .reporter
-            .report(move |agent| agent.storage = Some(d.status), None)
-            .await;
-    }
+    // Goes out with the next status write (the loop's, right after the pave). A version
+    // without storage clears what an earlier pave on this boot reported: the node's state
+    // is in RAM now, whatever the disk still holds.
+    let storage = disk.map(|d| d.status);
+    let _ = ctx
+        .reporter
+        .report(move |agent| agent.storage = storage, None)
+        .await;
     ctx.host.start(&unit, Duration::from_secs(120)).await?;
     Ok(())
 }

@@ -242,6 +242,7 @@ pub fn kubelet_config(input: &KubeletInput<'_>) -> String {
          containerRuntimeEndpoint: unix:///run/containerd/containerd.sock\n\
          rotateCertificates: true\n\
          failSwapOn: false\n\
+         nodeStatusUpdateFrequency: 4s\n\
          authentication:\n  anonymous:\n    enabled: false\n  webhook:\n    enabled: true\n",
     );
     let _ = writeln!(out, "  x509:\n    clientCAFile: {CA_FILE}");
@@ -421,6 +422,7 @@ mod tests {
         let empty = BTreeMap::new();
         let config = kubelet_config(&input(&empty, &taints, &empty));
         assert!(config.contains("cgroupDriver: systemd"));
+        assert!(config.contains("nodeStatusUpdateFrequency: 4s\n"));
         assert!(config.contains("providerID: \"pxe://52:54:00:00:00:01\""));
         assert!(config.contains(
             "registerWithTaints:\n  - key: \"dedicated\"\n    value: \"gpu\"\n    effect: \"NoSchedule\"\n"

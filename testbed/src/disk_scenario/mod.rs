@@ -19,7 +19,9 @@
 //! 6. the machine shut down, a file written onto its filesystem from the host (a previous
 //!    tenant's data), powered on: the container starts from the disk;
 //! 7. a repave with `never`: the file is still there;
-//! 8. `wipe: always`, applied with a repave: the disk is wiped and formatted, the file gone.
+//! 8. `wipe: always`, applied with a repave: the disk is wiped and formatted, the file gone;
+//! 9. back on the lab's version without storage (a repave): the node's state is in RAM and
+//!    `status.agent.storage` says no disk.
 //!
 //! Each reboot is timed from the operation's creation to a Ready Node of the new boot (a
 //! Node's Ready condition can still be the old boot's for a while). The load average is
@@ -112,7 +114,7 @@ pub fn disks(lab: &Lab, timeout: Duration, say: &dyn Fn(&str)) -> Result<DiskFig
     pin(lab, &first, current)?;
     pin(lab, &second, current)?;
     let figures = same_machine_reboots(lab, &first, timeout, say)?;
-    wipe_policies(lab, &second, timeout, say)?;
+    wipe_policies(lab, &second, current, timeout, say)?;
     say(&format!(
         "disks: {first}: reboot from RAM {} ({}), pave onto a blank disk {}, reboot from disk {} ({}), release with the wipe {}",
         figures.reboot_ram,
@@ -234,6 +236,7 @@ fn same_machine_reboots(
 fn wipe_policies(
     lab: &Lab,
     machine: &str,
+    without_storage: i64,
     timeout: Duration,
     say: &dyn Fn(&str),
 ) -> Result<(), LabError> {
@@ -320,6 +323,21 @@ fn wipe_policies(
     say(&format!(
         "disks: {machine} repaved with wipe: always ({}): {TENANT_FILE} gone",
         used.action
+    ));
+
+    say(&format!(
+        "disks: {machine} back on version {without_storage} (no storage), applied with a repave"
+    ));
+    pin(lab, machine, without_storage)?;
+    repave(lab, machine, timeout, say)?;
+    let used = storage_status(lab, machine);
+    if !used.device.is_empty() {
+        return Err(step(format!(
+            "{machine} was repaved without storage but still reports a disk: {used:?}"
+        )));
+    }
+    say(&format!(
+        "disks: {machine} runs from RAM again and reports no storage"
     ));
     Ok(())
 }
