@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::lab::base::{LAB_ADDRESS, LAB_API_PORT, LabError};
-use crate::scenario::{Lab, get, set_configuration_label, step, wait_until};
+use crate::scenario::{Lab, get, ready_on_new_boot, set_configuration_label, step, wait_until};
 
 /// What one run of the plugin did.
 #[derive(Debug)]
@@ -136,22 +136,7 @@ pub fn plugin(
         return Err(step(format!("reboot's last line: {last:?}\n{}", r.stdout)));
     }
     wait_until(&format!("{first} Ready on its new boot"), timeout, || {
-        let boot = get(lab, "machine", &first, "{.status.agent.bootID}");
-        let node_boot = get(lab, "node", &first, "{.status.nodeInfo.bootID}");
-        let ready = get(
-            lab,
-            "node",
-            &first,
-            "{.status.conditions[?(@.type==\"Ready\")].status}",
-        );
-        (
-            !boot.is_empty()
-                && boot != boot_before
-                && !node_boot.is_empty()
-                && node_boot != node_boot_before
-                && ready == "True",
-            format!("agent boot {boot}, Node boot {node_boot}, Ready {ready}"),
-        )
+        ready_on_new_boot(lab, &first, &boot_before, &node_boot_before)
     })?;
     say(&format!(
         "plugin: reboot of {first} followed to the end ({last}); Ready on a new boot after {:.0} s",

@@ -322,6 +322,34 @@ pub(crate) fn operation(
     Ok(())
 }
 
+/// Whether `machine` is back on a new boot: its agent reports a boot ID other than
+/// `boot_before`, its Node one other than `node_boot_before` (kubelet runs in the node
+/// container, whose boot ID systemd-nspawn makes up), and the Node is Ready; with what was
+/// seen.
+pub(crate) fn ready_on_new_boot(
+    lab: &Lab,
+    machine: &str,
+    boot_before: &str,
+    node_boot_before: &str,
+) -> (bool, String) {
+    let boot = get(lab, "machine", machine, "{.status.agent.bootID}");
+    let node_boot = get(lab, "node", machine, "{.status.nodeInfo.bootID}");
+    let ready = get(
+        lab,
+        "node",
+        machine,
+        "{.status.conditions[?(@.type==\"Ready\")].status}",
+    );
+    (
+        !boot.is_empty()
+            && boot != boot_before
+            && !node_boot.is_empty()
+            && node_boot != node_boot_before
+            && ready == "True",
+        format!("agent boot {boot}, Node boot {node_boot}, Ready {ready}"),
+    )
+}
+
 pub(crate) fn wait_complete(lab: &Lab, name: &str, timeout: Duration) -> Result<(), LabError> {
     wait_until(
         &format!("MachineOperation {name} Complete"),

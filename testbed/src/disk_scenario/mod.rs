@@ -36,7 +36,8 @@ pub use timeline::{AgentPhase, RebootMark, RebootTimeline, last_agent_phase};
 use crate::bmc::{data_disk_serial, data_disk_target};
 use crate::lab::base::LabError;
 use crate::scenario::{
-    Lab, get, operation, patch_configuration, pin, repave, step, wait_complete, wait_until,
+    Lab, get, operation, patch_configuration, pin, ready_on_new_boot, repave, step, wait_complete,
+    wait_until,
 };
 
 mod timeline;
@@ -401,30 +402,6 @@ fn wait_ready_on_new_boot(
     wait_until(&format!("{machine} Ready on its new boot"), timeout, || {
         ready_on_new_boot(lab, machine, boot_before, node_boot_before)
     })
-}
-
-fn ready_on_new_boot(
-    lab: &Lab,
-    machine: &str,
-    boot_before: &str,
-    node_boot_before: &str,
-) -> (bool, String) {
-    let boot = get(lab, "machine", machine, "{.status.agent.bootID}");
-    let node_boot = get(lab, "node", machine, "{.status.nodeInfo.bootID}");
-    let ready = get(
-        lab,
-        "node",
-        machine,
-        "{.status.conditions[?(@.type==\"Ready\")].status}",
-    );
-    (
-        !boot.is_empty()
-            && boot != boot_before
-            && !node_boot.is_empty()
-            && node_boot != node_boot_before
-            && ready == "True",
-        format!("agent boot {boot}, Node boot {node_boot}, Ready {ready}"),
-    )
 }
 
 /// What one reboot took.
