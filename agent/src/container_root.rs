@@ -174,6 +174,54 @@ pub async fn write_settings(
     .await
 }
 
+/// The node image's files that its start reads first and most of, relative to its root:
+/// systemd's, containerd's and kubelet's executables (kubelet's alone is tens of MB).
+const START_FILES: [&str; 7] = [
+    "usr/lib/systemd/systemd",
+    "usr/lib/systemd/systemd-journald",
+    "usr/local/bin/containerd",
+    "usr/local/bin/containerd-shim-runc-v2",
+    "usr/sbin/runc",
+    "usr/local/bin/kubelet",
+    "usr/sbin/xtables-nft-multi",
+];
+
+/// Asks the kernel to read the container's start files ahead (`POSIX_FADV_WILLNEED`) from
+/// a root on a disk, just before the container starts: the reads go to the disk in large
+/// sequential requests while the container's systemd comes up, instead of one page fault at
+/// a time when each program runs (a container from RAM has its files in memory already).
+/// Returns how many bytes were asked for. Best effort: a file that is missing, a symlink or
+/// not a regular file is skipped, and nothing fails.
+pub async fn read_ahead(root: &Path) -> u64 {
+    let root = root.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        START_FILES
+            .iter()
+            .map(|relative| read_ahead_file(&root.join(relative)).unwrap_or(0))
+            .sum()
+    })
+    .await
+    .unwrap_or(0)
+}
+
+#[allow(unsafe_code)] // one libc call, on a descriptor this function owns
+fn read_ahead_file(path: &Path) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    let metadata = file.metadata().ok()?;
+    if !metadata.is_file() {
+        return None;
+    }
+    // SAFETY: posix_fadvise on a descriptor this function owns; it only advises the kernel.
+    let advised = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_WILLNEED) };
+    (advised == 0).then_some(metadata.len())
+}
+
 fn reset_dir(dir: &Path) -> Result<(), ContainerRootError> {
     if dir.exists() {
         std::fs::remove_dir_all(dir).map_err(io(format!("clearing {}", dir.display())))?;
@@ -184,6 +232,21 @@ fn reset_dir(dir: &Path) -> Result<(), ContainerRootError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_start_files_are_read_ahead_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("usr/local/bin")).unwrap();
+        std::fs::write(root.join("usr/local/bin/kubelet"), vec![7u8; 3000]).unwrap();
+        std::fs::write(root.join("usr/local/bin/containerd"), vec![7u8; 500]).unwrap();
+        // A symlink out of the root and a directory are not followed or read.
+        std::fs::create_dir_all(root.join("usr/sbin")).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", root.join("usr/sbin/runc")).unwrap();
+        std::fs::create_dir_all(root.join("usr/lib/systemd/systemd")).unwrap();
+        assert_eq!(read_ahead(root).await, 3500);
+        assert_eq!(read_ahead(&root.join("nowhere")).await, 0);
+    }
 
     #[test]
     fn kubelet_identity_moves_into_the_new_root() {

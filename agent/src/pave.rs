@@ -274,6 +274,13 @@ pub(crate) async fn pave(
         .reporter
         .report(move |agent| agent.storage = storage, None)
         .await;
+    if from_disk {
+        let bytes = container_root::read_ahead(&root).await;
+        tracing::debug!(
+            bytes,
+            "read ahead the container's start files from the disk"
+        );
+    }
     ctx.host.start(&unit, Duration::from_secs(120)).await?;
     Ok(())
 }
