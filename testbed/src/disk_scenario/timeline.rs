@@ -191,9 +191,10 @@ mod tests {
             "Welcome to \x1b[1mDebian GNU/Linux 12 (bookworm)\x1b[0m!\r",
             lines[5],
             lines[6],
+            lines[7],
         ];
         let mut timeline = RebootTimeline::default();
-        for (polled, seconds) in [(1, 2), (2, 30), (3, 33), (4, 36), (5, 40), (6, 60)] {
+        for (polled, seconds) in [(1, 2), (2, 30), (3, 33), (4, 36), (5, 40), (7, 60)] {
             timeline.observe(
                 since[..polled].iter().copied(),
                 at(seconds),
