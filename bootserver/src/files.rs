@@ -13,13 +13,18 @@
 //! worker) and kept only if it is a regular file or a directory; the metadata read then on
 //! the open file is the one `ServeDir` gets, so the headers and the body describe the same
 //! file, and the body ends at the length it had when opened (its `Content-Length`).
+//!
+//! A request served inside [`record_opened`] leaves the file it opened there, so that
+//! [`crate::http::sendfile`] can send its bytes with `sendfile` instead of this reader.
 
+use std::cell::RefCell;
 use std::fs::{File, Metadata, OpenOptions};
 use std::future::{Ready, ready};
 use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncSeek, ReadBuf};
@@ -36,7 +41,7 @@ pub struct InlineFs;
 /// An open file, read and sought without leaving the task.
 #[derive(Debug)]
 pub struct InlineFile {
-    file: File,
+    file: Arc<File>,
     metadata: Metadata,
     /// Bytes from the current position to the length at opening: a read zero-fills only
     /// what it can fill, not the whole chunk buffer (a 1 KiB file, 1 KiB), and stops there.
@@ -82,6 +87,24 @@ fn servable(path: &PathBuf) -> io::Result<Metadata> {
     }
 }
 
+tokio::task_local! {
+    /// The file the request being served opened last, when it is served inside
+    /// [`record_opened`].
+    static OPENED: RefCell<Option<Arc<File>>>;
+}
+
+/// Runs `serve` (one request) and returns what it answered with the file it opened through
+/// [`InlineFs`], if any.
+pub async fn record_opened<F: Future>(serve: F) -> (F::Output, Option<Arc<File>>) {
+    OPENED
+        .scope(RefCell::new(None), async move {
+            let output = serve.await;
+            let opened = OPENED.with(|opened| opened.borrow_mut().take());
+            (output, opened)
+        })
+        .await
+}
+
 fn open(path: &PathBuf) -> io::Result<InlineFile> {
     let file = OpenOptions::new()
         .read(true)
@@ -95,6 +118,9 @@ fn open(path: &PathBuf) -> io::Result<InlineFile> {
             "neither a regular file nor a directory",
         ));
     }
+    let file = Arc::new(file);
+    // Outside `record_opened` there is nothing to record (and nothing is).
+    let _ = OPENED.try_with(|opened| *opened.borrow_mut() = Some(file.clone()));
     Ok(InlineFile {
         file,
         remaining: metadata.len(),
@@ -132,7 +158,7 @@ impl AsyncRead for InlineFile {
             .min(buf.remaining());
         let target = buf.initialize_unfilled_to(want);
         let read = loop {
-            match self.file.read(target) {
+            match (&*self.file).read(target) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 other => break other?,
             }
@@ -145,7 +171,7 @@ impl AsyncRead for InlineFile {
 
 impl AsyncSeek for InlineFile {
     fn start_seek(mut self: Pin<&mut Self>, position: SeekFrom) -> io::Result<()> {
-        let sought = self.file.seek(position);
+        let sought = (&*self.file).seek(position);
         if let Ok(at) = sought {
             self.remaining = self.metadata.len().saturating_sub(at);
         }
@@ -156,7 +182,7 @@ impl AsyncSeek for InlineFile {
     fn poll_complete(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<u64>> {
         Poll::Ready(match self.seek.take() {
             Some(outcome) => outcome,
-            None => self.file.stream_position(),
+            None => (&*self.file).stream_position(),
         })
     }
 }
@@ -222,5 +248,27 @@ mod tests {
         assert!(made.success());
         let refused = InlineFs.open(fifo).await.unwrap_err();
         assert_eq!(refused.kind(), io::ErrorKind::NotFound);
+    }
+
+    #[tokio::test]
+    async fn a_request_served_inside_record_opened_leaves_the_file_it_opened() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("image");
+        std::fs::write(&path, b"content").unwrap();
+
+        // Opened while the request is polled (as `ServeDir` does), not when it is built.
+        let (served, opened) = record_opened(async { InlineFs.open(path.clone()).await }).await;
+        let served = served.unwrap();
+        let opened = opened.expect("the file opened is recorded");
+        assert!(Arc::ptr_eq(&served.file, &opened));
+        assert_eq!(
+            opened.metadata().unwrap().ino(),
+            std::fs::metadata(&path).unwrap().ino()
+        );
+        // A request that opens nothing records nothing; outside a scope, opening works.
+        let ((), opened) = record_opened(async {}).await;
+        assert!(opened.is_none());
+        assert!(InlineFs.open(path).await.is_ok());
     }
 }

@@ -40,6 +40,7 @@ use crate::preflight::Readiness;
 use unbounded_api::inventory::{DISCOVERY_CLAIM_PATH, DISCOVERY_REPORT_PATH};
 
 mod discovery;
+pub mod sendfile;
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -68,7 +69,9 @@ impl std::fmt::Debug for AppState {
     }
 }
 
-/// The router. Images are read on the request's task in large chunks ([`files`]). A panic in a handler is caught (tower-http's `CatchPanicLayer`): that
+/// The router. Images are read on the request's task in large chunks ([`files`]), or sent
+/// by the kernel when the connection came through [`sendfile::FileSendListener`]
+/// ([`around_each_request`]). A panic in a handler is caught (tower-http's `CatchPanicLayer`): that
 /// request gets a 500, the panic is logged and counted, and the server goes on.
 pub fn router(state: AppState) -> Router {
     let images = ServeDir::with_backend(&state.settings.images_dir, InlineFs)
@@ -76,6 +79,7 @@ pub fn router(state: AppState) -> Router {
     let ipxe = ServeDir::with_backend(&state.settings.tftp_root, InlineFs)
         .with_buf_chunk_size(files::CHUNK_BYTES);
     let panics = state.metrics.clone();
+    let file_metrics = state.metrics.clone();
     let on_panic = move |panic: Box<dyn std::any::Any + Send + 'static>| {
         tracing::error!(
             panic = crate::dhcp::serve::panic_message(panic.as_ref()),
@@ -100,8 +104,56 @@ pub fn router(state: AppState) -> Router {
         .nest_service("/images", images)
         .nest_service("/ipxe", ipxe)
         .with_state(state)
-        .layer(axum::middleware::from_fn(refuse_impossible_names))
+        .layer(axum::middleware::from_fn_with_state(
+            file_metrics,
+            around_each_request,
+        ))
         .layer(CatchPanicLayer::custom(on_panic))
+}
+
+/// Around every request (one middleware: each costs a boxed service per request):
+/// a path no file can have gets 404 ([`refuse_impossible_names`]); a request that came
+/// through [`sendfile::FileSendListener`] gets the client's address as
+/// `ConnectInfo<SocketAddr>` (what the handlers read), and a large file body sent with
+/// `sendfile` in place of the one `ServeDir` read ([`sendfile`] has the why and the how).
+async fn around_each_request(
+    State(metrics): State<Arc<Metrics>>,
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Some(refusal) = refuse_impossible_names(&request) {
+        return refusal;
+    }
+    let Some(ConnectInfo(connection)) = request
+        .extensions_mut()
+        .remove::<ConnectInfo<sendfile::HttpConnection>>()
+    else {
+        return next.run(request).await;
+    };
+    request
+        .extensions_mut()
+        .insert(ConnectInfo(connection.peer));
+    let is_get = request.method() == axum::http::Method::GET;
+    let (response, opened) = files::record_opened(next.run(request)).await;
+    let Some(file) = opened.filter(|_| is_get) else {
+        return response;
+    };
+    let Some((offset, length)) =
+        sendfile::file_part(response.status().as_u16(), response.headers())
+    else {
+        return response;
+    };
+    if !connection
+        .sends
+        .arm(file, offset, length, metrics.http_file_bytes_sent.clone())
+    {
+        return response;
+    }
+    let (parts, _read_body) = response.into_parts();
+    Response::from_parts(
+        parts,
+        axum::body::Body::new(sendfile::FileBody::new(length)),
+    )
 }
 
 /// The longest file name Linux opens (`NAME_MAX`).
@@ -131,14 +183,9 @@ fn impossible_name(path: &str) -> bool {
 /// 404), and to a `HEAD` of a name with a NUL byte (its `HEAD` path reads the metadata and
 /// maps no error to 404); both found by the HTTP fuzz target
 /// (`fuzz/regressions/http/file-name-too-long-500`, `head-of-a-nul-name-500`).
-async fn refuse_impossible_names(
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    if impossible_name(request.uri().path()) {
-        return (StatusCode::NOT_FOUND, "not found\n").into_response();
-    }
-    next.run(request).await
+fn refuse_impossible_names(request: &axum::extract::Request) -> Option<Response> {
+    impossible_name(request.uri().path())
+        .then(|| (StatusCode::NOT_FOUND, "not found\n").into_response())
 }
 
 fn ipxe(state: &AppState, route: &str, script: String) -> Response {

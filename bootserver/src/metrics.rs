@@ -87,6 +87,8 @@ pub struct Metrics {
     pub tftp_bytes: Counter,
     /// HTTP requests, by route and status.
     pub http_requests: Family<RouteLabel, Counter>,
+    /// Bytes of files (images, iPXE builds) sent over HTTP by the kernel (`sendfile`).
+    pub http_file_bytes_sent: Counter,
 }
 
 fn type_name(kind: Option<MessageType>) -> String {
@@ -157,6 +159,11 @@ impl Metrics {
             "http_requests",
             "HTTP requests by route and status",
             m.http_requests.clone(),
+        );
+        r.register(
+            "http_file_bytes_sent",
+            "Bytes of files sent over HTTP by the kernel (sendfile)",
+            m.http_file_bytes_sent.clone(),
         );
         m
     }

@@ -12,7 +12,6 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::serve::ListenerExt;
 use prometheus_client::registry::Registry;
 use tokio::task::JoinSet;
 
@@ -211,16 +210,9 @@ pub async fn run(
     }
     let app = http::router(state);
     tasks.spawn(async move {
-        // Nagle's algorithm would hold a small response back until the client's delayed ACK
-        // (tens of milliseconds per request on a keep-alive connection).
-        let listener = listener.tap_io(|tcp| {
-            if let Err(error) = tcp.set_nodelay(true) {
-                tracing::debug!(%error, "HTTP: TCP_NODELAY");
-            }
-        });
         axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
+            http::sendfile::FileSendListener(listener),
+            app.into_make_service_with_connect_info::<http::sendfile::HttpConnection>(),
         )
         .await
         .map_err(|source| ServerError::Http {

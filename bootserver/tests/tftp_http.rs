@@ -226,6 +226,41 @@ fn http_serves_scripts_images_with_ranges_and_a_machine_only_its_own_configurati
     );
     // curl -I prints the headers as its output; no body came.
     assert!(body.len() < 1_000, "{} bytes", body.len());
+
+    // Files leave by `sendfile` between the scripts of one keep-alive connection, as iPXE
+    // asks: script, a 5 MB image (several placeholder chunks), script, kernel; each byte
+    // the file's, and the connection used again each time.
+    let image: Vec<u8> = (0..5_000_000u32).map(|i| (i * 13 % 241) as u8).collect();
+    std::fs::write(images.path().join("node.img"), &image).unwrap();
+    let script_url = format!("{base}/boot.ipxe?mac=52:54:00:00:00:01");
+    let out = link
+        .client
+        .exec(&[
+            "curl",
+            "-sv",
+            &script_url,
+            &format!("{base}/images/node.img"),
+            &script_url,
+            &format!("{base}/images/vmlinuz"),
+        ])
+        .unwrap();
+    let expected = [script.as_bytes(), &image, script.as_bytes(), &kernel].concat();
+    assert_eq!(out.stdout.len(), expected.len());
+    assert!(out.stdout == expected, "the bytes differ");
+    let verbose = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        verbose.matches("Re-using existing connection").count(),
+        3,
+        "{verbose}"
+    );
+    // The kernel sent them, not a copy through the server (the 1000-byte range above was
+    // read: too small to be worth it).
+    let sent = metric(
+        &server.metrics(&link.server),
+        "unbounded_bootserver_http_file_bytes_sent_total",
+        "",
+    );
+    assert!(sent >= (image.len() + kernel.len()) as f64, "{sent}");
     let (headers, _) = curl(
         &link,
         &[
