@@ -399,27 +399,6 @@ pub fn run_client(mut command: Command) -> Result<String, ProcError> {
 
 #[cfg(test)]
 mod tests {
-
-    #[test]
-    fn a_group_counts_what_its_process_forked_and_left_behind() {
-        let group = CpuGroup::create("test")
-            .expect("a CPU accounting cgroup (root, cgroup v1 cpuacct or v2)");
-        // The shell forks a busy child at once and exits: nobody in the group reaps it, the
-        // way tftpd-hpa's transfers are not its own to reap.
-        let mut busy = Command::new("sh");
-        busy.args(["-c", "(end=$(($(date +%s%N) + 400000000)); while [ $(date +%s%N) -lt $end ]; do :; done) & exit 0"]);
-        let mut shell = group.join_then_exec(&busy).spawn().unwrap();
-        shell.wait().unwrap();
-        std::thread::sleep(Duration::from_millis(800));
-        let seconds = group.cpu_seconds().unwrap();
-        assert!(seconds >= 0.2, "{seconds} s");
-        group.remove();
-        assert_eq!(
-            parse_usage_usec("usage_usec 1500000\nuser_usec 1\n"),
-            Some(1_500_000)
-        );
-        assert_eq!(parse_usage_usec("nr_periods 0\n"), None);
-    }
     use super::*;
 
     const TCP: &str = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
@@ -478,5 +457,26 @@ mod tests {
         assert!(listens(TCP, 69, false));
         assert!(!listens(TCP, 67, false));
         assert!(!listens("", 8080, true));
+    }
+
+    #[test]
+    fn a_group_counts_what_its_process_forked_and_left_behind() {
+        let group = CpuGroup::create("test")
+            .expect("a CPU accounting cgroup (root, cgroup v1 cpuacct or v2)");
+        // The shell forks a busy child at once and exits: nobody in the group reaps it, the
+        // way tftpd-hpa's transfers are not its own to reap.
+        let mut busy = Command::new("sh");
+        busy.args(["-c", "(end=$(($(date +%s%N) + 400000000)); while [ $(date +%s%N) -lt $end ]; do :; done) & exit 0"]);
+        let mut shell = group.join_then_exec(&busy).spawn().unwrap();
+        shell.wait().unwrap();
+        std::thread::sleep(Duration::from_millis(800));
+        let seconds = group.cpu_seconds().unwrap();
+        assert!(seconds >= 0.2, "{seconds} s");
+        group.remove();
+        assert_eq!(
+            parse_usage_usec("usage_usec 1500000\nuser_usec 1\n"),
+            Some(1_500_000)
+        );
+        assert_eq!(parse_usage_usec("nr_periods 0\n"), None);
     }
 }
