@@ -220,6 +220,8 @@ pub struct Expectations {
     pub deleted_nodes: InFlight<String>,
     /// Changes owners made to their Machines.
     pub members: MemberExpectations,
+    /// Machine statuses written over a copy the cache may still show.
+    pub machine_statuses: crate::status_writes::SupersededCopies,
 }
 
 /// A write the controller is about to make, which a watch will show.
@@ -329,6 +331,7 @@ impl Expectations {
         self.locked_versions.expire(now);
         self.deleted_nodes.expire(now);
         self.members.expire(now);
+        self.machine_statuses.expire(now);
     }
 
     /// The versions of `configuration` created less than [`EXPECTATION_TTL`] ago that are not

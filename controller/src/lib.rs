@@ -36,6 +36,7 @@ pub mod rollout;
 pub mod runner;
 pub mod selection;
 pub mod skew;
+pub mod status_writes;
 pub mod triggers;
 pub mod versioning;
 pub mod watches;

@@ -371,7 +371,8 @@ async fn annotate_node(
 }
 
 /// Applies the controller's status fields (server-side apply, field manager
-/// `unbounded-controller`) when they differ from what is recorded.
+/// `unbounded-controller`) when they differ from what is recorded; waits instead when this
+/// copy of the Machine is one an earlier write replaced ([`crate::status_writes`]).
 #[allow(clippy::too_many_arguments)] // one per status field the controller owns
 async fn write_status(
     machine: &Machine,
@@ -408,9 +409,24 @@ async fn write_status(
             condition::find(&current.conditions, &c.type_)
                 .is_some_and(|old| condition::same_meaning(old, c))
         });
+    let name = machine.name_any();
+    let read_at = machine.resource_version().unwrap_or_default();
+    let superseded =
+        ctx.expectations
+            .read()
+            .machine_statuses
+            .is_superseded(&name, &read_at, Instant::now());
     if unchanged {
         return Ok(());
     }
+    if superseded {
+        // What the API server would answer (409) without the request; the watch's event of
+        // the write reconciles again.
+        return Err(Error::Waiting(format!(
+            "Machine {name}: status already written over this copy"
+        )));
+    }
+    tracing::debug!(machine = %name, read_at = %read_at, "writing status");
     let mut status = serde_json::Map::new();
     status.insert("phase".into(), json!(phase.as_str()));
     status.insert("conditions".into(), json!(ours));
@@ -435,7 +451,6 @@ async fn write_status(
         "status": status,
     });
     let api: Api<Machine> = Api::all(ctx.client.clone());
-    let name = machine.name_any();
     match api
         .patch_status(
             &name,
@@ -444,7 +459,13 @@ async fn write_status(
         )
         .await
     {
-        Ok(_) => Ok(()),
+        Ok(_) => {
+            ctx.expectations
+                .write()
+                .machine_statuses
+                .wrote_over(&name, &read_at, Instant::now());
+            Ok(())
+        }
         Err(kube::Error::Api(s)) if s.code == 409 => {
             Err(Error::Waiting(format!("Machine {name} changed meanwhile")))
         }

@@ -362,7 +362,8 @@ impl Triggers {
     }
 }
 
-/// Marks the owners' expected changes of a Machine as seen.
+/// Marks the owners' expected changes of a Machine as seen; a deleted one's status writes
+/// are forgotten.
 fn observe_members(expectations: &Shared<Expectations>, seen: &Seen<'_, Machine>) {
     let mut expectations = expectations.write();
     match seen {
@@ -381,7 +382,10 @@ fn observe_members(expectations: &Shared<Expectations>, seen: &Seen<'_, Machine>
                 }),
             );
         }
-        Seen::Deleted(m) => expectations.members.observe(&m.name_any(), None),
+        Seen::Deleted(m) => {
+            expectations.members.observe(&m.name_any(), None);
+            expectations.machine_statuses.forget(&m.name_any());
+        }
         Seen::Listed(_) => {}
     }
 }

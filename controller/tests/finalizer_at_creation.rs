@@ -31,8 +31,9 @@ fn machine_object(name: &str, finalizers: &[&str]) -> Machine {
     .unwrap()
 }
 
-/// `(verb, subresource)` of every write the controller made to the Machine `name`.
-fn controller_writes_to(name: &str) -> Vec<(String, String)> {
+/// `(verb, subresource, answer's code)` of every write the controller made to the Machine
+/// `name`, refused ones too: each is the API server's work.
+fn controller_writes_to(name: &str) -> Vec<(String, String, u64)> {
     let text = std::fs::read_to_string(plane().audit_log_path().unwrap()).unwrap_or_default();
     text.lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
@@ -51,6 +52,7 @@ fn controller_writes_to(name: &str) -> Vec<(String, String)> {
                     .as_str()
                     .unwrap_or_default()
                     .to_owned(),
+                e["responseStatus"]["code"].as_u64().unwrap_or_default(),
             )
         })
         .collect()
@@ -69,6 +71,12 @@ async fn a_machine_is_created_with_the_finalizer_and_written_once() {
     )
     .await;
     start_controller();
+    // The Machine is created once its version exists: a Machine reconciled before would
+    // record that it waits for one, a write of its own.
+    wait_for("finalizer-test v1", || {
+        version(&client, "finalizer-test-v1")
+    })
+    .await;
     let created = machines
         .create(
             &PostParams::default(),
@@ -90,7 +98,7 @@ async fn a_machine_is_created_with_the_finalizer_and_written_once() {
     let writes = controller_writes_to("with-policy");
     assert_eq!(
         writes,
-        vec![("patch".to_owned(), "status".to_owned())],
+        vec![("patch".to_owned(), "status".to_owned(), 200)],
         "one write: the status"
     );
 
