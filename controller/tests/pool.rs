@@ -198,9 +198,8 @@ spec:
         (c.status == "True" && p.status?.ready_replicas == 4).then_some(())
     })
     .await;
-    let seen = event_reasons(&client, "pool-scale").await;
     for reason in [reasons::SCALING_UP, reasons::SCALING_DOWN] {
-        assert!(seen.contains(&reason.to_owned()), "{seen:?}");
+        wait_event(&client, "pool-scale", reason).await;
     }
 
     // Deleting the pool deletes its Machines through their own deletion (Node drained and
@@ -585,9 +584,12 @@ spec:
         "never more than 2 unready, and two at once: {most:?}; history {:?}",
         watch.history()
     );
-    let seen = event_reasons(&client, "pool-roll").await;
-    let batches = seen.iter().filter(|r| *r == reasons::ROLLING_OUT).count();
-    assert!(batches >= 3, "at least three batches: {seen:?}");
+    wait_for("at least three RollingOut Events (batches)", || async {
+        let seen = event_reasons(&client, "pool-roll").await;
+        let batches = seen.iter().filter(|r| *r == reasons::ROLLING_OUT).count();
+        (batches >= 3).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -687,11 +689,7 @@ spec:
         );
         assert!(!m.annotations().contains_key(annotations::REPAVE), "{name}");
     }
-    assert!(
-        event_reasons(&client, "pool-pause")
-            .await
-            .contains(&reasons::BATCH_FAILED.to_owned())
-    );
+    wait_event(&client, "pool-pause", reasons::BATCH_FAILED).await;
 
     // Rollback: the template pins v1; the failed Machine is out of date again and repaved.
     *wanted.lock().unwrap() = 1;
@@ -790,11 +788,7 @@ async fn unhealthy_machines_are_remediated_within_max_unhealthy() {
             && replaced.contains(&"pool-heal-2".to_owned())
     );
     wait_all_running_on(&client, &replaced, "pool-heal-mc", 1, TIMEOUT).await;
-    assert!(
-        event_reasons(&client, "pool-heal")
-            .await
-            .contains(&reasons::REMEDIATING.to_owned())
-    );
+    wait_event(&client, "pool-heal", reasons::REMEDIATING).await;
 
     // In a PXE pool the Machine is repaved: Node drained and deleted, then a pxeBoot.
     kubelet.set_ready("heal-inv-1", false).await;

@@ -39,11 +39,7 @@ async fn new_configuration_gets_v1() {
     })
     .await;
     assert_eq!(status.versions[0].name, "rule-new-v1");
-    assert!(
-        event_reasons(&client, "rule-new")
-            .await
-            .contains(&reasons::VERSION_CREATED.to_owned())
-    );
+    wait_event(&client, "rule-new", reasons::VERSION_CREATED).await;
 }
 
 #[tokio::test]
@@ -177,11 +173,7 @@ async fn name_only_uses_newest_and_locks_it() {
         v2.status.unwrap().deployed,
         "the newest version is locked when a machine takes it"
     );
-    assert!(
-        event_reasons(&client, "rule-name-b")
-            .await
-            .contains(&reasons::VERSION_LOCKED.to_owned())
-    );
+    wait_event(&client, "rule-name-b", reasons::VERSION_LOCKED).await;
 }
 
 #[tokio::test]
@@ -463,11 +455,7 @@ async fn node_annotated_after_it_appears_and_machine_runs_when_ready() {
         (m.status.as_ref()?.phase == Some(MachinePhase::Running)).then_some(())
     })
     .await;
-    assert!(
-        event_reasons(&client, "rule-node-m")
-            .await
-            .contains(&reasons::NODE_ANNOTATED.to_owned())
-    );
+    wait_event(&client, "rule-node-m", reasons::NODE_ANNOTATED).await;
 }
 
 #[tokio::test]
@@ -556,11 +544,7 @@ async fn rollback_by_pinning_and_deleting_node() {
     assert_eq!(pending.status.unwrap().configuration.unwrap().version, 2);
     delete_node(&client, "rule-roll-m").await;
     wait_resolved(&client, "rule-roll-m", "rule-roll", 1).await;
-    assert!(
-        event_reasons(&client, "rule-roll-m")
-            .await
-            .contains(&reasons::REPAVE.to_owned())
-    );
+    wait_event(&client, "rule-roll-m", reasons::REPAVE).await;
     create_node(&client, "rule-roll-m", true).await;
     let node = wait_for("Node annotated with v1 again", || async {
         let node: Node = Api::all(client.clone()).get("rule-roll-m").await.unwrap();
@@ -876,18 +860,9 @@ spec:
         None,
     );
     assert_eq!(supported, "True");
-    let reasons_seen = event_reasons(&client, "rule-rolling").await;
-    assert!(
-        reasons_seen.contains(&reasons::ROLLING_OUT.to_owned()),
-        "{reasons_seen:?}"
-    );
+    wait_event(&client, "rule-rolling", reasons::ROLLING_OUT).await;
     for name in &names {
-        assert!(
-            event_reasons(&client, name)
-                .await
-                .contains(&reasons::REPAVE.to_owned()),
-            "{name} was repaved"
-        );
+        wait_event(&client, name, reasons::REPAVE).await;
     }
 }
 

@@ -238,6 +238,16 @@ pub async fn event_reasons(client: &Client, object_name: &str) -> Vec<String> {
     events.into_iter().filter_map(|e| e.reason).collect()
 }
 
+/// Waits until an Event about `object_name` with `reason` is published (the controller
+/// queues its Events and a worker publishes them: one may follow the change it is about).
+pub async fn wait_event(client: &Client, object_name: &str, reason: &str) {
+    wait_for(&format!("a {reason} Event about {object_name}"), || async {
+        let seen = event_reasons(client, object_name).await;
+        seen.iter().any(|r| r == reason).then_some(())
+    })
+    .await
+}
+
 pub fn name_of<K: ResourceExt>(k: &K) -> String {
     k.name_any()
 }

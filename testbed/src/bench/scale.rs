@@ -177,10 +177,11 @@ pub fn run(
             ours: Some(Cell::with_note(
                 seconds,
                 format!(
-                    "peak RSS {:.0} MiB, controller CPU {:.1} s, {} API requests, kube-apiserver CPU {:.1} s, load {:.1} → {:.1}",
+                    "peak RSS {:.0} MiB, controller CPU {:.1} s, {} API requests ({} refused as conflicts), kube-apiserver CPU {:.1} s, load {:.1} → {:.1}",
                     phase.peak_rss_kib as f64 / 1024.0,
                     phase.cpu_seconds,
                     phase.requests.values().sum::<u64>(),
+                    super::controller::probe::conflicts(&phase.requests),
                     phase.apiserver_cpu_seconds,
                     phase.load_average.0,
                     phase.load_average.1

@@ -140,6 +140,16 @@ pub fn difference(before: &RequestCounts, after: &RequestCounts) -> RequestCount
         .collect()
 }
 
+/// The requests answered 409 Conflict: writes over a copy older than the object (a
+/// controller deciding from a cache that lags behind its own writes).
+pub fn conflicts(counts: &RequestCounts) -> u64 {
+    counts
+        .iter()
+        .filter(|(key, _)| key.code == "409")
+        .map(|(_, n)| n)
+        .sum()
+}
+
 /// Totals by verb.
 pub fn by_verb(counts: &RequestCounts) -> BTreeMap<String, u64> {
     let mut totals = BTreeMap::new();
@@ -200,5 +210,7 @@ mod tests {
             by_verb(&grown),
             BTreeMap::from([("APPLY".to_owned(), 15), ("PATCH".to_owned(), 2)])
         );
+        assert_eq!(conflicts(&grown), 2);
+        assert_eq!(conflicts(&before), 0);
     }
 }

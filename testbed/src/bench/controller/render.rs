@@ -100,6 +100,10 @@ pub fn figure_lines(report: &Report) -> Vec<String> {
             "figure controller.{name}.peak_requests_per_second {:.0}",
             phase.peak_requests_per_second
         ));
+        lines.push(format!(
+            "figure controller.{name}.conflicts {}",
+            probe::conflicts(&phase.requests)
+        ));
         for (verb, count) in probe::by_verb(&phase.requests) {
             lines.push(format!("figure controller.{name}.requests.{verb} {count}"));
         }
