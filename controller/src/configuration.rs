@@ -468,6 +468,24 @@ async fn write_status(
     if unchanged {
         return Ok(());
     }
+    let name = configuration.name_any();
+    // The copy as read, and the one this reconcile's latestVersion write made (the status
+    // is written over that one): a later reconcile may read either from the cache.
+    let read_at = configuration.resource_version().unwrap_or_default();
+    let mut written_over = vec![read_at.as_str()];
+    written_over.extend(resource_version.as_deref().filter(|v| *v != read_at));
+    if ctx
+        .expectations
+        .read()
+        .configuration_statuses
+        .is_superseded(&name, &read_at, Instant::now())
+    {
+        // What the API server would answer (409) without the request ([`crate::status_writes`]).
+        return Err(Error::Waiting(format!(
+            "MachineConfiguration {name}: status already written over this copy"
+        )));
+    }
+    tracing::debug!(configuration = %name, ?written_over, "writing status");
     let mut body = json!({
         "apiVersion": MachineConfiguration::api_version(&()),
         "kind": MachineConfiguration::kind(&()),
@@ -484,7 +502,6 @@ async fn write_status(
         body["status"]["rollout"] = json!(r);
     }
     let api: Api<MachineConfiguration> = Api::all(ctx.client.clone());
-    let name = configuration.name_any();
     match api
         .patch_status(
             &name,
@@ -493,7 +510,14 @@ async fn write_status(
         )
         .await
     {
-        Ok(_) => Ok(()),
+        Ok(_) => {
+            ctx.expectations.write().configuration_statuses.wrote_over(
+                &name,
+                &written_over,
+                Instant::now(),
+            );
+            Ok(())
+        }
         Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::Waiting(format!(
             "MachineConfiguration {name} changed meanwhile"
         ))),

@@ -222,6 +222,8 @@ pub struct Expectations {
     pub members: MemberExpectations,
     /// Machine statuses written over a copy the cache may still show.
     pub machine_statuses: crate::status_writes::SupersededCopies,
+    /// MachineConfiguration statuses written over a copy the cache may still show.
+    pub configuration_statuses: crate::status_writes::SupersededCopies,
 }
 
 /// A write the controller is about to make, which a watch will show.
@@ -332,6 +334,7 @@ impl Expectations {
         self.deleted_nodes.expire(now);
         self.members.expire(now);
         self.machine_statuses.expire(now);
+        self.configuration_statuses.expire(now);
     }
 
     /// The versions of `configuration` created less than [`EXPECTATION_TTL`] ago that are not

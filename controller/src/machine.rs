@@ -420,8 +420,7 @@ async fn write_status(
         return Ok(());
     }
     if superseded {
-        // What the API server would answer (409) without the request; the watch's event of
-        // the write reconciles again.
+        // What the API server would answer (409) without the request ([`crate::status_writes`]).
         return Err(Error::Waiting(format!(
             "Machine {name}: status already written over this copy"
         )));
@@ -460,10 +459,11 @@ async fn write_status(
         .await
     {
         Ok(_) => {
-            ctx.expectations
-                .write()
-                .machine_statuses
-                .wrote_over(&name, &read_at, Instant::now());
+            ctx.expectations.write().machine_statuses.wrote_over(
+                &name,
+                &[&read_at],
+                Instant::now(),
+            );
             Ok(())
         }
         Err(kube::Error::Api(s)) if s.code == 409 => {

@@ -118,7 +118,7 @@ pub async fn run(
             Api::<MachineConfiguration>::all(client.clone()),
             configuration_writer,
             watches::trim_configuration,
-            triggers.on_configuration(lookups.clone()),
+            triggers.on_configuration(lookups.clone(), expectations.clone()),
         ),
         drive(
             Api::<MachineConfigurationVersion>::all(client.clone()),

@@ -296,16 +296,24 @@ impl Triggers {
         self.handler(index, |_| {}, Lookups::after_pool)
     }
 
-    /// The MachineConfiguration handler: [`Lookups::after_configuration`].
+    /// The MachineConfiguration handler: a deleted one's status writes forgotten, then
+    /// [`Lookups::after_configuration`].
     pub fn on_configuration(
         &self,
         lookups: Lookups,
+        expectations: Shared<Expectations>,
     ) -> impl FnMut(Seen<'_, MachineConfiguration>) + Send + 'static {
-        self.handler(
-            lookups.catalog.clone(),
-            |_| {},
-            move |change| lookups.after_configuration(change),
-        )
+        let observe = move |seen: &Seen<'_, MachineConfiguration>| {
+            if let Seen::Deleted(c) = seen {
+                expectations
+                    .write()
+                    .configuration_statuses
+                    .forget(&c.name_any());
+            }
+        };
+        self.handler(lookups.catalog.clone(), observe, move |change| {
+            lookups.after_configuration(change)
+        })
     }
 
     /// The MachineConfigurationVersion handler: the versions expected to be created or
@@ -433,13 +441,16 @@ mod tests {
                 .write()
                 .apply(&format!("m{i}"), MachineKeys::of(&machine));
         }
-        let mut on_configuration = triggers.on_configuration(Lookups {
-            machines: index,
-            pools: Shared::new(PoolIndex::default()),
-            catalog: Shared::new(Catalog::default()),
-            operation_index: Shared::new(OperationIndex::default()),
-            operations: kube::runtime::reflector::store().0,
-        });
+        let mut on_configuration = triggers.on_configuration(
+            Lookups {
+                machines: index,
+                pools: Shared::new(PoolIndex::default()),
+                catalog: Shared::new(Catalog::default()),
+                operation_index: Shared::new(OperationIndex::default()),
+                operations: kube::runtime::reflector::store().0,
+            },
+            Shared::new(Expectations::default()),
+        );
         let mut change = |priority: i32| {
             let configuration: MachineConfiguration = serde_json::from_value(json!({
                 "apiVersion": "unbounded-cloud.io/v1alpha1", "kind": "MachineConfiguration",
