@@ -409,17 +409,17 @@ async fn write_status(
             condition::find(&current.conditions, &c.type_)
                 .is_some_and(|old| condition::same_meaning(old, c))
         });
-    let name = machine.name_any();
-    let read_at = machine.resource_version().unwrap_or_default();
-    let superseded =
-        ctx.expectations
-            .read()
-            .machine_statuses
-            .is_superseded(&name, &read_at, Instant::now());
     if unchanged {
         return Ok(());
     }
-    if superseded {
+    let name = machine.name_any();
+    let read_at = machine.resource_version().unwrap_or_default();
+    if ctx
+        .expectations
+        .read()
+        .machine_statuses
+        .is_superseded(&name, &read_at, Instant::now())
+    {
         // What the API server would answer (409) without the request ([`crate::status_writes`]).
         return Err(Error::Waiting(format!(
             "Machine {name}: status already written over this copy"
