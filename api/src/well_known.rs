@@ -62,6 +62,9 @@ pub mod annotations {
     /// On a Machine: the time of the repave request the controller carried out, until the
     /// Machine is Running again (a rollout's progress deadline counts from it).
     pub const REPAVING: &str = "unbounded-cloud.io/repaving";
+    /// On a Machine discovery created: the sender of the report that created it (the /24
+    /// of its source address), so that the per-sender cap is read back after a restart.
+    pub const DISCOVERED_FROM: &str = "unbounded-cloud.io/discovered-from";
     /// On a PXE Machine a pool claimed: when (RFC 3339). Remediation's provisioning clock
     /// starts no earlier.
     pub const CLAIMED_AT: &str = "unbounded-cloud.io/claimed-at";

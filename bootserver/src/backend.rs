@@ -116,6 +116,13 @@ pub trait MachineBackend: Send + Sync + 'static {
 
     /// Whether the backend has its data (the Kubernetes caches have synced).
     fn is_ready(&self) -> bool;
+
+    /// Reports, where the operator looks, that something was refused for `machine`
+    /// (`reason` is a fixed CamelCase word; `message` names no secret). The Kubernetes
+    /// backend publishes a Warning Event on the Machine; the file backend has only the log.
+    fn report_refusal(&self, machine: &str, reason: &'static str, message: String) {
+        let _ = (machine, reason, message);
+    }
 }
 
 /// The machines of the configuration file (standalone mode, no cluster).

@@ -24,6 +24,8 @@
 //!   timeoutSeconds: 10            # one BMC request
 //!   gracefulShutdownSeconds: 60   # then power is forced off
 //! http: {port: 8080, imagesDir: /var/lib/unbounded/images}
+//!   # maxConnections: 1024        # open connections at most (more wait in the kernel's backlog)
+//!   # idleSeconds: 60             # a connection that neither sends nor receives a byte for this long is closed
 //! credentials:                    # agent credentials (backend kubernetes only)
 //!   apiServer: https://10.99.0.1:6443   # the API server as machines reach it
 //!   caFile: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt   # the default
@@ -36,6 +38,7 @@
 //!   boot: {kernel: v1/vmlinuz, initrd: v1/initrd.img, args: [console=ttyS0]}   # the host OS the inspection boots
 //!   creationsPerMinute: 30        # Machines discovery may create in any minute
 //!   maxUnclaimed: 500             # discovered Machines waiting to be claimed, at most
+//!   maxUnclaimedPerSender: 128    # of those, sent from one /24 (default: the lesser of 128 and maxUnclaimed)
 //!   maxBodyBytes: 262144          # one inventory report, at most
 //! machines:                       # standalone mode (no cluster): the machines we boot
 //!   - name: node-1
@@ -143,6 +146,7 @@ struct DiscoveryFile {
     boot: BootFile,
     creations_per_minute: Option<usize>,
     max_unclaimed: Option<usize>,
+    max_unclaimed_per_sender: Option<usize>,
     max_body_bytes: Option<usize>,
 }
 
@@ -207,6 +211,8 @@ struct TftpFile {
 struct HttpFile {
     port: Option<u16>,
     images_dir: Option<PathBuf>,
+    max_connections: Option<usize>,
+    idle_seconds: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -310,6 +316,8 @@ pub struct Settings {
     pub http_port: u16,
     /// Directory of kernels, initrds and images served under `/images/`.
     pub images_dir: PathBuf,
+    /// How many HTTP connections may be open, and how long one may sit idle.
+    pub http_limits: crate::http::sendfile::ConnectionLimits,
     /// The machines of the file (standalone mode).
     pub machines: Vec<Arc<MachineRecord>>,
     /// Whether the PXE provider runs (power through BMCs; backend kubernetes only).
@@ -433,6 +441,7 @@ impl Settings {
             tftp_root: file.tftp.root.unwrap_or_else(|| defaults.tftp_root.clone()),
             tftp_port: file.tftp.port.unwrap_or(69),
             http_port: file.http.port.unwrap_or(8080),
+            http_limits: http_limits(&file.http)?,
             images_dir: file
                 .http
                 .images_dir
@@ -455,6 +464,26 @@ impl Settings {
     pub fn http_listen(&self) -> SocketAddr {
         SocketAddr::from((self.server_address, self.http_port))
     }
+}
+
+fn http_limits(http: &HttpFile) -> Result<crate::http::sendfile::ConnectionLimits, ConfigError> {
+    let defaults = crate::http::sendfile::ConnectionLimits::default();
+    let max_connections = http.max_connections.unwrap_or(defaults.max_connections);
+    if !(16..=65_536).contains(&max_connections) {
+        return Err(ConfigError::Invalid(format!(
+            "http.maxConnections must be between 16 and 65536, not {max_connections}"
+        )));
+    }
+    let idle_seconds = http.idle_seconds.unwrap_or(defaults.idle.as_secs());
+    if !(5..=3600).contains(&idle_seconds) {
+        return Err(ConfigError::Invalid(format!(
+            "http.idleSeconds must be between 5 and 3600, not {idle_seconds}"
+        )));
+    }
+    Ok(crate::http::sendfile::ConnectionLimits {
+        max_connections,
+        idle: std::time::Duration::from_secs(idle_seconds),
+    })
 }
 
 /// The in-cluster CA bundle, the default `credentials.caFile`.
@@ -649,6 +678,12 @@ fn validate_discovery(
             )))
         }
     };
+    let max_unclaimed = bounded(
+        "maxUnclaimed",
+        file.max_unclaimed,
+        defaults.max_unclaimed,
+        1..=10_000,
+    )?;
     Ok(crate::discovery::DiscoverySettings {
         kernel: boot.kernel.clone(),
         initrd: boot.initrd.clone(),
@@ -660,11 +695,12 @@ fn validate_discovery(
                 defaults.creations_per_minute,
                 1..=600,
             )?,
-            max_unclaimed: bounded(
-                "maxUnclaimed",
-                file.max_unclaimed,
-                defaults.max_unclaimed,
-                1..=10_000,
+            max_unclaimed,
+            max_unclaimed_per_sender: bounded(
+                "maxUnclaimedPerSender",
+                file.max_unclaimed_per_sender,
+                defaults.max_unclaimed_per_sender.min(max_unclaimed),
+                1..=max_unclaimed,
             )?,
             max_body_bytes: bounded(
                 "maxBodyBytes",
@@ -903,6 +939,7 @@ machines:
             discovery.limits,
             crate::discovery::DiscoveryLimits {
                 max_unclaimed: 20,
+                max_unclaimed_per_sender: 20,
                 ..defaults
             }
         );

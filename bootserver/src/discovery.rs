@@ -11,10 +11,18 @@
 //!   `unbounded_api::inventory::validate` (lengths, characters, counts, numbers);
 //! - at most [`DiscoveryLimits::creations_per_minute`] Machines are created in any minute, and
 //!   at most [`DiscoveryLimits::max_unclaimed`] discovered Machines wait unclaimed;
-//! - one Machine per MAC set: a report whose MACs meet exactly one discovered, unclaimed
-//!   Machine updates it (at most once a minute), MACs that meet two Machines are refused,
-//!   and a report with a MAC of a declared or claimed Machine is refused (that machine's
-//!   inventory comes from its own authenticated agent);
+//! - at most [`DiscoveryLimits::max_unclaimed_per_sender`] of them were sent from one
+//!   sender (the /24 of the report's source address, recorded on the Machine so that the
+//!   count is read back from the API after a restart): one network cannot fill the cap for
+//!   every other;
+//! - a discovered Machine is created with its **boot MAC only**: the one MAC the bootserver
+//!   saw the sender hold ([`crate::identity`] vouches for the sender as that MAC before
+//!   anything is decided). The report's other NICs are inventory facts, never the
+//!   Machine's: a report cannot pre-register another server's MAC. A report whose boot MAC
+//!   is a waiting Machine's updates that Machine's inventory (at most once a minute) and
+//!   never its MACs; one that names a MAC of another Machine is refused, and one with a
+//!   MAC of a declared or claimed Machine too (that machine's inventory comes from its own
+//!   authenticated agent). A Machine's MACs change only by an operator;
 //! - nothing here issues a credential: a discovered Machine has no configuration, and
 //!   [`is_waiting`] is what the credential and boot-script paths check to refuse one.
 //!
@@ -50,6 +58,8 @@ pub struct DiscoveryLimits {
     pub creations_per_minute: usize,
     /// Discovered Machines waiting unclaimed.
     pub max_unclaimed: usize,
+    /// Discovered Machines waiting unclaimed that one sender sent.
+    pub max_unclaimed_per_sender: usize,
     /// Bytes of one report.
     pub max_body_bytes: usize,
 }
@@ -59,6 +69,7 @@ impl Default for DiscoveryLimits {
         Self {
             creations_per_minute: 30,
             max_unclaimed: 500,
+            max_unclaimed_per_sender: 128,
             max_body_bytes: 256 * 1024,
         }
     }
@@ -88,6 +99,8 @@ pub struct KnownMachine {
     pub waiting: bool,
     /// When discovery last wrote its inventory (seconds on the decision's clock).
     pub last_report_at: Option<u64>,
+    /// Who sent the report that created it ([`sender_of`]), as recorded on the Machine.
+    pub sender: Option<String>,
 }
 
 /// One report: the inventory and the MAC the agent booted from.
@@ -99,23 +112,37 @@ pub struct Report {
     pub boot_mac: String,
     /// What the agent collected.
     pub inventory: MachineInventorySpec,
+    /// Who sent it ([`sender_of`]).
+    pub sender: String,
+}
+
+/// The sender a report is counted against: the /24 of its source address (one segment
+/// behind one relay, as DHCP sees it), or the whole address where it is IPv6.
+pub fn sender_of(peer: std::net::IpAddr) -> String {
+    match peer {
+        std::net::IpAddr::V4(ip) => {
+            let [a, b, c, _] = ip.octets();
+            format!("{a}.{b}.{c}.0-24")
+        }
+        std::net::IpAddr::V6(ip) => ip.to_string().replace(':', "-"),
+    }
 }
 
 /// What to do with a report.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
-    /// Create the discovered Machine `name` with `macs` and its inventory.
+    /// Create the discovered Machine `name` with `macs` (its boot MAC) and its inventory.
     Create {
         /// The Machine's name.
         name: String,
         /// Its MACs, sorted.
         macs: Vec<String>,
     },
-    /// Update the inventory (and MACs) of the discovered, unclaimed Machine `name`.
+    /// Update the inventory of the discovered, unclaimed Machine `name`; its MACs stay.
     Update {
         /// The Machine's name.
         name: String,
-        /// Its MACs afterwards, sorted.
+        /// Its MACs (unchanged), sorted.
         macs: Vec<String>,
     },
     /// Write nothing.
@@ -144,6 +171,14 @@ pub enum Refusal {
     /// The MACs meet more than one Machine (409).
     #[error("the report's MACs belong to more than one Machine")]
     MacSetConflict,
+    /// A MAC of the report belongs to a Machine that its boot MAC is not (409).
+    #[error(
+        "a MAC of the report belongs to Machine {0}, whose MACs do not include the report's boot MAC"
+    )]
+    OtherMachine(String),
+    /// Too many discovered Machines from this sender wait unclaimed (429).
+    #[error("{0} discovered Machines from this sender already wait to be claimed")]
+    TooManyFromSender(usize),
     /// Too many creations in the last minute (429).
     #[error("too many Machines discovered in the last minute")]
     RateLimited,
@@ -170,6 +205,8 @@ impl Refusal {
             Self::BootMacNotInInventory => "boot_mac",
             Self::Known(_) => "known",
             Self::MacSetConflict => "mac_conflict",
+            Self::OtherMachine(_) => "other_machine",
+            Self::TooManyFromSender(_) => "too_many_from_sender",
             Self::RateLimited => "rate_limited",
             Self::TooManyUnclaimed(_) => "too_many_unclaimed",
             Self::TooSoon => "too_soon",
@@ -183,8 +220,11 @@ impl Refusal {
         match self {
             Self::TooLarge { .. } => 413,
             Self::Invalid(_) | Self::BootMacNotInInventory | Self::TooManyMacs(_) => 422,
-            Self::Known(_) | Self::MacSetConflict => 409,
-            Self::RateLimited | Self::TooManyUnclaimed(_) | Self::TooSoon => 429,
+            Self::Known(_) | Self::MacSetConflict | Self::OtherMachine(_) => 409,
+            Self::RateLimited
+            | Self::TooManyUnclaimed(_)
+            | Self::TooManyFromSender(_)
+            | Self::TooSoon => 429,
         }
     }
 }
@@ -258,6 +298,13 @@ pub fn decide(
             if unclaimed >= limits.max_unclaimed {
                 return Refuse(Refusal::TooManyUnclaimed(unclaimed));
             }
+            let from_sender = machines
+                .iter()
+                .filter(|m| m.waiting && m.sender.as_deref() == Some(report.sender.as_str()))
+                .count();
+            if from_sender >= limits.max_unclaimed_per_sender {
+                return Refuse(Refusal::TooManyFromSender(from_sender));
+            }
             let last_minute = recent_creations
                 .iter()
                 .filter(|t| now.saturating_sub(**t) < 60)
@@ -271,27 +318,27 @@ pub fn decide(
             if machines.iter().any(|m| m.name == name) {
                 return Refuse(Refusal::MacSetConflict);
             }
+            // Only the boot MAC: the one the sender was vouched for as holding.
             Decision::Create {
                 name,
-                macs: macs.into_iter().collect(),
+                macs: vec![boot_mac],
             }
         }
         [one] => {
+            // The report may describe its own Machine only: a MAC of another one (which a
+            // sender could name to have it joined to a Machine it boots as) is refused.
+            if !one.macs.contains(&boot_mac) {
+                return Refuse(Refusal::OtherMachine(one.name.clone()));
+            }
             if one
                 .last_report_at
                 .is_some_and(|t| now.saturating_sub(t) < 60)
             {
                 return Refuse(Refusal::TooSoon);
             }
-            // New MACs join the Machine unless another Machine has them (checked above: only
-            // this one met the report).
-            let macs: BTreeSet<String> = one.macs.union(&macs).cloned().collect();
-            if macs.len() > MAX_MACHINE_MACS {
-                return Refuse(Refusal::TooManyMacs(macs.len()));
-            }
             Decision::Update {
                 name: one.name.clone(),
-                macs: macs.into_iter().collect(),
+                macs: one.macs.iter().cloned().collect(),
             }
         }
         _ => Refuse(Refusal::MacSetConflict),

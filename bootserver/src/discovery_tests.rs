@@ -42,6 +42,14 @@ fn report(macs: &[u8]) -> Report {
         body_bytes: 2000,
         boot_mac: mac(macs[0]),
         inventory: inventory(macs),
+        sender: "10.0.0.0-24".into(),
+    }
+}
+
+fn report_from(macs: &[u8], sender: &str) -> Report {
+    Report {
+        sender: sender.into(),
+        ..report(macs)
     }
 }
 
@@ -51,12 +59,14 @@ fn known(name: &str, macs: &[u8], waiting: bool) -> KnownMachine {
         macs: macs.iter().map(|m| mac(*m)).collect(),
         waiting,
         last_report_at: None,
+        sender: Some("10.0.0.0-24".into()),
     }
 }
 
 const LIMITS: DiscoveryLimits = DiscoveryLimits {
     creations_per_minute: 2,
     max_unclaimed: 3,
+    max_unclaimed_per_sender: 3,
     max_body_bytes: 10_000,
 };
 
@@ -75,13 +85,13 @@ fn decisions() {
     type Case = (&'static str, Vec<KnownMachine>, Vec<u64>, Report, Decision);
     let cases: Vec<Case> = vec![
         (
-            "a new machine is created",
+            "a new machine is created with its boot MAC only",
             vec![],
             vec![],
             report(&[1, 2]),
             Decision::Create {
                 name: "discovered-525400000001".into(),
-                macs: vec![mac(1), mac(2)],
+                macs: vec![mac(1)],
             },
         ),
         (
@@ -117,6 +127,7 @@ fn decisions() {
                 body_bytes: 10,
                 boot_mac: mac(1),
                 inventory: MachineInventorySpec::default(),
+                sender: "10.0.0.0-24".into(),
             },
             refuse(Refusal::BootMacNotInInventory),
         ),
@@ -135,13 +146,34 @@ fn decisions() {
             refuse(Refusal::Known("discovered-525400000001".into())),
         ),
         (
-            "the same machine again updates, a new NIC joins",
+            "the same machine again updates its inventory; a new NIC does not join",
             vec![discovered.clone()],
             vec![],
             report(&[1, 3]),
             Decision::Update {
                 name: "discovered-525400000001".into(),
-                macs: vec![mac(1), mac(3)],
+                macs: vec![mac(1)],
+            },
+        ),
+        (
+            "a report naming another waiting Machine's MAC (to have it joined)",
+            vec![known("discovered-victim", &[2], true)],
+            vec![],
+            report(&[1, 2]),
+            refuse(Refusal::OtherMachine("discovered-victim".into())),
+        ),
+        (
+            "one sender's cap, while others may still create",
+            vec![
+                known("a", &[1], true),
+                known("b", &[2], true),
+                known("c", &[3], false),
+            ],
+            vec![],
+            report(&[5]),
+            Decision::Create {
+                name: "discovered-525400000005".into(),
+                macs: vec![mac(5)],
             },
         ),
         (
@@ -223,11 +255,14 @@ fn decisions() {
             refuse(Refusal::TooManyMacs(17)),
         ),
         (
-            "an update that would give the Machine more MACs than it holds",
+            "an update never gives the Machine a MAC",
             vec![known("a", &(1..=16).collect::<Vec<u8>>(), true)],
             vec![],
             report(&[1, 17]),
-            refuse(Refusal::TooManyMacs(17)),
+            Decision::Update {
+                name: "a".into(),
+                macs: (1..=16).map(mac).collect(),
+            },
         ),
         (
             "the name is taken by a machine without the MAC",
@@ -244,6 +279,36 @@ fn decisions() {
             "{what}"
         );
     }
+}
+
+/// One sender (a /24) cannot fill the global cap: its own cap refuses it while another
+/// sender still creates.
+#[test]
+fn the_per_sender_cap_leaves_room_for_other_senders() {
+    let limits = DiscoveryLimits {
+        max_unclaimed: 10,
+        max_unclaimed_per_sender: 2,
+        creations_per_minute: 100,
+        ..LIMITS
+    };
+    let from = |name: &str, macs: &[u8], sender: &str| KnownMachine {
+        sender: Some(sender.into()),
+        ..known(name, macs, true)
+    };
+    let machines = vec![
+        from("a", &[1], "s1"),
+        from("b", &[2], "s1"),
+        from("c", &[3], "s2"),
+    ];
+    assert_eq!(
+        decide(&limits, &machines, &[], &report_from(&[4], "s1"), 1000),
+        Decision::Refuse(Refusal::TooManyFromSender(2))
+    );
+    assert!(matches!(
+        decide(&limits, &machines, &[], &report_from(&[4], "s2"), 1000),
+        Decision::Create { .. }
+    ));
+    assert_eq!(sender_of("10.99.0.21".parse().unwrap()), "10.99.0.0-24");
 }
 
 #[test]
@@ -307,8 +372,9 @@ fn step() -> impl Strategy<Value = Step> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, rng_seed: proptest::test_runner::RngSeed::Fixed(26), ..ProptestConfig::default() })]
 
-    /// Applying the decisions of any sequence of reports keeps the caps and never gives one
-    /// MAC to two Machines.
+    /// Applying the decisions of any sequence of reports keeps the caps, never gives one
+    /// MAC to two Machines, and never gives a Machine a MAC but the boot MAC it was created
+    /// for.
     #[test]
     fn caps_hold_and_no_mac_gets_two_machines(steps in proptest::collection::vec(step(), 1..60)) {
         let mut machines: Vec<KnownMachine> = Vec::new();
@@ -321,15 +387,19 @@ proptest! {
                 Step::Report(mut macs) => {
                     macs.dedup();
                     let macs: Vec<u8> = macs.into_iter().collect::<BTreeSet<_>>().into_iter().collect();
+                    let boot = mac(macs[0]);
                     match decide(&LIMITS, &machines, &creations, &report(&macs), now) {
                         Decision::Create { name, macs } => {
+                            prop_assert_eq!(&macs, &vec![boot], "created with its boot MAC only");
                             creations.push(now);
-                            machines.push(KnownMachine { name, macs: macs.into_iter().collect(), waiting: true, last_report_at: Some(now) });
+                            machines.push(KnownMachine { name, macs: macs.into_iter().collect(), waiting: true, last_report_at: Some(now), sender: Some("10.0.0.0-24".into()) });
                         }
                         Decision::Update { name, macs } => {
                             let m = machines.iter_mut().find(|m| m.name == name).expect("updates an existing Machine");
                             prop_assert!(m.waiting, "only an unclaimed Machine is updated");
-                            m.macs = macs.into_iter().collect();
+                            let after: BTreeSet<String> = macs.into_iter().collect();
+                            prop_assert_eq!(&after, &m.macs, "a report never changes a Machine's MACs");
+                            prop_assert!(m.macs.contains(&boot), "only the Machine of the boot MAC is updated");
                             m.last_report_at = Some(now);
                         }
                         Decision::Refuse(_) => {}

@@ -117,8 +117,8 @@ struct OutcomeLabel {
 struct Memory {
     /// When it created Machines (seconds).
     creations: VecDeque<u64>,
-    /// The Machines it wrote: when and with which MACs.
-    written: HashMap<String, (u64, BTreeSet<String>)>,
+    /// The Machines it wrote: when, with which MACs, and for which sender.
+    written: HashMap<String, (u64, BTreeSet<String>, String)>,
 }
 
 impl Memory {
@@ -126,18 +126,18 @@ impl Memory {
         while self.creations.front().is_some_and(|t| *t < horizon) {
             self.creations.pop_front();
         }
-        self.written.retain(|_, (at, _)| *at >= horizon);
+        self.written.retain(|_, (at, _, _)| *at >= horizon);
     }
 
     /// The index's view completed with our own writes: a Machine we wrote and the index
     /// does not show yet is there (waiting), and each Machine we wrote has its time.
     fn complete(&self, mut view: Vec<KnownMachine>, macs: &BTreeSet<String>) -> Vec<KnownMachine> {
         for machine in &mut view {
-            if let Some((at, _)) = self.written.get(&machine.name) {
+            if let Some((at, _, _)) = self.written.get(&machine.name) {
                 machine.last_report_at = Some(*at);
             }
         }
-        for (name, (at, written_macs)) in &self.written {
+        for (name, (at, written_macs, sender)) in &self.written {
             if view.iter().any(|m| &m.name == name) || written_macs.is_disjoint(macs) {
                 continue;
             }
@@ -146,6 +146,7 @@ impl Memory {
                 macs: written_macs.clone(),
                 waiting: true,
                 last_report_at: Some(*at),
+                sender: Some(sender.clone()),
             });
         }
         view
@@ -234,13 +235,15 @@ impl DiscoveryWriter {
         discovery::claim_state(&view, &boot_mac.to_string())
     }
 
-    /// Decides and writes one report of `body_bytes` bytes.
+    /// Decides and writes one report of `body_bytes` bytes from `sender`
+    /// ([`discovery::sender_of`]).
     pub async fn report(
         &self,
         report: DiscoveryReport,
         body_bytes: usize,
+        sender: String,
     ) -> Result<Outcome, DiscoveryError> {
-        let result = self.decide_and_write(report, body_bytes).await;
+        let result = self.decide_and_write(report, body_bytes, sender).await;
         self.count_outcome(match &result {
             Ok(Outcome::Created(_)) => "created",
             Ok(Outcome::Updated(_)) => "updated",
@@ -253,6 +256,7 @@ impl DiscoveryWriter {
         &self,
         report: DiscoveryReport,
         body_bytes: usize,
+        sender: String,
     ) -> Result<Outcome, DiscoveryError> {
         let boot_mac: MacAddr = report
             .boot_mac
@@ -263,6 +267,7 @@ impl DiscoveryWriter {
             body_bytes,
             boot_mac: boot_mac.to_string(),
             inventory,
+            sender,
         };
         let macs: BTreeSet<String> = report.inventory.mac_set().into_iter().collect();
         let parsed: Vec<MacAddr> = macs.iter().filter_map(|m| m.parse().ok()).collect();
@@ -285,18 +290,20 @@ impl DiscoveryWriter {
                 // Counted before the write: a create that failed half-way still spent its
                 // place in the minute (the rate bounds attempts on the API server too).
                 memory.creations.push_back(now);
-                self.create(&name, &macs, inventory).await?;
-                memory
-                    .written
-                    .insert(name.clone(), (now, macs.into_iter().collect()));
+                self.create(&name, &macs, &report.sender, inventory).await?;
+                memory.written.insert(
+                    name.clone(),
+                    (now, macs.into_iter().collect(), report.sender.clone()),
+                );
                 tracing::info!(machine = %name, "discovery: created a Machine waiting to be claimed");
                 Ok(Outcome::Created(name))
             }
             Decision::Update { name, macs } => {
                 self.update(&name, &macs, inventory).await?;
-                memory
-                    .written
-                    .insert(name.clone(), (now, macs.into_iter().collect()));
+                memory.written.insert(
+                    name.clone(),
+                    (now, macs.into_iter().collect(), report.sender.clone()),
+                );
                 tracing::info!(machine = %name, "discovery: updated the inventory of a waiting Machine");
                 Ok(Outcome::Updated(name))
             }
@@ -307,6 +314,7 @@ impl DiscoveryWriter {
         &self,
         name: &str,
         macs: &[String],
+        sender: &str,
         inventory: unbounded_api::inventory::MachineInventorySpec,
     ) -> Result<(), DiscoveryError> {
         let mut labels = hardware_labels(&inventory);
@@ -326,7 +334,11 @@ impl DiscoveryWriter {
         let machine: Machine = serde_json::from_value(serde_json::json!({
             "apiVersion": "unbounded-cloud.io/v1alpha1",
             "kind": "Machine",
-            "metadata": {"name": name, "labels": labels},
+            "metadata": {
+                "name": name,
+                "labels": labels,
+                "annotations": {unbounded_api::well_known::annotations::DISCOVERED_FROM: sender},
+            },
             "spec": {
                 "provider": "pxe",
                 "pxe": {"macAddresses": macs, "architecture": architecture, "firmware": firmware},
@@ -470,6 +482,7 @@ mod tests {
             macs: macs.iter().map(|m| (*m).to_owned()).collect(),
             waiting: true,
             last_report_at: None,
+            sender: None,
         }
     }
 
@@ -480,11 +493,11 @@ mod tests {
         let mut memory = Memory::default();
         memory.written.insert(
             "discovered-a".into(),
-            (100, ["aa:00:00:00:00:01".to_owned()].into()),
+            (100, ["aa:00:00:00:00:01".to_owned()].into(), "s".into()),
         );
         memory.written.insert(
             "discovered-b".into(),
-            (90, ["bb:00:00:00:00:01".to_owned()].into()),
+            (90, ["bb:00:00:00:00:01".to_owned()].into(), "s".into()),
         );
         let macs: BTreeSet<String> = ["aa:00:00:00:00:01".to_owned()].into();
         let view = memory.complete(vec![known("discovered-b", &["bb:00:00:00:00:01"])], &macs);

@@ -303,6 +303,7 @@ fn http_fixture() -> &'static Http {
             registry: Arc::new(registry),
             issuer: None,
             discovery: None,
+            exchanges: Arc::default(),
         });
         let runtime = match tokio::runtime::Builder::new_current_thread()
             .enable_all()

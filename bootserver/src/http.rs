@@ -34,6 +34,7 @@ use crate::config::{DhcpMode, Settings, UnknownMachines};
 use crate::credentials::{Issuer, Origin};
 use crate::discovery_writes::DiscoveryWriter;
 use crate::files::{self, InlineFs};
+use crate::identity::{self, Evidence, PxeExchanges, Unvouched};
 use crate::leases::Leases;
 use crate::metrics::{Metrics, Service};
 use crate::preflight::Readiness;
@@ -59,6 +60,8 @@ pub struct AppState {
     pub issuer: Option<Arc<Issuer>>,
     /// Writes discovery reports (Kubernetes backend with `unknownMachines: discover`).
     pub discovery: Option<Arc<DiscoveryWriter>>,
+    /// The PXE boot-server exchanges DHCP answered ([`crate::identity`]).
+    pub exchanges: Arc<PxeExchanges>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -228,10 +231,17 @@ async fn boot_script(
             }
         }
         Some(machine) => {
-            // A nonce only for a script that boots, served to the machine's own address.
+            // A nonce only for a script that boots, served to the machine itself: a peer
+            // the bootserver does not vouch for gets no script at all, and the reason.
             let nonce = match (&state.issuer, peer.ip(), &machine.boot) {
                 (Some(issuer), IpAddr::V4(peer), Some(_)) => {
-                    issuer.nonce_for_script(&machine.name, origin(&state, &machine, peer))
+                    match identity::vouch(&evidence(&state, &machine, peer)) {
+                        Ok(()) => issuer.nonce_for_script(&machine.name, peer),
+                        Err(why) => {
+                            let script = unvouched_script(&state, &machine, peer, why);
+                            return ipxe(&state, "/boot.ipxe", script);
+                        }
+                    }
                 }
                 _ => Ok(None),
             };
@@ -324,7 +334,43 @@ fn origin(state: &AppState, machine: &MachineRecord, peer: Ipv4Addr) -> Origin {
         holds_address: holds_address(state, machine, peer),
         // Only a full DHCP server knows which address each machine has.
         addresses_known: state.settings.dhcp_mode == DhcpMode::Full,
+        link_layer: identity::neighbours::link_layer_of(peer, &machine.macs),
     }
+}
+
+/// What the bootserver saw of `peer` for `machine` ([`crate::identity`]).
+pub(crate) fn evidence(state: &AppState, machine: &MachineRecord, peer: Ipv4Addr) -> Evidence {
+    let mode = state.settings.dhcp_mode;
+    Evidence {
+        peer,
+        mode,
+        holds_address: mode == DhcpMode::Full && holds_address(state, machine, peer),
+        exchanged_from: state
+            .exchanges
+            .addresses(&machine.macs, crate::credentials::now_unix()),
+        link_layer: identity::neighbours::link_layer_of(peer, &machine.macs),
+    }
+}
+
+/// The script a peer gets for a machine it was not vouched for as: it says why, and boots
+/// nothing. The refusal is logged, counted and reported on the Machine.
+fn unvouched_script(
+    state: &AppState,
+    machine: &MachineRecord,
+    peer: Ipv4Addr,
+    why: Unvouched,
+) -> String {
+    tracing::warn!(machine = %machine.name, %peer, reason = why.label(), %why, "boot script refused: the bootserver does not vouch for the peer as this machine");
+    state.metrics.script_refused(why.label());
+    state.backend.report_refusal(
+        &machine.name,
+        why.script_event_reason(),
+        format!("a boot script for this Machine was refused to {peer}: {why}"),
+    );
+    boot::refusal(&format!(
+        "{peer} was not vouched for as machine {}: {why}",
+        machine.name
+    ))
 }
 
 /// The agent's credentials ([`crate::credentials`]).

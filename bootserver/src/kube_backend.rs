@@ -194,6 +194,12 @@ impl MachineIndex {
             macs: record.macs.iter().map(ToString::to_string).collect(),
             waiting: record.discovery_waiting,
             last_report_at: None,
+            sender: self
+                .machines
+                .get(&record.name)
+                .and_then(|k| k.machine.metadata.annotations.as_ref())
+                .and_then(|a| a.get(unbounded_api::well_known::annotations::DISCOVERED_FROM))
+                .cloned(),
         };
         let mut view: BTreeMap<String, crate::discovery::KnownMachine> = self
             .waiting
@@ -215,6 +221,7 @@ impl MachineIndex {
                     macs: Default::default(),
                     waiting: false,
                     last_report_at: None,
+                    sender: None,
                 },
             };
             view.insert(name.to_owned(), entry);
@@ -508,6 +515,8 @@ pub struct KubeBackend {
     recorder: Option<Recorder>,
     /// Conflicts already reported as Events.
     reported: Mutex<HashSet<Conflict>>,
+    /// When each refusal (Machine, reason, message) was last reported as an Event.
+    refusals_reported: Mutex<HashMap<(String, &'static str, String), std::time::Instant>>,
 }
 
 impl std::fmt::Debug for KubeBackend {
@@ -728,6 +737,51 @@ impl MachineBackend for KubeBackend {
 
     fn is_ready(&self) -> bool {
         self.machines_listed.load(Ordering::Acquire) && self.versions_listed.load(Ordering::Acquire)
+    }
+
+    /// A Warning Event on the Machine, at most one a minute for one Machine, reason and
+    /// message (a refused peer that keeps asking does not flood the API server; another
+    /// peer's refusal is its own Event).
+    fn report_refusal(&self, machine: &str, reason: &'static str, message: String) {
+        const EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+        let now = std::time::Instant::now();
+        {
+            let mut reported = self
+                .refusals_reported
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let key = (machine.to_owned(), reason, message.clone());
+            if reported
+                .get(&key)
+                .is_some_and(|at| now.duration_since(*at) < EVERY)
+            {
+                return;
+            }
+            if reported.len() >= 4096 {
+                reported.retain(|_, at| now.duration_since(*at) < EVERY);
+            }
+            reported.insert(key, now);
+        }
+        let (Some(recorder), Ok(runtime)) =
+            (self.recorder.clone(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let Some(reference) = self.read().machine(machine).map(|m| m.object_ref(&())) else {
+            return;
+        };
+        let event = Event {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            note: Some(message),
+            action: "VouchForPeer".into(),
+            secondary: None,
+        };
+        runtime.spawn(async move {
+            if let Err(error) = recorder.publish(&event, &reference).await {
+                tracing::warn!(%error, "publishing a refusal Event failed");
+            }
+        });
     }
 }
 

@@ -32,6 +32,7 @@ pub mod files;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;
+pub mod identity;
 pub mod interfaces;
 pub mod kube_backend;
 pub mod leases;

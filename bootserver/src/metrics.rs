@@ -41,10 +41,10 @@ pub struct ServiceLabel {
     pub service: &'static str,
 }
 
-/// A TFTP refusal label.
+/// A refusal's label (TFTP requests, boot scripts).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TftpReasonLabel {
-    /// Why a TFTP request was refused.
+    /// Why it was refused.
     pub reason: &'static str,
 }
 
@@ -89,6 +89,9 @@ pub struct Metrics {
     pub http_requests: Family<RouteLabel, Counter>,
     /// Bytes of files (images, iPXE builds) sent over HTTP by the kernel (`sendfile`).
     pub http_file_bytes_sent: Counter,
+    /// Boot scripts refused to a peer not vouched for as the machine, by reason
+    /// ([`crate::identity::Unvouched::label`]).
+    pub scripts_refused: Family<TftpReasonLabel, Counter>,
 }
 
 fn type_name(kind: Option<MessageType>) -> String {
@@ -165,6 +168,11 @@ impl Metrics {
             "Bytes of files sent over HTTP by the kernel (sendfile)",
             m.http_file_bytes_sent.clone(),
         );
+        r.register(
+            "boot_scripts_refused",
+            "Boot scripts refused to a peer the bootserver does not vouch for as the machine, by reason",
+            m.scripts_refused.clone(),
+        );
         m
     }
 
@@ -208,6 +216,13 @@ impl Metrics {
     /// Counts a refused TFTP request.
     pub fn tftp_refused(&self, reason: &'static str) {
         self.tftp_refused
+            .get_or_create(&TftpReasonLabel { reason })
+            .inc();
+    }
+
+    /// Counts a boot script refused to a peer not vouched for.
+    pub fn script_refused(&self, reason: &'static str) {
+        self.scripts_refused
             .get_or_create(&TftpReasonLabel { reason })
             .inc();
     }

@@ -204,6 +204,7 @@ pub async fn run(
         registry: Arc::new(registry),
         issuer,
         discovery,
+        exchanges: responder.exchanges(),
     };
     if let Some(probe) = &probe {
         probe.serving(state.clone());
@@ -211,7 +212,7 @@ pub async fn run(
     let app = http::router(state);
     tasks.spawn(async move {
         axum::serve(
-            http::sendfile::FileSendListener(listener),
+            http::sendfile::FileSendListener::new(listener, settings.http_limits),
             app.into_make_service_with_connect_info::<http::sendfile::HttpConnection>(),
         )
         .await

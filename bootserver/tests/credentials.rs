@@ -23,6 +23,7 @@ use unbounded_testbed::stall::StallableForward;
 const MAC_A: &str = "52:54:00:00:0a:01";
 const MAC_B: &str = "52:54:00:00:0b:01";
 const MAC_SLOW: &str = "52:54:00:00:0c:01";
+const MAC_PROXY: &str = "52:54:00:00:0d:01";
 
 /// The tests share the control plane of this binary and each runs a controller: one at a
 /// time.
@@ -301,12 +302,28 @@ struct Site {
     _dir: tempfile::TempDir,
 }
 
+/// The bootserver as the DHCP server of the link.
+const FULL_DHCP: &str = r#"  mode: full
+  leaseFile: "{dir}/leases.log"
+  subnets: [{subnet: 10.99.0.0/24, pool: [10.99.0.100, 10.99.0.199]}]"#;
+
 impl Site {
     fn start(
         cp: &'static LocalControlPlane,
         machines: &[(&str, &str, &str)],
         api_target: &str,
         credentials_extra: &str,
+    ) -> Self {
+        Self::start_with_dhcp(cp, machines, api_target, credentials_extra, FULL_DHCP)
+    }
+
+    /// [`Site::start`] with the configuration's `dhcp` section's lines.
+    fn start_with_dhcp(
+        cp: &'static LocalControlPlane,
+        machines: &[(&str, &str, &str)],
+        api_target: &str,
+        credentials_extra: &str,
+        dhcp: &str,
     ) -> Self {
         let deploy = deploy_dir();
         for part in ["namespace.yaml", "rbac"] {
@@ -368,9 +385,7 @@ routerAdvertisements: false
 backend: kubernetes
 power: {{enabled: false}}
 dhcp:
-  mode: full
-  leaseFile: "{{dir}}/leases.log"
-  subnets: [{{subnet: 10.99.0.0/24, pool: [10.99.0.100, 10.99.0.199]}}]
+{dhcp}
 tftp: {{root: /usr/lib/ipxe}}
 http: {{port: 8080, imagesDir: "{images}"}}
 credentials:
@@ -767,4 +782,129 @@ fn a_slow_mint_is_retried_and_the_agent_gets_its_credentials() {
         "a token in the log"
     );
     ok(cp, &["delete", "machines", "cr-slow", "--wait=false"], None);
+}
+
+/// Events of `reason` on Machine `machine`.
+fn machine_events(cp: &LocalControlPlane, machine: &str, reason: &str) -> String {
+    kubectl(
+        cp,
+        &[
+            "get",
+            "events",
+            "-A",
+            "--field-selector",
+            &format!("involvedObject.kind=Machine,involvedObject.name={machine},reason={reason}"),
+            "-o",
+            "jsonpath={.items[*].message}",
+        ],
+        None,
+    )
+    .1
+}
+
+/// ProxyDHCP: the bootserver knows no lease, so a nonce goes only to the address that the
+/// machine's own PXE exchange (port 4011) came from, and only to the hardware that holds
+/// it. Another host on the link, asking for the machine's script from its own address,
+/// with or without a forged exchange in the machine's name, gets no nonce and cannot
+/// displace the machine's; the machine gets its credentials; the refusals are on the
+/// Machine as Events and in the metrics.
+#[test]
+fn in_proxy_mode_a_nonce_goes_only_to_the_host_of_the_machine_s_pxe_exchange() {
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let cp = LocalControlPlane::shared().unwrap();
+    let machine_ip = "10.99.0.31";
+    let site = Site::start_with_dhcp(
+        cp,
+        &[("cr-proxy", MAC_PROXY, machine_ip)],
+        &api_server_target(cp),
+        "",
+        "  mode: proxy",
+    );
+    let link = &site.link;
+    let script_url = format!("http://{SERVER}:8080/boot.ipxe?mac={MAC_PROXY}");
+    let script_from = |ns: &unbounded_testbed::netns::Netns| {
+        let out = ns
+            .command("curl")
+            .args(["-s", &script_url])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+
+    // The machine itself, before its PXE exchange: nothing vouches for its address yet.
+    let script = script_from(&link.client);
+    assert!(!script.contains("unbounded.nonce="), "{script}");
+    assert!(script.contains("no PXE boot-server exchange"), "{script}");
+
+    // Another host on the same link, with its own MAC: refused, with or without a forged
+    // exchange that names the machine's MAC from the host's address.
+    let intruder_ip = "10.99.0.50";
+    let intruder = link
+        .host("02:00:00:00:0e:01", &format!("{intruder_ip}/24"))
+        .unwrap();
+    let script = script_from(&intruder);
+    assert!(!script.contains("unbounded.nonce="), "{script}");
+    let forged = pxe_exchange(&intruder, MAC_PROXY, intruder_ip);
+    assert!(
+        forged.is_some(),
+        "the boot-server exchange answers boot information"
+    );
+    let script = script_from(&intruder);
+    assert!(!script.contains("unbounded.nonce="), "{script}");
+    assert!(
+        script.contains("not one of this machine's MACs"),
+        "{script}"
+    );
+
+    // The machine's own exchange: its answer is the script's URL, and its script carries a
+    // nonce.
+    let boot_file = pxe_exchange(&link.client, MAC_PROXY, machine_ip).expect("an answer on 4011");
+    assert!(boot_file.contains("boot.ipxe"), "{boot_file}");
+    let nonce = site.nonce(MAC_PROXY);
+
+    // The other host cannot displace it, nor use it from its address.
+    let script = script_from(&intruder);
+    assert!(!script.contains("unbounded.nonce="), "{script}");
+    let body = format!(r#"{{"nonce":"{nonce}","bootstrapToken":true}}"#);
+    let url = format!("http://{SERVER}:8080/machines/cr-proxy/credentials");
+    let out = intruder
+        .command("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST"])
+        .args(["-H", "Content-Type: application/json", "-d", &body, &url])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "403",
+        "the nonce from another host"
+    );
+
+    // The machine gets its credentials with the nonce of its own script.
+    let (code, text) = post_credentials(link, "cr-proxy", &body, None);
+    assert_eq!(code, 200, "{text}");
+    let credentials: unbounded_api::agent::Credentials = serde_json::from_str(&text).unwrap();
+    assert!(credentials.bootstrap_token.is_some());
+
+    // What was refused, where an operator looks.
+    wait_until("the refusal Event", Duration::from_secs(30), || {
+        machine_events(cp, "cr-proxy", "ScriptRefusedOtherHardware").contains("10.99.0.50")
+    });
+    let metrics = site.metrics();
+    for reason in ["no_pxe_exchange", "other_hardware"] {
+        assert!(
+            metric(
+                &metrics,
+                "unbounded_bootserver_boot_scripts_refused_total",
+                &format!("reason=\"{reason}\"")
+            ) >= 1.0,
+            "{reason}: {metrics}"
+        );
+    }
+    let log = site.bootserver.log();
+    assert!(!log.contains(&nonce), "a nonce leaked into the log");
+    assert!(
+        !log.contains(&credentials.token),
+        "a token leaked into the log"
+    );
+    ok(cp, &["delete", "machine", "cr-proxy", "--wait=false"], None);
 }

@@ -16,7 +16,7 @@ use common::*;
 use serde_json::{Value, json};
 use unbounded_agent::inspect::{Answer, Step, next_step};
 use unbounded_testbed::cluster::{LocalControlPlane, deploy_dir};
-use unbounded_testbed::netns::{Link, LoopbackForward};
+use unbounded_testbed::netns::{Link, LoopbackForward, Netns};
 
 /// The tests share the control plane of this binary: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -91,14 +91,13 @@ fn wait_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
 
 /// curl from the client namespace: (HTTP status, headers and body).
 fn curl(link: &Link, args: &[&str]) -> (u16, String) {
+    curl_in(&link.client, args)
+}
+
+fn curl_in(ns: &Netns, args: &[&str]) -> (u16, String) {
     let mut full = vec!["curl", "-s", "-i", "-w", "\n%{http_code}"];
     full.extend_from_slice(args);
-    let out = link
-        .client
-        .command(full[0])
-        .args(&full[1..])
-        .output()
-        .unwrap();
+    let out = ns.command(full[0]).args(&full[1..]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
     (code.trim().parse().unwrap_or(0), body.to_owned())
@@ -111,33 +110,36 @@ fn get(link: &Link, path: &str) -> (u16, String) {
 /// Runs the agent's own HTTP code in the client namespace (a machine on the provisioning
 /// network), with an HTTP client and the bootserver's base URL, as the agent's binary sets
 /// them up.
-fn as_the_agent<T, F, Fut>(link: &Link, work: F) -> T
+fn as_the_agent<T, F, Fut>(ns: &Netns, work: F) -> T
 where
     T: Send + 'static,
     F: FnOnce(reqwest::Client, String) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = T>,
 {
-    link.client
-        .spawn_inside(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            // As the agent's binary does at its start.
-            let _ = rustls::crypto::ring::default_provider().install_default();
-            runtime.block_on(work(
-                reqwest::Client::new(),
-                format!("http://{SERVER}:8080"),
-            ))
-        })
-        .unwrap()
-        .join()
-        .unwrap()
-        .unwrap()
+    ns.spawn_inside(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        // As the agent's binary does at its start.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        runtime.block_on(work(
+            reqwest::Client::new(),
+            format!("http://{SERVER}:8080"),
+        ))
+    })
+    .unwrap()
+    .join()
+    .unwrap()
+    .unwrap()
 }
 
 /// Posts `body` (written to a file, so that any size goes) to the discovery route.
 fn post_report(link: &Link, dir: &Path, body: &str, extra: &[&str]) -> (u16, String) {
+    post_report_in(&link.client, dir, body, extra)
+}
+
+fn post_report_in(ns: &Netns, dir: &Path, body: &str, extra: &[&str]) -> (u16, String) {
     let file = dir.join("report.json");
     std::fs::write(&file, body).unwrap();
     let data = format!("@{}", file.display());
@@ -152,7 +154,7 @@ fn post_report(link: &Link, dir: &Path, body: &str, extra: &[&str]) -> (u16, Str
     ];
     args.extend_from_slice(extra);
     args.push(&url);
-    curl(link, &args)
+    curl_in(ns, &args)
 }
 
 fn origin() -> Value {
@@ -214,6 +216,11 @@ struct Site {
     bootserver: Bootserver,
     _images: tempfile::TempDir,
     dir: tempfile::TempDir,
+    client_mac: String,
+    /// ProxyDHCP (a report is vouched for by its PXE exchange).
+    proxy: bool,
+    /// Other hosts on the link, by MAC: (namespace, address).
+    hosts: std::cell::RefCell<Vec<(String, std::rc::Rc<Netns>, String)>>,
 }
 
 impl Site {
@@ -269,6 +276,9 @@ discovery:
             bootserver,
             _images: images,
             dir,
+            client_mac: client_mac.to_owned(),
+            proxy: dhcp.contains("mode: proxy"),
+            hosts: Default::default(),
         };
         site.wait_ready();
         site
@@ -287,8 +297,42 @@ discovery:
         }
     }
 
+    /// The host on the link whose NIC has `mac`, and its address (the link's client for
+    /// the site's own MAC; a host of its own for any other), after the PXE exchange that
+    /// its iPXE would have had with the bootserver (which vouches for it as `mac` in proxy
+    /// mode).
+    fn host(&self, mac: &str) -> (std::rc::Rc<Netns>, String) {
+        let found = self
+            .hosts
+            .borrow()
+            .iter()
+            .find(|(m, _, _)| m == mac)
+            .map(|(_, ns, ip)| (ns.clone(), ip.clone()));
+        let (ns, ip) = found.unwrap_or_else(|| {
+            let mut hosts = self.hosts.borrow_mut();
+            let ip = format!("10.99.0.{}", 10 + hosts.len());
+            let ns = std::rc::Rc::new(self.link.host(mac, &format!("{ip}/24")).unwrap());
+            hosts.push((mac.to_owned(), ns.clone(), ip.clone()));
+            (ns, ip)
+        });
+        assert!(
+            pxe_exchange(&ns, mac, &ip).is_some(),
+            "the bootserver answered {mac}'s PXE exchange"
+        );
+        (ns, ip)
+    }
+
+    /// Posts a report from the host of its boot MAC, as an inspection agent would.
     fn post(&self, body: &Value) -> (u16, String) {
-        post_report(&self.link, self.dir.path(), &body.to_string(), &[])
+        let boot_mac = body["bootMac"].as_str().unwrap_or_default();
+        if boot_mac == self.client_mac {
+            if self.proxy {
+                assert!(pxe_exchange(&self.link.client, boot_mac, "10.99.0.2").is_some());
+            }
+            return post_report(&self.link, self.dir.path(), &body.to_string(), &[]);
+        }
+        let (ns, _) = self.host(boot_mac);
+        post_report_in(&ns, self.dir.path(), &body.to_string(), &[])
     }
 
     fn metrics(&self) -> String {
@@ -366,10 +410,9 @@ fn an_unknown_server_becomes_one_waiting_machine_and_the_door_holds() {
         "4"
     );
     assert_eq!(machine["spec"]["provider"], "pxe");
-    assert_eq!(
-        machine["spec"]["pxe"]["macAddresses"],
-        json!([mac_a, mac_a2])
-    );
+    // Its boot MAC only: the one MAC the bootserver saw it hold. The other NIC is an
+    // inventory fact.
+    assert_eq!(machine["spec"]["pxe"]["macAddresses"], json!([mac_a]));
     assert_eq!(machine["spec"]["pxe"]["firmware"], "uefi");
     assert!(machine["spec"].get("configurationRef").is_none());
     assert_eq!(machine["status"]["phase"], "Pending");
@@ -445,7 +488,8 @@ fn an_unknown_server_becomes_one_waiting_machine_and_the_door_holds() {
         boot_mac: mac_r.into(),
         inventory,
     };
-    let answers = as_the_agent(link, async move |http, base| {
+    let (agent_host, _) = site.host(mac_r);
+    let answers = as_the_agent(&agent_host, async move |http, base| {
         let first = unbounded_agent::inspect::post(&http, &base, &agent_report).await;
         let second = unbounded_agent::inspect::post(&http, &base, &agent_report).await;
         (first, second)
@@ -500,7 +544,8 @@ fn an_unknown_server_becomes_one_waiting_machine_and_the_door_holds() {
     assert!(answer.contains("waits to be claimed"), "{answer}");
 
     // Restarted (its memory of its writes gone), the bootserver updates the Machine from
-    // its index rather than creating a second: a new disk and a new NIC.
+    // its index rather than creating a second: a new disk; the new NIC is an inventory fact
+    // and does not join the Machine.
     site.bootserver.crash_and_restart(&site.link.server);
     site.wait_ready();
     let link = &site.link;
@@ -513,10 +558,7 @@ fn an_unknown_server_becomes_one_waiting_machine_and_the_door_holds() {
         "no second Machine"
     );
     let machine = get_json(cp, "machine", name).unwrap();
-    assert_eq!(
-        machine["spec"]["pxe"]["macAddresses"],
-        json!([mac_a, mac_a2, mac_a3])
-    );
+    assert_eq!(machine["spec"]["pxe"]["macAddresses"], json!([mac_a]));
     assert_eq!(
         machine["metadata"]["labels"]["hardware.unbounded-cloud.io/disks"],
         "2"
@@ -660,7 +702,7 @@ fn an_unknown_server_becomes_one_waiting_machine_and_the_door_holds() {
         "{answer}"
     );
     let polled_mac = mac_a.to_owned();
-    let polled = as_the_agent(link, async move |http, base| {
+    let polled = as_the_agent(&link.client, async move |http, base| {
         unbounded_agent::inspect::poll_claim(&http, &base, &polled_mac).await
     });
     assert_eq!(
@@ -720,8 +762,87 @@ fn with_full_dhcp_a_report_comes_from_its_boot_mac_s_lease() {
         .unwrap();
     let (code, answer) = site.post(&report(&[mac], 1));
     assert_eq!(code, 201, "from its own lease: {answer}");
-    let (code, answer) = site.post(&report(&["52:54:00:0d:30:02"], 1));
+    let (code, answer) = post_report(
+        &site.link,
+        site.dir.path(),
+        &report(&["52:54:00:0d:30:02"], 1).to_string(),
+        &[],
+    );
     assert_eq!(code, 403, "another boot MAC from this lease: {answer}");
     assert_eq!(discovered(cp), vec!["discovered-5254000d3001".to_owned()]);
+    clean(cp);
+}
+
+/// The MACs of a Machine are never a report's to change: a report naming another waiting
+/// Machine's MAC is refused and that Machine is left as it was; a report naming an unknown
+/// second MAC creates its sender's Machine with its boot MAC only (no pre-registration of
+/// another server's NIC); and a host cannot report as another machine's boot MAC, even
+/// after a forged PXE exchange in that MAC's name from its own address.
+#[test]
+fn a_report_never_changes_or_claims_another_machine_s_macs() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let cp = LocalControlPlane::shared().unwrap();
+    clean(cp);
+    let site = Site::start(cp, "52:54:00:0d:5f:01", "  mode: proxy");
+    let (v, x, w) = (
+        "52:54:00:0d:50:01",
+        "52:54:00:0d:51:01",
+        "52:54:00:0d:52:01",
+    );
+    let macs_of =
+        |name: &str| get_json(cp, "machine", name).unwrap()["spec"]["pxe"]["macAddresses"].clone();
+
+    let (code, answer) = site.post(&report(&[v], 1));
+    assert_eq!(code, 201, "{answer}");
+    let victim = "discovered-5254000d5001";
+    wait_until(
+        "the bootserver to see the Machine",
+        Duration::from_secs(30),
+        || get(&site.link, &format!("/discovery/claim/{v}")).0 == 200,
+    );
+
+    // X names V's NIC beside its own: refused, V's Machine as it was, nothing created.
+    let (code, answer) = site.post(&report(&[x, v], 1));
+    assert_eq!(code, 409, "{answer}");
+    assert!(
+        answer
+            .to_ascii_lowercase()
+            .contains("unbounded-refusal: other_machine"),
+        "{answer}"
+    );
+    assert_eq!(macs_of(victim), json!([v]));
+    assert_eq!(discovered(cp), vec![victim.to_owned()]);
+
+    // X names a NIC nobody has: its Machine gets its boot MAC only, and W, reporting
+    // later, gets a Machine of its own.
+    let (code, answer) = site.post(&report(&[x, w], 1));
+    assert_eq!(code, 201, "{answer}");
+    assert_eq!(macs_of("discovered-5254000d5101"), json!([x]));
+    let (code, answer) = site.post(&report(&[w], 1));
+    assert_eq!(code, 201, "{answer}");
+    assert_eq!(macs_of("discovered-5254000d5201"), json!([w]));
+
+    // X reports as V from its own host, after a forged PXE exchange as V: refused for its
+    // hardware, and nothing changes on V's Machine.
+    let (x_host, x_ip) = site.host(x);
+    assert!(pxe_exchange(&x_host, v, &x_ip).is_some());
+    let (code, answer) =
+        post_report_in(&x_host, site.dir.path(), &report(&[v], 3).to_string(), &[]);
+    assert_eq!(code, 403, "{answer}");
+    assert!(
+        answer.contains("not one of this machine's MACs"),
+        "{answer}"
+    );
+    let inventory = get_json(cp, "machineinventory", victim).unwrap();
+    assert_eq!(
+        inventory["spec"]["disks"]["devices"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1,
+        "V's inventory untouched"
+    );
     clean(cp);
 }

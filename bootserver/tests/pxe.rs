@@ -103,6 +103,16 @@ fn boot_to_marker(mode: &str, firmware: Firmware, mac: &str, machine: &str) {
         );
     }
     if let Some(dnsmasq) = dnsmasq {
+        // iPXE was offered no boot file on port 67 and asked for it on port 4011, from the
+        // address dnsmasq gave it: the exchange that vouches for a machine's address in
+        // proxy mode (docs/security.md).
+        let log = server.log();
+        assert!(
+            log.lines().any(|l| l.contains("PXE boot-server exchange")
+                && l.contains(mac)
+                && l.contains("10.99.0.")),
+            "no port-4011 exchange from {mac}:\n{log}"
+        );
         // We answered with boot information; the address is dnsmasq's (we have no pool here).
         let metrics = server.metrics(&ns);
         assert!(

@@ -203,6 +203,33 @@ impl Link {
             .ip(&["addr", "add", client_cidr, "dev", &link.client_if])?;
         Ok(link)
     }
+
+    /// Another host on the client's side of the link: a namespace of its own whose `eth0`
+    /// (a macvlan of the client's interface) has `mac` and `cidr`. Its frames reach the
+    /// server with its own MAC, as a second machine on the same switch would.
+    pub fn host(&self, mac: &str, cidr: &str) -> Result<Netns, NetnsError> {
+        let host = Netns::new("ubh")?;
+        let name = unique("mv");
+        self.client.ip(&[
+            "link",
+            "add",
+            "link",
+            &self.client_if,
+            "name",
+            &name,
+            "type",
+            "macvlan",
+            "mode",
+            "bridge",
+        ])?;
+        self.client
+            .ip(&["link", "set", &name, "netns", host.name()])?;
+        host.ip(&["link", "set", &name, "name", "eth0"])?;
+        host.ip(&["link", "set", "eth0", "address", mac])?;
+        host.ip(&["addr", "add", cidr, "dev", "eth0"])?;
+        host.ip(&["link", "set", "eth0", "up"])?;
+        Ok(host)
+    }
 }
 
 /// A TCP port inside a namespace that reaches a TCP address of the host's loopback (the

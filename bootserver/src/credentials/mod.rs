@@ -152,7 +152,8 @@ impl IssueError {
     }
 }
 
-fn now_unix() -> u64 {
+/// Seconds since the Unix epoch.
+pub fn now_unix() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -193,6 +194,8 @@ pub struct Origin {
     pub holds_address: bool,
     /// Whether the bootserver knows machines' addresses (full DHCP).
     pub addresses_known: bool,
+    /// The peer's link-layer address against the machine's MACs.
+    pub link_layer: crate::identity::LinkLayer,
 }
 
 impl Issuer {
@@ -229,24 +232,22 @@ impl Issuer {
         );
     }
 
-    /// A new nonce for `machine`'s boot script served to `origin`, `None` when that origin
-    /// must not get one, or an error when it could not be recorded (the nonce file): then
-    /// no script may carry it.
+    /// A new nonce for `machine`'s boot script served to `peer`, which the caller has
+    /// vouched for as that machine ([`crate::identity::vouch`]): bound to `peer`, replacing
+    /// the machine's previous one. An error when it could not be recorded (the nonce file):
+    /// then no script may carry it.
     pub fn nonce_for_script(
         &self,
         machine: &str,
-        origin: Origin,
+        peer: Ipv4Addr,
     ) -> Result<Option<String>, NonceFileError> {
-        if origin.addresses_known && !origin.holds_address {
-            return Ok(None);
-        }
         let Some(value) = random_hex(16) else {
             return Ok(None);
         };
         self.nonces.insert(
             machine,
             &value,
-            origin.peer,
+            peer,
             now_unix() + self.settings.nonce_seconds,
         )?;
         Ok(Some(value))
@@ -294,12 +295,14 @@ impl Issuer {
                 .and_then(|m| m.get(machine).copied()),
             (None, None) => return Err(IssueError::Unauthenticated),
         };
-        if !address_allowed(
-            origin.holds_address,
-            origin.addresses_known,
-            bound,
-            origin.peer,
-        ) {
+        if matches!(origin.link_layer, crate::identity::LinkLayer::Other(_))
+            || !address_allowed(
+                origin.holds_address,
+                origin.addresses_known,
+                bound,
+                origin.peer,
+            )
+        {
             return Err(IssueError::WrongAddress);
         }
         let reservation = match &request.nonce {

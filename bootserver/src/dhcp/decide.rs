@@ -25,6 +25,7 @@ use super::wire::Request;
 use crate::backend::{MachineBackend, MachineRecord};
 use crate::boot::{self, ClientKind};
 use crate::config::{DhcpMode, Settings, Subnet, UnknownMachines};
+use crate::identity::PxeExchanges;
 use crate::leases::book::Refused;
 use crate::leases::{ClientKey, Lease, LeaseError, Leases, Ticket};
 
@@ -113,6 +114,9 @@ pub struct Responder {
     backend: Arc<dyn MachineBackend>,
     leases: Arc<Leases>,
     cursors: Mutex<Cursors>,
+    /// The PXE boot-server exchanges answered: the evidence that vouches for a machine's
+    /// address in proxy mode ([`crate::identity`]).
+    exchanges: Arc<PxeExchanges>,
 }
 
 impl std::fmt::Debug for Responder {
@@ -145,7 +149,14 @@ impl Responder {
             backend,
             leases,
             cursors: Mutex::default(),
+            exchanges: Arc::default(),
         }
+    }
+
+    /// The PXE exchanges this responder answered (shared with the HTTP server, which
+    /// vouches for script and credential requests by them).
+    pub fn exchanges(&self) -> Arc<PxeExchanges> {
+        self.exchanges.clone()
     }
 
     /// Decides what to do with one request that arrived on `port` from `from` at `now`
@@ -419,13 +430,21 @@ impl Responder {
             _ => return Err(DropReason::MessageType),
         };
         let mut reply = self.reply(context.request, reply_kind);
-        reply::add_boot(
-            &mut reply,
-            &self.settings,
-            context.kind,
-            &context.request.mac,
-        );
-        reply::add_pxe_discovery_control(&mut reply, context.kind);
+        if context.kind == ClientKind::Ipxe {
+            // iPXE gets its script's URL only on port 4011: an offer without a boot file
+            // makes it send a ProxyDHCP REQUEST there, from the address the other server
+            // gave it and with its MAC, which is what vouches for that address when it
+            // fetches its script ([`crate::identity`]).
+            reply::add_proxy_offer_without_boot(&mut reply);
+        } else {
+            reply::add_boot(
+                &mut reply,
+                &self.settings,
+                context.kind,
+                &context.request.mac,
+            );
+            reply::add_pxe_discovery_control(&mut reply, context.kind);
+        }
         let to = if context.request.relayed() {
             reply::destination(context.request, self.settings.dhcp_port)
         } else {
@@ -447,6 +466,15 @@ impl Responder {
     ) -> Result<Decision, DropReason> {
         if !self.boots(context.kind, context.machine.as_deref()) {
             return Err(DropReason::NotOurBootClient);
+        }
+        // The client asks from the address it was given, and says so in `ciaddr`: the
+        // pairing of that address with its MAC is what proxy mode vouches by. A request
+        // whose source is not its `ciaddr` pairs nothing.
+        let ciaddr = context.request.ciaddr;
+        if !ciaddr.is_unspecified() && *from.ip() == ciaddr {
+            self.exchanges
+                .record(context.request.mac, ciaddr, context.now);
+            tracing::debug!(mac = %context.request.mac, ip = %ciaddr, "PXE boot-server exchange");
         }
         let mut reply = self.reply(context.request, MessageType::Ack);
         reply.message.set_ciaddr(context.request.ciaddr);

@@ -560,3 +560,84 @@ fn a_long_request_is_answered() {
     let offer = s.ask(&big);
     assert_eq!(kind(&offer), Some(MessageType::Offer));
 }
+
+const PROXY: &str = r#"
+serverAddress: 10.99.0.1
+dhcp: {mode: proxy}
+machines:
+  - name: node-1
+    macs: ["52:54:00:00:00:01"]
+    boot: {kernel: vmlinuz, initrd: initrd.img}
+"#;
+
+/// In proxy mode iPXE is offered no boot file on port 67 (so that it asks on port 4011,
+/// from the address the other server gave it), and the boot-server exchange on 4011
+/// answers the script's URL and pairs the MAC with the address it came from, only when
+/// that address is the request's `ciaddr`.
+#[test]
+fn proxy_mode_sends_ipxe_to_port_4011_and_pairs_the_mac_with_its_address() {
+    let server = server_with(PROXY);
+    let ipxe = |kind: u8| {
+        packet(kind, 1)
+            .option(77, b"iPXE")
+            .option(60, b"PXEClient:Arch:00007:UNDI:003010")
+    };
+    let offer = server.responder.decide(
+        &ipxe(1).parse(),
+        SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 68),
+        67,
+        NOW,
+    );
+    assert_eq!(kind(&offer), Some(MessageType::Offer));
+    let options = encoded_options(&offer);
+    assert!(
+        options.iter().any(|(c, v)| *c == 60 && v == b"PXEClient"),
+        "{options:?}"
+    );
+    assert!(
+        !options.iter().any(|(c, _)| *c == 67),
+        "no boot file on 67: {options:?}"
+    );
+    let Decision::Reply { reply, .. } = &offer else {
+        unreachable!()
+    };
+    assert_eq!(reply.message.siaddr(), Ipv4Addr::UNSPECIFIED);
+
+    let machine_ip = Ipv4Addr::new(10, 99, 0, 61);
+    let exchanges = server.responder.exchanges();
+    let mac = [MacAddr([0x52, 0x54, 0, 0, 0, 1])];
+    // From an address that is not its ciaddr: answered, nothing paired.
+    let spoofed = server.responder.decide(
+        &ipxe(3).ciaddr(machine_ip.octets()).parse(),
+        SocketAddrV4::new(Ipv4Addr::new(10, 99, 0, 50), 68),
+        4011,
+        NOW,
+    );
+    assert_eq!(kind(&spoofed), Some(MessageType::Ack));
+    assert!(exchanges.addresses(&mac, NOW).is_empty());
+    let ack = server.responder.decide(
+        &ipxe(3).ciaddr(machine_ip.octets()).parse(),
+        SocketAddrV4::new(machine_ip, 68),
+        4011,
+        NOW,
+    );
+    let options = encoded_options(&ack);
+    let boot_file = options
+        .iter()
+        .find(|(c, _)| *c == 67)
+        .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+        .unwrap_or_default();
+    assert!(boot_file.contains("/boot.ipxe"), "{options:?}");
+    assert_eq!(exchanges.addresses(&mac, NOW), vec![machine_ip]);
+    // A firmware PXE client still gets its boot file on 67 (it never asks on 4011).
+    let firmware = packet(1, 1)
+        .option(60, b"PXEClient:Arch:00007:UNDI:003016")
+        .option(93, &[0, 7]);
+    let options = encoded_options(&server.responder.decide(
+        &firmware.parse(),
+        SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 68),
+        67,
+        NOW,
+    ));
+    assert!(options.iter().any(|(c, _)| *c == 67), "{options:?}");
+}

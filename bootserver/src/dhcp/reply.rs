@@ -160,6 +160,16 @@ pub fn add_boot(reply: &mut Reply, settings: &Settings, client: ClientKind, mac:
     }
 }
 
+/// A ProxyDHCP offer that names no boot file: option 60 `PXEClient` (what makes it a
+/// ProxyDHCP offer to iPXE) and no `siaddr`, `file` or option 67, so that iPXE asks for its
+/// boot file with a ProxyDHCP REQUEST on port 4011.
+pub fn add_proxy_offer_without_boot(reply: &mut Reply) {
+    reply
+        .message
+        .opts_mut()
+        .insert(DhcpOption::ClassIdentifier(b"PXEClient".to_vec()));
+}
+
 /// Option 43, sub-option 6 (PXE_DISCOVERY_CONTROL) = 8: "the boot file in this offer is the
 /// one; download it", so PXE firmware does not go through boot-server discovery.
 pub fn add_pxe_discovery_control(reply: &mut Reply, client: ClientKind) {

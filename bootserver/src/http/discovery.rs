@@ -14,6 +14,7 @@ use crate::backend::MacAddr;
 use crate::boot;
 use crate::config::{DhcpMode, UnknownMachines};
 use crate::discovery_writes::{DiscoveryWriter, Outcome};
+use crate::identity::{self, Evidence};
 
 /// The inspection boot ([`crate::discovery::inspection_script`]) for a MAC no Machine has,
 /// or whose Machine was discovered and waits to be claimed; anything else is refused (a
@@ -72,6 +73,9 @@ pub(super) async fn discover_script(
     ipxe(&state, route, script)
 }
 
+/// How long a report's body may take to arrive.
+const REPORT_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// An inspection agent's report ([`crate::discovery_writes`]). The body is read up to the
 /// limit and no further: a larger one is refused (413) before it is buffered. 201 with the
 /// Machine's name when it was created, 200 when its inventory was updated, the refusal's
@@ -106,9 +110,23 @@ pub(super) async fn discovery_report(
     if declared.is_some_and(|n| n > max as u64) {
         return too_large(writer);
     }
-    // Reads at most `max` bytes: a longer (chunked) body fails here, unread past the limit.
-    let Ok(bytes) = axum::body::to_bytes(body, max).await else {
-        return too_large(writer);
+    // Reads at most `max` bytes: a longer (chunked) body fails here, unread past the limit;
+    // and for at most REPORT_READ_TIMEOUT: a body that trickles in does not hold its buffer
+    // longer (the connection's idle limit alone would let one byte a minute keep it).
+    let read = tokio::time::timeout(REPORT_READ_TIMEOUT, axum::body::to_bytes(body, max)).await;
+    let bytes = match read {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(_)) => return too_large(writer),
+        Err(_) => {
+            writer.count_outcome("slow_body");
+            return reply(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the report did not arrive within {} s",
+                    REPORT_READ_TIMEOUT.as_secs()
+                ),
+            );
+        }
     };
     let report: DiscoveryReport = match serde_json::from_slice(&bytes) {
         Ok(report) => report,
@@ -120,13 +138,27 @@ pub(super) async fn discovery_report(
             );
         }
     };
+    // Nothing is decided on a Machine index that has not listed every Machine yet: the caps
+    // and the MACs already taken are read from it.
+    if !state.backend.is_ready() {
+        writer.count_outcome("not_synced");
+        let mut response = reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the bootserver has not read every Machine yet; retry".into(),
+        );
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from(5u64));
+        return response;
+    }
     if let Err((code, text)) = sender_holds(&state, peer, report.boot_mac.parse().ok()) {
         if code == StatusCode::FORBIDDEN {
             writer.count_outcome("wrong_address");
         }
         return reply(code, text);
     }
-    match writer.report(report, bytes.len()).await {
+    let sender = crate::discovery::sender_of(peer.ip());
+    match writer.report(report, bytes.len(), sender).await {
         Ok(Outcome::Created(name)) => {
             state.metrics.http_request(route, 201);
             (
@@ -165,34 +197,81 @@ pub(super) async fn discovery_report(
     }
 }
 
-/// With a full DHCP server the bootserver knows who holds which address: an inspection
-/// agent's request must come from the address leased to the MAC it says it booted from
-/// (with ProxyDHCP nothing can be checked).
+/// A report is accepted only from the machine whose boot MAC it names, as far as the
+/// bootserver itself saw ([`crate::identity`]): with a full DHCP server, from the address
+/// leased to that MAC; with ProxyDHCP, from the address that MAC's PXE exchange came from;
+/// and in every mode, never from a peer whose link-layer address is another MAC.
 fn sender_holds(
     state: &AppState,
     peer: SocketAddr,
     boot_mac: Option<MacAddr>,
 ) -> Result<(), (StatusCode, String)> {
+    let IpAddr::V4(peer) = peer.ip() else {
+        return Err((StatusCode::FORBIDDEN, "IPv4 only".into()));
+    };
+    let Some(boot_mac) = boot_mac else {
+        // The report's own validation names what is wrong with it.
+        return Ok(());
+    };
+    let mode = state.settings.dhcp_mode;
+    let holds_address = match mode {
+        DhcpMode::Full => match state.leases.lease_at(peer) {
+            Ok(lease) => lease.is_some_and(|l| l.mac == boot_mac),
+            Err(error) => {
+                tracing::error!(%error, "the address book cannot answer; refusing a discovery request");
+                return Err((
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the bootserver cannot check the sender's address now; retry".into(),
+                ));
+            }
+        },
+        DhcpMode::Proxy | DhcpMode::Off => false,
+    };
+    let macs = [boot_mac];
+    let evidence = Evidence {
+        peer,
+        mode,
+        holds_address,
+        exchanged_from: state
+            .exchanges
+            .addresses(&macs, crate::credentials::now_unix()),
+        link_layer: identity::neighbours::link_layer_of(peer, &macs),
+    };
+    identity::vouch(&evidence).map_err(|why| {
+        tracing::info!(%peer, %boot_mac, reason = why.label(), %why, "discovery request refused: the sender is not vouched for as its boot MAC");
+        (
+            StatusCode::FORBIDDEN,
+            format!("{peer} is not vouched for as {boot_mac}: {why}"),
+        )
+    })
+}
+
+/// A claim poll tells only whether a MAC's Machine waits: it is answered to the address
+/// leased to that MAC with a full DHCP server, and to anyone otherwise. It is not held to
+/// the PXE exchange's window as a report is: an inspection agent that polls for an hour
+/// must still hear that it was claimed, or it would inspect forever.
+fn poller_leases(
+    state: &AppState,
+    peer: SocketAddr,
+    boot_mac: MacAddr,
+) -> Result<(), (StatusCode, String)> {
     let (IpAddr::V4(peer), DhcpMode::Full) = (peer.ip(), state.settings.dhcp_mode) else {
         return Ok(());
     };
-    let leased_to = match state.leases.lease_at(peer) {
-        Ok(lease) => lease.map(|l| l.mac),
-        Err(error) => {
-            tracing::error!(%error, "the address book cannot answer; refusing a discovery request");
-            return Err((
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the bootserver cannot check the sender's address now; retry".into(),
-            ));
-        }
-    };
-    if leased_to.is_none() || leased_to != boot_mac {
-        return Err((
+    match state.leases.lease_at(peer) {
+        Ok(Some(lease)) if lease.mac == boot_mac => Ok(()),
+        Ok(_) => Err((
             StatusCode::FORBIDDEN,
             format!("{peer} is not leased to the boot MAC"),
-        ));
+        )),
+        Err(error) => {
+            tracing::error!(%error, "the address book cannot answer; refusing a claim poll");
+            Err((
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the bootserver cannot check the sender's address now; retry".into(),
+            ))
+        }
     }
-    Ok(())
 }
 
 /// An inspection agent's poll between reports ([`DISCOVERY_CLAIM_PATH`]): 200 while its
@@ -218,7 +297,7 @@ pub(super) async fn discovery_claim(
             format!("{shown:?} is not a MAC address"),
         );
     };
-    if let Err((code, text)) = sender_holds(&state, peer, Some(boot_mac)) {
+    if let Err((code, text)) = poller_leases(&state, peer, boot_mac) {
         return reply(code, text);
     }
     match writer.claim_state(boot_mac) {

@@ -30,6 +30,7 @@
 //! call the router directly, the fuzz target) have no slot and keep the ordinary body.
 
 use std::fs::File;
+use std::future::Future as _;
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -145,19 +146,93 @@ fn broken(why: &'static str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, why)
 }
 
+/// How many connections the HTTP server keeps open, and how long one may sit idle
+/// (`http.maxConnections`, `http.idleSeconds`): a slow or silent client holds one place and
+/// its buffers for at most the idle time, and never more than its share of the cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Open connections at most; further ones wait in the kernel's backlog.
+    pub max_connections: usize,
+    /// A connection that neither sends nor receives a byte for this long is closed.
+    pub idle: std::time::Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 1024,
+            idle: std::time::Duration::from_secs(60),
+        }
+    }
+}
+
+/// The idle clock of one connection: reset by every byte read or written; a read that
+/// waits past it fails with `TimedOut`, which ends the connection.
+#[derive(Debug)]
+struct IdleClock {
+    limit: std::time::Duration,
+    last: tokio::time::Instant,
+    timer: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl IdleClock {
+    fn new(limit: std::time::Duration) -> Self {
+        let last = tokio::time::Instant::now();
+        Self {
+            limit,
+            last,
+            timer: Box::pin(tokio::time::sleep_until(last + limit)),
+        }
+    }
+
+    fn touch(&mut self) {
+        self.last = tokio::time::Instant::now();
+    }
+
+    /// Whether the connection has been idle past its limit; otherwise the timer is armed
+    /// to wake `cx` when it would be.
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        loop {
+            let deadline = self.last + self.limit;
+            if self.timer.deadline() != deadline {
+                self.timer.as_mut().reset(deadline);
+            }
+            if self.timer.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            if tokio::time::Instant::now() >= self.last + self.limit {
+                return true;
+            }
+        }
+    }
+}
+
 /// A TCP connection that sends armed file bodies with `sendfile`.
 #[derive(Debug)]
 pub struct FileSendStream {
     tcp: TcpStream,
     sends: FileSends,
+    idle: IdleClock,
+    /// Its place among the open connections, given back when it closes.
+    _place: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl FileSendStream {
-    /// Wraps an accepted connection.
+    /// Wraps an accepted connection (idle limit: [`ConnectionLimits::default`]).
     pub fn new(tcp: TcpStream) -> Self {
+        Self::with_limits(tcp, ConnectionLimits::default().idle, None)
+    }
+
+    fn with_limits(
+        tcp: TcpStream,
+        idle: std::time::Duration,
+        place: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Self {
         Self {
             tcp,
             sends: FileSends::default(),
+            idle: IdleClock::new(idle),
+            _place: place,
         }
     }
 
@@ -261,7 +336,18 @@ impl AsyncRead for FileSendStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().tcp).poll_read(cx, buf)
+        let this = self.get_mut();
+        match Pin::new(&mut this.tcp).poll_read(cx, buf) {
+            Poll::Ready(result) => {
+                this.idle.touch();
+                Poll::Ready(result)
+            }
+            Poll::Pending if this.idle.expired(cx) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the connection was idle too long",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 
@@ -280,6 +366,33 @@ impl AsyncWrite for FileSendStream {
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
+        let written = this.poll_write_parts(cx, bufs);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            this.idle.touch();
+        }
+        written
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().tcp).poll_shutdown(cx)
+    }
+}
+
+impl FileSendStream {
+    fn poll_write_parts(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self;
         let Some(first) = bufs.iter().position(|buf| is_placeholder(buf)) else {
             this.check_ordinary(bufs)?;
             return Pin::new(&mut this.tcp).poll_write_vectored(cx, bufs);
@@ -305,25 +418,30 @@ impl AsyncWrite for FileSendStream {
             Poll::Ready(Err(_)) | Poll::Pending => Poll::Ready(Ok(sent)),
         }
     }
-
-    fn is_write_vectored(&self) -> bool {
-        true
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().tcp).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().tcp).poll_shutdown(cx)
-    }
 }
 
 /// Accepts connections as [`FileSendStream`]s, with `TCP_NODELAY` (Nagle's algorithm would
 /// hold a small response back until the client's delayed ACK: tens of milliseconds per
-/// request on a keep-alive connection).
+/// request on a keep-alive connection), at most [`ConnectionLimits::max_connections`] open at
+/// once (the next is accepted when one closes) and each closed after
+/// [`ConnectionLimits::idle`] without a byte either way.
 #[derive(Debug)]
-pub struct FileSendListener(pub TcpListener);
+pub struct FileSendListener {
+    listener: TcpListener,
+    idle: std::time::Duration,
+    places: Arc<tokio::sync::Semaphore>,
+}
+
+impl FileSendListener {
+    /// A listener over `listener` with `limits`.
+    pub fn new(listener: TcpListener, limits: ConnectionLimits) -> Self {
+        Self {
+            listener,
+            idle: limits.idle,
+            places: Arc::new(tokio::sync::Semaphore::new(limits.max_connections)),
+        }
+    }
+}
 
 impl Listener for FileSendListener {
     type Io = FileSendStream;
@@ -331,12 +449,14 @@ impl Listener for FileSendListener {
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         loop {
-            match self.0.accept().await {
+            // The semaphore is never closed; the error arm is unreachable but handled.
+            let place = self.places.clone().acquire_owned().await.ok();
+            match self.listener.accept().await {
                 Ok((tcp, peer)) => {
                     if let Err(error) = tcp.set_nodelay(true) {
                         tracing::debug!(%error, "HTTP: TCP_NODELAY");
                     }
-                    return (FileSendStream::new(tcp), peer);
+                    return (FileSendStream::with_limits(tcp, self.idle, place), peer);
                 }
                 // Out of descriptors or a connection reset before it was accepted: the
                 // listener itself is fine; wait a little rather than spin.
@@ -349,7 +469,7 @@ impl Listener for FileSendListener {
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.0.local_addr()
+        self.listener.local_addr()
     }
 }
 

@@ -189,3 +189,97 @@ fn the_body_is_as_long_as_the_part_in_placeholder_chunks() {
     assert_eq!(chunks, vec![PLACEHOLDER_BYTES, PLACEHOLDER_BYTES, 5]);
     assert!(body.is_end_stream());
 }
+
+/// An HTTP server over [`FileSendListener`] with `limits`, answering `/` with "ok"; its
+/// address.
+async fn serve_with(limits: ConnectionLimits) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+    tokio::spawn(async move {
+        axum::serve(
+            FileSendListener::new(listener, limits),
+            app.into_make_service_with_connect_info::<HttpConnection>(),
+        )
+        .await
+    });
+    addr
+}
+
+/// Reads until the peer closes or fails the connection, or `within` passes: whether it did.
+async fn closed_within(stream: &mut TcpStream, within: std::time::Duration) -> bool {
+    let mut buf = [0u8; 256];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// A client that sends half a request head and then nothing (a slow-loris) is cut off once
+/// the connection has been idle for the limit; one that keeps talking is not.
+#[tokio::test]
+async fn an_idle_connection_is_closed_and_a_busy_one_is_not() {
+    let addr = serve_with(ConnectionLimits {
+        max_connections: 16,
+        idle: std::time::Duration::from_secs(1),
+    })
+    .await;
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    silent.write_all(b"GET / HTTP/1.1\r\nHo").await.unwrap();
+    assert!(
+        closed_within(&mut silent, std::time::Duration::from_secs(30)).await,
+        "a silent connection outlived its idle limit"
+    );
+    let mut busy = TcpStream::connect(addr).await.unwrap();
+    for _ in 0..4 {
+        busy.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 256];
+        let n = busy.read(&mut buf).await.unwrap();
+        assert!(
+            String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"),
+            "a talking connection is served"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    }
+}
+
+/// With every place taken, the next connection is answered only once one closes.
+#[tokio::test]
+async fn a_connection_past_the_cap_waits_for_a_place() {
+    let addr = serve_with(ConnectionLimits {
+        max_connections: 1,
+        idle: std::time::Duration::from_secs(600),
+    })
+    .await;
+    let mut holder = TcpStream::connect(addr).await.unwrap();
+    holder
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let n = holder.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    let mut waiting = TcpStream::connect(addr).await.unwrap();
+    waiting
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let early = tokio::time::timeout(
+        std::time::Duration::from_millis(500),
+        waiting.read(&mut buf),
+    )
+    .await;
+    assert!(early.is_err(), "answered while the only place was taken");
+    drop(holder);
+    let n = tokio::time::timeout(std::time::Duration::from_secs(30), waiting.read(&mut buf))
+        .await
+        .expect("answered once the place was free")
+        .unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+}

@@ -311,3 +311,54 @@ http: {{port: 8080, imagesDir: "{images}"}}
         images = images.display()
     )
 }
+
+/// What iPXE does after a ProxyDHCP offer without a boot file: a DHCPREQUEST to the
+/// bootserver's port 4011 from `ip` (its address from the other DHCP server, also in
+/// `ciaddr`), with `mac` in `chaddr` and iPXE's user class, sent from inside `ns`. Returns
+/// the boot file of the answer, or `None` when nothing came within 3 s.
+pub fn pxe_exchange(ns: &Netns, mac: &str, ip: &str) -> Option<String> {
+    use dhcproto::v4::{DhcpOption, Message, MessageType, Opcode, OptionCode};
+    use dhcproto::{Decodable, Decoder, Encodable};
+    let ip: std::net::Ipv4Addr = ip.parse().unwrap();
+    let chaddr: Vec<u8> = mac
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16).unwrap())
+        .collect();
+    let mut request = Message::default();
+    request
+        .set_opcode(Opcode::BootRequest)
+        .set_xid(0x5ee_d4011)
+        .set_ciaddr(ip)
+        .set_chaddr(&chaddr);
+    let opts = request.opts_mut();
+    opts.insert(DhcpOption::MessageType(MessageType::Request));
+    opts.insert(DhcpOption::ServerIdentifier(SERVER.parse().unwrap()));
+    opts.insert(DhcpOption::ClassIdentifier(
+        b"PXEClient:Arch:00007:UNDI:003010".to_vec(),
+    ));
+    opts.insert(DhcpOption::ClientSystemArchitecture(
+        dhcproto::v4::Architecture::from(7),
+    ));
+    opts.insert(DhcpOption::UserClass(b"iPXE".to_vec()));
+    let bytes = request.to_vec().unwrap();
+    ns.spawn_inside(move || {
+        let socket = std::net::UdpSocket::bind((ip, 68)).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .unwrap();
+        socket.send_to(&bytes, (SERVER, 4011)).unwrap();
+        let mut buf = [0u8; 1500];
+        let (len, _) = socket.recv_from(&mut buf).ok()?;
+        let reply = Message::decode(&mut Decoder::new(&buf[..len])).ok()?;
+        match reply.opts().get(OptionCode::BootfileName) {
+            Some(DhcpOption::BootfileName(name)) => {
+                Some(String::from_utf8_lossy(name).into_owned())
+            }
+            _ => None,
+        }
+    })
+    .unwrap()
+    .join()
+    .unwrap()
+    .unwrap()
+}

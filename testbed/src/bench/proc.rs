@@ -464,14 +464,31 @@ mod tests {
         let group = CpuGroup::create("test")
             .expect("a CPU accounting cgroup (root, cgroup v1 cpuacct or v2)");
         // The shell forks a busy child at once and exits: nobody in the group reaps it, the
-        // way tftpd-hpa's transfers are not its own to reap.
+        // way tftpd-hpa's transfers are not its own to reap. The child works until it has
+        // used 30 ticks (0.3 s) of CPU by its own account (`/proc/<pid>/stat`, read with the
+        // shell's builtin so that it forks nothing), however long the scheduler takes to
+        // give it that: the test is about what the group counts, not about how busy the
+        // machine is.
         let mut busy = Command::new("sh");
-        busy.args(["-c", "(end=$(($(date +%s%N) + 400000000)); while [ $(date +%s%N) -lt $end ]; do :; done) & exit 0"]);
+        busy.args([
+            "-c",
+            r#"(exec sh -c 'while :; do read -r line < /proc/$$/stat; set -- $line; [ $((${14} + ${15})) -ge 30 ] && exit 0; done') & exit 0"#,
+        ]);
         let mut shell = group.join_then_exec(&busy).spawn().unwrap();
         shell.wait().unwrap();
-        std::thread::sleep(Duration::from_millis(800));
-        let seconds = group.cpu_seconds().unwrap();
-        assert!(seconds >= 0.2, "{seconds} s");
+        // Waits for the work, not for a time: the group must come to count the child's
+        // 0.3 s (less one tick of rounding per field), and a group that does not count it
+        // never does.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut seconds = group.cpu_seconds().unwrap();
+        while seconds < 0.28 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+            seconds = group.cpu_seconds().unwrap();
+        }
+        assert!(
+            seconds >= 0.28,
+            "the group counted {seconds} s of the child's 0.3 s"
+        );
         group.remove();
         assert_eq!(
             parse_usage_usec("usage_usec 1500000\nuser_usec 1\n"),
