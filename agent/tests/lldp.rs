@@ -4,8 +4,7 @@
 //! the port's name, the system name and the port description set in its configuration.
 //!
 //! They need root (namespaces, packet sockets) and `lldpd` (scripts/install-deps.sh). Without
-//! them each test says why on stderr and passes without checking anything; set
-//! `UNBOUNDED_REQUIRE_LLDP=1` to make that a failure instead.
+//! them each test fails and says what is missing, never passes without checking anything.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
 
@@ -40,16 +39,9 @@ fn unavailable() -> Option<String> {
     (!found).then(|| "lldpd is not installed (scripts/install-deps.sh)".into())
 }
 
-fn can_run(test: &str) -> bool {
-    match unavailable() {
-        None => true,
-        Some(why) if std::env::var_os("UNBOUNDED_REQUIRE_LLDP").is_some() => {
-            panic!("{test}: needs root and lldpd: {why}")
-        }
-        Some(why) => {
-            eprintln!("SKIPPED {test}: needs root and lldpd: {why}");
-            false
-        }
+fn require(test: &str) {
+    if let Some(why) = unavailable() {
+        panic!("{test}: needs root and lldpd: {why}");
     }
 }
 
@@ -98,9 +90,7 @@ fn nic(name: &str, mac: &str) -> Nic {
 /// The capture hears lldpd's frame and the NIC of the inventory names the switch port.
 #[test]
 fn the_switch_port_lldpd_announces_is_heard() {
-    if !can_run("the_switch_port_lldpd_announces_is_heard") {
-        return;
-    }
+    require("the_switch_port_lldpd_announces_is_heard");
     let link = link();
     let lldpd = Lldpd::start(
         link.server.name(),
@@ -143,9 +133,7 @@ fn the_switch_port_lldpd_announces_is_heard() {
 /// is left out. The capture returns (it is bounded) with what it heard.
 #[test]
 fn a_silent_link_gets_no_neighbour_and_does_not_hold_the_others() {
-    if !can_run("a_silent_link_gets_no_neighbour_and_does_not_hold_the_others") {
-        return;
-    }
+    require("a_silent_link_gets_no_neighbour_and_does_not_hold_the_others");
     let link = link();
     let _lldpd = Lldpd::start(
         link.server.name(),

@@ -2,9 +2,10 @@
 //! the real `wipefs`, `sfdisk`, `partx`, `mkfs.ext4`, `mount` and `blkdiscard`; every
 //! outcome checked by reading the device back.
 //!
-//! They need root and loop devices. Without them each test says why on stderr and passes
-//! without checking anything; set `UNBOUNDED_REQUIRE_LOOP_DEVICES=1` (CI as root does) to
-//! make that a failure instead. There is no udev here: the shell makes partition nodes
+//! They need root, loop devices and those tools (scripts/install-deps.sh installs them).
+//! Without them each test fails and says what is missing: they are the only tests of the
+//! wipe's safety, and one that passed without checking anything would hide a regression.
+//! There is no udev here: the shell makes partition nodes
 //! itself (see `unbounded_agent::storage::apply`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
@@ -61,17 +62,11 @@ fn unavailable() -> Option<String> {
     None
 }
 
-/// Returns false (and says why) when the test cannot run here.
-fn can_run(test: &str) -> bool {
-    match unavailable() {
-        None => true,
-        Some(why) if std::env::var_os("UNBOUNDED_REQUIRE_LOOP_DEVICES").is_some() => {
-            panic!("{test}: needs root and loop devices: {why}")
-        }
-        Some(why) => {
-            eprintln!("SKIPPED {test}: needs root and loop devices: {why}");
-            false
-        }
+/// Fails the test, saying why, when it cannot run here: a safety test that passes without
+/// checking anything is a defect (CI and scripts/test have root and every tool).
+fn require(test: &str) {
+    if let Some(why) = unavailable() {
+        panic!("{test}: needs root and loop devices: {why}");
     }
 }
 
@@ -206,9 +201,7 @@ fn pave_onto(disk: &LoopDisk, spec: &StorageSpec, file: &str, content: &str) {
 
 #[test]
 fn a_blank_disk_is_formatted_then_reused_with_its_files() {
-    if !can_run("a_blank_disk_is_formatted_then_reused_with_its_files") {
-        return;
-    }
+    require("a_blank_disk_is_formatted_then_reused_with_its_files");
     let disk = LoopDisk::new(1 << 30, false);
     let spec = small_disk_spec();
     pave_onto(&disk, &spec, "kept.txt", "still here");
@@ -248,9 +241,7 @@ fn a_blank_disk_is_formatted_then_reused_with_its_files() {
 
 #[test]
 fn a_whole_disk_layout_is_reused() {
-    if !can_run("a_whole_disk_layout_is_reused") {
-        return;
-    }
+    require("a_whole_disk_layout_is_reused");
     let disk = LoopDisk::new(1 << 30, false);
     let spec = StorageSpec {
         layout: Some(unbounded_api::storage::DiskLayout::WholeDisk),
@@ -270,9 +261,7 @@ fn a_whole_disk_layout_is_reused() {
 
 #[test]
 fn a_foreign_disk_is_refused_and_left_byte_for_byte() {
-    if !can_run("a_foreign_disk_is_refused_and_left_byte_for_byte") {
-        return;
-    }
+    require("a_foreign_disk_is_refused_and_left_byte_for_byte");
     let disk = LoopDisk::new(1 << 30, false);
     let node = format!("/dev/{}", disk.name);
     let out = Command::new("sh")
@@ -324,9 +313,7 @@ fn a_foreign_disk_is_refused_and_left_byte_for_byte() {
 
 #[test]
 fn a_fast_wipe_leaves_no_signature_and_discards_the_data() {
-    if !can_run("a_fast_wipe_leaves_no_signature_and_discards_the_data") {
-        return;
-    }
+    require("a_fast_wipe_leaves_no_signature_and_discards_the_data");
     let disk = LoopDisk::new(1 << 30, false);
     let secret = "previous tenant's data ".repeat(200);
     pave_onto(&disk, &small_disk_spec(), "tenant.txt", &secret);
@@ -362,9 +349,7 @@ fn a_fast_wipe_leaves_no_signature_and_discards_the_data() {
 
 #[test]
 fn an_overwrite_wipe_leaves_only_zeroes() {
-    if !can_run("an_overwrite_wipe_leaves_only_zeroes") {
-        return;
-    }
+    require("an_overwrite_wipe_leaves_only_zeroes");
     let size = 64 * MIB;
     let disk = LoopDisk::new(size, false);
     // Data everywhere, not only where a filesystem would put it.
@@ -387,9 +372,7 @@ fn an_overwrite_wipe_leaves_only_zeroes() {
 
 #[test]
 fn a_disk_that_fails_mid_format_says_so_and_is_unchanged() {
-    if !can_run("a_disk_that_fails_mid_format_says_so_and_is_unchanged") {
-        return;
-    }
+    require("a_disk_that_fails_mid_format_says_so_and_is_unchanged");
     let disk = LoopDisk::new(1 << 30, true);
     let before = disk.sha256();
     let spec = small_disk_spec();
@@ -412,9 +395,7 @@ fn a_disk_that_fails_mid_format_says_so_and_is_unchanged() {
 
 #[test]
 fn a_mounted_disk_is_not_wiped() {
-    if !can_run("a_mounted_disk_is_not_wiped") {
-        return;
-    }
+    require("a_mounted_disk_is_not_wiped");
     let disk = LoopDisk::new(1 << 30, false);
     let spec = small_disk_spec();
     pave_onto(&disk, &spec, "f", "x");
@@ -449,9 +430,7 @@ fn disk_input(disk: &LoopDisk, state: &Path) -> DiskInput {
 /// and keeping kubelet's identity in RAM).
 #[tokio::test]
 async fn the_storage_step_formats_reuses_and_wipes_as_the_policy_says() {
-    if !can_run("the_storage_step_formats_reuses_and_wipes_as_the_policy_says") {
-        return;
-    }
+    require("the_storage_step_formats_reuses_and_wipes_as_the_policy_says");
     let disk = LoopDisk::new(1 << 30, false);
     let state = tempfile::tempdir().unwrap();
     let input = disk_input(&disk, state.path());
@@ -566,9 +545,7 @@ async fn the_storage_step_formats_reuses_and_wipes_as_the_policy_says() {
 /// A disk the plan refuses is left byte for byte, and the running container is not stopped.
 #[tokio::test]
 async fn the_storage_step_refuses_a_foreign_disk_without_touching_anything() {
-    if !can_run("the_storage_step_refuses_a_foreign_disk_without_touching_anything") {
-        return;
-    }
+    require("the_storage_step_refuses_a_foreign_disk_without_touching_anything");
     let disk = LoopDisk::new(1 << 30, false);
     let node = format!("/dev/{}", disk.name);
     let out = Command::new("mkfs.ext4")
@@ -614,9 +591,7 @@ async fn the_storage_step_refuses_a_foreign_disk_without_touching_anything() {
 /// one, in the same scope are left byte for byte.
 #[tokio::test]
 async fn the_release_wipe_stops_unmounts_and_wipes_only_this_machines_disk() {
-    if !can_run("the_release_wipe_stops_unmounts_and_wipes_only_this_machines_disk") {
-        return;
-    }
+    require("the_release_wipe_stops_unmounts_and_wipes_only_this_machines_disk");
     let ours = LoopDisk::new(1 << 30, false);
     let theirs = LoopDisk::new(1 << 30, false);
     let blank = LoopDisk::new(1 << 30, false);

@@ -48,6 +48,10 @@ struct Log {
     index: Index,
     /// Records in the file.
     records_in_file: usize,
+    /// A compaction renamed its file over the log but could not sync the directory: the
+    /// new name may not be on disk, so a record appended now could be lost with it. No
+    /// append is acknowledged until the directory is synced.
+    rename_unsynced: bool,
 }
 
 /// The lease log on disk.
@@ -57,6 +61,9 @@ pub struct FileStore {
     log: Mutex<Log>,
     syncs: AtomicU64,
     failed_appends: AtomicU64,
+    /// Makes every sync of the log's directory fail (tests: an EIO or EMFILE there).
+    #[cfg(test)]
+    fail_dir_sync: std::sync::atomic::AtomicBool,
 }
 
 /// A stretch of the log that holds no whole record.
@@ -231,9 +238,12 @@ impl FileStore {
                 damaged: false,
                 index: replay.index,
                 records_in_file: replay.records,
+                rename_unsynced: false,
             }),
             syncs: AtomicU64::new(0),
             failed_appends: AtomicU64::new(0),
+            #[cfg(test)]
+            fail_dir_sync: std::sync::atomic::AtomicBool::new(false),
         };
         if rewrite {
             tracing::info!(path = %path.display(), records = replay.records, v1 = replay.v1, "rewriting the lease log");
@@ -299,6 +309,10 @@ impl FileStore {
     }
 
     fn append_locked(&self, log: &mut Log, records: &[Record]) -> Result<(), LeaseError> {
+        if log.rename_unsynced {
+            self.sync_dir()?;
+            log.rename_unsynced = false;
+        }
         if log.damaged {
             self.cut_back(log)?;
         }
@@ -344,35 +358,69 @@ impl FileStore {
             record.encode_v2(&mut bytes);
             records += 1;
         }
-        log.file = self.write_compacted(&bytes)?;
+        let file = self.write_compacted(&bytes)?;
+        if let Err(source) = std::fs::rename(self.compacting_path(), &self.path) {
+            let _ = std::fs::remove_file(self.compacting_path());
+            return Err(self.io("replacing", source));
+        }
+        // From here the file at the log's path is the compacted one, so that is where the
+        // log writes, whatever fails next: a handle on the file the rename replaced would
+        // take records that no restart reads.
+        log.file = file;
         log.good_len = bytes.len() as u64;
         log.damaged = false;
         log.records_in_file = records;
+        if let Err(error) = self.sync_dir() {
+            log.rename_unsynced = true;
+            return Err(error);
+        }
         Ok(log)
     }
 
-    /// Replaces the log by `bytes` (a temporary file, synced, renamed over it) and opens it.
-    /// On failure the temporary file is removed and the log is as it was.
+    fn compacting_path(&self) -> PathBuf {
+        self.path.with_extension("compacting")
+    }
+
+    /// Writes `bytes` to a temporary file beside the log, synced, and returns it open for
+    /// appending: the log's next handle once it is renamed over the log (opened before the
+    /// rename, so that nothing can fail between the rename and the handle). On failure the
+    /// temporary file is removed and the log is as it was.
     fn write_compacted(&self, bytes: &[u8]) -> Result<File, LeaseError> {
-        let tmp = self.path.with_extension("compacting");
-        let written = File::create(&tmp)
-            .and_then(|mut file| file.write_all(bytes).and_then(|()| file.sync_all()))
+        let tmp = self.compacting_path();
+        // A copy left by a compaction that died half-way is of no use.
+        let _ = std::fs::remove_file(&tmp);
+        let written = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create_new(true)
+            .open(&tmp)
+            .and_then(|mut file| {
+                file.write_all(bytes)?;
+                file.sync_all()?;
+                Ok(file)
+            })
             .map_err(|e| self.io("writing a compacted copy of", e));
-        if let Err(error) = written {
+        if written.is_err() {
             let _ = std::fs::remove_file(&tmp);
-            return Err(error);
         }
-        std::fs::rename(&tmp, &self.path).map_err(|e| self.io("replacing", e))?;
+        written
+    }
+
+    /// Syncs the log's directory, so that a rename in it is on disk.
+    fn sync_dir(&self) -> Result<(), LeaseError> {
+        #[cfg(test)]
+        if self.fail_dir_sync.load(Ordering::SeqCst) {
+            return Err(self.io(
+                "syncing the directory of",
+                std::io::Error::other("injected failure"),
+            ));
+        }
         if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
             File::open(dir)
                 .and_then(|d| d.sync_all())
                 .map_err(|e| self.io("syncing the directory of", e))?;
         }
-        OpenOptions::new()
-            .read(true)
-            .append(true)
-            .open(&self.path)
-            .map_err(|e| self.io("reopening", e))
+        Ok(())
     }
 }
 
@@ -732,5 +780,41 @@ mod tests {
         assert_eq!(index.by_client(&key(1)), Some(lease(1, 1)));
         assert_eq!(index.by_client(&key(2)), None);
         assert_eq!(index.by_client(&key(3)), Some(lease(3, 3)));
+    }
+
+    /// A compaction whose rename may not be on disk (the directory's sync failed: EIO,
+    /// EMFILE) leaves the log on the compacted file and acknowledges no append until the
+    /// directory is synced; every append acknowledged before or after is back after a
+    /// restart. (Before: the log went on appending to the file the rename had replaced, and
+    /// acknowledged records that no restart read.)
+    #[test]
+    fn after_a_compaction_that_failed_late_every_acknowledged_lease_survives() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("leases.log");
+        let store = FileStore::open(&path).unwrap();
+        for round in 0..3 {
+            for n in 0..20 {
+                commit(&store, lease(n, n + round * 100));
+            }
+        }
+        store.fail_dir_sync.store(true, Ordering::SeqCst);
+        assert!(matches!(store.compact(), Err(LeaseError::Io { .. })));
+        let refused = store.append(&[Record::Commit(lease(30, 30))]);
+        assert!(
+            matches!(refused, Err(LeaseError::Io { .. })),
+            "acknowledged while the log's name may not be on disk: {refused:?}"
+        );
+        store.fail_dir_sync.store(false, Ordering::SeqCst);
+        commit(&store, lease(31, 31));
+        commit(&store, lease(32, 32));
+        drop(store);
+        let index = durable(&FileStore::open(&path).unwrap());
+        for n in 0..20 {
+            assert_eq!(index.by_client(&key(n)), Some(lease(n, n + 200)));
+        }
+        assert_eq!(index.by_client(&key(30)), None, "refused, so never leased");
+        assert_eq!(index.by_client(&key(31)), Some(lease(31, 31)));
+        assert_eq!(index.by_client(&key(32)), Some(lease(32, 32)));
+        assert!(!path.with_extension("compacting").exists());
     }
 }
