@@ -10,6 +10,15 @@ pub const CMDLINE_MACHINE: &str = "unbounded.machine";
 pub const CMDLINE_BOOTSERVER: &str = "unbounded.bootserver";
 /// Kernel command-line key that carries the one-time credential nonce of this boot.
 pub const CMDLINE_NONCE: &str = "unbounded.nonce";
+/// Kernel command-line key that carries the bootserver's HTTPS base URL, where a bootserver
+/// that speaks TLS issues credentials.
+pub const CMDLINE_CREDENTIALS: &str = "unbounded.credentials";
+/// Kernel command-line key that carries the SHA-256 (hex) of that server's certificate: the
+/// only certificate the agent accepts there.
+pub const CMDLINE_TLS_SHA256: &str = "unbounded.tls-sha256";
+/// Kernel command-line key (`=1`) that says this boot has a ticket to redeem over TLS in
+/// place of a nonce.
+pub const CMDLINE_TICKET: &str = "unbounded.ticket";
 
 /// Why no identity could be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,6 +48,20 @@ pub struct Identity {
     pub bootserver: Option<String>,
     /// The one-time nonce of this boot's iPXE script, when there is one.
     pub nonce: Option<String>,
+    /// Where credentials are asked for over TLS, and the certificate pinned there.
+    pub secure: Option<SecureChannel>,
+    /// This boot has a ticket to redeem over [`Identity::secure`] (in place of a nonce).
+    pub ticket: bool,
+}
+
+/// The bootserver's TLS endpoint for credentials: its URL and the SHA-256 of the only
+/// certificate accepted there (no CA is involved: the digest came with the boot).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecureChannel {
+    /// `https://…`, without a trailing slash.
+    pub url: String,
+    /// The certificate's SHA-256, 32 bytes.
+    pub sha256: [u8; 32],
 }
 
 impl std::fmt::Debug for Identity {
@@ -48,6 +71,8 @@ impl std::fmt::Debug for Identity {
             .field("machine", &self.machine)
             .field("bootserver", &self.bootserver)
             .field("nonce", &self.nonce.as_ref().map(|_| "<redacted>"))
+            .field("secure", &self.secure)
+            .field("ticket", &self.ticket)
             .finish()
     }
 }
@@ -117,16 +142,63 @@ pub fn identity(
         machine: machine.to_owned(),
         bootserver: bootserver.map(str::to_owned),
         nonce,
+        secure: None,
+        ticket: false,
     })
+}
+
+/// Validates the TLS endpoint for credentials: an `https://` URL and a 64-digit hex
+/// SHA-256, both or neither (a URL without its pin would have to trust whoever answers).
+pub fn secure_channel(
+    url: Option<&str>,
+    sha256: Option<&str>,
+) -> Result<Option<SecureChannel>, IdentityError> {
+    let (url, sha256) = match (url, sha256) {
+        (None, None) => return Ok(None),
+        (Some(url), Some(sha256)) => (url.trim_end_matches('/'), sha256),
+        (Some(_), None) => return Err(IdentityError::Missing(CMDLINE_TLS_SHA256)),
+        (None, Some(_)) => return Err(IdentityError::Missing(CMDLINE_CREDENTIALS)),
+    };
+    if !url.starts_with("https://") || url.len() > 2048 {
+        return Err(IdentityError::Invalid {
+            key: CMDLINE_CREDENTIALS,
+            message: format!("{:?} is not an https URL", truncate(url)),
+        });
+    }
+    let digest = (sha256.len() == 64)
+        .then(|| {
+            (0..32)
+                .map(|i| u8::from_str_radix(sha256.get(2 * i..2 * i + 2)?, 16).ok())
+                .collect::<Option<Vec<u8>>>()
+        })
+        .flatten()
+        .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok())
+        .ok_or_else(|| IdentityError::Invalid {
+            key: CMDLINE_TLS_SHA256,
+            message: "not a SHA-256 of 64 hex digits".into(),
+        })?;
+    Ok(Some(SecureChannel {
+        url: url.to_owned(),
+        sha256: digest,
+    }))
 }
 
 /// Reads the identity from a kernel command line.
 pub fn from_cmdline(cmdline: &str) -> Result<Identity, IdentityError> {
-    identity(
+    let mut identity = identity(
         cmdline_value(cmdline, CMDLINE_MACHINE),
         cmdline_value(cmdline, CMDLINE_BOOTSERVER),
         cmdline_value(cmdline, CMDLINE_NONCE),
-    )
+    )?;
+    identity.secure = secure_channel(
+        cmdline_value(cmdline, CMDLINE_CREDENTIALS),
+        cmdline_value(cmdline, CMDLINE_TLS_SHA256),
+    )?;
+    identity.ticket = cmdline_value(cmdline, CMDLINE_TICKET) == Some("1");
+    if identity.ticket && identity.secure.is_none() {
+        return Err(IdentityError::Missing(CMDLINE_CREDENTIALS));
+    }
+    Ok(identity)
 }
 
 fn truncate(s: &str) -> String {
@@ -185,5 +257,35 @@ mod tests {
                 .unwrap();
         assert_eq!(id.machine, "b");
         assert_eq!(id.nonce, None);
+    }
+
+    #[test]
+    fn a_tls_boot_names_its_endpoint_and_pin_together() {
+        let pin = "ab".repeat(32);
+        let cmdline = format!(
+            "unbounded.machine=n unbounded.bootserver=http://10.99.0.1:8080 unbounded.credentials=https://10.99.0.1:8443/ unbounded.tls-sha256={pin} unbounded.ticket=1"
+        );
+        let id = from_cmdline(&cmdline).unwrap();
+        assert!(id.ticket);
+        assert_eq!(
+            id.secure,
+            Some(SecureChannel {
+                url: "https://10.99.0.1:8443".into(),
+                sha256: [0xab; 32]
+            })
+        );
+        assert!(id.nonce.is_none());
+        for bad in [
+            "unbounded.machine=n unbounded.credentials=https://b".to_owned(),
+            format!("unbounded.machine=n unbounded.tls-sha256={pin}"),
+            format!(
+                "unbounded.machine=n unbounded.credentials=http://b unbounded.tls-sha256={pin}"
+            ),
+            "unbounded.machine=n unbounded.credentials=https://b unbounded.tls-sha256=abcd"
+                .to_owned(),
+            "unbounded.machine=n unbounded.ticket=1".to_owned(),
+        ] {
+            assert!(from_cmdline(&bad).is_err(), "{bad}");
+        }
     }
 }

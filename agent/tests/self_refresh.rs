@@ -109,6 +109,8 @@ async fn an_agent_renews_its_own_token_from_a_credentials_file() {
         machine: MACHINE.into(),
         bootserver: None,
         nonce: None,
+        secure: None,
+        ticket: false,
     };
     let http = reqwest::Client::new();
     let renewed = credentials::obtain(&http, &identity, &store, true)

@@ -170,8 +170,10 @@ pub fn operations_in(rules: &[PolicyRule]) -> BTreeSet<String> {
 }
 
 /// What an agent asks the bootserver for (`POST /machines/<name>/credentials`). The first
-/// request of a boot carries the nonce of that boot's iPXE script; later ones authenticate
-/// with the current token (`Authorization: Bearer`).
+/// request of a boot carries the nonce of that boot's iPXE script, or, where the bootserver
+/// speaks TLS, only `ticket` (the script carried no secret: the bootserver holds this boot's
+/// ticket, bound to the address it served the script to, and takes it over TLS only); later
+/// ones authenticate with the current token (`Authorization: Bearer`).
 #[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CredentialRequest {
@@ -181,6 +183,9 @@ pub struct CredentialRequest {
     /// Also mint a bootstrap token for kubelet (a pave needs one).
     #[serde(default)]
     pub bootstrap_token: bool,
+    /// Redeem this boot's ticket (TLS only; see above).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ticket: bool,
 }
 
 impl std::fmt::Debug for CredentialRequest {
@@ -188,6 +193,7 @@ impl std::fmt::Debug for CredentialRequest {
         f.debug_struct("CredentialRequest")
             .field("nonce", &self.nonce.as_ref().map(|_| "<redacted>"))
             .field("bootstrap_token", &self.bootstrap_token)
+            .field("ticket", &self.ticket)
             .finish()
     }
 }
@@ -309,6 +315,7 @@ mod tests {
         let request = CredentialRequest {
             nonce: Some("00112233".into()),
             bootstrap_token: true,
+            ticket: false,
         };
         assert!(!format!("{request:?}").contains("0011"));
     }

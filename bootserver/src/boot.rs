@@ -163,24 +163,41 @@ fn safe_for_ipxe(value: &str) -> bool {
         .any(|c| c.is_control() || matches!(c, '$' | '#'))
 }
 
+/// What a machine's script hands its agent to obtain its first credentials with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentProof<'a> {
+    /// Nothing (no issuer, or nothing to issue).
+    None,
+    /// A one-time nonce on the kernel command line (plain HTTP).
+    Nonce(&'a str),
+    /// No secret at all: where the bootserver speaks TLS, the certificate's digest to pin
+    /// and a ticket that the bootserver holds for this boot's address.
+    Ticket {
+        /// The HTTPS base URL.
+        url: &'a str,
+        /// The certificate's SHA-256, hex.
+        sha256: &'a str,
+    },
+}
+
 /// The iPXE script for a machine: kernel, initrd and arguments with its identity and the
-/// bootserver URL; a script that says why and exits when it should not boot.
-/// `nonce` is the one-time credential nonce of this boot (see [`crate::credentials`]).
-pub fn machine_script(machine: &MachineRecord, http_base: &str, nonce: Option<&str>) -> String {
+/// bootserver URL; a script that says why and exits when it should not boot. `proof` is how
+/// this boot's agent obtains its credentials (see [`crate::credentials`]).
+pub fn machine_script(machine: &MachineRecord, http_base: &str, proof: AgentProof<'_>) -> String {
     let Some(boot) = &machine.boot else {
         return refusal(&format!(
             "machine {} has no boot target yet (no configuration resolved); retrying later",
             machine.name
         ));
     };
-    render(machine, boot, http_base, nonce)
+    render(machine, boot, http_base, proof)
 }
 
 fn render(
     machine: &MachineRecord,
     boot: &BootTarget,
     http_base: &str,
-    nonce: Option<&str>,
+    proof: AgentProof<'_>,
 ) -> String {
     let kernel = image_url(&boot.kernel_url, http_base);
     let initrd = image_url(&boot.initrd_url, http_base);
@@ -195,8 +212,14 @@ fn render(
     }
     args.extend(boot.kernel_args.iter().cloned());
     // Last, so that no configured argument can shadow it (the kernel's last value wins).
-    if let Some(nonce) = nonce {
-        args.push(format!("unbounded.nonce={nonce}"));
+    match proof {
+        AgentProof::None => {}
+        AgentProof::Nonce(nonce) => args.push(format!("unbounded.nonce={nonce}")),
+        AgentProof::Ticket { url, sha256 } => args.extend([
+            format!("unbounded.credentials={url}"),
+            format!("unbounded.tls-sha256={sha256}"),
+            "unbounded.ticket=1".to_owned(),
+        ]),
     }
     let all = [kernel.as_str(), initrd.as_str()]
         .into_iter()
@@ -422,7 +445,7 @@ mod tests {
             kernel_args: vec!["console=ttyS0".into()],
             configuration: Some(("general".into(), 3)),
         }));
-        let script = machine_script(&m, "http://10.99.0.1:8080", None);
+        let script = machine_script(&m, "http://10.99.0.1:8080", AgentProof::None);
         assert_eq!(
             script,
             "#!ipxe\necho Unbounded: booting node-1\n\
@@ -438,7 +461,7 @@ mod tests {
 
     #[test]
     fn machines_that_should_not_boot_get_a_script_that_exits() {
-        let script = machine_script(&machine(None), "http://b", None);
+        let script = machine_script(&machine(None), "http://b", AgentProof::None);
         assert!(script.starts_with("#!ipxe\necho Unbounded: machine node-1 has no boot target"));
         assert!(script.ends_with("exit 1\n"));
         let hostile = machine(Some(BootTarget {
@@ -447,7 +470,7 @@ mod tests {
             kernel_args: vec!["x=${net0/ip}\nshell".into()],
             configuration: None,
         }));
-        let script = machine_script(&hostile, "http://b", None);
+        let script = machine_script(&hostile, "http://b", AgentProof::None);
         assert!(script.contains("refusing a boot value"), "{script}");
         assert!(!script.contains("\nshell"), "no injected line: {script}");
         assert!(script.ends_with("exit 1\n"));

@@ -26,6 +26,8 @@
 //! http: {port: 8080, imagesDir: /var/lib/unbounded/images}
 //!   # maxConnections: 1024        # open connections at most (more wait in the kernel's backlog)
 //!   # idleSeconds: 60             # a connection that neither sends nor receives a byte for this long is closed
+//!   # tls: {port: 8443, certFile: /etc/unbounded/tls/tls.crt, keyFile: /etc/unbounded/tls/tls.key}
+//!   #                             # credentials and configuration over HTTPS only, the certificate pinned by the boot
 //! credentials:                    # agent credentials (backend kubernetes only)
 //!   apiServer: https://10.99.0.1:6443   # the API server as machines reach it
 //!   caFile: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt   # the default
@@ -213,6 +215,27 @@ struct HttpFile {
     images_dir: Option<PathBuf>,
     max_connections: Option<usize>,
     idle_seconds: Option<u64>,
+    tls: Option<TlsFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct TlsFile {
+    port: Option<u16>,
+    cert_file: PathBuf,
+    key_file: PathBuf,
+}
+
+/// Where the bootserver answers HTTPS, and with which certificate (`http.tls`): the agent's
+/// credentials and configuration go only there once it is set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsSettings {
+    /// The HTTPS port (8443).
+    pub port: u16,
+    /// The certificate chain (PEM), the server's own first.
+    pub cert_file: PathBuf,
+    /// Its private key (PEM).
+    pub key_file: PathBuf,
 }
 
 #[derive(Debug, Deserialize)]
@@ -318,6 +341,8 @@ pub struct Settings {
     pub images_dir: PathBuf,
     /// How many HTTP connections may be open, and how long one may sit idle.
     pub http_limits: crate::http::sendfile::ConnectionLimits,
+    /// HTTPS for the agent's credentials and configuration (`http.tls`).
+    pub tls: Option<TlsSettings>,
     /// The machines of the file (standalone mode).
     pub machines: Vec<Arc<MachineRecord>>,
     /// Whether the PXE provider runs (power through BMCs; backend kubernetes only).
@@ -442,6 +467,11 @@ impl Settings {
             tftp_port: file.tftp.port.unwrap_or(69),
             http_port: file.http.port.unwrap_or(8080),
             http_limits: http_limits(&file.http)?,
+            tls: file.http.tls.as_ref().map(|tls| TlsSettings {
+                port: tls.port.unwrap_or(8443),
+                cert_file: tls.cert_file.clone(),
+                key_file: tls.key_file.clone(),
+            }),
             images_dir: file
                 .http
                 .images_dir

@@ -304,6 +304,7 @@ fn http_fixture() -> &'static Http {
             issuer: None,
             discovery: None,
             exchanges: Arc::default(),
+            tls: None,
         });
         let runtime = match tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -42,6 +42,7 @@ use unbounded_api::inventory::{DISCOVERY_CLAIM_PATH, DISCOVERY_REPORT_PATH};
 
 mod discovery;
 pub mod sendfile;
+pub mod tls;
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -62,6 +63,8 @@ pub struct AppState {
     pub discovery: Option<Arc<DiscoveryWriter>>,
     /// The PXE boot-server exchanges DHCP answered ([`crate::identity`]).
     pub exchanges: Arc<PxeExchanges>,
+    /// The HTTPS endpoint for credentials and configuration, when `http.tls` is set.
+    pub tls: Option<tls::TlsEndpoint>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -136,6 +139,12 @@ async fn around_each_request(
     request
         .extensions_mut()
         .insert(ConnectInfo(connection.peer));
+    request.extensions_mut().insert(Channel {
+        secure: connection.secure,
+    });
+    let Some(sends) = connection.sends else {
+        return next.run(request).await;
+    };
     let is_get = request.method() == axum::http::Method::GET;
     let (response, opened) = files::record_opened(next.run(request)).await;
     let Some(file) = opened.filter(|_| is_get) else {
@@ -146,16 +155,50 @@ async fn around_each_request(
     else {
         return response;
     };
-    if !connection
-        .sends
-        .arm(file, offset, length, metrics.http_file_bytes_sent.clone())
-    {
+    if !sends.arm(file, offset, length, metrics.http_file_bytes_sent.clone()) {
         return response;
     }
     let (parts, _read_body) = response.into_parts();
     Response::from_parts(
         parts,
         axum::body::Body::new(sendfile::FileBody::new(length)),
+    )
+}
+
+/// Which listener a request came through (set by [`around_each_request`]; a request that
+/// came through neither, as in the fuzz target, is taken as plain).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Channel {
+    /// TLS.
+    pub secure: bool,
+}
+
+/// Whether a request came over TLS.
+fn is_secure(request: Option<axum::Extension<Channel>>) -> bool {
+    request.is_some_and(|axum::Extension(channel)| channel.secure)
+}
+
+/// With `http.tls` set, a route that carries secrets answers only over TLS: over plain HTTP
+/// it says where to go (403), before reading anything of the request.
+fn https_only(
+    state: &AppState,
+    route: &str,
+    channel: Option<axum::Extension<Channel>>,
+) -> Option<Response> {
+    let tls = state.tls.as_ref()?;
+    if is_secure(channel) {
+        return None;
+    }
+    state.metrics.http_request(route, 403);
+    Some(
+        (
+            StatusCode::FORBIDDEN,
+            format!(
+                "this bootserver answers this over HTTPS only: {}\n",
+                tls.url
+            ),
+        )
+            .into_response(),
     )
 }
 
@@ -246,7 +289,24 @@ async fn boot_script(
                 _ => Ok(None),
             };
             match nonce {
-                Ok(nonce) => boot::machine_script(&machine, &base, nonce.as_deref()),
+                // Over TLS the nonce stays here as this boot's ticket; the script carries
+                // only where to redeem it and the certificate to trust there.
+                Ok(Some(_)) if state.tls.is_some() => {
+                    let proof = state.tls.as_ref().map_or(boot::AgentProof::None, |tls| {
+                        boot::AgentProof::Ticket {
+                            url: &tls.url,
+                            sha256: &tls.sha256_hex,
+                        }
+                    });
+                    boot::machine_script(&machine, &base, proof)
+                }
+                Ok(nonce) => boot::machine_script(
+                    &machine,
+                    &base,
+                    nonce
+                        .as_deref()
+                        .map_or(boot::AgentProof::None, boot::AgentProof::Nonce),
+                ),
                 // A script whose nonce could not be kept would boot an agent that can never
                 // authenticate: iPXE asks again instead.
                 Err(error) => {
@@ -269,9 +329,13 @@ async fn boot_script(
 async fn machine_config(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    channel: Option<axum::Extension<Channel>>,
     Path(name): Path<String>,
 ) -> Response {
     let route = "/machines/{name}/config";
+    if let Some(refusal) = https_only(&state, route, channel) {
+        return refusal;
+    }
     let IpAddr::V4(peer_ip) = peer.ip() else {
         state.metrics.http_request(route, 403);
         return (StatusCode::FORBIDDEN, "IPv4 only\n").into_response();
@@ -335,6 +399,7 @@ fn origin(state: &AppState, machine: &MachineRecord, peer: Ipv4Addr) -> Origin {
         // Only a full DHCP server knows which address each machine has.
         addresses_known: state.settings.dhcp_mode == DhcpMode::Full,
         link_layer: identity::neighbours::link_layer_of(peer, &machine.macs),
+        secure: false,
     }
 }
 
@@ -377,11 +442,16 @@ fn unvouched_script(
 async fn machine_credentials(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    channel: Option<axum::Extension<Channel>>,
     Path(name): Path<String>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
     let route = "/machines/{name}/credentials";
+    let secure = is_secure(channel);
+    if let Some(refusal) = https_only(&state, route, channel) {
+        return refusal;
+    }
     let reply = |code: StatusCode, text: String| {
         state.metrics.http_request(route, code.as_u16());
         (code, format!("{text}\n")).into_response()
@@ -421,7 +491,10 @@ async fn machine_credentials(
     match issuer
         .credentials(
             &machine.name,
-            origin(&state, &machine, peer),
+            Origin {
+                secure,
+                ..origin(&state, &machine, peer)
+            },
             bearer,
             &request,
         )

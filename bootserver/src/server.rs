@@ -41,6 +41,9 @@ pub enum ServerError {
     /// A service task returned, which it never should.
     #[error("the {0} service ended")]
     Ended(&'static str),
+    /// The TLS endpoint could not be set up.
+    #[error(transparent)]
+    Tls(#[from] crate::http::tls::TlsError),
     /// HTTP failed.
     #[error("HTTP on {addr}: {source}")]
     Http {
@@ -196,6 +199,20 @@ pub async fn run(
             source,
         })?;
     tracing::info!(addr = %http_addr, images = %settings.images_dir.display(), "HTTP listening");
+    let tls = match &settings.tls {
+        Some(tls_settings) => {
+            let (config, endpoint) = http::tls::load(tls_settings, settings.server_address)?;
+            let addr = SocketAddr::from((settings.server_address, tls_settings.port));
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServerError::Http { addr, source })?;
+            let listener = http::tls::TlsListener::start(listener, config, settings.http_limits)
+                .map_err(|source| ServerError::Http { addr, source })?;
+            tracing::info!(%addr, sha256 = %endpoint.sha256_hex, "HTTPS listening (credentials and configuration)");
+            Some((listener, endpoint))
+        }
+        None => None,
+    };
     let state = AppState {
         settings: settings.clone(),
         backend,
@@ -205,11 +222,28 @@ pub async fn run(
         issuer,
         discovery,
         exchanges: responder.exchanges(),
+        tls: tls.as_ref().map(|(_, endpoint)| endpoint.clone()),
     };
     if let Some(probe) = &probe {
         probe.serving(state.clone());
     }
     let app = http::router(state);
+    if let Some((listener, _)) = tls {
+        let app = app.clone();
+        let addr = SocketAddr::from((
+            settings.server_address,
+            settings.tls.as_ref().map_or(0, |t| t.port),
+        ));
+        tasks.spawn(async move {
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<http::sendfile::HttpConnection>(),
+            )
+            .await
+            .map_err(|source| ServerError::Http { addr, source })?;
+            Ok("HTTPS")
+        });
+    }
     tasks.spawn(async move {
         axum::serve(
             http::sendfile::FileSendListener::new(listener, settings.http_limits),

@@ -24,6 +24,7 @@ const MAC_A: &str = "52:54:00:00:0a:01";
 const MAC_B: &str = "52:54:00:00:0b:01";
 const MAC_SLOW: &str = "52:54:00:00:0c:01";
 const MAC_PROXY: &str = "52:54:00:00:0d:01";
+const MAC_TLS: &str = "52:54:00:00:0e:01";
 
 /// The tests share the control plane of this binary and each runs a controller: one at a
 /// time.
@@ -325,6 +326,18 @@ impl Site {
         credentials_extra: &str,
         dhcp: &str,
     ) -> Self {
+        Self::start_with(cp, machines, api_target, credentials_extra, dhcp, "")
+    }
+
+    /// [`Site::start_with_dhcp`] with more of the `http` section (`, tls: {…}`).
+    fn start_with(
+        cp: &'static LocalControlPlane,
+        machines: &[(&str, &str, &str)],
+        api_target: &str,
+        credentials_extra: &str,
+        dhcp: &str,
+        http_extra: &str,
+    ) -> Self {
         let deploy = deploy_dir();
         for part in ["namespace.yaml", "rbac"] {
             let path = deploy.join(part).display().to_string();
@@ -387,7 +400,7 @@ power: {{enabled: false}}
 dhcp:
 {dhcp}
 tftp: {{root: /usr/lib/ipxe}}
-http: {{port: 8080, imagesDir: "{images}"}}
+http: {{port: 8080, imagesDir: "{images}"{http_extra}}}
 credentials:
   apiServer: {server}
   caFile: "{ca}"
@@ -708,6 +721,8 @@ fn a_slow_mint_is_retried_and_the_agent_gets_its_credentials() {
         machine: "cr-slow".into(),
         bootserver: Some(format!("http://{SERVER}:8080")),
         nonce: Some(nonce.clone()),
+        secure: None,
+        ticket: false,
     };
     let agent = site
         .link
@@ -907,4 +922,207 @@ fn in_proxy_mode_a_nonce_goes_only_to_the_host_of_the_machine_s_pxe_exchange() {
         "a token leaked into the log"
     );
     ok(cp, &["delete", "machine", "cr-proxy", "--wait=false"], None);
+}
+
+/// A self-signed certificate and key (P-256) for the bootserver's TLS endpoint in `dir`, and
+/// the certificate's SHA-256 (hex).
+fn tls_pair(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf, String) {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+    let out = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ])
+        .args(["-nodes", "-days", "2", "-subj", "/CN=unbounded-bootserver"])
+        .args(["-addext", &format!("subjectAltName=IP:{SERVER}")])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let der = CertificateDer::from_pem_file(&cert).unwrap();
+    let digest = ring::digest::digest(&ring::digest::SHA256, der.as_ref());
+    let hex = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    (cert, key, hex)
+}
+
+/// Runs `work` with the agent's credential code's parts on a thread in `ns`.
+fn as_agent_in<T: Send + 'static>(
+    ns: &unbounded_testbed::netns::Netns,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    ns.spawn_inside(work).unwrap().join().unwrap().unwrap()
+}
+
+/// With `http.tls`, nothing secret crosses the link in clear: the boot script carries no
+/// nonce, only the HTTPS endpoint, its certificate's digest and a ticket that the bootserver
+/// holds for the address it served the script to; credentials are refused over plain HTTP;
+/// the agent's own code pins the certificate (a wrong pin gets nothing, and spends nothing)
+/// and redeems the ticket over TLS; and a capture of the whole exchange on the link holds
+/// neither the token nor the bootstrap token.
+#[test]
+fn over_tls_no_secret_crosses_the_link_in_clear() {
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let cp = LocalControlPlane::shared().unwrap();
+    let pki = tempfile::tempdir().unwrap();
+    let (cert, key, pin) = tls_pair(pki.path());
+    let machine_ip = "10.99.0.41";
+    let site = Site::start_with(
+        cp,
+        &[("cr-tls", MAC_TLS, machine_ip)],
+        &api_server_target(cp),
+        "",
+        FULL_DHCP,
+        &format!(
+            r#", tls: {{port: 8443, certFile: "{}", keyFile: "{}"}}"#,
+            cert.display(),
+            key.display()
+        ),
+    );
+    let link = &site.link;
+    let capture_file = pki.path().join("link.pcap");
+    let mut capture = link
+        .server
+        .command("tcpdump")
+        .args(["-i", "pxe0", "--immediate-mode", "-U", "-s", "0", "-w"])
+        .arg(&capture_file)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(pki.path().join("tcpdump.log")).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("the capture to start", Duration::from_secs(30), || {
+        std::fs::metadata(&capture_file).is_ok_and(|m| m.len() >= 24)
+    });
+
+    // The script: where to go, what to trust, and no secret.
+    let url = format!("http://{SERVER}:8080/boot.ipxe?mac={MAC_TLS}");
+    let mut script = String::new();
+    wait_until("the machine's script", Duration::from_secs(60), || {
+        script = curl(link, &[&url]).1;
+        script.contains("unbounded.ticket=1")
+    });
+    assert!(!script.contains("unbounded.nonce="), "{script}");
+    assert!(
+        script.contains(&format!("unbounded.credentials=https://{SERVER}:8443")),
+        "{script}"
+    );
+    assert!(
+        script.contains(&format!("unbounded.tls-sha256={pin}")),
+        "{script}"
+    );
+    let kernel_line = script
+        .lines()
+        .find(|l| l.starts_with("kernel "))
+        .unwrap()
+        .to_owned();
+    let identity = unbounded_agent::identity::from_cmdline(&kernel_line).unwrap();
+
+    // Over plain HTTP: refused before anything is read.
+    let (code, text) = post_credentials(link, "cr-tls", r#"{"ticket":true}"#, None);
+    assert_eq!(code, 403, "{text}");
+    assert!(text.contains("HTTPS only"), "{text}");
+
+    // The agent with another pin: it does not talk to that server, and spends nothing.
+    let state = tempfile::tempdir().unwrap();
+    let state_dir = state.path().to_path_buf();
+    let mut impostor = identity.clone();
+    if let Some(secure) = impostor.secure.as_mut() {
+        secure.sha256 = [0; 32];
+    }
+    let dir = state_dir.clone();
+    let refused = as_agent_in(&link.client, move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let store = unbounded_agent::credentials::Store::new(&dir).unwrap();
+            unbounded_agent::credentials::obtain(&reqwest::Client::new(), &impostor, &store, true)
+                .await
+                .map(|_| ())
+        })
+    });
+    let error = refused.expect_err("a certificate that is not the pinned one");
+    assert!(error.to_string().contains("pinned"), "{error}");
+
+    // The agent with the boot's pin: credentials over TLS, by the ticket.
+    let dir = state_dir.clone();
+    let issued = as_agent_in(&link.client, move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let store = unbounded_agent::credentials::Store::new(&dir).unwrap();
+            unbounded_agent::credentials::obtain(&reqwest::Client::new(), &identity, &store, true)
+                .await
+        })
+    })
+    .unwrap();
+    let bootstrap = issued.bootstrap_token.clone().expect("a bootstrap token");
+    let store = unbounded_agent::credentials::Store::new(state.path()).unwrap();
+    assert!(
+        store.meta().is_some_and(|m| m.nonce_used),
+        "the ticket is spent"
+    );
+    // The ticket once more, from the machine, over TLS: spent.
+    let out = link
+        .client
+        .command("curl")
+        .args(["-sk", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST"])
+        .args([
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            r#"{"ticket":true}"#,
+        ])
+        .arg(format!("https://{SERVER}:8443/machines/cr-tls/credentials"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "403",
+        "a spent ticket"
+    );
+
+    // The link saw the script, and neither token.
+    std::thread::sleep(Duration::from_millis(500));
+    // SIGTERM: tcpdump writes out what it holds before it exits.
+    let _ = std::process::Command::new("kill")
+        .arg(capture.id().to_string())
+        .status();
+    capture.wait().unwrap();
+    let captured = std::fs::read(&capture_file).unwrap();
+    let seen = |needle: &str| {
+        captured
+            .windows(needle.len())
+            .any(|w| w == needle.as_bytes())
+    };
+    assert!(
+        seen("unbounded.ticket=1"),
+        "the capture holds the plain script ({} bytes; tcpdump: {})",
+        captured.len(),
+        std::fs::read_to_string(pki.path().join("tcpdump.log")).unwrap_or_default()
+    );
+    assert!(!seen(&issued.token), "the token crossed the link in clear");
+    let secret_part = bootstrap.split('.').nth(1).unwrap();
+    assert!(
+        !seen(secret_part),
+        "the bootstrap token crossed the link in clear"
+    );
+    assert!(!seen("unbounded.nonce="), "a nonce crossed the link");
+    ok(cp, &["delete", "machine", "cr-tls", "--wait=false"], None);
 }

@@ -18,6 +18,7 @@
 //! bootserver's own deadline for the API server (`credentials.mintTimeoutSeconds`, at most
 //! 25 s), so a slow mint comes back as 503 rather than as a request the agent abandoned.
 
+pub mod pinned;
 mod store;
 
 use std::fs;
@@ -194,11 +195,27 @@ pub fn classify(status: u16, retry_after: Option<&str>, proof: ProofKind) -> Ver
     }
 }
 
+/// An error and its causes on one line (reqwest's own text says only "error sending
+/// request"; the cause says whether it was a refused connection or a certificate that is
+/// not the pinned one). No request carries a secret in its URL.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    text
+}
+
 /// How to authenticate a credential request.
 #[derive(Clone, PartialEq, Eq)]
 pub enum Proof {
     /// The nonce of this boot.
     Nonce(String),
+    /// This boot's ticket, held by the bootserver (TLS only).
+    Ticket,
     /// A valid token.
     Token(String),
 }
@@ -207,6 +224,7 @@ impl std::fmt::Debug for Proof {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Self::Nonce(_) => "Nonce(<redacted>)",
+            Self::Ticket => "Ticket",
             Self::Token(_) => "Token(<redacted>)",
         })
     }
@@ -216,14 +234,16 @@ impl std::fmt::Debug for Proof {
 pub fn choose_proof(
     stored: Option<(String, StoredMeta)>,
     nonce: Option<&str>,
+    ticket: bool,
     nonce_used: bool,
 ) -> Option<Proof> {
     if let Some((token, _)) = stored {
         return Some(Proof::Token(token));
     }
     match nonce {
-        Some(n) if !nonce_used => Some(Proof::Nonce(n.to_owned())),
-        _ => None,
+        _ if nonce_used => None,
+        Some(n) => Some(Proof::Nonce(n.to_owned())),
+        None => ticket.then_some(Proof::Ticket),
     }
 }
 
@@ -292,15 +312,32 @@ pub async fn obtain(
     if let Some(meta) = store.meta().filter(|m| m.self_refresh) {
         return renew_self(identity, store, meta, bootstrap_token).await;
     }
-    let bootserver = identity
-        .bootserver
-        .as_deref()
-        .ok_or(CredentialError::NoSource)?;
+    // Where the bootserver speaks TLS, credentials are asked for there only, from the
+    // certificate this boot pinned: nothing secret crosses the network in clear.
+    let pinned;
+    let (bootserver, http) = match &identity.secure {
+        Some(secure) => {
+            pinned =
+                pinned::client(secure.sha256).map_err(|message| CredentialError::Unreachable {
+                    bootserver: secure.url.clone(),
+                    message,
+                })?;
+            (secure.url.as_str(), &pinned)
+        }
+        None => (
+            identity
+                .bootserver
+                .as_deref()
+                .ok_or(CredentialError::NoSource)?,
+            http,
+        ),
+    };
     let now = now_unix();
     let nonce_used = store.meta().is_some_and(|m| m.nonce_used);
     let proof = choose_proof(
         store.valid_token(now),
         identity.nonce.as_deref(),
+        identity.ticket,
         nonce_used,
     )
     .ok_or(CredentialError::Exhausted)?;
@@ -310,12 +347,19 @@ pub async fn obtain(
         Proof::Nonce(nonce) => CredentialRequest {
             nonce: Some(nonce.clone()),
             bootstrap_token,
+            ticket: false,
+        },
+        Proof::Ticket => CredentialRequest {
+            nonce: None,
+            bootstrap_token,
+            ticket: true,
         },
         Proof::Token(token) => {
             request = request.bearer_auth(token);
             CredentialRequest {
                 nonce: None,
                 bootstrap_token,
+                ticket: false,
             }
         }
     };
@@ -325,11 +369,11 @@ pub async fn obtain(
         .await
         .map_err(|e| CredentialError::Unreachable {
             bootserver: bootserver.to_owned(),
-            message: e.without_url().to_string(),
+            message: with_causes(&e.without_url()),
         })?;
     let status = response.status().as_u16();
     let kind = match proof {
-        Proof::Nonce(_) => ProofKind::Nonce,
+        Proof::Nonce(_) | Proof::Ticket => ProofKind::Nonce,
         Proof::Token(_) => ProofKind::Token,
     };
     let retry_after = response
@@ -366,7 +410,7 @@ pub async fn obtain(
         .map_err(|e| CredentialError::Malformed(e.without_url().to_string()))?;
     store.save(
         &credentials,
-        nonce_used || matches!(proof, Proof::Nonce(_)),
+        nonce_used || matches!(proof, Proof::Nonce(_) | Proof::Ticket),
         false,
     )?;
     Ok(credentials)
@@ -461,14 +505,19 @@ mod tests {
             self_refresh: false,
         };
         assert!(matches!(
-            choose_proof(Some(("t".into(), meta)), Some("n"), true),
+            choose_proof(Some(("t".into(), meta)), Some("n"), false, true),
             Some(Proof::Token(t)) if t == "t"
         ));
         assert!(matches!(
-            choose_proof(None, Some("n"), false),
+            choose_proof(None, Some("n"), true, false),
             Some(Proof::Nonce(n)) if n == "n"
         ));
-        assert!(choose_proof(None, Some("n"), true).is_none());
-        assert!(choose_proof(None, None, false).is_none());
+        assert!(choose_proof(None, Some("n"), false, true).is_none());
+        assert!(choose_proof(None, None, false, false).is_none());
+        assert_eq!(choose_proof(None, None, true, false), Some(Proof::Ticket));
+        assert!(
+            choose_proof(None, None, true, true).is_none(),
+            "a redeemed ticket"
+        );
     }
 }

@@ -70,6 +70,9 @@ pub enum IssueError {
     /// The request does not come from the machine's address.
     #[error("a machine gets credentials only from its own address")]
     WrongAddress,
+    /// A ticket was presented over plain HTTP.
+    #[error("a ticket is redeemed over HTTPS only")]
+    TicketNeedsTls,
     /// Neither a nonce nor a token was presented.
     #[error("present this boot's nonce or a valid token")]
     Unauthenticated,
@@ -116,7 +119,7 @@ impl IssueError {
     pub fn status(&self) -> u16 {
         match self {
             Self::Nonce(NonceRefusal::Busy) => 503,
-            Self::WrongAddress | Self::Nonce(_) => 403,
+            Self::WrongAddress | Self::Nonce(_) | Self::TicketNeedsTls => 403,
             Self::Unauthenticated | Self::BadToken => 401,
             Self::RateLimited { .. } => 429,
             Self::NotReady | Self::TimedOut(_) | Self::Kube(_) | Self::Mint(_) => 503,
@@ -132,7 +135,11 @@ impl IssueError {
             Self::NotReady | Self::TimedOut(_) | Self::Kube(_) | Self::Mint(_) => {
                 Some(retry_after::UNAVAILABLE)
             }
-            Self::WrongAddress | Self::Nonce(_) | Self::Unauthenticated | Self::BadToken => None,
+            Self::WrongAddress
+            | Self::Nonce(_)
+            | Self::TicketNeedsTls
+            | Self::Unauthenticated
+            | Self::BadToken => None,
         }
     }
 
@@ -140,6 +147,7 @@ impl IssueError {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::WrongAddress => "wrong_address",
+            Self::TicketNeedsTls => "ticket_needs_tls",
             Self::Unauthenticated => "unauthenticated",
             Self::Nonce(NonceRefusal::Busy) => "nonce_busy",
             Self::Nonce(_) => "nonce_refused",
@@ -196,6 +204,8 @@ pub struct Origin {
     pub addresses_known: bool,
     /// The peer's link-layer address against the machine's MACs.
     pub link_layer: crate::identity::LinkLayer,
+    /// The request came over TLS.
+    pub secure: bool,
 }
 
 impl Issuer {
@@ -286,14 +296,14 @@ impl Issuer {
                 retry_after: 60 - now % 60,
             });
         }
-        let bound = match (&request.nonce, bearer) {
-            (Some(_), _) => self.nonces.bound_ip(machine),
-            (None, Some(_)) => self
+        let bound = match (&request.nonce, request.ticket, bearer) {
+            (Some(_), _, _) | (None, true, _) => self.nonces.bound_ip(machine),
+            (None, false, Some(_)) => self
                 .last_ip
                 .lock()
                 .ok()
                 .and_then(|m| m.get(machine).copied()),
-            (None, None) => return Err(IssueError::Unauthenticated),
+            (None, false, None) => return Err(IssueError::Unauthenticated),
         };
         if matches!(origin.link_layer, crate::identity::LinkLayer::Other(_))
             || !address_allowed(
@@ -305,18 +315,26 @@ impl Issuer {
         {
             return Err(IssueError::WrongAddress);
         }
-        let reservation = match &request.nonce {
-            Some(nonce) => Some(
+        let reservation = match (&request.nonce, request.ticket) {
+            (Some(nonce), _) => Some(
                 self.nonces
                     .reserve(machine, nonce, now)
                     .map_err(IssueError::Nonce)?,
             ),
-            None => None,
+            // A ticket is no secret (the bootserver holds it, bound to the address its
+            // script went to): it is redeemed only over TLS, where the answer is.
+            (None, true) if !origin.secure => return Err(IssueError::TicketNeedsTls),
+            (None, true) => Some(
+                self.nonces
+                    .reserve_ticket(machine, origin.peer, now)
+                    .map_err(IssueError::Nonce)?,
+            ),
+            (None, false) => None,
         };
-        let kind = if reservation.is_some() {
-            "nonce"
-        } else {
-            "refresh"
+        let kind = match (reservation.is_some(), request.ticket) {
+            (true, true) => "ticket",
+            (true, false) => "nonce",
+            (false, _) => "refresh",
         };
         let _in_flight = InFlight::new(&self.metrics.in_flight);
         let deadline = self.settings.mint_timeout;
@@ -470,6 +488,37 @@ mod tests {
     }
 
     #[test]
+    fn a_ticket_is_redeemed_once_and_only_from_the_address_its_script_went_to() {
+        let nonces = Nonces::default();
+        let (ip, other) = (Ipv4Addr::new(10, 99, 0, 21), Ipv4Addr::new(10, 99, 0, 50));
+        nonces.insert("m", "never-shown", ip, 100).unwrap();
+        assert_eq!(
+            nonces.reserve_ticket("m", other, 50).err(),
+            Some(NonceRefusal::Mismatch)
+        );
+        assert_eq!(
+            nonces.reserve_ticket("n", ip, 50).err(),
+            Some(NonceRefusal::NoneIssued)
+        );
+        let reservation = nonces.reserve_ticket("m", ip, 50).unwrap();
+        assert_eq!(
+            nonces.reserve_ticket("m", ip, 50).err(),
+            Some(NonceRefusal::Busy)
+        );
+        reservation.spend();
+        assert_eq!(
+            nonces.reserve_ticket("m", ip, 50).err(),
+            Some(NonceRefusal::NoneIssued),
+            "spent"
+        );
+        nonces.insert("m", "again", ip, 100).unwrap();
+        assert_eq!(
+            nonces.reserve_ticket("m", ip, 100).err(),
+            Some(NonceRefusal::Expired)
+        );
+    }
+
+    #[test]
     fn nonces_in_a_file_outlive_the_process_until_spent() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("nonces.json");
@@ -552,6 +601,7 @@ mod tests {
             (IssueError::Nonce(N::Mismatch), 403, None),
             (IssueError::Nonce(N::Expired), 403, None),
             (IssueError::WrongAddress, 403, None),
+            (IssueError::TicketNeedsTls, 403, None),
             (IssueError::Unauthenticated, 401, None),
             (IssueError::BadToken, 401, None),
         ];

@@ -168,6 +168,38 @@ impl Nonces {
     }
 }
 
+impl Nonces {
+    /// Reserves `machine`'s current nonce as a ticket: no value is presented (the script
+    /// carried none); the request must come from the address the script went to. Spent and
+    /// released like a nonce's reservation.
+    pub fn reserve_ticket(
+        &self,
+        machine: &str,
+        peer: Ipv4Addr,
+        now: u64,
+    ) -> Result<Reservation<'_>, NonceRefusal> {
+        let mut entries = self.entries.lock().map_err(|_| NonceRefusal::Busy)?;
+        let entry = entries.get_mut(machine).ok_or(NonceRefusal::NoneIssued)?;
+        if entry.ip != peer {
+            return Err(NonceRefusal::Mismatch);
+        }
+        if entry.expires_unix <= now {
+            entries.remove(machine);
+            return Err(NonceRefusal::Expired);
+        }
+        if entry.reserved {
+            return Err(NonceRefusal::Busy);
+        }
+        entry.reserved = true;
+        Ok(Reservation {
+            nonces: self,
+            machine: machine.to_owned(),
+            digest: entry.digest.clone(),
+            spent: false,
+        })
+    }
+}
+
 /// A nonce reserved for one request: [`Reservation::spend`] once credentials were minted;
 /// dropped otherwise (the mint failed or timed out, or the request was abandoned when its
 /// client went away), it releases the nonce, which may then be presented again.

@@ -169,14 +169,14 @@ impl Default for ConnectionLimits {
 /// The idle clock of one connection: reset by every byte read or written; a read that
 /// waits past it fails with `TimedOut`, which ends the connection.
 #[derive(Debug)]
-struct IdleClock {
+pub(super) struct IdleClock {
     limit: std::time::Duration,
     last: tokio::time::Instant,
     timer: Pin<Box<tokio::time::Sleep>>,
 }
 
 impl IdleClock {
-    fn new(limit: std::time::Duration) -> Self {
+    pub(super) fn new(limit: std::time::Duration) -> Self {
         let last = tokio::time::Instant::now();
         Self {
             limit,
@@ -185,13 +185,13 @@ impl IdleClock {
         }
     }
 
-    fn touch(&mut self) {
+    pub(super) fn touch(&mut self) {
         self.last = tokio::time::Instant::now();
     }
 
     /// Whether the connection has been idle past its limit; otherwise the timer is armed
     /// to wake `cx` when it would be.
-    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+    pub(super) fn expired(&mut self, cx: &mut Context<'_>) -> bool {
         loop {
             let deadline = self.last + self.limit;
             if self.timer.deadline() != deadline {
@@ -473,20 +473,24 @@ impl Listener for FileSendListener {
     }
 }
 
-/// What a request knows of its connection when served by [`FileSendListener`].
+/// What a request knows of its connection when served by [`FileSendListener`] or the TLS
+/// listener ([`super::tls`]).
 #[derive(Debug, Clone)]
 pub struct HttpConnection {
     /// The client's address.
     pub peer: SocketAddr,
-    /// The connection's file body slot.
-    pub sends: FileSends,
+    /// The connection's file body slot; `None` where the kernel cannot send files (TLS).
+    pub sends: Option<FileSends>,
+    /// Whether the connection is TLS.
+    pub secure: bool,
 }
 
 impl Connected<IncomingStream<'_, FileSendListener>> for HttpConnection {
     fn connect_info(stream: IncomingStream<'_, FileSendListener>) -> Self {
         Self {
             peer: *stream.remote_addr(),
-            sends: stream.io().sends().clone(),
+            sends: Some(stream.io().sends().clone()),
+            secure: false,
         }
     }
 }

@@ -1,0 +1,107 @@
+//! An HTTPS client that accepts exactly one certificate: the bootserver's, whose SHA-256
+//! came with the boot (`unbounded.tls-sha256`). No CA is consulted and no name is checked:
+//! the pin says which server this is, and the handshake's signature proves that the server
+//! holds that certificate's key.
+
+use std::sync::Arc;
+
+use rustls::DigitallySignedStruct;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+
+/// Accepts the one certificate whose SHA-256 is `sha256`.
+#[derive(Debug)]
+struct PinnedCertificate {
+    sha256: [u8; 32],
+    provider: Arc<CryptoProvider>,
+}
+
+/// Whether `certificate` (DER) is the pinned one.
+pub fn matches_pin(certificate: &[u8], sha256: &[u8; 32]) -> bool {
+    ring::digest::digest(&ring::digest::SHA256, certificate).as_ref() == sha256
+}
+
+impl ServerCertVerifier for PinnedCertificate {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        if matches_pin(end_entity.as_ref(), &self.sha256) {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::General(
+                "the bootserver's certificate is not the one this boot pinned (unbounded.tls-sha256)"
+                    .into(),
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// A client for the bootserver's TLS endpoint that trusts only the certificate `sha256`.
+pub fn client(sha256: [u8; 32]) -> Result<reqwest::Client, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(PinnedCertificate { sha256, provider }))
+        .with_no_client_auth();
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(config)
+        .connect_timeout(std::time::Duration::from_secs(10))
+        .build()
+        .map_err(|e| e.without_url().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_pinned_certificate_matches() {
+        let certificate = b"not really DER, but bytes all the same";
+        let mut pin = [0u8; 32];
+        pin.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, certificate).as_ref());
+        assert!(matches_pin(certificate, &pin));
+        assert!(!matches_pin(b"another certificate", &pin));
+    }
+}
