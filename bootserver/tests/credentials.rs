@@ -929,29 +929,7 @@ fn in_proxy_mode_a_nonce_goes_only_to_the_host_of_the_machine_s_pxe_exchange() {
 fn tls_pair(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf, String) {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
-    let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
-    let out = std::process::Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-        ])
-        .args(["-nodes", "-days", "2", "-subj", "/CN=unbounded-bootserver"])
-        .args(["-addext", &format!("subjectAltName=IP:{SERVER}")])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (cert, key) = unbounded_testbed::cluster::self_signed_server(dir, SERVER).unwrap();
     let der = CertificateDer::from_pem_file(&cert).unwrap();
     let digest = ring::digest::digest(&ring::digest::SHA256, der.as_ref());
     let hex = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();

@@ -146,29 +146,12 @@ impl Nonces {
         presented: &str,
         now: u64,
     ) -> Result<Reservation<'_>, NonceRefusal> {
-        let mut entries = self.entries.lock().map_err(|_| NonceRefusal::Busy)?;
-        let entry = entries.get_mut(machine).ok_or(NonceRefusal::NoneIssued)?;
-        if !constant_time_eq(entry.digest.as_bytes(), digest_hex(presented).as_bytes()) {
-            return Err(NonceRefusal::Mismatch);
-        }
-        if entry.expires_unix <= now {
-            entries.remove(machine);
-            return Err(NonceRefusal::Expired);
-        }
-        if entry.reserved {
-            return Err(NonceRefusal::Busy);
-        }
-        entry.reserved = true;
-        Ok(Reservation {
-            nonces: self,
-            machine: machine.to_owned(),
-            digest: entry.digest.clone(),
-            spent: false,
+        let presented = digest_hex(presented);
+        self.reserve_if(machine, now, |entry| {
+            constant_time_eq(entry.digest.as_bytes(), presented.as_bytes())
         })
     }
-}
 
-impl Nonces {
     /// Reserves `machine`'s current nonce as a ticket: no value is presented (the script
     /// carried none); the request must come from the address the script went to. Spent and
     /// released like a nonce's reservation.
@@ -178,9 +161,20 @@ impl Nonces {
         peer: Ipv4Addr,
         now: u64,
     ) -> Result<Reservation<'_>, NonceRefusal> {
+        self.reserve_if(machine, now, |entry| entry.ip == peer)
+    }
+
+    /// Reserves `machine`'s entry if `matches` says the request is for it
+    /// ([`NonceRefusal::Mismatch`] otherwise), it has not expired and nobody holds it.
+    fn reserve_if(
+        &self,
+        machine: &str,
+        now: u64,
+        matches: impl FnOnce(&NonceEntry) -> bool,
+    ) -> Result<Reservation<'_>, NonceRefusal> {
         let mut entries = self.entries.lock().map_err(|_| NonceRefusal::Busy)?;
         let entry = entries.get_mut(machine).ok_or(NonceRefusal::NoneIssued)?;
-        if entry.ip != peer {
+        if !matches(entry) {
             return Err(NonceRefusal::Mismatch);
         }
         if entry.expires_unix <= now {

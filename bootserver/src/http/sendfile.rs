@@ -185,13 +185,41 @@ impl IdleClock {
         }
     }
 
-    pub(super) fn touch(&mut self) {
+    fn touch(&mut self) {
         self.last = tokio::time::Instant::now();
+    }
+
+    /// Reads from `inner`, resetting the clock on every byte and failing with `TimedOut`
+    /// once the connection has been idle past its limit.
+    pub(super) fn poll_read<R: AsyncRead + Unpin>(
+        &mut self,
+        inner: &mut R,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match Pin::new(inner).poll_read(cx, buf) {
+            Poll::Ready(result) => {
+                self.touch();
+                Poll::Ready(result)
+            }
+            Poll::Pending if self.expired(cx) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the connection was idle too long",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    /// Resets the clock when a write moved bytes.
+    pub(super) fn wrote(&mut self, written: &Poll<io::Result<usize>>) {
+        if matches!(written, Poll::Ready(Ok(n)) if *n > 0) {
+            self.touch();
+        }
     }
 
     /// Whether the connection has been idle past its limit; otherwise the timer is armed
     /// to wake `cx` when it would be.
-    pub(super) fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
         loop {
             let deadline = self.last + self.limit;
             if self.timer.deadline() != deadline {
@@ -337,17 +365,7 @@ impl AsyncRead for FileSendStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.tcp).poll_read(cx, buf) {
-            Poll::Ready(result) => {
-                this.idle.touch();
-                Poll::Ready(result)
-            }
-            Poll::Pending if this.idle.expired(cx) => Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the connection was idle too long",
-            ))),
-            Poll::Pending => Poll::Pending,
-        }
+        this.idle.poll_read(&mut this.tcp, cx, buf)
     }
 }
 
@@ -367,9 +385,7 @@ impl AsyncWrite for FileSendStream {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let written = this.poll_write_parts(cx, bufs);
-        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
-            this.idle.touch();
-        }
+        this.idle.wrote(&written);
         written
     }
 

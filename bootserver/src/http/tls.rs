@@ -121,17 +121,7 @@ impl AsyncRead for TlsConnection {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.stream).poll_read(cx, buf) {
-            Poll::Ready(result) => {
-                this.idle.touch();
-                Poll::Ready(result)
-            }
-            Poll::Pending if this.idle.expired(cx) => Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the connection was idle too long",
-            ))),
-            Poll::Pending => Poll::Pending,
-        }
+        this.idle.poll_read(&mut this.stream, cx, buf)
     }
 }
 
@@ -143,9 +133,7 @@ impl AsyncWrite for TlsConnection {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let written = Pin::new(&mut this.stream).poll_write(cx, buf);
-        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
-            this.idle.touch();
-        }
+        this.idle.wrote(&written);
         written
     }
 

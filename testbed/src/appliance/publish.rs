@@ -149,37 +149,10 @@ pub(super) fn apply_overlay(
 /// self-signed P-256 certificate for the appliance's address, made once per lab directory,
 /// as the Secret `unbounded-bootserver-tls` (what cert-manager would write).
 fn apply_tls_secret(plane: &LocalControlPlane, out: &Path) -> Result<(), LabError> {
-    let (cert, key) = (out.join("tls.crt"), out.join("tls.key"));
+    let (mut cert, mut key) = (out.join("tls.crt"), out.join("tls.key"));
     if !cert.exists() || !key.exists() {
-        let made = std::process::Command::new("openssl")
-            .args([
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-            ])
-            .args([
-                "-nodes",
-                "-days",
-                "365",
-                "-subj",
-                "/CN=unbounded-bootserver",
-            ])
-            .args(["-addext", "subjectAltName=IP:10.99.0.2"])
-            .arg("-keyout")
-            .arg(&key)
-            .arg("-out")
-            .arg(&cert)
-            .output()
-            .map_err(|e| step(format!("openssl: {e}")))?;
-        if !made.status.success() {
-            return Err(step(format!(
-                "openssl made no certificate: {}",
-                String::from_utf8_lossy(&made.stderr).trim()
-            )));
-        }
+        (cert, key) = crate::cluster::self_signed_server(out, "10.99.0.2")
+            .map_err(|e| step(format!("the bootserver's certificate: {e}")))?;
     }
     // Its namespace first (deploy/ creates it too, after): the pod must find the Secret at
     // its first start.

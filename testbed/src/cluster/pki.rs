@@ -24,6 +24,39 @@ fn run_openssl(args: &[&str], dir: &Path) -> Result<(), ClusterError> {
     }
 }
 
+/// A self-signed P-256 certificate for a server at `ip` (`tls.crt`) and its key (`tls.key`)
+/// in `dir`, for a client that pins the certificate rather than trusting a CA (the
+/// bootserver's `http.tls`). Returns their paths.
+pub fn self_signed_server(
+    dir: &Path,
+    ip: &str,
+) -> Result<(std::path::PathBuf, std::path::PathBuf), ClusterError> {
+    let san = format!("subjectAltName=IP:{ip}");
+    run_openssl(
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "365",
+            "-subj",
+            "/CN=unbounded-bootserver",
+            "-addext",
+            &san,
+            "-keyout",
+            "tls.key",
+            "-out",
+            "tls.crt",
+        ],
+        dir,
+    )?;
+    Ok((dir.join("tls.crt"), dir.join("tls.key")))
+}
+
 /// A certificate to issue from the local CA.
 struct CertRequest<'a> {
     name: &'a str,
