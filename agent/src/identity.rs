@@ -185,11 +185,20 @@ pub fn secure_channel(
 
 /// Reads the identity from a kernel command line.
 pub fn from_cmdline(cmdline: &str) -> Result<Identity, IdentityError> {
-    let mut identity = identity(
+    let identity = identity(
         cmdline_value(cmdline, CMDLINE_MACHINE),
         cmdline_value(cmdline, CMDLINE_BOOTSERVER),
         cmdline_value(cmdline, CMDLINE_NONCE),
     )?;
+    with_secure_channel(identity, cmdline)
+}
+
+/// `identity` with the TLS endpoint, its pin and the ticket flag the kernel command line
+/// carries (a boot from a bootserver with `http.tls`).
+pub fn with_secure_channel(
+    mut identity: Identity,
+    cmdline: &str,
+) -> Result<Identity, IdentityError> {
     identity.secure = secure_channel(
         cmdline_value(cmdline, CMDLINE_CREDENTIALS),
         cmdline_value(cmdline, CMDLINE_TLS_SHA256),

@@ -71,7 +71,8 @@ fn main() -> ExitCode {
             .as_deref()
             .or_else(|| identity::cmdline_value(&cmdline, identity::CMDLINE_BOOTSERVER)),
         identity::cmdline_value(&cmdline, identity::CMDLINE_NONCE),
-    );
+    )
+    .and_then(|id| identity::with_secure_channel(id, &cmdline));
     let identity = match identity {
         Ok(id) => id,
         Err(error) => {
