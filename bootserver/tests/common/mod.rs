@@ -151,7 +151,7 @@ fn capture(ns: &Netns) -> Option<Child> {
     let file = Path::new(&dir).join(format!("{}.pcap", ns.name()));
     let child = ns
         .command("tcpdump")
-        .args(["-i", "any", "-U", "-s", "0", "-w"])
+        .args(["-i", "any", "--immediate-mode", "-U", "-s", "0", "-w"])
         .arg(&file)
         .args(["udp port 67 or udp port 68 or udp port 4011 or udp port 69 or udp portrange 1024-65535 or tcp port 8080"])
         .stdin(Stdio::null())

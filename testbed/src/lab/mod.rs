@@ -145,7 +145,13 @@ pub struct Lab {
     powered_on: BTreeMap<String, Instant>,
     /// Where the machines get their boot artifacts.
     artifacts: BootArtifacts,
+    /// A packet capture of the provisioning bridge's boot and credential traffic
+    /// (`bridge.pcap`), scanned for secrets in clear ([`Lab::secret_leaks`]).
+    _capture: crate::process::Process,
 }
+
+/// The capture's file in the lab's directory.
+pub const BRIDGE_CAPTURE: &str = "bridge.pcap";
 
 fn write(path: &Path, content: &str) -> Result<(), LabError> {
     fs::write(path, content).map_err(|e| step(format!("writing {}: {e}", path.display())))
@@ -169,6 +175,34 @@ impl Lab {
         ] {
             ns.ip(args).map_err(|e| step(e.to_string()))?;
         }
+        // Every boot's DHCP, scripts and credential exchange, from the first packet: the
+        // first 2 KiB of each (images pass by, their heads only). `--immediate-mode`: each
+        // packet is written as it comes, so a scan during the run sees it.
+        let capture = crate::process::Process::spawn(
+            "tcpdump",
+            Some(&ns),
+            Path::new("tcpdump"),
+            &[
+                "-i",
+                "br0",
+                "-Z",
+                "root",
+                "--immediate-mode",
+                "-U",
+                "-s",
+                "2048",
+                "-w",
+            ]
+            .map(str::to_owned)
+            .into_iter()
+            .chain([
+                options.dir.join(BRIDGE_CAPTURE).display().to_string(),
+                "tcp port 8080 or tcp port 8443 or udp port 67 or udp port 4011".to_owned(),
+            ])
+            .collect::<Vec<_>>(),
+            &[],
+            options.dir.join("tcpdump.log"),
+        )?;
 
         let pods = options.mode == LabMode::Pods;
         say(&format!(
@@ -295,6 +329,7 @@ impl Lab {
             kubeconfig,
             powered_on: BTreeMap::new(),
             artifacts,
+            _capture: capture,
         };
         if let Some(message) = lab.component_exited() {
             return Err(step(format!("{message}\n{}", lab.logs())));
