@@ -2,9 +2,11 @@
 //!
 //! 1. When a machine's iPXE fetches its script, the script's kernel command line gets a
 //!    one-time **nonce** (`unbounded.nonce=…`), bound to that machine and to the address that
-//!    fetched the script; a newer script replaces it. It is handed out only to a request from
-//!    the machine's own address (its reservation or its DHCP lease; in proxy mode, where the
-//!    leases are another server's, to the address that asked).
+//!    fetched the script; a newer script replaces it. It is handed out only to a peer the
+//!    HTTP layer vouches for as that machine ([`crate::identity`]: its lease, its PXE
+//!    exchange on port 4011, its link-layer address). With `http.tls` the script carries no
+//!    nonce: the bootserver keeps it as this boot's **ticket**, redeemed over TLS only, from
+//!    the address the script went to.
 //! 2. The agent of that boot posts it to `POST /machines/<name>/credentials` from the same
 //!    address and gets its ServiceAccount's token (TokenRequest, bounded lifetime), the API
 //!    server's URL and CA, and — when it paves — a kubelet **bootstrap token** (a
