@@ -915,6 +915,38 @@ fn in_proxy_mode_a_nonce_goes_only_to_the_host_of_the_machine_s_pxe_exchange() {
             "{reason}: {metrics}"
         );
     }
+    // The bootserver restarts (where the last credentials went is kept in memory): the
+    // machine's refresh with its token is still taken from its own hardware, and still
+    // refused from the other host.
+    let mut site = site;
+    site.bootserver.crash_and_restart(&site.link.server);
+    wait_until("the bootserver again", Duration::from_secs(60), || {
+        curl(&site.link, &[&format!("http://{SERVER}:8080/readyz")]).0 == 200
+    });
+    let link = &site.link;
+    let (code, text) = post_credentials(link, "cr-proxy", "{}", Some(&credentials.token));
+    assert_eq!(code, 200, "a refresh after a restart: {text}");
+    let header = format!("Authorization: Bearer {}", credentials.token);
+    let out = intruder
+        .command("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST"])
+        .args([
+            "-H",
+            "Content-Type: application/json",
+            "-H",
+            &header,
+            "-d",
+            "{}",
+            &url,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "403",
+        "the machine's token from another host"
+    );
+
     let log = site.bootserver.log();
     assert!(!log.contains(&nonce), "a nonce leaked into the log");
     assert!(

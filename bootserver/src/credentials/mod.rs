@@ -300,11 +300,19 @@ impl Issuer {
         }
         let bound = match (&request.nonce, request.ticket, bearer) {
             (Some(_), _, _) | (None, true, _) => self.nonces.bound_ip(machine),
+            // A refresh comes from where the last credentials went; a bootserver that
+            // restarted since has forgotten that (it is kept in memory), and then an on-link
+            // peer whose link-layer address is the machine's stands for it: the token review
+            // below still proves whose token it is.
             (None, false, Some(_)) => self
                 .last_ip
                 .lock()
                 .ok()
-                .and_then(|m| m.get(machine).copied()),
+                .and_then(|m| m.get(machine).copied())
+                .or_else(|| {
+                    (origin.link_layer == crate::identity::LinkLayer::Matches)
+                        .then_some(origin.peer)
+                }),
             (None, false, None) => return Err(IssueError::Unauthenticated),
         };
         if matches!(origin.link_layer, crate::identity::LinkLayer::Other(_))
