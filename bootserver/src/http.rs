@@ -16,7 +16,7 @@
 //! problems, `/readyz` answers 503 with each problem on a line of its own.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use axum::Router;
@@ -28,19 +28,22 @@ use prometheus_client::registry::Registry;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::services::ServeDir;
 
-use crate::backend::{MacAddr, MachineBackend, MachineRecord};
+use crate::backend::{MacAddr, MachineBackend};
 use crate::boot;
-use crate::config::{DhcpMode, Settings, UnknownMachines};
+use crate::config::{Settings, UnknownMachines};
 use crate::credentials::{Issuer, Origin};
 use crate::discovery_writes::DiscoveryWriter;
 use crate::files::{self, InlineFs};
-use crate::identity::{self, Evidence, PxeExchanges, Unvouched};
+use crate::identity::{self, PxeExchanges};
 use crate::leases::Leases;
 use crate::metrics::{Metrics, Service};
 use crate::preflight::Readiness;
+pub use peer::Channel;
+use peer::{evidence, holds_address, https_only, is_secure, origin, unvouched_script};
 use unbounded_api::inventory::{DISCOVERY_CLAIM_PATH, DISCOVERY_REPORT_PATH};
 
 mod discovery;
+mod peer;
 pub mod sendfile;
 pub mod tls;
 
@@ -165,43 +168,6 @@ async fn around_each_request(
     )
 }
 
-/// Which listener a request came through (set by [`around_each_request`]; a request that
-/// came through neither, as in the fuzz target, is taken as plain).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Channel {
-    /// TLS.
-    pub secure: bool,
-}
-
-/// Whether a request came over TLS.
-fn is_secure(request: Option<axum::Extension<Channel>>) -> bool {
-    request.is_some_and(|axum::Extension(channel)| channel.secure)
-}
-
-/// With `http.tls` set, a route that carries secrets answers only over TLS: over plain HTTP
-/// it says where to go (403), before reading anything of the request.
-fn https_only(
-    state: &AppState,
-    route: &str,
-    channel: Option<axum::Extension<Channel>>,
-) -> Option<Response> {
-    let tls = state.tls.as_ref()?;
-    if is_secure(channel) {
-        return None;
-    }
-    state.metrics.http_request(route, 403);
-    Some(
-        (
-            StatusCode::FORBIDDEN,
-            format!(
-                "this bootserver answers this over HTTPS only: {}\n",
-                tls.url
-            ),
-        )
-            .into_response(),
-    )
-}
-
 /// The longest file name Linux opens (`NAME_MAX`).
 const NAME_MAX: usize = 255;
 
@@ -278,7 +244,8 @@ async fn boot_script(
             // the bootserver does not vouch for gets no script at all, and the reason.
             let nonce = match (&state.issuer, peer.ip(), &machine.boot) {
                 (Some(issuer), IpAddr::V4(peer), Some(_)) => {
-                    match identity::vouch(&evidence(&state, &machine, peer)) {
+                    let holds = holds_address(&state, &machine, peer);
+                    match identity::vouch(&evidence(&state, &machine.macs, holds, peer)) {
                         Ok(()) => issuer.nonce_for_script(&machine.name, peer),
                         Err(why) => {
                             let script = unvouched_script(&state, &machine, peer, why);
@@ -288,28 +255,24 @@ async fn boot_script(
                 }
                 _ => Ok(None),
             };
-            match nonce {
+            match (nonce, &state.tls) {
                 // Over TLS the nonce stays here as this boot's ticket; the script carries
                 // only where to redeem it and the certificate to trust there.
-                Ok(Some(_)) if state.tls.is_some() => {
-                    let proof = state.tls.as_ref().map_or(boot::AgentProof::None, |tls| {
-                        boot::AgentProof::Ticket {
-                            url: &tls.url,
-                            sha256: &tls.sha256_hex,
-                        }
-                    });
-                    boot::machine_script(&machine, &base, proof)
-                }
-                Ok(nonce) => boot::machine_script(
+                (Ok(Some(_)), Some(tls)) => boot::machine_script(
                     &machine,
                     &base,
-                    nonce
-                        .as_deref()
-                        .map_or(boot::AgentProof::None, boot::AgentProof::Nonce),
+                    boot::AgentProof::Ticket {
+                        url: &tls.url,
+                        sha256: &tls.sha256_hex,
+                    },
                 ),
+                (Ok(Some(nonce)), None) => {
+                    boot::machine_script(&machine, &base, boot::AgentProof::Nonce(&nonce))
+                }
+                (Ok(None), _) => boot::machine_script(&machine, &base, boot::AgentProof::None),
                 // A script whose nonce could not be kept would boot an agent that can never
                 // authenticate: iPXE asks again instead.
-                Err(error) => {
+                (Err(error), _) => {
                     tracing::error!(machine = %machine.name, %error, "boot script withheld: its nonce could not be recorded");
                     boot::retry_later(&format!("{base}/boot.ipxe?mac={mac}"))
                 }
@@ -373,69 +336,6 @@ async fn machine_config(
         body.to_string(),
     )
         .into_response()
-}
-
-/// Whether `peer` is the machine's reserved address or its current lease.
-/// Whether `peer` is the machine's reserved address, or leased to one of its MACs. A lease
-/// store that cannot answer makes this false (refuse, never guess).
-fn holds_address(state: &AppState, machine: &MachineRecord, peer: Ipv4Addr) -> bool {
-    if machine.ipv4 == Some(peer) {
-        return true;
-    }
-    match state.leases.lease_at(peer) {
-        Ok(Some(lease)) => machine.macs.contains(&lease.mac),
-        Ok(None) => false,
-        Err(error) => {
-            tracing::error!(%error, "the address book cannot answer; refusing");
-            false
-        }
-    }
-}
-
-fn origin(state: &AppState, machine: &MachineRecord, peer: Ipv4Addr) -> Origin {
-    Origin {
-        peer,
-        holds_address: holds_address(state, machine, peer),
-        // Only a full DHCP server knows which address each machine has.
-        addresses_known: state.settings.dhcp_mode == DhcpMode::Full,
-        link_layer: identity::neighbours::link_layer_of(peer, &machine.macs),
-        secure: false,
-    }
-}
-
-/// What the bootserver saw of `peer` for `machine` ([`crate::identity`]).
-pub(crate) fn evidence(state: &AppState, machine: &MachineRecord, peer: Ipv4Addr) -> Evidence {
-    let mode = state.settings.dhcp_mode;
-    Evidence {
-        peer,
-        mode,
-        holds_address: mode == DhcpMode::Full && holds_address(state, machine, peer),
-        exchanged_from: state
-            .exchanges
-            .addresses(&machine.macs, crate::credentials::now_unix()),
-        link_layer: identity::neighbours::link_layer_of(peer, &machine.macs),
-    }
-}
-
-/// The script a peer gets for a machine it was not vouched for as: it says why, and boots
-/// nothing. The refusal is logged, counted and reported on the Machine.
-fn unvouched_script(
-    state: &AppState,
-    machine: &MachineRecord,
-    peer: Ipv4Addr,
-    why: Unvouched,
-) -> String {
-    tracing::warn!(machine = %machine.name, %peer, reason = why.label(), %why, "boot script refused: the bootserver does not vouch for the peer as this machine");
-    state.metrics.script_refused(why.label());
-    state.backend.report_refusal(
-        &machine.name,
-        why.script_event_reason(),
-        format!("a boot script for this Machine was refused to {peer}: {why}"),
-    );
-    boot::refusal(&format!(
-        "{peer} was not vouched for as machine {}: {why}",
-        machine.name
-    ))
 }
 
 /// The agent's credentials ([`crate::credentials`]).

@@ -209,7 +209,7 @@ pub async fn run(
             let listener = http::tls::TlsListener::start(listener, config, settings.http_limits)
                 .map_err(|source| ServerError::Http { addr, source })?;
             tracing::info!(%addr, sha256 = %endpoint.sha256_hex, "HTTPS listening (credentials and configuration)");
-            Some((listener, endpoint))
+            Some((listener, endpoint, addr))
         }
         None => None,
     };
@@ -222,18 +222,14 @@ pub async fn run(
         issuer,
         discovery,
         exchanges: responder.exchanges(),
-        tls: tls.as_ref().map(|(_, endpoint)| endpoint.clone()),
+        tls: tls.as_ref().map(|(_, endpoint, _)| endpoint.clone()),
     };
     if let Some(probe) = &probe {
         probe.serving(state.clone());
     }
     let app = http::router(state);
-    if let Some((listener, _)) = tls {
+    if let Some((listener, _, addr)) = tls {
         let app = app.clone();
-        let addr = SocketAddr::from((
-            settings.server_address,
-            settings.tls.as_ref().map_or(0, |t| t.port),
-        ));
         tasks.spawn(async move {
             axum::serve(
                 listener,

@@ -14,7 +14,7 @@ use crate::backend::MacAddr;
 use crate::boot;
 use crate::config::{DhcpMode, UnknownMachines};
 use crate::discovery_writes::{DiscoveryWriter, Outcome};
-use crate::identity::{self, Evidence};
+use crate::identity;
 
 /// The inspection boot ([`crate::discovery::inspection_script`]) for a MAC no Machine has,
 /// or whose Machine was discovered and waits to be claimed; anything else is refused (a
@@ -227,17 +227,7 @@ fn sender_holds(
         },
         DhcpMode::Proxy | DhcpMode::Off => false,
     };
-    let macs = [boot_mac];
-    let evidence = Evidence {
-        peer,
-        mode,
-        holds_address,
-        exchanged_from: state
-            .exchanges
-            .addresses(&macs, crate::credentials::now_unix()),
-        link_layer: identity::neighbours::link_layer_of(peer, &macs),
-    };
-    identity::vouch(&evidence).map_err(|why| {
+    identity::vouch(&super::evidence(state, &[boot_mac], holds_address, peer)).map_err(|why| {
         tracing::info!(%peer, %boot_mac, reason = why.label(), %why, "discovery request refused: the sender is not vouched for as its boot MAC");
         (
             StatusCode::FORBIDDEN,

@@ -82,11 +82,9 @@ pub fn load(
     let leaf = chain
         .first()
         .ok_or_else(|| TlsError::NoCertificate(settings.cert_file.clone()))?;
-    let sha256_hex = ring::digest::digest(&ring::digest::SHA256, leaf.as_ref())
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let sha256_hex = crate::boot_images::hex(
+        ring::digest::digest(&ring::digest::SHA256, leaf.as_ref()).as_ref(),
+    );
     let key = PrivateKeyDer::from_pem_file(&settings.key_file)
         .map_err(read_error("the private key", &settings.key_file))?;
     let config = rustls::ServerConfig::builder_with_provider(Arc::new(
