@@ -19,6 +19,9 @@ pub const CMDLINE_TLS_SHA256: &str = "unbounded.tls-sha256";
 /// Kernel command-line key (`=1`) that says this boot has a ticket to redeem over TLS in
 /// place of a nonce.
 pub const CMDLINE_TICKET: &str = "unbounded.ticket";
+/// Kernel command-line key (`=tpm`) that says this Machine proves itself with its TPM before
+/// it gets credentials (`unbounded_api::identity`).
+pub const CMDLINE_ATTEST: &str = "unbounded.attest";
 
 /// Why no identity could be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -52,6 +55,15 @@ pub struct Identity {
     pub secure: Option<SecureChannel>,
     /// This boot has a ticket to redeem over [`Identity::secure`] (in place of a nonce).
     pub ticket: bool,
+    /// The Machine is in TPM identity mode: its first credentials need an attestation.
+    pub attest: Option<Attestor>,
+}
+
+/// Which TPM attests this machine.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Attestor {
+    /// A TCTI for tpm2-tools (a test's swtpm); `None` is the machine's own TPM.
+    pub tcti: Option<String>,
 }
 
 /// The bootserver's TLS endpoint for credentials: its URL and the SHA-256 of the only
@@ -73,6 +85,7 @@ impl std::fmt::Debug for Identity {
             .field("nonce", &self.nonce.as_ref().map(|_| "<redacted>"))
             .field("secure", &self.secure)
             .field("ticket", &self.ticket)
+            .field("attest", &self.attest)
             .finish()
     }
 }
@@ -144,6 +157,7 @@ pub fn identity(
         nonce,
         secure: None,
         ticket: false,
+        attest: None,
     })
 }
 
@@ -204,6 +218,16 @@ pub fn with_secure_channel(
         cmdline_value(cmdline, CMDLINE_TLS_SHA256),
     )?;
     identity.ticket = cmdline_value(cmdline, CMDLINE_TICKET) == Some("1");
+    identity.attest = match cmdline_value(cmdline, CMDLINE_ATTEST) {
+        None => None,
+        Some("tpm") => Some(Attestor::default()),
+        Some(other) => {
+            return Err(IdentityError::Invalid {
+                key: CMDLINE_ATTEST,
+                message: format!("{:?} is not an attestation mode (tpm)", truncate(other)),
+            });
+        }
+    };
     if identity.ticket && identity.secure.is_none() {
         return Err(IdentityError::Missing(CMDLINE_CREDENTIALS));
     }

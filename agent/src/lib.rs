@@ -60,6 +60,7 @@ pub mod state;
 pub mod status;
 pub mod storage;
 pub mod systemd;
+pub mod tpm;
 mod watch_one;
 
 pub use identity::{CMDLINE_BOOTSERVER, CMDLINE_MACHINE, CMDLINE_NONCE};

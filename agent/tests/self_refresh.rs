@@ -111,6 +111,7 @@ async fn an_agent_renews_its_own_token_from_a_credentials_file() {
         nonce: None,
         secure: None,
         ticket: false,
+        attest: None,
     };
     let http = reqwest::Client::new();
     let renewed = credentials::obtain(&http, &identity, &store, true)

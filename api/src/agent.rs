@@ -186,6 +186,10 @@ pub struct CredentialRequest {
     /// Redeem this boot's ticket (TLS only; see above).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ticket: bool,
+    /// A TPM-mode machine's proof that it holds its TPM: the activated challenge and a quote
+    /// ([`crate::identity`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attestation: Option<crate::identity::AttestationProof>,
 }
 
 impl std::fmt::Debug for CredentialRequest {
@@ -194,6 +198,7 @@ impl std::fmt::Debug for CredentialRequest {
             .field("nonce", &self.nonce.as_ref().map(|_| "<redacted>"))
             .field("bootstrap_token", &self.bootstrap_token)
             .field("ticket", &self.ticket)
+            .field("attestation", &self.attestation)
             .finish()
     }
 }
@@ -316,7 +321,12 @@ mod tests {
             nonce: Some("00112233".into()),
             bootstrap_token: true,
             ticket: false,
+            attestation: Some(crate::identity::AttestationProof {
+                secret: "feedface".into(),
+                ..Default::default()
+            }),
         };
         assert!(!format!("{request:?}").contains("0011"));
+        assert!(!format!("{request:?}").contains("feedface"));
     }
 }

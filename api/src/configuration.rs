@@ -176,6 +176,12 @@ pub struct MachineTemplate {
     /// the node's state lives in RAM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<crate::storage::StorageSpec>,
+    /// How the machines of this configuration prove who they are (`tpm` or `network`,
+    /// trust on first use); a Machine's own `spec.pxe.identity` wins. An endorsement key is
+    /// per machine: only on a Machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("!has(self.endorsementKey)").message("template.identity.endorsementKey: an endorsement key belongs to one machine; set it on the Machine (spec.pxe.identity)"))]
+    pub identity: Option<crate::identity::IdentitySpec>,
 }
 
 /// The host OS a PXE machine boots.
@@ -199,6 +205,13 @@ pub struct BootSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(max = 1024)))]
     pub kernel_args: Vec<String>,
+    /// The PCR values (SHA-256 bank) this host OS produces on the firmware it boots on, one
+    /// set per firmware path that is accepted. When any are listed, a TPM-mode machine gets
+    /// credentials only with a quote whose PCRs match every value of one set
+    /// (docs/security.md lists what each firmware measures).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::identity::measurements_schema")]
+    pub measurements: Vec<crate::identity::PcrValues>,
 }
 
 /// The node container image.

@@ -23,6 +23,7 @@ pub mod boot_images;
 pub mod condition;
 pub mod configuration;
 pub mod crds;
+pub mod identity;
 pub mod in_place;
 pub mod inventory;
 pub mod machine;

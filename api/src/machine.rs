@@ -177,6 +177,13 @@ pub struct PxeSpec {
     /// someone has to power the server on by hand.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bmc: Option<BmcSpec>,
+
+    /// How the machine proves who it is before it gets credentials: by its TPM's
+    /// endorsement key, or (no TPM) by what the bootserver saw of it on the network. Fields
+    /// left out come from the configuration's `template.identity`, then the bootserver's
+    /// `identity.defaultMode`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<crate::identity::IdentitySpec>,
 }
 
 /// CPU architecture of a bare-metal server.

@@ -101,6 +101,9 @@ pub struct MachineRecord {
     /// Discovered and not claimed yet (label `unbounded-cloud.io/discovery=waiting`): it
     /// boots nothing but the inspection, and gets no configuration and no credentials.
     pub discovery_waiting: bool,
+    /// How it proves who it is before it gets credentials (its Machine's and its
+    /// configuration version's identity settings).
+    pub identity: crate::credentials::IdentityPolicy,
 }
 
 /// What the bootserver knows about machines. Implementations answer from memory.

@@ -182,15 +182,21 @@ pub enum AgentProof<'a> {
 
 /// The iPXE script for a machine: kernel, initrd and arguments with its identity and the
 /// bootserver URL; a script that says why and exits when it should not boot. `proof` is how
-/// this boot's agent obtains its credentials (see [`crate::credentials`]).
-pub fn machine_script(machine: &MachineRecord, http_base: &str, proof: AgentProof<'_>) -> String {
+/// this boot's agent obtains its credentials (see [`crate::credentials`]); `attest` tells it
+/// to prove itself with its TPM first (`unbounded.attest=tpm`).
+pub fn machine_script(
+    machine: &MachineRecord,
+    http_base: &str,
+    proof: AgentProof<'_>,
+    attest: bool,
+) -> String {
     let Some(boot) = &machine.boot else {
         return refusal(&format!(
             "machine {} has no boot target yet (no configuration resolved); retrying later",
             machine.name
         ));
     };
-    render(machine, boot, http_base, proof)
+    render(machine, boot, http_base, proof, attest)
 }
 
 fn render(
@@ -198,6 +204,7 @@ fn render(
     boot: &BootTarget,
     http_base: &str,
     proof: AgentProof<'_>,
+    attest: bool,
 ) -> String {
     let kernel = image_url(&boot.kernel_url, http_base);
     let initrd = image_url(&boot.initrd_url, http_base);
@@ -211,7 +218,10 @@ fn render(
         args.push(format!("unbounded.version={version}"));
     }
     args.extend(boot.kernel_args.iter().cloned());
-    // Last, so that no configured argument can shadow it (the kernel's last value wins).
+    // Last, so that no configured argument can shadow them (the kernel's last value wins).
+    if attest {
+        args.push("unbounded.attest=tpm".to_owned());
+    }
     match proof {
         AgentProof::None => {}
         AgentProof::Nonce(nonce) => args.push(format!("unbounded.nonce={nonce}")),
@@ -434,6 +444,7 @@ mod tests {
             firmware: Firmware::Bios,
             boot,
             discovery_waiting: false,
+            identity: Default::default(),
         }
     }
 
@@ -445,7 +456,7 @@ mod tests {
             kernel_args: vec!["console=ttyS0".into()],
             configuration: Some(("general".into(), 3)),
         }));
-        let script = machine_script(&m, "http://10.99.0.1:8080", AgentProof::None);
+        let script = machine_script(&m, "http://10.99.0.1:8080", AgentProof::None, false);
         assert_eq!(
             script,
             "#!ipxe\necho Unbounded: booting node-1\n\
@@ -461,7 +472,7 @@ mod tests {
 
     #[test]
     fn machines_that_should_not_boot_get_a_script_that_exits() {
-        let script = machine_script(&machine(None), "http://b", AgentProof::None);
+        let script = machine_script(&machine(None), "http://b", AgentProof::None, false);
         assert!(script.starts_with("#!ipxe\necho Unbounded: machine node-1 has no boot target"));
         assert!(script.ends_with("exit 1\n"));
         let hostile = machine(Some(BootTarget {
@@ -470,7 +481,7 @@ mod tests {
             kernel_args: vec!["x=${net0/ip}\nshell".into()],
             configuration: None,
         }));
-        let script = machine_script(&hostile, "http://b", AgentProof::None);
+        let script = machine_script(&hostile, "http://b", AgentProof::None, false);
         assert!(script.contains("refusing a boot value"), "{script}");
         assert!(!script.contains("\nshell"), "no injected line: {script}");
         assert!(script.ends_with("exit 1\n"));

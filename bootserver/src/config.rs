@@ -36,6 +36,7 @@
 //!   nonceSeconds: 1800            # how long a boot script's nonce stays valid
 //!   nonceFile: /var/lib/unbounded/nonces.json   # nonces kept across restarts (memory only if unset)
 //!   mintTimeoutSeconds: 20        # API server wait per request, then 503 + Retry-After (1–25)
+//!   defaultIdentity: network      # how a Machine that sets no identity mode proves itself: tpm | network
 //! discovery:                      # needed by dhcp.unknownMachines: discover
 //!   boot: {kernel: v1/vmlinuz, initrd: v1/initrd.img, args: [console=ttyS0]}   # the host OS the inspection boots
 //!   creationsPerMinute: 30        # Machines discovery may create in any minute
@@ -162,6 +163,7 @@ struct CredentialsFile {
     nonce_seconds: Option<u64>,
     nonce_file: Option<PathBuf>,
     mint_timeout_seconds: Option<u64>,
+    default_identity: Option<unbounded_api::identity::IdentityMode>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -580,6 +582,9 @@ fn validate_credentials(
         nonce_seconds,
         nonce_file: c.nonce_file.clone(),
         mint_timeout: Duration::from_secs(mint_timeout_seconds),
+        default_identity: c
+            .default_identity
+            .unwrap_or(unbounded_api::identity::IdentityMode::Network),
     })
 }
 
@@ -664,6 +669,7 @@ fn validate_machines(
                 configuration: None,
             }),
             discovery_waiting: false,
+            identity: Default::default(),
         }));
     }
     Ok(out)

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{ConnectInfo, Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use prometheus_client::registry::Registry;
@@ -31,7 +31,7 @@ use tower_http::services::ServeDir;
 use crate::backend::{MacAddr, MachineBackend};
 use crate::boot;
 use crate::config::{Settings, UnknownMachines};
-use crate::credentials::{Issuer, Origin};
+use crate::credentials::Issuer;
 use crate::discovery_writes::DiscoveryWriter;
 use crate::files::{self, InlineFs};
 use crate::identity::{self, PxeExchanges};
@@ -39,9 +39,11 @@ use crate::leases::Leases;
 use crate::metrics::{Metrics, Service};
 use crate::preflight::Readiness;
 pub use peer::Channel;
-use peer::{evidence, holds_address, https_only, is_secure, origin, unvouched_script};
+use peer::{evidence, holds_address, https_only, unvouched_script};
+use unbounded_api::identity::IdentityMode;
 use unbounded_api::inventory::{DISCOVERY_CLAIM_PATH, DISCOVERY_REPORT_PATH};
 
+mod credentials;
 mod discovery;
 mod peer;
 pub mod sendfile;
@@ -106,7 +108,14 @@ pub fn router(state: AppState) -> Router {
             get(discovery::discovery_claim),
         )
         .route("/machines/{name}/config", get(machine_config))
-        .route("/machines/{name}/credentials", post(machine_credentials))
+        .route(
+            "/machines/{name}/credentials",
+            post(credentials::machine_credentials),
+        )
+        .route(
+            "/machines/{name}/attestation",
+            post(credentials::machine_attestation),
+        )
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
@@ -255,6 +264,11 @@ async fn boot_script(
                 }
                 _ => Ok(None),
             };
+            // A TPM-mode machine's agent attests before it asks for credentials.
+            let attest = state
+                .issuer
+                .as_ref()
+                .is_some_and(|issuer| issuer.identity_mode(&machine.identity) == IdentityMode::Tpm);
             match (nonce, &state.tls) {
                 // Over TLS the nonce stays here as this boot's ticket; the script carries
                 // only where to redeem it and the certificate to trust there.
@@ -265,11 +279,14 @@ async fn boot_script(
                         url: &tls.url,
                         sha256: &tls.sha256_hex,
                     },
+                    attest,
                 ),
                 (Ok(Some(nonce)), None) => {
-                    boot::machine_script(&machine, &base, boot::AgentProof::Nonce(&nonce))
+                    boot::machine_script(&machine, &base, boot::AgentProof::Nonce(&nonce), attest)
                 }
-                (Ok(None), _) => boot::machine_script(&machine, &base, boot::AgentProof::None),
+                (Ok(None), _) => {
+                    boot::machine_script(&machine, &base, boot::AgentProof::None, attest)
+                }
                 // A script whose nonce could not be kept would boot an agent that can never
                 // authenticate: iPXE asks again instead.
                 (Err(error), _) => {
@@ -336,94 +353,6 @@ async fn machine_config(
         body.to_string(),
     )
         .into_response()
-}
-
-/// The agent's credentials ([`crate::credentials`]).
-async fn machine_credentials(
-    State(state): State<AppState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    channel: Option<axum::Extension<Channel>>,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Response {
-    let route = "/machines/{name}/credentials";
-    let secure = is_secure(channel);
-    if let Some(refusal) = https_only(&state, route, channel) {
-        return refusal;
-    }
-    let reply = |code: StatusCode, text: String| {
-        state.metrics.http_request(route, code.as_u16());
-        (code, format!("{text}\n")).into_response()
-    };
-    let Some(issuer) = &state.issuer else {
-        return reply(
-            StatusCode::NOT_FOUND,
-            "this bootserver issues no credentials (configure `credentials`)".into(),
-        );
-    };
-    let IpAddr::V4(peer) = peer.ip() else {
-        return reply(StatusCode::FORBIDDEN, "IPv4 only".into());
-    };
-    let Some(machine) = state.backend.machine_by_name(&name) else {
-        return reply(StatusCode::NOT_FOUND, "no such machine".into());
-    };
-    // Checked here, before any nonce or token: a Machine anyone on the network could have
-    // created by posting an inventory never gets a credential, whatever it presents.
-    if machine.discovery_waiting {
-        return reply(
-            StatusCode::FORBIDDEN,
-            "this Machine was discovered and waits to be claimed: no credentials until it is claimed".into(),
-        );
-    }
-    let request: unbounded_api::agent::CredentialRequest = if body.is_empty() {
-        Default::default()
-    } else {
-        match serde_json::from_slice(&body) {
-            Ok(r) => r,
-            Err(e) => return reply(StatusCode::BAD_REQUEST, format!("request body: {e}")),
-        }
-    };
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    match issuer
-        .credentials(
-            &machine.name,
-            Origin {
-                secure,
-                ..origin(&state, &machine, peer)
-            },
-            bearer,
-            &request,
-        )
-        .await
-    {
-        Ok(credentials) => {
-            state.metrics.http_request(route, 200);
-            (
-                [
-                    (header::CONTENT_TYPE, "application/json"),
-                    (header::CACHE_CONTROL, "no-store"),
-                ],
-                serde_json::to_string(&credentials).unwrap_or_default(),
-            )
-                .into_response()
-        }
-        Err(error) => {
-            tracing::warn!(machine = %machine.name, %peer, reason = error.reason(), %error, "credentials refused");
-            let code =
-                StatusCode::from_u16(error.status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-            let mut response = reply(code, error.to_string());
-            if let Some(seconds) = error.retry_after() {
-                response
-                    .headers_mut()
-                    .insert(header::RETRY_AFTER, header::HeaderValue::from(seconds));
-            }
-            response
-        }
-    }
 }
 
 /// The health routes on their own listener (`--probe-addr`): the kubelet probes the pod's

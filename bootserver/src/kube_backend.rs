@@ -76,7 +76,38 @@ pub fn record_of(
         firmware: pxe.firmware,
         boot,
         discovery_waiting: waiting,
+        identity: identity_policy(pxe, version),
     })
+}
+
+/// A Machine's identity settings over its configuration version's, and the accepted PCR
+/// sets of the version's boot (a set with a malformed entry, which the CRD's validation
+/// refuses, is left out whole: it can never match).
+fn identity_policy(
+    pxe: &unbounded_api::PxeSpec,
+    version: Option<&MachineConfigurationVersion>,
+) -> crate::credentials::IdentityPolicy {
+    let template = version.map(|v| &v.spec.template);
+    let spec = pxe
+        .identity
+        .clone()
+        .unwrap_or_default()
+        .or(template.and_then(|t| t.identity.as_ref()));
+    let measurements = template
+        .and_then(|t| t.boot.as_ref())
+        .map(|b| {
+            b.measurements
+                .iter()
+                .filter_map(crate::credentials::attestation::parse_pcrs)
+                .collect()
+        })
+        .unwrap_or_default();
+    crate::credentials::IdentityPolicy {
+        mode: spec.mode,
+        endorsement_key: spec.endorsement_key.map(|k| k.to_ascii_lowercase()),
+        trust_on_first_use: spec.trust_on_first_use.unwrap_or(false),
+        measurements,
+    }
 }
 
 /// Two Machines claim one MAC or one reserved address.

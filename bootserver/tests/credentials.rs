@@ -25,6 +25,7 @@ const MAC_B: &str = "52:54:00:00:0b:01";
 const MAC_SLOW: &str = "52:54:00:00:0c:01";
 const MAC_PROXY: &str = "52:54:00:00:0d:01";
 const MAC_TLS: &str = "52:54:00:00:0e:01";
+const MAC_TPM: &str = "52:54:00:00:0f:01";
 
 /// The tests share the control plane of this binary and each runs a controller: one at a
 /// time.
@@ -723,6 +724,7 @@ fn a_slow_mint_is_retried_and_the_agent_gets_its_credentials() {
         nonce: Some(nonce.clone()),
         secure: None,
         ticket: false,
+        attest: None,
     };
     let agent = site
         .link
@@ -1135,4 +1137,209 @@ fn over_tls_no_secret_crosses_the_link_in_clear() {
     );
     assert!(!seen("unbounded.nonce="), "a nonce crossed the link");
     ok(cp, &["delete", "machine", "cr-tls", "--wait=false"], None);
+}
+
+/// One credential request of the agent's own code (attestation included where `attest`
+/// names a TPM), run at the machine's address in `ns`, with a fresh state directory.
+fn agent_obtains(
+    ns: &unbounded_testbed::netns::Netns,
+    machine: &str,
+    nonce: &str,
+    attest: Option<String>,
+) -> Result<unbounded_api::agent::Credentials, String> {
+    let identity = unbounded_agent::identity::Identity {
+        machine: machine.into(),
+        bootserver: Some(format!("http://{SERVER}:8080")),
+        nonce: Some(nonce.to_owned()),
+        secure: None,
+        ticket: false,
+        attest: attest.map(|tcti| unbounded_agent::identity::Attestor { tcti: Some(tcti) }),
+    };
+    as_agent_in(ns, move || {
+        let state = tempfile::tempdir().unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let store = unbounded_agent::credentials::Store::new(state.path()).unwrap();
+            unbounded_agent::credentials::obtain(&reqwest::Client::new(), &identity, &store, false)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    })
+}
+
+fn machine_field(cp: &LocalControlPlane, machine: &str, path: &str) -> String {
+    kubectl(
+        cp,
+        &["get", "machine", machine, "-o", &format!("jsonpath={path}")],
+        None,
+    )
+    .1
+}
+
+/// TPM identity mode, with real software TPMs (swtpm) driven by the agent's own code
+/// through tpm2-tools: the Machine's configuration asks for TPM attestation with trust on
+/// first use and one accepted measurement of PCR 9. A TPM whose PCR 9 does not show that
+/// boot gets nothing and leaves no endorsement key behind; the same TPM once it does gets
+/// credentials, and its endorsement key is recorded on the Machine with `TPMAttested`
+/// true; a second TPM presenting the same MAC, the same address and a fresh nonce of the
+/// machine's gets nothing, and the Machine's condition and Events say why.
+#[test]
+fn only_the_machine_s_own_tpm_gets_its_credentials() {
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let cp = LocalControlPlane::shared().unwrap();
+    let boot_digest: [u8; 32] = ring::digest::digest(&ring::digest::SHA256, b"unbounded test boot")
+        .as_ref()
+        .try_into()
+        .unwrap();
+    let pcr9: Vec<u8> = ring::digest::digest(
+        &ring::digest::SHA256,
+        &[[0u8; 32].as_slice(), boot_digest.as_slice()].concat(),
+    )
+    .as_ref()
+    .to_vec();
+    let pcr9: String = pcr9.iter().map(|b| format!("{b:02x}")).collect();
+    // Ahead of the Site's own configuration (priority 0), while this test runs (the guard
+    // deletes it however the test ends: the other tests' machines resolve the Site's).
+    struct Remove(&'static LocalControlPlane);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            kubectl(
+                self.0,
+                &["delete", "machineconfiguration", "cr-tpm-config"],
+                None,
+            );
+        }
+    }
+    let _remove = Remove(cp);
+    ok(
+        cp,
+        &["apply", "-f", "-"],
+        Some(&format!(
+            r#"apiVersion: unbounded-cloud.io/v1alpha1
+kind: MachineConfiguration
+metadata: {{name: cr-tpm-config}}
+spec:
+  machineSelector: {{matchLabels: {{lab: credentials}}}}
+  priority: 10
+  template:
+    boot:
+      kernelURL: vmlinuz
+      initrdURL: initrd.img
+      measurements: [{{"9": "{pcr9}"}}]
+    identity: {{mode: tpm, trustOnFirstUse: true}}
+"#
+        )),
+    );
+    let site = Site::start_with(
+        cp,
+        &[("cr-tpm", MAC_TPM, "10.99.0.51")],
+        &api_server_target(cp),
+        "",
+        FULL_DHCP,
+        "",
+    );
+    ok(
+        cp,
+        &[
+            "label",
+            "machine",
+            "cr-tpm",
+            "lab=credentials-tpm",
+            "--overwrite",
+        ],
+        None,
+    );
+    wait_until(
+        "the TPM configuration resolved",
+        Duration::from_secs(60),
+        || machine_field(cp, "cr-tpm", "{.status.configuration.name}") == "cr-tpm-config",
+    );
+    let genuine = unbounded_testbed::swtpm::Swtpm::start(&site.link.client, 2321).unwrap();
+    let impostor = unbounded_testbed::swtpm::Swtpm::start(&site.link.client, 2331).unwrap();
+    let genuine_ek = genuine.endorsement_key_name().unwrap();
+    assert_ne!(genuine_ek, impostor.endorsement_key_name().unwrap());
+
+    // The script tells the agent to attest.
+    let script = curl(
+        &site.link,
+        &[&format!("http://{SERVER}:8080/boot.ipxe?mac={MAC_TPM}")],
+    )
+    .1;
+    assert!(script.contains("unbounded.attest=tpm"), "{script}");
+
+    // A boot chain that is not the accepted one: nothing, and no EK recorded.
+    let nonce = site.nonce(MAC_TPM);
+    let refused = agent_obtains(&site.link.client, "cr-tpm", &nonce, Some(genuine.tcti()))
+        .expect_err("PCR 9 does not show the accepted boot");
+    assert!(refused.contains("accepted measurements"), "{refused}");
+    assert_eq!(
+        machine_field(cp, "cr-tpm", "{.spec.pxe.identity.endorsementKey}"),
+        ""
+    );
+    wait_until("TPMAttested false", Duration::from_secs(30), || {
+        machine_field(
+            cp,
+            "cr-tpm",
+            "{.status.conditions[?(@.type=='TPMAttested')].reason}",
+        ) == "MeasurementMismatch"
+    });
+
+    // Its own TPM, booted as accepted: credentials, and its EK recorded.
+    genuine.extend(9, &boot_digest).unwrap();
+    let nonce = site.nonce(MAC_TPM);
+    let issued = agent_obtains(&site.link.client, "cr-tpm", &nonce, Some(genuine.tcti()))
+        .expect("the machine's own TPM attests");
+    assert!(!issued.token.is_empty());
+    assert_eq!(
+        machine_field(cp, "cr-tpm", "{.spec.pxe.identity.endorsementKey}"),
+        genuine_ek,
+        "recorded on first use"
+    );
+    wait_until("TPMAttested true", Duration::from_secs(30), || {
+        machine_field(
+            cp,
+            "cr-tpm",
+            "{.status.conditions[?(@.type=='TPMAttested')].status}",
+        ) == "True"
+    });
+
+    // Another TPM with the same MAC, address and a valid nonce of the machine: nothing.
+    impostor.extend(9, &boot_digest).unwrap();
+    let nonce = site.nonce(MAC_TPM);
+    let refused = agent_obtains(&site.link.client, "cr-tpm", &nonce, Some(impostor.tcti()))
+        .expect_err("another TPM");
+    assert!(refused.contains("409"), "{refused}");
+    assert!(refused.contains(&genuine_ek), "{refused}");
+    wait_until("TPMAttested false again", Duration::from_secs(30), || {
+        machine_field(
+            cp,
+            "cr-tpm",
+            "{.status.conditions[?(@.type=='TPMAttested')].reason}",
+        ) == "EndorsementKeyMismatch"
+    });
+    assert!(
+        !machine_events(cp, "cr-tpm", "EndorsementKeyMismatch").is_empty(),
+        "a Warning Event on the Machine"
+    );
+    assert_eq!(
+        machine_field(cp, "cr-tpm", "{.spec.pxe.identity.endorsementKey}"),
+        genuine_ek,
+        "the recorded key stays"
+    );
+    // No attestation at all (an agent that skips it, or a host with only the nonce).
+    let nonce = site.nonce(MAC_TPM);
+    let refused =
+        agent_obtains(&site.link.client, "cr-tpm", &nonce, None).expect_err("no attestation");
+    assert!(refused.contains("TPM identity mode"), "{refused}");
+    let log = site.bootserver.log();
+    assert!(!log.contains(&issued.token), "a token in the log");
+    ok(cp, &["delete", "machine", "cr-tpm", "--wait=false"], None);
+    ok(
+        cp,
+        &["delete", "machineconfiguration", "cr-tpm-config"],
+        None,
+    );
 }

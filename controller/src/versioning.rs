@@ -94,6 +94,7 @@ mod tests {
                 kernel_url: kernel.into(),
                 initrd_url: "initrd".into(),
                 kernel_args: vec![],
+                measurements: vec![],
             }),
             kubernetes: Some(KubernetesSpec::default()),
             ..MachineTemplate::default()

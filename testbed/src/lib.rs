@@ -32,3 +32,4 @@ pub mod sbom;
 pub mod scenario;
 pub mod setup;
 pub mod stall;
+pub mod swtpm;

@@ -25,6 +25,7 @@ use std::fs;
 use std::time::Duration;
 
 use unbounded_api::agent::{CredentialRequest, Credentials};
+use unbounded_api::identity::{AttestationChallenge, AttestationProof, AttestationRequest};
 use unbounded_runtime::tokens::MintError;
 
 pub use self::store::{Store, StoredMeta, import, now_unix, parse_time, refresh_at};
@@ -96,6 +97,9 @@ pub enum CredentialError {
     /// The answer was not understood.
     #[error("the bootserver's answer was not understood: {0}")]
     Malformed(String),
+    /// The machine's TPM could not attest it (no TPM, a failed TPM command).
+    #[error("attesting this machine with its TPM: {0}")]
+    Tpm(#[from] crate::tpm::TpmError),
     /// The credential files could not be written.
     #[error("storing credentials in {path}: {source}")]
     Store {
@@ -132,6 +136,7 @@ impl CredentialError {
             | Self::Exhausted
             | Self::Expired
             | Self::NoSource
+            | Self::Tpm(_)
             | Self::Malformed(_) => RetryHint::Slowly,
         }
     }
@@ -341,6 +346,14 @@ pub async fn obtain(
         nonce_used,
     )
     .ok_or(CredentialError::Exhausted)?;
+    // A TPM-mode boot proves its TPM with its first request; a refresh's token was issued
+    // to that TPM's holder already.
+    let attestation = match (&identity.attest, &proof) {
+        (Some(attestor), Proof::Nonce(_) | Proof::Ticket) => {
+            Some(attest(http, bootserver, identity, attestor, store).await?)
+        }
+        _ => None,
+    };
     let url = format!("{bootserver}/machines/{}/credentials", identity.machine);
     let mut request = http.post(&url).timeout(REQUEST_TIMEOUT);
     let body = match &proof {
@@ -348,11 +361,13 @@ pub async fn obtain(
             nonce: Some(nonce.clone()),
             bootstrap_token,
             ticket: false,
+            attestation,
         },
         Proof::Ticket => CredentialRequest {
             nonce: None,
             bootstrap_token,
             ticket: true,
+            attestation,
         },
         Proof::Token(token) => {
             request = request.bearer_auth(token);
@@ -360,6 +375,7 @@ pub async fn obtain(
                 nonce: None,
                 bootstrap_token,
                 ticket: false,
+                attestation: None,
             }
         }
     };
@@ -414,6 +430,95 @@ pub async fn obtain(
         false,
     )?;
     Ok(credentials)
+}
+
+/// The TPM attestation of this boot: the EK and a new AK to the bootserver, its challenge
+/// activated, a quote over the SHA-256 of the secret.
+async fn attest(
+    http: &reqwest::Client,
+    bootserver: &str,
+    identity: &Identity,
+    attestor: &crate::identity::Attestor,
+    store: &Store,
+) -> Result<AttestationProof, CredentialError> {
+    let tpm = match &attestor.tcti {
+        Some(tcti) => crate::tpm::Tpm {
+            tcti: Some(tcti.clone()),
+            dir: store.tpm_dir(),
+        },
+        None => crate::tpm::Tpm::system(&store.tpm_dir())?,
+    };
+    let keys = tpm.keys().await?;
+    let url = format!("{bootserver}/machines/{}/attestation", identity.machine);
+    let unreachable = |e: reqwest::Error| CredentialError::Unreachable {
+        bootserver: bootserver.to_owned(),
+        message: with_causes(&e.without_url()),
+    };
+    let response = http
+        .post(&url)
+        .timeout(REQUEST_TIMEOUT)
+        .json(&AttestationRequest {
+            endorsement_key: hex(&keys.endorsement),
+            attestation_key: hex(&keys.attestation),
+        })
+        .send()
+        .await
+        .map_err(unreachable)?;
+    let status = response.status().as_u16();
+    if status != 200 {
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let message: String = response.text().await.unwrap_or_default();
+        let message = message.trim().chars().take(300).collect();
+        // A refused challenge spends nothing: the nonce is not in it.
+        return Err(
+            match classify(status, retry_after.as_deref(), ProofKind::Token) {
+                Verdict::RetryAfter(after) => CredentialError::RetryLater {
+                    status,
+                    after,
+                    message,
+                },
+                _ => CredentialError::Refused { status, message },
+            },
+        );
+    }
+    let challenge: AttestationChallenge = response
+        .json()
+        .await
+        .map_err(|e| CredentialError::Malformed(e.without_url().to_string()))?;
+    let credential = unhex(&challenge.credential)
+        .ok_or_else(|| CredentialError::Malformed("the challenge is not hex".into()))?;
+    let secret = tpm.activate(&credential).await?;
+    let qualifying = ring::digest::digest(&ring::digest::SHA256, &secret);
+    let quote = tpm.quote(qualifying.as_ref()).await?;
+    tracing::info!(
+        machine = %identity.machine,
+        pcrs = quote.pcrs.len(),
+        "TPM attestation: challenge activated, PCRs quoted"
+    );
+    Ok(AttestationProof {
+        secret: hex(&secret),
+        quote: hex(&quote.message),
+        signature: hex(&quote.signature),
+        pcrs: quote.pcrs,
+    })
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
 }
 
 #[cfg(test)]

@@ -69,6 +69,11 @@ impl Store {
         })
     }
 
+    /// Where the TPM's key contexts are kept (TPM identity mode).
+    pub fn tpm_dir(&self) -> PathBuf {
+        self.dir.join("tpm")
+    }
+
     /// The token file (what the Kubernetes client reads).
     pub fn token_path(&self) -> PathBuf {
         self.dir.join("token")

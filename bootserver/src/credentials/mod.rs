@@ -41,6 +41,7 @@ use kube::api::{Api, PostParams};
 use prometheus_client::registry::Registry;
 use ring::rand::{SecureRandom, SystemRandom};
 use unbounded_api::agent::{CredentialRequest, Credentials, agent_username};
+use unbounded_api::identity::{AttestationChallenge, AttestationRequest, IdentityMode};
 use unbounded_runtime::tokens::{self, MintError};
 
 use crate::nonce_file::{NonceFile, NonceFileError};
@@ -64,6 +65,9 @@ pub struct IssuerSettings {
     /// How long one request may wait for the API server (token review and mint) before it
     /// is answered 503 with `Retry-After`: below the agent's request timeout.
     pub mint_timeout: Duration,
+    /// How a Machine that sets no identity mode (nor its configuration) proves itself
+    /// (`credentials.defaultIdentity`).
+    pub default_identity: IdentityMode,
 }
 
 /// Why a credential request was refused.
@@ -102,6 +106,12 @@ pub enum IssueError {
     /// Minting a token failed (other than the ServiceAccount not existing yet).
     #[error(transparent)]
     Mint(MintError),
+    /// The Machine is in TPM identity mode and its TPM did not attest it.
+    #[error("TPM attestation refused: {0}")]
+    Attestation(AttestationRefusal),
+    /// A challenge was asked for a Machine that is not in TPM identity mode.
+    #[error("this Machine is in network identity mode: it has nothing to attest")]
+    NotTpmMode,
 }
 
 /// What the agent is told to wait before it retries a request that the bootserver could
@@ -112,6 +122,9 @@ pub mod retry_after {
     pub const BUSY: u64 = 2;
     /// The ServiceAccount is not there yet, the API server failed or was too slow.
     pub const UNAVAILABLE: u64 = 5;
+    /// What only an operator can change (an endorsement key to record) or a new
+    /// attestation fixes: the agent keeps its nonce and asks again slowly.
+    pub const OPERATOR: u64 = 30;
 }
 
 impl IssueError {
@@ -121,7 +134,11 @@ impl IssueError {
     pub fn status(&self) -> u16 {
         match self {
             Self::Nonce(NonceRefusal::Busy) => 503,
-            Self::WrongAddress | Self::Nonce(_) | Self::TicketNeedsTls => 403,
+            Self::Attestation(refusal) if attestation_retryable(refusal) => 409,
+            Self::NotTpmMode => 409,
+            Self::WrongAddress | Self::Nonce(_) | Self::TicketNeedsTls | Self::Attestation(_) => {
+                403
+            }
             Self::Unauthenticated | Self::BadToken => 401,
             Self::RateLimited { .. } => 429,
             Self::NotReady | Self::TimedOut(_) | Self::Kube(_) | Self::Mint(_) => 503,
@@ -134,12 +151,17 @@ impl IssueError {
         match self {
             Self::Nonce(NonceRefusal::Busy) => Some(retry_after::BUSY),
             Self::RateLimited { retry_after } => Some(*retry_after),
+            Self::Attestation(refusal) if attestation_retryable(refusal) => {
+                Some(retry_after::OPERATOR)
+            }
+            Self::NotTpmMode => Some(retry_after::OPERATOR),
             Self::NotReady | Self::TimedOut(_) | Self::Kube(_) | Self::Mint(_) => {
                 Some(retry_after::UNAVAILABLE)
             }
             Self::WrongAddress
             | Self::Nonce(_)
             | Self::TicketNeedsTls
+            | Self::Attestation(_)
             | Self::Unauthenticated
             | Self::BadToken => None,
         }
@@ -158,8 +180,23 @@ impl IssueError {
             Self::NotReady => "not_ready",
             Self::TimedOut(_) => "api_timeout",
             Self::Kube(_) | Self::Mint(_) => "api_error",
+            Self::Attestation(_) => "attestation",
+            Self::NotTpmMode => "not_tpm_mode",
         }
     }
+}
+
+/// Refusals an operator's change or a fresh attestation can cure without a new boot (the
+/// agent keeps its nonce): an EK to record, a challenge that expired. A secret the TPM could
+/// not activate, a forged quote, PCRs of another boot chain are not.
+fn attestation_retryable(refusal: &AttestationRefusal) -> bool {
+    matches!(
+        refusal,
+        AttestationRefusal::Missing
+            | AttestationRefusal::NoEndorsementKey { .. }
+            | AttestationRefusal::EndorsementKeyMismatch { .. }
+            | AttestationRefusal::NoChallenge
+    )
 }
 
 /// Seconds since the Unix epoch.
@@ -185,6 +222,7 @@ pub struct Issuer {
     /// Where each machine's last credentials went (refreshes come from there in proxy mode).
     last_ip: Mutex<HashMap<String, Ipv4Addr>>,
     metrics: IssuerMetrics,
+    challenges: Challenges,
 }
 
 impl std::fmt::Debug for Issuer {
@@ -225,6 +263,7 @@ impl Issuer {
             rate: RateLimit::default(),
             last_ip: Mutex::default(),
             metrics: IssuerMetrics::default(),
+            challenges: Challenges::default(),
         })
     }
 
@@ -265,22 +304,90 @@ impl Issuer {
         Ok(Some(value))
     }
 
-    /// Answers a credential request for `machine`.
+    /// How a machine with `policy` proves who it is.
+    pub fn identity_mode(&self, policy: &IdentityPolicy) -> IdentityMode {
+        policy.mode.unwrap_or(self.settings.default_identity)
+    }
+
+    /// A TPM attestation challenge for `machine` ([`attestation`]): from an origin that
+    /// passes the link-layer check, for a Machine in TPM mode whose EK this is (or may be,
+    /// on first use).
+    pub fn challenge(
+        &self,
+        machine: &str,
+        policy: &IdentityPolicy,
+        origin: Origin,
+        request: &AttestationRequest,
+    ) -> Result<AttestationChallenge, IssueError> {
+        let result = self.make_challenge(machine, policy, origin, request);
+        if let Err(error) = &result {
+            self.count_refusal(error);
+            if let IssueError::Attestation(refusal) = error {
+                self.record_attestation(machine, Err(refusal));
+            }
+        }
+        result
+    }
+
+    fn make_challenge(
+        &self,
+        machine: &str,
+        policy: &IdentityPolicy,
+        origin: Origin,
+        request: &AttestationRequest,
+    ) -> Result<AttestationChallenge, IssueError> {
+        let now = now_unix();
+        if self.identity_mode(policy) != IdentityMode::Tpm {
+            return Err(IssueError::NotTpmMode);
+        }
+        if !self.rate.allow(machine, now, REQUESTS_PER_MINUTE) {
+            return Err(IssueError::RateLimited {
+                retry_after: 60 - now % 60,
+            });
+        }
+        if matches!(origin.link_layer, crate::identity::LinkLayer::Other(_)) {
+            return Err(IssueError::WrongAddress);
+        }
+        let malformed = |what| {
+            IssueError::Attestation(AttestationRefusal::Tpm(
+                crate::identity::tpm::TpmError::Malformed(what),
+            ))
+        };
+        let ek = crate::identity::tpm::unhex(&request.endorsement_key)
+            .ok_or_else(|| malformed("endorsement key"))?;
+        let ak = crate::identity::tpm::unhex(&request.attestation_key)
+            .ok_or_else(|| malformed("attestation key"))?;
+        let blob = self
+            .challenges
+            .issue(machine, policy, &ek, &ak, now)
+            .map_err(IssueError::Attestation)?;
+        Ok(AttestationChallenge {
+            credential: crate::identity::tpm::hex(&blob),
+            expires_in_seconds: attestation::CHALLENGE_SECONDS,
+        })
+    }
+
+    fn count_refusal(&self, error: &IssueError) {
+        self.metrics
+            .refused
+            .get_or_create(&RefusalLabel {
+                reason: error.reason(),
+            })
+            .inc();
+    }
+
+    /// Answers a credential request for `machine`, whose identity settings are `policy`.
     pub async fn credentials(
         &self,
         machine: &str,
+        policy: &IdentityPolicy,
         origin: Origin,
         bearer: Option<&str>,
         request: &CredentialRequest,
     ) -> Result<Credentials, IssueError> {
-        let result = self.issue(machine, origin, bearer, request).await;
+        let result = self.issue(machine, policy, origin, bearer, request).await;
         if let Err(error) = &result {
-            self.metrics
-                .refused
-                .get_or_create(&RefusalLabel {
-                    reason: error.reason(),
-                })
-                .inc();
+            self.count_refusal(error);
         }
         result
     }
@@ -288,6 +395,7 @@ impl Issuer {
     async fn issue(
         &self,
         machine: &str,
+        policy: &IdentityPolicy,
         origin: Origin,
         bearer: Option<&str>,
         request: &CredentialRequest,
@@ -341,6 +449,24 @@ impl Issuer {
             ),
             (None, false) => None,
         };
+        // The first credentials of a TPM-mode boot go only to the holder of its TPM.
+        let attested = match (&reservation, self.identity_mode(policy)) {
+            (Some(_), IdentityMode::Tpm) => {
+                let verdict = request
+                    .attestation
+                    .as_ref()
+                    .ok_or(AttestationRefusal::Missing)
+                    .and_then(|proof| self.challenges.verify(machine, policy, proof, now));
+                match verdict {
+                    Ok(attested) => Some(attested),
+                    Err(refusal) => {
+                        self.record_attestation(machine, Err(&refusal));
+                        return Err(IssueError::Attestation(refusal));
+                    }
+                }
+            }
+            _ => None,
+        };
         let kind = match (reservation.is_some(), request.ticket) {
             (true, true) => "ticket",
             (true, false) => "nonce",
@@ -353,6 +479,13 @@ impl Issuer {
                 let token = bearer.ok_or(IssueError::Unauthenticated)?;
                 self.review(machine, token).await?;
             }
+            if let Some(attested) = attested
+                .as_ref()
+                .filter(|a| a.admission == Admission::FirstUse)
+            {
+                self.record_endorsement_key(machine, &attested.endorsement_key)
+                    .await?;
+            }
             self.mint(machine, request.bootstrap_token).await
         })
         .await
@@ -364,6 +497,9 @@ impl Issuer {
         }
         if let Ok(mut last) = self.last_ip.lock() {
             last.insert(machine.to_owned(), origin.peer);
+        }
+        if let Some(attested) = &attested {
+            self.record_attestation(machine, Ok(attested));
         }
         tracing::info!(
             machine,
@@ -442,9 +578,13 @@ fn mint_error(error: MintError) -> IssueError {
     }
 }
 
+pub mod attestation;
 mod limits;
 mod nonces;
+mod records;
 
+pub use attestation::IdentityPolicy;
+use attestation::{Admission, AttestationRefusal, Challenges};
 pub use limits::address_allowed;
 use limits::{InFlight, IssuerMetrics, REQUESTS_PER_MINUTE, RateLimit, RefusalLabel};
 pub use nonces::{NonceRefusal, Nonces, Reservation};

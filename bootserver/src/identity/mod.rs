@@ -26,6 +26,7 @@ use crate::config::DhcpMode;
 
 pub mod exchanges;
 pub mod neighbours;
+pub mod tpm;
 
 pub use exchanges::PxeExchanges;
 pub use neighbours::LinkLayer;
