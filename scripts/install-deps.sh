@@ -26,6 +26,8 @@ packages=(
   lldpd
   # the test command's runner reads cargo's list of test binaries (scripts/run-test-binaries)
   jq
+  # TPM identity: software TPMs (the lab VMs' through libvirt, the tests' on sockets) and tpm2-tools
+  swtpm swtpm-tools tpm2-tools libtss2-tcti-swtpm0
 )
 
 missing=()

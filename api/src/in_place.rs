@@ -20,7 +20,8 @@
 //! | `image.url`, `image.sha256` | repave: another node container |
 //! | `kubernetes.version` | repave: another kubelet |
 //! | `nspawn.*` | repave: the container's settings are read when it starts |
-//! | `boot.*` | repave: the host OS is read when the machine network-boots |
+//! | `boot.kernelURL`, `boot.initrdURL`, `boot.kernelArgs` | repave: the host OS is read when the machine network-boots |
+//! | `boot.measurements`, `identity.*` | recorded: read by the machine's next TPM attestation |
 //! | `storage.*` | repave: the disk is chosen, laid out and mounted before the container is paved |
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -56,6 +57,12 @@ pub const FIELDS: &[(&str, Treatment)] = &[
     ("boot.kernelURL", Treatment::Repave),
     ("boot.initrdURL", Treatment::Repave),
     ("boot.kernelArgs[]", Treatment::Repave),
+    // What a boot must measure and how a machine proves itself are checked at its next
+    // attestation: nothing on a running machine changes.
+    ("boot.measurements[]", Treatment::RecordOnly),
+    ("identity.mode", Treatment::RecordOnly),
+    ("identity.endorsementKey", Treatment::RecordOnly),
+    ("identity.trustOnFirstUse", Treatment::RecordOnly),
     ("image.url", Treatment::Repave),
     ("image.sha256", Treatment::Repave),
     ("image.maxSizeBytes", Treatment::RecordOnly),
@@ -91,6 +98,18 @@ pub const FIELDS: &[(&str, Treatment)] = &[
     ("storage.wipeMethod", Treatment::Repave),
     ("storage.allowForeign", Treatment::Repave),
 ];
+
+/// The part of `boot` the machine runs (kernel, initrd, arguments), without the accepted
+/// measurements, which only the next attestation reads.
+fn host_os(boot: Option<&crate::configuration::BootSpec>) -> Option<(&str, &str, &[String])> {
+    boot.map(|b| {
+        (
+            b.kernel_url.as_str(),
+            b.initrd_url.as_str(),
+            b.kernel_args.as_slice(),
+        )
+    })
+}
 
 /// Why a change needs a repave.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -325,7 +344,7 @@ impl AgentApply {
 /// Decides what moving a Machine from `old` to `new` takes.
 pub fn decide(old: &MachineTemplate, new: &MachineTemplate) -> ApplyPlan {
     let mut plan = ApplyPlan::default();
-    if old.boot != new.boot {
+    if host_os(old.boot.as_ref()) != host_os(new.boot.as_ref()) {
         plan.repave.push(RepaveReason::Boot);
     }
     let image = |t: &MachineTemplate| t.image.as_ref().map(|i| (i.url.clone(), i.sha256.clone()));
@@ -429,7 +448,10 @@ mod tests {
             ("b", true)
         };
         json!({
-            "boot": {"kernelURL": format!("k-{a}"), "initrdURL": format!("i-{a}"), "kernelArgs": [format!("arg-{a}")]},
+            "boot": {"kernelURL": format!("k-{a}"), "initrdURL": format!("i-{a}"), "kernelArgs": [format!("arg-{a}")],
+                     "measurements": [{"4": a.repeat(64)}]},
+            "identity": {"mode": if b { "tpm" } else { "network" }, "endorsementKey": format!("000b{}", a.repeat(64)),
+                         "trustOnFirstUse": b},
             "image": {"url": format!("u-{a}"), "sha256": a.repeat(64), "maxSizeBytes": if b { 2 } else { 1 }},
             "kubernetes": {
                 "version": format!("v1.35.{}", u8::from(b)),
@@ -459,7 +481,11 @@ mod tests {
     /// Every leaf of a JSON value as `(path, value)`; a map (a JSON object whose keys are
     /// data, such as labels) is one leaf, named by the paths in [`MAPS`].
     fn leaves(value: &Value, path: &str, out: &mut Vec<String>) {
-        const MAPS: [&str; 2] = ["kubernetes.kubeletExtraArgs", "kubernetes.nodeLabels"];
+        const MAPS: [&str; 3] = [
+            "kubernetes.kubeletExtraArgs",
+            "kubernetes.nodeLabels",
+            "boot.measurements[]",
+        ];
         match value {
             Value::Object(map) if !MAPS.contains(&path) => {
                 for (k, v) in map {

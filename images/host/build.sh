@@ -25,9 +25,10 @@ step() { echo "host image: $*" >&2; }
 # fdisk (sfdisk) and e2fsprogs (mkfs.ext4) lay out the disk of spec.template.storage;
 # util-linux (wipefs, blkdiscard, partx, blkid, mount) is in minbase already. ipmitool reads
 # the BMC's LAN channel through the host's IPMI device for the inventory's BMC suggestion.
-step "debootstrap $suite (minbase + systemd, networkd, nspawn, dbus, kmod, disk tools, ipmitool)"
+# tpm2-tools (with libtss2) attests the machine with its TPM (agent/src/tpm.rs).
+step "debootstrap $suite (minbase + systemd, networkd, nspawn, dbus, kmod, disk tools, ipmitool, tpm2-tools)"
 debootstrap --variant=minbase --cache-dir="$debs" \
-  --include=systemd,systemd-sysv,systemd-container,udev,dbus,iproute2,kmod,ca-certificates,fdisk,e2fsprogs,ipmitool \
+  --include=systemd,systemd-sysv,systemd-container,udev,dbus,iproute2,kmod,ca-certificates,fdisk,e2fsprogs,ipmitool,tpm2-tools \
   "$suite" "$root" "$mirror" >"$work/debootstrap.log" 2>&1 \
   || { tail -30 "$work/debootstrap.log" >&2; exit 1; }
 
@@ -63,7 +64,7 @@ dirs=(
   net/bridge net/llc net/802 net/netfilter net/ipv4/netfilter net/ipv6/netfilter net/ipv6
   net/ipv4/udp_tunnel.ko net/ipv6/ip6_udp_tunnel.ko net/sched net/vmw_vsock net/packet net/xfrm
   net/ipv4/ip_tunnel.ko net/ipv4/ipip.ko net/ipv4/tunnel4.ko net/key net/netlink crypto
-  drivers/char/ipmi
+  drivers/char/ipmi drivers/char/tpm
 )
 for d in "${dirs[@]}" ${HOST_MODULES_EXTRA:-}; do
   [ -e "$src/kernel/$d" ] || continue

@@ -83,6 +83,7 @@ pub fn collect(root: &Path, arch: &str, boot_mac: Option<&str>, now: Time) -> Ma
         }),
         bmc: None,
         reads: Vec::new(),
+        disagreements: Vec::new(),
     }
 }
 

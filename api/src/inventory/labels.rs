@@ -13,6 +13,7 @@
 //! | `hardware.unbounded-cloud.io/nic-speed` | fastest link that is up, in Mbit/s |
 //! | `hardware.unbounded-cloud.io/vendor` | system vendor (DMI), made a label value |
 //! | `hardware.unbounded-cloud.io/product` | product name (DMI), made a label value |
+//! | `hardware.unbounded-cloud.io/disputed` | `"true"` while the in-band report contradicts the BMC |
 //!
 //! A label is absent when the inventory does not tell (no accelerator: no `accelerator`).
 
@@ -41,6 +42,9 @@ pub const NIC_SPEED: &str = "hardware.unbounded-cloud.io/nic-speed";
 pub const VENDOR: &str = "hardware.unbounded-cloud.io/vendor";
 /// Product label.
 pub const PRODUCT: &str = "hardware.unbounded-cloud.io/product";
+/// `"true"` while the in-band report contradicts the BMC ([`super::disputes`]): no hardware
+/// requirement admits the Machine and no pool claims it.
+pub const DISPUTED: &str = "hardware.unbounded-cloud.io/disputed";
 
 const GIB: i64 = 1 << 30;
 
@@ -91,6 +95,9 @@ pub fn hardware_labels(spec: &MachineInventorySpec) -> BTreeMap<String, String> 
     if let Some(system) = &spec.system {
         put(VENDOR, system.vendor.clone());
         put(PRODUCT, system.product.clone());
+    }
+    if !spec.disagreements.is_empty() {
+        put(DISPUTED, Some("true".into()));
     }
     labels
 }
@@ -194,9 +201,17 @@ pub struct HardwareRequirements {
     pub min_nic_speed_mbps: Option<i32>,
 }
 
+/// Whether a Machine's labels say its inventory is disputed.
+pub fn is_disputed(labels: &BTreeMap<String, String>) -> bool {
+    labels.get(DISPUTED).is_some_and(|v| v == "true")
+}
+
 impl HardwareRequirements {
     /// Whether a Machine with these labels meets every requirement.
     pub fn admits(&self, labels: &BTreeMap<String, String>) -> bool {
+        if is_disputed(labels) {
+            return false;
+        }
         let at_least = |key: &str, min: Option<i32>| match min {
             None => true,
             Some(min) => labels

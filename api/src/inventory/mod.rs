@@ -27,6 +27,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub mod bmc;
+pub mod disputes;
 pub mod labels;
 pub mod validate;
 
@@ -129,6 +130,12 @@ pub struct MachineInventorySpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 3))]
     pub reads: Vec<InventoryRead>,
+    /// Sections where the last in-band read contradicts the BMC's reading
+    /// ([`disputes`]): the Machine is labelled disputed and no hardware claim takes it
+    /// until an operator resolves them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 3))]
+    pub disagreements: Vec<disputes::Disagreement>,
 }
 
 /// One source's last read of the machine.
@@ -509,8 +516,10 @@ impl MachineInventorySpec {
         for slot in origins.into_iter().flatten() {
             *slot = origin.clone();
         }
-        // What a report claims about past reads is not kept either.
+        // What a report claims about past reads, or about its own disputes, is not kept
+        // either.
         self.reads.clear();
+        self.disagreements.clear();
     }
 
     /// The MAC addresses of the inventory's NICs, lower case, sorted, deduplicated.
@@ -529,7 +538,9 @@ impl MachineInventorySpec {
     /// Folds one source's read into the inventory; the one rule by which every writer (the
     /// bootserver's discovery and Redfish reads, the agent's refresh) combines sources:
     /// - a section the read has replaces the current one, unless the current one comes from
-    ///   a source that [`outranks`] the read's (in band over Redfish over IPMI FRU);
+    ///   a source that [`outranks`] the read's (Redfish over IPMI FRU over in band);
+    /// - an in-band read that contradicts a BMC's section is recorded in `disagreements`
+    ///   ([`disputes`]);
     /// - a section the read lacks is removed if the read's source wrote it (that source no
     ///   longer sees it), and kept if another source did;
     /// - the read is recorded in `reads`, replacing that source's previous record.
@@ -538,6 +549,11 @@ impl MachineInventorySpec {
     /// source each fact came from and when.
     pub fn fold(&mut self, read: MachineInventorySpec, record: InventoryRead) {
         let source = record.source;
+        // Compared before anything moves: each in-band read judges afresh what the BMC
+        // holds; a BMC read leaves the judgement to the next in-band one.
+        if source == FactSource::InBand {
+            self.disagreements = disputes::between(self, &read);
+        }
         fn one<T>(
             current: &mut Option<T>,
             incoming: Option<T>,
@@ -575,16 +591,19 @@ impl MachineInventorySpec {
 
 fn rank(source: FactSource) -> u8 {
     match source {
-        FactSource::InBand => 0,
-        FactSource::Redfish => 1,
-        FactSource::IpmiFru => 2,
+        FactSource::Redfish => 0,
+        FactSource::IpmiFru => 1,
+        FactSource::InBand => 2,
     }
 }
 
-/// Whether facts from `held` stay when `incoming` describes the same section: in band (what
-/// the running OS sees: disks by path, link speeds, PCI classes, LLDP) outranks the BMC's
-/// Redfish view, which outranks IPMI FRU records (identity only). A source never outranks
-/// itself, so a source's newer read replaces its older one.
+/// Whether facts from `held` stay when `incoming` describes the same section: the BMC's
+/// Redfish view outranks its IPMI FRU records, which outrank what the agent reports in band.
+/// In band is what the OS of whoever answers on the machine's address says, the BMC is the
+/// machine's own management controller: a report never replaces its reading (sections the
+/// BMC does not read, such as disks by path, link speeds, PCI classes and LLDP, come from
+/// in band alone). A source never outranks itself, so a source's newer read replaces its
+/// older one.
 pub fn outranks(held: FactSource, incoming: FactSource) -> bool {
     rank(held) < rank(incoming)
 }
@@ -673,15 +692,15 @@ mod tests {
         type Case<'a> = (&'a str, Vec<Read>, Option<&'a str>, Option<FactSource>);
         let cases: [Case<'_>; 7] = [
             (
-                "Redfish first, then in band: in band replaces",
+                "Redfish first, then in band: Redfish stays, in band fills what it lacks",
                 vec![(Redfish, true, false), (InBand, true, true)],
-                Some("InBand@2"),
+                Some("Redfish@1"),
                 Some(InBand),
             ),
             (
-                "in band first, then Redfish: in band stays",
+                "in band first, then Redfish: Redfish replaces",
                 vec![(InBand, true, false), (Redfish, true, true)],
-                Some("InBand@1"),
+                Some("Redfish@2"),
                 Some(Redfish),
             ),
             (
@@ -722,6 +741,86 @@ mod tests {
         }
     }
 
+    /// A report that contradicts the BMC never replaces its reading: the difference is
+    /// recorded, the Machine's labels say disputed, and no hardware requirement admits it;
+    /// a later in-band read that agrees settles it.
+    #[test]
+    fn an_in_band_report_that_contradicts_the_bmc_is_a_dispute_not_a_fact() {
+        let system = |source, serial: &str, product: &str| SystemFacts {
+            serial: Some(serial.into()),
+            product: Some(product.into()),
+            ..SystemFacts::empty(origin(source, 1))
+        };
+        let memory = |source, gib: i64| MemoryFacts {
+            origin: origin(source, 1),
+            total_bytes: gib << 30,
+            usable_bytes: None,
+            dimms: vec![],
+        };
+        let mut spec = MachineInventorySpec::default();
+        spec.fold(
+            MachineInventorySpec {
+                system: Some(system(FactSource::Redfish, "SN-1", "R650")),
+                memory: Some(memory(FactSource::Redfish, 512)),
+                ..Default::default()
+            },
+            record(FactSource::Redfish, 1, None),
+        );
+        let requirements = HardwareRequirements {
+            min_memory_gib: Some(256),
+            ..Default::default()
+        };
+        assert!(requirements.admits(&hardware_labels(&spec)));
+        // A report whose memory is within the OS's reservations and whose identity matches.
+        spec.fold(
+            MachineInventorySpec {
+                system: Some(system(FactSource::InBand, " sn-1 ", "R650")),
+                memory: Some(memory(FactSource::InBand, 503)),
+                ..Default::default()
+            },
+            record(FactSource::InBand, 2, None),
+        );
+        assert!(spec.disagreements.is_empty(), "{:?}", spec.disagreements);
+        // A forged report: another serial, four times the memory.
+        spec.fold(
+            MachineInventorySpec {
+                system: Some(system(FactSource::InBand, "SN-FORGED", "R650")),
+                memory: Some(memory(FactSource::InBand, 2048)),
+                ..Default::default()
+            },
+            record(FactSource::InBand, 3, None),
+        );
+        let sections: Vec<&str> = spec
+            .disagreements
+            .iter()
+            .map(|d| d.section.as_str())
+            .collect();
+        assert_eq!(sections, ["memory", "system"]);
+        assert_eq!(
+            spec.system.as_ref().and_then(|s| s.serial.as_deref()),
+            Some("SN-1"),
+            "the BMC's reading stays"
+        );
+        assert_eq!(spec.memory.as_ref().map(|m| m.total_bytes), Some(512 << 30));
+        let labels = hardware_labels(&spec);
+        assert_eq!(
+            labels.get(labels::DISPUTED).map(String::as_str),
+            Some("true")
+        );
+        assert!(!requirements.admits(&labels), "kept off hardware claims");
+        // The machine's own report again: settled.
+        spec.fold(
+            MachineInventorySpec {
+                system: Some(system(FactSource::InBand, "SN-1", "R650")),
+                memory: Some(memory(FactSource::InBand, 510)),
+                ..Default::default()
+            },
+            record(FactSource::InBand, 4, None),
+        );
+        assert!(spec.disagreements.is_empty());
+        assert!(requirements.admits(&hardware_labels(&spec)));
+    }
+
     #[test]
     fn reads_keep_one_record_per_source() {
         let mut spec = MachineInventorySpec::default();
@@ -740,8 +839,8 @@ mod tests {
         assert_eq!(
             spec.reads,
             vec![
+                record(FactSource::Redfish, 3, Some("b")),
                 record(FactSource::InBand, 2, None),
-                record(FactSource::Redfish, 3, Some("b"))
             ]
         );
         assert_eq!(

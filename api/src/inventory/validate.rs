@@ -489,6 +489,7 @@ pub(crate) mod tests {
                 }),
             }),
             reads: Vec::new(),
+            disagreements: Vec::new(),
         }
     }
 

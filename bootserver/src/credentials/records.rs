@@ -8,6 +8,21 @@ use unbounded_api::identity::CONDITION_TPM_ATTESTED;
 use super::attestation::{AttestationRefusal, Attested};
 use super::{IssueError, Issuer};
 
+/// The indices of the PCRs that hold a measurement (not all zeros), as `0 1 2 4`: what the
+/// firmware and boot loader measured on this machine's path.
+fn measured(pcrs: &std::collections::BTreeMap<u8, Vec<u8>>) -> String {
+    let list: Vec<String> = pcrs
+        .iter()
+        .filter(|(_, v)| v.iter().any(|b| *b != 0))
+        .map(|(i, _)| i.to_string())
+        .collect();
+    if list.is_empty() {
+        "none".into()
+    } else {
+        list.join(" ")
+    }
+}
+
 /// The field manager of the `TPMAttested` condition.
 const FIELD_MANAGER: &str = "unbounded-bootserver-identity";
 
@@ -68,9 +83,10 @@ impl Issuer {
                 true,
                 "Attested",
                 format!(
-                    "the TPM with endorsement key {} attested this boot ({} PCRs quoted)",
+                    "the TPM with endorsement key {} attested this boot; PCRs quoted: {}, of which measured (not zero): {}",
                     attested.endorsement_key,
-                    attested.pcrs.len()
+                    attested.pcrs.len(),
+                    measured(&attested.pcrs)
                 ),
                 None,
             ),

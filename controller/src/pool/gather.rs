@@ -164,6 +164,9 @@ fn free_inventory(
     let mut free: Vec<Arc<Machine>> = machines_named(ctx, names.iter().map(String::as_str))
         .into_iter()
         .filter(|m| is_free(m) && !expectations.members.joining(&m.name_any(), now))
+        // A Machine whose in-band report contradicts its BMC is claimed by no pool, with or
+        // without hardware requirements, until an operator resolves it.
+        .filter(|m| !unbounded_api::inventory::labels::is_disputed(m.labels()))
         .filter(|m| requirements.is_none_or(|r| r.admits(m.labels())))
         .collect();
     drop(expectations);

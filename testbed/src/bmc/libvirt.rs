@@ -153,6 +153,9 @@ pub struct DomainOptions {
     /// not model (an IPMI system interface wired to an external BMC emulator, SMBIOS
     /// structures from a file).
     pub qemu_args: Vec<String>,
+    /// A TPM 2.0 of its own (CRB interface, libvirt's swtpm emulator backend), whose state
+    /// libvirt keeps with the domain: the same endorsement key on every boot.
+    pub tpm: bool,
 }
 
 /// The kernel name of the lab's `index`th data disk (`vdb` first: `vda` is the boot disk).
@@ -179,6 +182,7 @@ impl Default for DomainOptions {
             data_disks_gib: Vec::new(),
             smbios_serial: None,
             qemu_args: Vec::new(),
+            tpm: true,
         }
     }
 }
@@ -288,6 +292,11 @@ impl Domain {
             .iter()
             .map(|arg| format!("<qemu:arg value='{}'/>", xml_text(arg)))
             .collect();
+        let tpm = if options.tpm {
+            "<tpm model='tpm-crb'><backend type='emulator' version='2.0'/></tpm>"
+        } else {
+            ""
+        };
         let qemu_commandline = if qemu_args.is_empty() {
             String::new()
         } else {
@@ -315,6 +324,7 @@ impl Domain {
     </interface>
     <serial type='file'><source path='{console}' append='on'/><target port='0'/></serial>
     <graphics type='vnc' port='-1' listen='127.0.0.1'/>
+    {tpm}
   </devices>
   {qemu_commandline}
 </domain>",

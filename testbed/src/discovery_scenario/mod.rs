@@ -222,6 +222,7 @@ impl Vms {
                         data_disks_gib: shape.data_disks_gib.clone(),
                         smbios_serial: Some(vm.serial.clone()),
                         qemu_args,
+                        tpm: true,
                     },
                 )
                 .map_err(|e| step(e.to_string()))?,

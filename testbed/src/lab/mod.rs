@@ -289,6 +289,7 @@ impl Lab {
                     data_disks_gib: lab_data_disks(i),
                     smbios_serial: None,
                     qemu_args: Vec::new(),
+                    tpm: true,
                 },
             )
             .map_err(|e| step(e.to_string()))?;
@@ -433,6 +434,9 @@ spec:
     kubernetes:
       version: {KUBERNETES_VERSION}
       nodeLabels: {{{LAB_LABEL}: "true"}}
+    # Each lab VM has a TPM of its own (libvirt's swtpm); its endorsement key is taken on
+    # its first attestation (a site would declare each Machine's instead).
+    identity: {{mode: tpm, trustOnFirstUse: true}}
 "#,
         kernel_args = LAB_KERNEL_ARGS.join(", "),
         kernel = artifacts.kernel_url,
