@@ -8,8 +8,10 @@
 //!
 //! - a Machine with a Redfish BMC gets its MachineInventory from the BMC, every section
 //!   tagged `Redfish`, the read recorded, and hardware labels a pool can select on;
-//! - an in-band section already there is not clobbered (in band outranks Redfish), while
-//!   the sections in band lacks are filled;
+//! - Redfish replaces an in-band section (the BMC outranks what the OS of whoever answers
+//!   reports), the sections Redfish lacks stay in band; a later in-band report that
+//!   contradicts the BMC changes nothing of its reading, is recorded as a disagreement,
+//!   and the Machine's labels say disputed (no pool or hardware requirement takes it);
 //! - a Machine with an IPMI BMC gets the identity its FRU holds (vendor, product, serials),
 //!   tagged `IpmiFru`, and the vendor and product labels;
 //! - `unbounded-cloud.io/reinspect` with a new value reads again, once: the answered value
@@ -19,6 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use unbounded_api::Machine;
 use unbounded_api::inventory::{
@@ -250,18 +253,17 @@ async fn redfish_describes_machines_without_clobbering_in_band_facts_and_reads_a
         "{labels:?}"
     );
 
-    // ri-b: the in-band sections stay, Redfish fills the others.
+    // ri-b: Redfish replaces the in-band system section; the firmware section it does not
+    // read stays in band.
     let b = wait_for("ri-b's Redfish read", || async {
         let i = inventories.get_opt("ri-b").await.unwrap()?;
         redfish_read(&i.spec).is_some().then_some(i)
     })
     .await;
     let system = b.spec.system.as_ref().unwrap();
-    assert_eq!(
-        (system.origin.source, system.serial.as_deref()),
-        (FactSource::InBand, Some("IN-BAND-SERIAL")),
-        "Redfish did not clobber the in-band system section"
-    );
+    assert_eq!(system.origin.source, FactSource::Redfish);
+    let bmc_vendor = system.vendor.clone();
+    assert_eq!(bmc_vendor.as_deref(), Some("Sushy Emulator"));
     assert_eq!(
         b.spec.firmware.as_ref().map(|f| f.origin.source),
         Some(FactSource::InBand)
@@ -272,7 +274,48 @@ async fn redfish_describes_machines_without_clobbering_in_band_facts_and_reads_a
     );
     assert_eq!(
         b.spec.reads.iter().map(|r| r.source).collect::<Vec<_>>(),
-        vec![FactSource::InBand, FactSource::Redfish]
+        vec![FactSource::Redfish, FactSource::InBand]
+    );
+    assert!(b.spec.disagreements.is_empty(), "{:?}", b.spec.disagreements);
+    // A later in-band report that says it is other hardware (a forged one, or another host
+    // on the machine's address): the BMC's reading stays, the contradiction is recorded.
+    let forged_at = Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_100).unwrap());
+    let forged = MachineInventorySpec {
+        system: Some(SystemFacts {
+            vendor: Some("Forged Inc".into()),
+            serial: Some("FORGED".into()),
+            ..SystemFacts::empty(FactOrigin {
+                source: FactSource::InBand,
+                observed_at: forged_at.clone(),
+            })
+        }),
+        ..Default::default()
+    };
+    let folded = unbounded_runtime::inventory::fold_into(
+        &client,
+        &ri_b,
+        forged,
+        InventoryRead {
+            source: FactSource::InBand,
+            observed_at: forged_at,
+            reinspection: None,
+        },
+        "test-agent",
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        folded.system.as_ref().map(|s| (s.origin.source, s.vendor.clone())),
+        Some((FactSource::Redfish, bmc_vendor)),
+        "the report did not replace the BMC's reading"
+    );
+    assert_eq!(
+        folded
+            .disagreements
+            .iter()
+            .map(|d| d.section.as_str())
+            .collect::<Vec<_>>(),
+        ["system"]
     );
 
     // Re-inspection: a new value reads again, once, and the value is recorded.
@@ -321,6 +364,21 @@ async fn redfish_describes_machines_without_clobbering_in_band_facts_and_reads_a
         (redfish_read(&i.spec)?.reinspection.as_deref() == Some("b1")).then_some(())
     })
     .await;
+    // The BMC's read keeps the dispute (only an in-band read that agrees, or an operator,
+    // settles it), and the Machine's labels now say so.
+    let disputed = wait_for("ri-b labelled disputed", || async {
+        let m = machines.get("ri-b").await.unwrap();
+        unbounded_api::inventory::labels::is_disputed(m.labels()).then_some(m)
+    })
+    .await;
+    let requirements = unbounded_api::inventory::HardwareRequirements {
+        min_cpus: Some(1),
+        ..Default::default()
+    };
+    assert!(
+        !requirements.admits(disputed.labels()),
+        "no hardware requirement admits a disputed Machine"
+    );
     let after = inventories.get("ri-a").await.unwrap();
     assert_eq!(
         after.metadata.resource_version, version,
