@@ -97,6 +97,7 @@ async fn an_agent_renews_its_own_token_from_a_credentials_file() {
         server: cp.server_url().to_owned(),
         certificate_authority: ca,
         bootstrap_token: Some("abcdef.0123456789abcdef".into()),
+        tls_sha256: Vec::new(),
     };
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("credentials.json");

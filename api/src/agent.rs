@@ -220,6 +220,11 @@ pub struct Credentials {
     /// A kubelet bootstrap token (`<id>.<secret>`), when one was asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap_token: Option<String>,
+    /// The SHA-256 digests (hex) of the bootserver certificates the agent accepts from now
+    /// on, beside the one its boot pinned: the current one and, during a rotation, the next
+    /// (`http.tls.nextCertFile`). Empty over plain HTTP.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tls_sha256: Vec<String>,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -311,6 +316,7 @@ mod tests {
             server: "https://10.99.0.1:6443".into(),
             certificate_authority: String::new(),
             bootstrap_token: Some("abcdef.0123456789abcdef".into()),
+            tls_sha256: Vec::new(),
         };
         let text = format!("{credentials:?}");
         assert!(

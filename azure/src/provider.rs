@@ -183,6 +183,7 @@ impl AzureProvider {
             server: self.settings.api_server_url.clone(),
             certificate_authority: self.settings.cluster_ca_pem.clone(),
             bootstrap_token: Some(bootstrap),
+            tls_sha256: Vec::new(),
         };
         serde_json::to_string(&credentials)
             .map_err(|e| ProviderError::new("AgentCredentialsFailed", e.to_string()))

@@ -28,6 +28,7 @@
 //!   # idleSeconds: 60             # a connection that neither sends nor receives a byte for this long is closed
 //!   # tls: {port: 8443, certFile: /etc/unbounded/tls/tls.crt, keyFile: /etc/unbounded/tls/tls.key}
 //!   #                             # credentials and configuration over HTTPS only, the certificate pinned by the boot
+//!   #   nextCertFile: /etc/unbounded/tls-next/tls.crt   # during a rotation: agents learn to accept it too
 //! credentials:                    # agent credentials (backend kubernetes only)
 //!   apiServer: https://10.99.0.1:6443   # the API server as machines reach it
 //!   caFile: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt   # the default
@@ -226,6 +227,7 @@ struct TlsFile {
     port: Option<u16>,
     cert_file: PathBuf,
     key_file: PathBuf,
+    next_cert_file: Option<PathBuf>,
 }
 
 /// Where the bootserver answers HTTPS, and with which certificate (`http.tls`): the agent's
@@ -238,6 +240,9 @@ pub struct TlsSettings {
     pub cert_file: PathBuf,
     /// Its private key (PEM).
     pub key_file: PathBuf,
+    /// The certificate that will replace it (`nextCertFile`, during a rotation): agents are
+    /// told to accept it too, with every credential answer.
+    pub next_cert_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -473,6 +478,7 @@ impl Settings {
                 port: tls.port.unwrap_or(8443),
                 cert_file: tls.cert_file.clone(),
                 key_file: tls.key_file.clone(),
+                next_cert_file: tls.next_cert_file.clone(),
             }),
             images_dir: file
                 .http

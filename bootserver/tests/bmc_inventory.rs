@@ -276,7 +276,11 @@ async fn redfish_describes_machines_without_clobbering_in_band_facts_and_reads_a
         b.spec.reads.iter().map(|r| r.source).collect::<Vec<_>>(),
         vec![FactSource::Redfish, FactSource::InBand]
     );
-    assert!(b.spec.disagreements.is_empty(), "{:?}", b.spec.disagreements);
+    assert!(
+        b.spec.disagreements.is_empty(),
+        "{:?}",
+        b.spec.disagreements
+    );
     // A later in-band report that says it is other hardware (a forged one, or another host
     // on the machine's address): the BMC's reading stays, the contradiction is recorded.
     let forged_at = Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_100).unwrap());
@@ -305,7 +309,10 @@ async fn redfish_describes_machines_without_clobbering_in_band_facts_and_reads_a
     .await
     .unwrap();
     assert_eq!(
-        folded.system.as_ref().map(|s| (s.origin.source, s.vendor.clone())),
+        folded
+            .system
+            .as_ref()
+            .map(|s| (s.origin.source, s.vendor.clone())),
         Some((FactSource::Redfish, bmc_vendor)),
         "the report did not replace the BMC's reading"
     );

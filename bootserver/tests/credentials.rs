@@ -1343,3 +1343,96 @@ spec:
         None,
     );
 }
+
+const MAC_ROTATION: &str = "52:54:00:00:10:01";
+
+/// A certificate rotation without rebooting a machine: with `http.tls.nextCertFile` set,
+/// every credential answer over TLS names the current and the next certificate; once the
+/// bootserver serves the next one, the agent of a boot that pinned the old one still
+/// refreshes (by what it learned), while an agent that never learned it refuses the new
+/// certificate.
+#[test]
+fn agents_follow_a_certificate_rotation_without_a_reboot() {
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let cp = LocalControlPlane::shared().unwrap();
+    let (old, new) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (cert, key, pin) = tls_pair(old.path());
+    let (next_cert, next_key, next_pin) = tls_pair(new.path());
+    assert_ne!(pin, next_pin);
+    let mut site = Site::start_with(
+        cp,
+        &[("cr-rotation", MAC_ROTATION, "10.99.0.61")],
+        &api_server_target(cp),
+        "",
+        FULL_DHCP,
+        &format!(
+            r#", tls: {{port: 8443, certFile: "{}", keyFile: "{}", nextCertFile: "{}"}}"#,
+            cert.display(),
+            key.display(),
+            next_cert.display()
+        ),
+    );
+    let url = format!("http://{SERVER}:8080/boot.ipxe?mac={MAC_ROTATION}");
+    let mut script = String::new();
+    wait_until("the machine's script", Duration::from_secs(60), || {
+        script = curl(&site.link, &[&url]).1;
+        script.contains("unbounded.ticket=1")
+    });
+    let kernel_line = script
+        .lines()
+        .find(|l| l.starts_with("kernel "))
+        .unwrap()
+        .to_owned();
+    assert!(kernel_line.contains(&format!("unbounded.tls-sha256={pin}")));
+    let identity = unbounded_agent::identity::from_cmdline(&kernel_line).unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let obtain = |identity: &unbounded_agent::identity::Identity, dir: &Path| {
+        let (identity, dir) = (identity.clone(), dir.to_path_buf());
+        as_agent_in(&site.link.client, move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let store = unbounded_agent::credentials::Store::new(&dir).unwrap();
+                unbounded_agent::credentials::obtain(
+                    &reqwest::Client::new(),
+                    &identity,
+                    &store,
+                    false,
+                )
+                .await
+                .map_err(|e| e.to_string())
+            })
+        })
+    };
+    let issued = obtain(&identity, state.path()).expect("credentials by the ticket");
+    assert_eq!(issued.tls_sha256, vec![pin.clone(), next_pin.clone()]);
+
+    // The rotation: the next certificate is served now.
+    let config = std::fs::read_to_string(&site.bootserver.config).unwrap();
+    let rotated = config
+        .replace(&format!(r#", nextCertFile: "{}""#, next_cert.display()), "")
+        .replace(
+            &cert.display().to_string(),
+            &next_cert.display().to_string(),
+        )
+        .replace(&key.display().to_string(), &next_key.display().to_string());
+    assert_ne!(config, rotated);
+    std::fs::write(&site.bootserver.config, rotated).unwrap();
+    site.bootserver.crash_and_restart(&site.link.server);
+
+    // The agent that learned the next certificate refreshes over it.
+    let refreshed = obtain(&identity, state.path()).expect("a refresh after the rotation");
+    assert_ne!(refreshed.token, issued.token);
+    assert_eq!(refreshed.tls_sha256, vec![next_pin]);
+    // One that knows only the boot's pin does not talk to the new certificate.
+    let unaware = tempfile::tempdir().unwrap();
+    let refused = obtain(&identity, unaware.path()).expect_err("only the boot's pin");
+    assert!(refused.contains("pinned"), "{refused}");
+    ok(
+        cp,
+        &["delete", "machine", "cr-rotation", "--wait=false"],
+        None,
+    );
+}

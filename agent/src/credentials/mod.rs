@@ -301,6 +301,7 @@ async fn renew_self(
         server: meta.server.clone(),
         certificate_authority,
         bootstrap_token: bootstrap_token.then(|| store.bootstrap_token()).flatten(),
+        tls_sha256: Vec::new(),
     };
     store.save(&credentials, true, true)?;
     Ok(credentials)
@@ -322,11 +323,12 @@ pub async fn obtain(
     let pinned;
     let (bootserver, http) = match &identity.secure {
         Some(secure) => {
-            pinned =
-                pinned::client(secure.sha256).map_err(|message| CredentialError::Unreachable {
+            pinned = pinned::client(pins(secure.sha256, store)).map_err(|message| {
+                CredentialError::Unreachable {
                     bootserver: secure.url.clone(),
                     message,
-                })?;
+                }
+            })?;
             (secure.url.as_str(), &pinned)
         }
         None => (
@@ -430,6 +432,20 @@ pub async fn obtain(
         false,
     )?;
     Ok(credentials)
+}
+
+/// The certificates the agent accepts at the bootserver's TLS endpoint: the one its boot
+/// pinned, and those the bootserver's last TLS answer named (a rotation's next one).
+fn pins(boot: [u8; 32], store: &Store) -> Vec<[u8; 32]> {
+    let mut pins = vec![boot];
+    for learned in store.meta().map(|m| m.tls_pins).unwrap_or_default() {
+        if let Some(pin) = unhex(&learned).and_then(|b| <[u8; 32]>::try_from(b).ok())
+            && !pins.contains(&pin)
+        {
+            pins.push(pin);
+        }
+    }
+    pins
 }
 
 /// The TPM attestation of this boot: the EK and a new AK to the bootserver, its challenge
@@ -608,6 +624,7 @@ mod tests {
             lifetime_seconds: 0,
             nonce_used: true,
             self_refresh: false,
+            tls_pins: Vec::new(),
         };
         assert!(matches!(
             choose_proof(Some(("t".into(), meta)), Some("n"), false, true),

@@ -1,5 +1,6 @@
-//! An HTTPS client that accepts exactly one certificate: the bootserver's, whose SHA-256
-//! came with the boot (`unbounded.tls-sha256`). No CA is consulted and no name is checked:
+//! An HTTPS client that accepts only the bootserver's certificate: the one whose SHA-256
+//! came with the boot (`unbounded.tls-sha256`), or one the bootserver named over this same
+//! pinned channel since (a rotation's next certificate, `Credentials::tls_sha256`). No CA is consulted and no name is checked:
 //! the pin says which server this is, and the handshake's signature proves that the server
 //! holds that certificate's key.
 
@@ -13,7 +14,7 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 /// Accepts the one certificate whose SHA-256 is `sha256`.
 #[derive(Debug)]
 struct PinnedCertificate {
-    sha256: [u8; 32],
+    pins: Vec<[u8; 32]>,
     provider: Arc<CryptoProvider>,
 }
 
@@ -31,7 +32,11 @@ impl ServerCertVerifier for PinnedCertificate {
         _ocsp_response: &[u8],
         _now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        if matches_pin(end_entity.as_ref(), &self.sha256) {
+        if self
+            .pins
+            .iter()
+            .any(|pin| matches_pin(end_entity.as_ref(), pin))
+        {
             Ok(ServerCertVerified::assertion())
         } else {
             Err(rustls::Error::General(
@@ -76,14 +81,14 @@ impl ServerCertVerifier for PinnedCertificate {
     }
 }
 
-/// A client for the bootserver's TLS endpoint that trusts only the certificate `sha256`.
-pub fn client(sha256: [u8; 32]) -> Result<reqwest::Client, String> {
+/// A client for the bootserver's TLS endpoint that trusts only the certificates `pins` (SHA-256).
+pub fn client(pins: Vec<[u8; 32]>) -> Result<reqwest::Client, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(PinnedCertificate { sha256, provider }))
+        .with_custom_certificate_verifier(Arc::new(PinnedCertificate { pins, provider }))
         .with_no_client_auth();
     reqwest::Client::builder()
         .tls_backend_preconfigured(config)

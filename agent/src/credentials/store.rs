@@ -29,6 +29,10 @@ pub struct StoredMeta {
     /// The token came from a credentials file and is renewed through the API server.
     #[serde(default)]
     pub self_refresh: bool,
+    /// The bootserver certificates (SHA-256, hex) its last TLS answer said to accept, beside
+    /// the boot's pin: how an agent follows a certificate rotation without a reboot.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tls_pins: Vec<String>,
 }
 
 /// The credential files in the agent's state directory.
@@ -161,6 +165,7 @@ impl Store {
             lifetime_seconds: credentials.lifetime_seconds,
             nonce_used,
             self_refresh,
+            tls_pins: credentials.tls_sha256.clone(),
         };
         let bytes =
             serde_json::to_vec(&meta).map_err(|e| CredentialError::Malformed(e.to_string()))?;
@@ -177,6 +182,7 @@ impl Store {
             lifetime_seconds: 0,
             nonce_used: true,
             self_refresh: false,
+            tls_pins: Vec::new(),
         });
         let meta = StoredMeta {
             nonce_used: true,
@@ -247,6 +253,7 @@ mod tests {
             server: "https://10.99.0.1:6443".into(),
             certificate_authority: "-----BEGIN CERTIFICATE-----\n".into(),
             bootstrap_token: None,
+            tls_sha256: Vec::new(),
         };
         store.save(&credentials, true, false).unwrap();
         let (token, meta) = store.valid_token(now_unix()).unwrap();
@@ -274,6 +281,7 @@ mod tests {
             server: "https://api.example:6443".into(),
             certificate_authority: "-----BEGIN CERTIFICATE-----\n".into(),
             bootstrap_token: Some("abcdef.0123456789abcdef".into()),
+            tls_sha256: Vec::new(),
         };
         fs::write(&file, serde_json::to_vec(&credentials).unwrap()).unwrap();
         assert!(import(&store, &file).unwrap());

@@ -565,6 +565,7 @@ impl Issuer {
                 server: self.settings.api_server.clone(),
                 certificate_authority: self.settings.ca_pem.clone(),
                 bootstrap_token,
+                tls_sha256: Vec::new(),
             },
             bootstrap_id,
         ))

@@ -202,6 +202,14 @@ pub(super) async fn machine_credentials(
             bearer,
             &request,
         )
-        .await;
+        .await
+        .map(|mut credentials| {
+            // Over TLS, the certificates to accept from now on: a rotation's next one is
+            // learned by every agent at its next refresh, before it is served.
+            if let (true, Some(tls)) = (asker.origin.secure, &state.tls) {
+                credentials.tls_sha256.clone_from(&tls.pins);
+            }
+            credentials
+        });
     answer(&state, ROUTE, &asker, result)
 }

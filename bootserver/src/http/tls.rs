@@ -63,6 +63,9 @@ pub struct TlsEndpoint {
     pub url: String,
     /// The SHA-256 of the server's certificate (DER), lower-case hex.
     pub sha256_hex: String,
+    /// What agents are told to accept from now on, with each credential answer: this
+    /// certificate's digest and, during a rotation, the next one's.
+    pub pins: Vec<String>,
 }
 
 /// Loads the certificate chain and key into a server configuration, and says what the
@@ -82,9 +85,19 @@ pub fn load(
     let leaf = chain
         .first()
         .ok_or_else(|| TlsError::NoCertificate(settings.cert_file.clone()))?;
-    let sha256_hex = crate::boot_images::hex(
-        ring::digest::digest(&ring::digest::SHA256, leaf.as_ref()).as_ref(),
-    );
+    let digest = |der: &[u8]| {
+        crate::boot_images::hex(ring::digest::digest(&ring::digest::SHA256, der).as_ref())
+    };
+    let sha256_hex = digest(leaf.as_ref());
+    let mut pins = vec![sha256_hex.clone()];
+    if let Some(next) = &settings.next_cert_file {
+        let next_leaf = CertificateDer::pem_file_iter(next)
+            .map_err(read_error("the next certificate", next))?
+            .next()
+            .ok_or_else(|| TlsError::NoCertificate(next.clone()))?
+            .map_err(read_error("the next certificate", next))?;
+        pins.push(digest(next_leaf.as_ref()));
+    }
     let key = PrivateKeyDer::from_pem_file(&settings.key_file)
         .map_err(read_error("the private key", &settings.key_file))?;
     let config = rustls::ServerConfig::builder_with_provider(Arc::new(
@@ -100,6 +113,7 @@ pub fn load(
         TlsEndpoint {
             url: format!("https://{server_address}:{}", settings.port),
             sha256_hex,
+            pins,
         },
     ))
 }
