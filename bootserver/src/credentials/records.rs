@@ -98,8 +98,20 @@ impl Issuer {
                 None,
             ),
         };
-        if let Err(refusal) = outcome {
-            tracing::warn!(machine, reason = refusal.reason(), %refusal, "TPM attestation refused");
+        match outcome {
+            Err(refusal) => {
+                tracing::warn!(machine, reason = refusal.reason(), %refusal, "TPM attestation refused");
+            }
+            // The values an operator lists in `boot.measurements` (no secret: a PCR is a
+            // public digest of what was measured).
+            Ok(attested) => {
+                let pcrs: Vec<String> = attested
+                    .pcrs
+                    .iter()
+                    .map(|(i, v)| format!("{i}={}", crate::identity::tpm::hex(v)))
+                    .collect();
+                tracing::info!(machine, pcrs = %pcrs.join(" "), "TPM attestation: quoted PCRs");
+            }
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
