@@ -201,6 +201,9 @@ pub async fn post(http: &reqwest::Client, bootserver: &str, report: &DiscoveryRe
     }
 }
 
+/// Where the inspection keeps the TPM's key context (the root is in RAM).
+const INSPECTION_TPM_DIR: &str = "/run/unbounded-inspection/tpm";
+
 /// Runs inspection mode: reports, waits, reports again; returns only to reboot.
 pub async fn run(bootserver: &str, boot_mac: Option<String>, root: &std::path::Path) {
     let http = match reqwest::Client::builder()
@@ -212,6 +215,18 @@ pub async fn run(bootserver: &str, boot_mac: Option<String>, root: &std::path::P
             println!("unbounded-agent: no HTTP client: {error}");
             return;
         }
+    };
+    // The TPM's endorsement key, where the machine has one: the Machine discovery creates
+    // records it, and the machine attests with that TPM once claimed.
+    let endorsement_key = match crate::tpm::Tpm::system(std::path::Path::new(INSPECTION_TPM_DIR)) {
+        Ok(tpm) => match tpm.endorsement_key_name().await {
+            Ok(name) => Some(name),
+            Err(error) => {
+                println!("unbounded-agent: the TPM's endorsement key could not be read: {error}");
+                None
+            }
+        },
+        Err(_) => None,
     };
     let mut attempt = 0;
     loop {
@@ -230,6 +245,7 @@ pub async fn run(bootserver: &str, boot_mac: Option<String>, root: &std::path::P
         let report = DiscoveryReport {
             boot_mac: boot_mac.clone().unwrap_or_default(),
             inventory,
+            endorsement_key: endorsement_key.clone(),
         };
         let answer = post(&http, bootserver, &report).await;
         match next_step(&answer, attempt) {

@@ -173,6 +173,22 @@ impl Tpm {
         })
     }
 
+    /// The TPM name of the endorsement key (`000b` and the SHA-256 of its public area, hex):
+    /// what a Machine records as `spec.pxe.identity.endorsementKey`.
+    pub async fn endorsement_key_name(&self) -> Result<String, TpmError> {
+        create_private_dir(&self.dir)?;
+        self.run(
+            "tpm2_createek",
+            &["-c", "ek.ctx", "-G", "rsa", "-u", "ek.pub"],
+        )
+        .await?;
+        let public = self.read("ek.pub")?;
+        tpm_name(&public).ok_or_else(|| TpmError::Step {
+            step: "tpm2_createek",
+            message: "its public key file is not a TPM2B_PUBLIC".into(),
+        })
+    }
+
     /// Activates the bootserver's credential with the EK, for the AK: the secret inside.
     /// The EK's policy asks for the endorsement hierarchy's authorisation (PolicySecret).
     pub async fn activate(&self, credential: &[u8]) -> Result<Vec<u8>, TpmError> {
@@ -243,6 +259,21 @@ impl Tpm {
     }
 }
 
+/// The TPM name (SHA-256 name algorithm) of a key from its TPM2B_PUBLIC, hex.
+pub fn tpm_name(tpm2b_public: &[u8]) -> Option<String> {
+    let size = usize::from(u16::from_be_bytes([
+        *tpm2b_public.first()?,
+        *tpm2b_public.get(1)?,
+    ]));
+    let area = tpm2b_public.get(2..2 + size)?;
+    let digest = ring::digest::digest(&ring::digest::SHA256, area);
+    Some(
+        std::iter::once("000b".to_owned())
+            .chain(digest.as_ref().iter().map(|b| format!("{b:02x}")))
+            .collect(),
+    )
+}
+
 fn create_private_dir(dir: &Path) -> Result<(), TpmError> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let io = |source| TpmError::Io {
@@ -283,6 +314,18 @@ pub fn quoted_pcrs(report: &str) -> BTreeMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_s_name_is_its_name_algorithm_and_the_digest_of_its_public_area() {
+        let area = b"a public area";
+        let mut tpm2b = vec![0, u8::try_from(area.len()).unwrap()];
+        tpm2b.extend_from_slice(area);
+        let name = tpm_name(&tpm2b).unwrap();
+        let digest = ring::digest::digest(&ring::digest::SHA256, area);
+        let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(name, format!("000b{hex}"));
+        assert_eq!(tpm_name(&tpm2b[..5]), None, "shorter than its size says");
+    }
 
     #[test]
     fn reads_the_pcrs_of_tpm2_quote_s_report() {

@@ -262,7 +262,23 @@ impl DiscoveryWriter {
             .boot_mac
             .parse()
             .map_err(|_| DiscoveryError::BootMac(report.boot_mac.chars().take(64).collect()))?;
-        let DiscoveryReport { inventory, .. } = report;
+        let DiscoveryReport {
+            inventory,
+            endorsement_key,
+            ..
+        } = report;
+        let endorsement_key = match endorsement_key {
+            Some(key) if unbounded_api::inventory::is_tpm_name(&key) => {
+                Some(key.to_ascii_lowercase())
+            }
+            Some(_) => {
+                return Err(DiscoveryError::Rejected {
+                    what: "report",
+                    message: "endorsementKey is not a TPM name (000b and 64 hex digits)".into(),
+                });
+            }
+            None => None,
+        };
         let report = Report {
             body_bytes,
             boot_mac: boot_mac.to_string(),
@@ -290,7 +306,14 @@ impl DiscoveryWriter {
                 // Counted before the write: a create that failed half-way still spent its
                 // place in the minute (the rate bounds attempts on the API server too).
                 memory.creations.push_back(now);
-                self.create(&name, &macs, &report.sender, inventory).await?;
+                self.create(
+                    &name,
+                    &macs,
+                    &report.sender,
+                    endorsement_key.as_deref(),
+                    inventory,
+                )
+                .await?;
                 memory.written.insert(
                     name.clone(),
                     (now, macs.into_iter().collect(), report.sender.clone()),
@@ -315,6 +338,7 @@ impl DiscoveryWriter {
         name: &str,
         macs: &[String],
         sender: &str,
+        endorsement_key: Option<&str>,
         inventory: unbounded_api::inventory::MachineInventorySpec,
     ) -> Result<(), DiscoveryError> {
         let mut labels = hardware_labels(&inventory);
@@ -331,7 +355,7 @@ impl DiscoveryWriter {
             .as_ref()
             .map(|f| f.mode)
             .unwrap_or_default();
-        let machine: Machine = serde_json::from_value(serde_json::json!({
+        let mut machine: Machine = serde_json::from_value(serde_json::json!({
             "apiVersion": "unbounded-cloud.io/v1alpha1",
             "kind": "Machine",
             "metadata": {
@@ -348,6 +372,14 @@ impl DiscoveryWriter {
             what: "Machine",
             message: e.to_string(),
         })?;
+        // Learned at discovery: the TPM the inspection read is the one this Machine attests
+        // with once claimed (a report's word, as trust on first use is: docs/security.md).
+        if let (Some(key), Some(pxe)) = (endorsement_key, machine.spec.pxe.as_mut()) {
+            pxe.identity = Some(unbounded_api::identity::IdentitySpec {
+                endorsement_key: Some(key.to_owned()),
+                ..Default::default()
+            });
+        }
         let machines = Api::<Machine>::all(self.client.clone());
         let created = match machines
             .create(

@@ -484,9 +484,12 @@ fn an_unknown_server_becomes_one_waiting_machine_and_the_door_holds() {
         pxe_booted: true,
         lldp: None,
     }];
+    // The TPM's endorsement key the inspection read: recorded on the Machine it creates.
+    let endorsement_key = format!("000b{}", "5e".repeat(32));
     let agent_report = unbounded_api::inventory::DiscoveryReport {
         boot_mac: mac_r.into(),
         inventory,
+        endorsement_key: Some(endorsement_key.clone()),
     };
     let (agent_host, _) = site.host(mac_r);
     let answers = as_the_agent(&agent_host, async move |http, base| {
@@ -514,6 +517,11 @@ fn an_unknown_server_becomes_one_waiting_machine_and_the_door_holds() {
         "too soon: again after Retry-After ({answers:?})"
     );
     assert!(get_json(cp, "machineinventory", "discovered-5254000d4001").is_some());
+    assert_eq!(
+        get_json(cp, "machine", "discovered-5254000d4001").unwrap()["spec"]["pxe"]["identity"]["endorsementKey"],
+        endorsement_key.as_str(),
+        "the TPM is learned at discovery"
+    );
 
     // A waiting Machine: no script of its own (inspected again), no configuration, no
     // credentials whatever it presents.

@@ -82,6 +82,34 @@ fn the_appliance_runs_deploy_as_pods_that_boot_machines_to_ready_nodes() {
 
     scenario::check_running_and_annotated(&lab, 1)
         .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
+    // Each machine got its credentials in TPM mode: its own TPM (libvirt's swtpm) attested,
+    // and its endorsement key, taken on first use, is recorded on its Machine.
+    let mut keys = Vec::new();
+    for machine in ["machine-1", "machine-2"] {
+        let attested = lab
+            .kubectl(
+                &[
+                    "get",
+                    "machine",
+                    machine,
+                    "-o",
+                    "jsonpath={.status.conditions[?(@.type=='TPMAttested')].status} {.spec.pxe.identity.endorsementKey}",
+                ],
+                None,
+            )
+            .unwrap();
+        let (status, key) = attested.split_once(' ').unwrap_or((attested.as_str(), ""));
+        assert_eq!(
+            status, "True",
+            "{machine} attested with its TPM: {attested}"
+        );
+        assert!(
+            key.starts_with("000b") && key.len() == 68,
+            "{machine}: {attested}"
+        );
+        keys.push(key.to_owned());
+    }
+    assert_ne!(keys[0], keys[1], "each machine has a TPM of its own");
     // The reduced leader-failover: both machines repave in one batch (the scenario command
     // rolls them one at a time), and the leading controller pod is deleted mid-rollout. The
     // new version also puts the node's state on each machine's data disk (the reduced

@@ -497,6 +497,20 @@ pub struct DiscoveryReport {
     pub boot_mac: String,
     /// What the agent read.
     pub inventory: MachineInventorySpec,
+    /// The TPM name of the machine's endorsement key, where it has a TPM: recorded on the
+    /// Machine discovery creates (`spec.pxe.identity.endorsementKey`), so that the machine,
+    /// once claimed, attests with that TPM and no other (`crate::identity`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endorsement_key: Option<String>,
+}
+
+/// Whether `name` is a TPM name of a SHA-256 key: `000b` and 64 hex digits.
+pub fn is_tpm_name(name: &str) -> bool {
+    name.len() == 68
+        && name
+            .get(..4)
+            .is_some_and(|p| p.eq_ignore_ascii_case("000b"))
+        && name.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 impl MachineInventorySpec {
