@@ -289,6 +289,7 @@ mod tests {
                 })
                 .collect(),
             mounts: Vec::new(),
+            in_use: Vec::new(),
         }
     }
 

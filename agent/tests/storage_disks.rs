@@ -412,6 +412,87 @@ fn a_mounted_disk_is_not_wiped() {
     assert_eq!(fs::read_to_string(disk.mount_point.join("f")).unwrap(), "x");
 }
 
+/// An active swap area on a disk: in use, never a candidate (not even with
+/// `allowForeign`), never wiped, and left byte for byte.
+#[test]
+fn an_active_swap_disk_is_refused_and_left_byte_for_byte() {
+    require("an_active_swap_disk_is_refused_and_left_byte_for_byte");
+    let disk = LoopDisk::new(1 << 30, false);
+    let node = format!("/dev/{}", disk.name);
+    let run = |args: &[&str]| {
+        let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&["mkswap", &node]);
+    run(&["swapon", &node]);
+    struct SwapOff(String);
+    impl Drop for SwapOff {
+        fn drop(&mut self) {
+            let _ = Command::new("swapoff").arg(&self.0).output();
+        }
+    }
+    let _off = SwapOff(node.clone());
+    let before = disk.sha256();
+    let seen = disk.probe();
+    assert!(
+        seen.in_use_by().is_some_and(|w| w.contains("active swap")),
+        "{seen:?}"
+    );
+    let spec = StorageSpec {
+        allow_foreign: true,
+        ..small_disk_spec()
+    };
+    let planned = plan(&spec, std::slice::from_ref(&seen), None, &disk.owner());
+    assert!(
+        matches!(&planned, Err(Refusal::OnlyUnusable(why)) if why.contains("swap")),
+        "{planned:?}"
+    );
+    let err = apply::wipe(
+        Path::new("/"),
+        &seen,
+        WipeMethod::Fast,
+        Duration::from_secs(60),
+    )
+    .unwrap_err();
+    assert!(matches!(err, StorageError::InUse { .. }), "{err:?}");
+    assert_eq!(disk.sha256(), before, "the swap disk is untouched");
+}
+
+/// A device that cannot be opened is unknown, not blank: blkid answers "nothing found" (exit
+/// 2) for it as for a blank disk, and before, it was formatted. Here the probe's root has
+/// the real `/sys` and `/proc` but no device node for the disk, as when `/dev` lacks it or
+/// it cannot be opened.
+#[test]
+fn an_unreadable_device_is_unknown_not_blank() {
+    require("an_unreadable_device_is_unknown_not_blank");
+    let disk = LoopDisk::new(20 << 30, false);
+    let root = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink("/sys", root.path().join("sys")).unwrap();
+    std::os::unix::fs::symlink("/proc", root.path().join("proc")).unwrap();
+    fs::create_dir(root.path().join("dev")).unwrap();
+    let seen = probe::read_disks(root.path(), &DiskScope::Only(vec![disk.name.clone()]));
+    assert_eq!(seen.len(), 1, "{} in /sys/block", disk.name);
+    let seen = &seen[0];
+    assert!(
+        seen.in_use_by()
+            .is_some_and(|w| w.starts_with("unreadable")),
+        "{seen:?}"
+    );
+    let spec = StorageSpec {
+        allow_foreign: true,
+        ..StorageSpec::default()
+    };
+    let planned = plan(&spec, std::slice::from_ref(seen), None, &disk.owner());
+    assert!(
+        matches!(&planned, Err(Refusal::OnlyUnusable(why)) if why.contains("unreadable")),
+        "{planned:?}"
+    );
+}
+
 fn disk_input(disk: &LoopDisk, state: &Path) -> DiskInput {
     DiskInput {
         machines: disk.mount_point.clone(),

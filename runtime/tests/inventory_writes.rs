@@ -206,7 +206,7 @@ async fn agents_and_the_bootserver_fold_reads_and_an_agent_writes_only_in_band_f
     );
     assert_eq!(written.system.unwrap().serial.as_deref(), Some("IN-BAND"));
 
-    // The bootserver's Redfish read: cpu filled, system (in band) kept.
+    // The bootserver's Redfish read: cpu filled, system replaced (the BMC outranks a report).
     let written = fold_into(
         &admin,
         &m,
@@ -222,10 +222,11 @@ async fn agents_and_the_bootserver_fold_reads_and_an_agent_writes_only_in_band_f
     );
     assert_eq!(
         written.system.as_ref().and_then(|s| s.serial.as_deref()),
-        Some("IN-BAND")
+        Some("FROM-BMC")
     );
 
-    // The agent's next read: its sections replaced, Redfish's kept, both records there.
+    // The agent's next read: Redfish's sections kept, its contradiction recorded, both
+    // records there.
     let written = fold_into(
         &agent,
         &m,
@@ -237,12 +238,20 @@ async fn agents_and_the_bootserver_fold_reads_and_an_agent_writes_only_in_band_f
     .unwrap();
     assert_eq!(
         written.system.as_ref().and_then(|s| s.serial.as_deref()),
-        Some("IN-BAND-2")
+        Some("FROM-BMC")
+    );
+    assert_eq!(
+        written
+            .disagreements
+            .iter()
+            .map(|d| d.section.as_str())
+            .collect::<Vec<_>>(),
+        ["system"]
     );
     assert_eq!(written.cpu.as_ref().map(|c| c.threads), Some(128));
     assert_eq!(
         written.reads.iter().map(|r| r.source).collect::<Vec<_>>(),
-        vec![FactSource::InBand, FactSource::Redfish]
+        vec![FactSource::Redfish, FactSource::InBand]
     );
 
     // The agent may not forge the BMC's facts or its record.
@@ -278,15 +287,26 @@ async fn agents_and_the_bootserver_fold_reads_and_an_agent_writes_only_in_band_f
             .await,
     );
     assert!(message.contains("read"), "{message}");
-    // A section tagged InBand that replaces Redfish's is the agent's to write.
+    // Nor replace a section the BMC read with one of its own, however it is tagged, nor
+    // remove one.
     let mut own = inventories.get("iw-one").await.unwrap();
     if let Some(cpu) = own.spec.cpu.as_mut() {
         cpu.origin = origin(FactSource::InBand, 400);
     }
-    inventories
-        .replace("iw-one", &PostParams::default(), &own)
-        .await
-        .unwrap();
+    let message = forbidden(
+        inventories
+            .replace("iw-one", &PostParams::default(), &own)
+            .await,
+    );
+    assert!(message.contains("spec.cpu"), "{message}");
+    let mut own = inventories.get("iw-one").await.unwrap();
+    own.spec.system = None;
+    let message = forbidden(
+        inventories
+            .replace("iw-one", &PostParams::default(), &own)
+            .await,
+    );
+    assert!(message.contains("spec.system"), "{message}");
 
     // Nor write another Machine's inventory.
     let result = fold_into(

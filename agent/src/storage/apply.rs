@@ -50,6 +50,15 @@ pub enum StorageError {
     /// The new partition did not show up.
     #[error("the partition sfdisk wrote on {0} did not appear in /sys/block within 10 s")]
     NoPartition(String),
+    /// A disk to wipe or format is in use otherwise: held by a RAID or LVM device, an active
+    /// swap area, or unreadable.
+    #[error("disk {disk} is in use ({why}): it is not wiped or formatted")]
+    InUse {
+        /// The disk.
+        disk: String,
+        /// Why.
+        why: String,
+    },
     /// A disk to wipe or format is mounted.
     #[error("disk {disk} is mounted at {mount}: it is not wiped while in use")]
     Mounted {
@@ -77,7 +86,7 @@ impl StorageError {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::Timeout { .. } => "WipeTimedOut",
-            Self::Mounted { .. } => "DiskInUse",
+            Self::Mounted { .. } | Self::InUse { .. } => "DiskInUse",
             Self::Command { .. } | Self::Io { .. } | Self::NoPartition(_) => "DiskFailed",
         }
     }
@@ -192,10 +201,16 @@ fn kernel_partitions(root: &Path, disk: &str) -> Vec<(String, PathBuf)> {
 }
 
 fn refuse_mounted(disk: &Disk) -> Result<(), StorageError> {
-    match disk.all_mounts().next() {
-        Some(mount) => Err(StorageError::Mounted {
+    if let Some(mount) = disk.all_mounts().next() {
+        return Err(StorageError::Mounted {
             disk: disk.name.clone(),
             mount: mount.to_owned(),
+        });
+    }
+    match disk.in_use_by() {
+        Some(why) => Err(StorageError::InUse {
+            disk: disk.name.clone(),
+            why: why.to_owned(),
         }),
         None => Ok(()),
     }

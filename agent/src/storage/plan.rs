@@ -277,6 +277,8 @@ pub fn plan(
             unusable.push(format!("{} (the boot disk)", disk.name));
         } else if let Some(m) = disk.all_mounts().find(|m| *m != owner.mount_point) {
             unusable.push(format!("{} (mounted at {m})", disk.name));
+        } else if let Some(why) = disk.in_use_by() {
+            unusable.push(format!("{} ({why})", disk.name));
         } else {
             candidates.push((disk, carries(disk, spec, owner)));
         }
@@ -370,6 +372,7 @@ mod tests {
             signature: None,
             partitions: vec![],
             mounts: vec![],
+            in_use: vec![],
         }
     }
 

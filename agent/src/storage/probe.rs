@@ -69,9 +69,19 @@ pub struct Disk {
     pub partitions: Vec<Partition>,
     /// Where the disk itself is mounted.
     pub mounts: Vec<String>,
+    /// What else holds the disk or one of its partitions, so that it must not be written:
+    /// a device stacked on it (`held by md127`, `held by dm-0`: a software RAID, an LVM
+    /// physical volume in use), an active swap area, or a device that cannot be read at all
+    /// (`unreadable: …`: unknown is not blank).
+    pub in_use: Vec<String>,
 }
 
 impl Disk {
+    /// Why the disk must not be written, beside a mount: its first [`Disk::in_use`] reason.
+    pub fn in_use_by(&self) -> Option<&str> {
+        self.in_use.first().map(String::as_str)
+    }
+
     /// Every mount point of the disk and its partitions.
     pub fn all_mounts(&self) -> impl Iterator<Item = &str> {
         self.mounts
@@ -196,6 +206,9 @@ pub fn read_disks(root: &Path, scope: &DiskScope) -> Vec<Disk> {
     let mounts = fs::read_to_string(root.join("proc/self/mountinfo"))
         .map(|t| parse_mountinfo(&t))
         .unwrap_or_default();
+    let swaps = fs::read_to_string(root.join("proc/swaps"))
+        .map(|t| parse_swaps(&t))
+        .unwrap_or_default();
     let by_path = sorted_entries(&root.join("dev/disk/by-path"));
     let mounts_of = |dir: &Path| {
         read_trimmed(&dir.join("dev"))
@@ -211,11 +224,17 @@ pub fn read_disks(root: &Path, scope: &DiskScope) -> Vec<Disk> {
         .filter_map(|(name, dir)| {
             let sectors: u64 = read_trimmed(&dir.join("size"))?.parse().ok()?;
             let device = dir.join("device");
-            let (table, signature, _) = probe(&root.join("dev").join(&name));
-            let partitions = sorted_entries(&dir)
+            let node = root.join("dev").join(&name);
+            let mut in_use = users(&dir, &name, &swaps);
+            if let Err(error) = readable(&node) {
+                in_use.push(format!("unreadable: {error}"));
+            }
+            let (table, signature, _) = probe(&node);
+            let partitions: Vec<Partition> = sorted_entries(&dir)
                 .into_iter()
                 .filter(|(_, p)| p.join("partition").exists())
                 .map(|(part, pdir)| {
+                    in_use.extend(users(&pdir, &part, &swaps));
                     let (_, signature, label) = probe(&root.join("dev").join(&part));
                     Partition {
                         size_bytes: read_trimmed(&pdir.join("size"))
@@ -252,10 +271,42 @@ pub fn read_disks(root: &Path, scope: &DiskScope) -> Vec<Disk> {
                 table,
                 signature,
                 partitions,
+                in_use,
                 name,
             })
         })
         .collect()
+}
+
+/// The devices stacked on `dir`'s block device (`holders/`: md, dm) and whether `name` is
+/// an active swap area.
+fn users(dir: &Path, name: &str, swaps: &[String]) -> Vec<String> {
+    let mut users: Vec<String> = sorted_entries(&dir.join("holders"))
+        .into_iter()
+        .map(|(holder, _)| format!("{name} held by {holder}"))
+        .collect();
+    if swaps.iter().any(|s| s == name) {
+        users.push(format!("{name} is an active swap area"));
+    }
+    users
+}
+
+/// The kernel names of the active swap areas in `/proc/swaps` (`/dev/sda2` → `sda2`).
+pub fn parse_swaps(text: &str) -> Vec<String> {
+    text.lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+        .filter_map(|device| device.strip_prefix("/dev/"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Whether the device's first sector can be read: blkid says "nothing found" (exit 2) for a
+/// device it could not open too, and that must never read as blank.
+fn readable(device: &Path) -> Result<(), std::io::Error> {
+    use std::io::Read;
+    let mut sector = [0u8; 512];
+    fs::File::open(device)?.read_exact(&mut sector)
 }
 
 /// `blkid -p` on one device node. A device that cannot be read shows as ambivalent: the plan
@@ -311,6 +362,67 @@ mod tests {
         assert_eq!(ambivalent.map(|s| s.kind).as_deref(), Some("ambivalent"));
     }
 
+    /// md and dm devices stacked on a disk (a software RAID member, an LVM physical volume
+    /// in use) show in `holders/`; this machine's kernel has neither md nor dm, so the
+    /// sysfs tree is written here, the way the kernel lays it out.
+    #[test]
+    fn a_disk_held_by_md_or_dm_is_in_use() {
+        let root = tempfile::tempdir().unwrap();
+        let sys = root.path().join("sys/block");
+        for (disk, holder, part_holder) in [
+            ("vdx", Some("md127"), None),
+            ("vdy", None, Some("dm-0")),
+            ("vdz", None, None),
+        ] {
+            let dir = sys.join(disk);
+            fs::create_dir_all(dir.join("holders")).unwrap();
+            fs::write(dir.join("size"), "2097152\n").unwrap();
+            if let Some(holder) = holder {
+                fs::create_dir_all(dir.join("holders").join(holder)).unwrap();
+            }
+            let part = dir.join(format!("{disk}1"));
+            fs::create_dir_all(part.join("holders")).unwrap();
+            fs::write(part.join("partition"), "1\n").unwrap();
+            fs::write(part.join("size"), "2095104\n").unwrap();
+            if let Some(holder) = part_holder {
+                fs::create_dir_all(part.join("holders").join(holder)).unwrap();
+            }
+            fs::create_dir_all(root.path().join("dev")).unwrap();
+            for node in [disk.to_owned(), format!("{disk}1")] {
+                fs::write(root.path().join("dev").join(node), vec![0u8; 4096]).unwrap();
+            }
+        }
+        fs::create_dir_all(root.path().join("proc")).unwrap();
+        fs::write(
+            root.path().join("proc/swaps"),
+            "Filename Type Size Used Priority\n/dev/vdz1 partition 1 0 -2\n",
+        )
+        .unwrap();
+        let disks = read_disks(root.path(), &DiskScope::All);
+        let in_use: Vec<(&str, Option<&str>)> = disks
+            .iter()
+            .map(|d| (d.name.as_str(), d.in_use_by()))
+            .collect();
+        assert_eq!(
+            in_use,
+            [
+                ("vdx", Some("vdx held by md127")),
+                ("vdy", Some("vdy1 held by dm-0")),
+                ("vdz", Some("vdz1 is an active swap area")),
+            ]
+        );
+    }
+
+    #[test]
+    fn active_swap_areas_by_kernel_name() {
+        let swaps = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n\
+                     /dev/sda2                               partition\t8388604\t\t0\t\t-2\n\
+                     /swapfile                               file\t\t1048572\t\t0\t\t-3\n\
+                     /dev/dm-1                               partition\t4194300\t\t0\t\t-4\n";
+        assert_eq!(parse_swaps(swaps), ["sda2", "dm-1"]);
+        assert!(parse_swaps("Filename Type Size Used Priority\n").is_empty());
+    }
+
     #[test]
     fn mountinfo_by_device() {
         let text = "22 1 259:2 / / rw,relatime shared:1 - ext4 /dev/nvme0n1p2 rw\n\
@@ -344,6 +456,7 @@ mod tests {
                 mounts: vec![mount.into()],
             }],
             mounts: vec![],
+            in_use: vec![],
         };
         let disks = [disk("sda", "/data"), disk("sdb", "/")];
         assert_eq!(boot_disk(&disks).as_deref(), Some("sdb"));
