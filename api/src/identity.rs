@@ -154,5 +154,22 @@ impl std::fmt::Debug for AttestationProof {
     }
 }
 
+/// Lower-case hex, as TPM structures travel in JSON here.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Bytes from hex (either case); `None` when it is not hex.
+pub fn unhex(text: &str) -> Option<Vec<u8>> {
+    let text = text.trim();
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
 /// The condition type the bootserver sets on a TPM-mode Machine.
 pub const CONDITION_TPM_ATTESTED: &str = "TPMAttested";

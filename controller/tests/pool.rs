@@ -382,21 +382,23 @@ fn names_of(ops: &[MachineOperation]) -> Vec<String> {
 }
 
 /// A pool with hardware requirements claims only the Machines whose hardware labels meet
-/// them: of three free Machines (4 CPUs and 32 GiB; 16 and 128; 32 and 64), a pool of three
-/// wanting at least 8 CPUs and 64 GiB gets the second and third, and the first stays free.
+/// them: of four free Machines (4 CPUs and 32 GiB; 16 and 128; 32 and 64; 64 and 256 but
+/// disputed), a pool of three wanting at least 8 CPUs and 64 GiB gets the second and third,
+/// and the first and the disputed one stay free.
 #[tokio::test]
 async fn a_pool_with_hardware_requirements_claims_only_the_machines_that_meet_them() {
     start_controller();
     let client = client().await;
-    let machines: String = [(4, 32), (16, 128), (32, 64)]
+    let machines: String = [(4, 32), (16, 128), (32, 64), (64, 256)]
         .iter()
         .enumerate()
         .map(|(i, (cpus, gib))| {
-            // hw-2 was discovered and waits to be claimed.
-            let discovered = if i == 2 {
-                ", unbounded-cloud.io/discovery: waiting"
-            } else {
-                ""
+            // hw-2 was discovered and waits to be claimed; hw-3's in-band report
+            // contradicts its BMC (disputed): the biggest, and claimed by nobody.
+            let discovered = match i {
+                2 => ", unbounded-cloud.io/discovery: waiting",
+                3 => ", hardware.unbounded-cloud.io/disputed: \"true\"",
+                _ => "",
             };
             format!(
                 "apiVersion: unbounded-cloud.io/v1alpha1\nkind: Machine\nmetadata: {{name: hw-{i}, labels: {{inv: hw, hardware.unbounded-cloud.io/cpus: \"{cpus}\", hardware.unbounded-cloud.io/memory-gib: \"{gib}\"{discovered}}}}}\nspec:\n  provider: pxe\n  pxe: {{macAddresses: [\"52:54:00:e0:00:{i:02x}\"]}}\n---\n"
@@ -439,6 +441,14 @@ spec:
     assert!(
         !first.labels().contains_key(labels::POOL),
         "4 CPUs and 32 GiB are not enough"
+    );
+    let disputed = Api::<Machine>::all(client.clone())
+        .get("hw-3")
+        .await
+        .unwrap();
+    assert!(
+        !disputed.labels().contains_key(labels::POOL),
+        "a disputed inventory is claimed by no pool, however big"
     );
     // The discovered Machine, claimed, is marked claimed and gets the pool's configuration.
     wait_for("the discovered member claimed and resolved", || async {

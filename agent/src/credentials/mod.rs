@@ -25,7 +25,9 @@ use std::fs;
 use std::time::Duration;
 
 use unbounded_api::agent::{CredentialRequest, Credentials};
-use unbounded_api::identity::{AttestationChallenge, AttestationProof, AttestationRequest};
+use unbounded_api::identity::{
+    AttestationChallenge, AttestationProof, AttestationRequest, hex, unhex,
+};
 use unbounded_runtime::tokens::MintError;
 
 pub use self::store::{Store, StoredMeta, import, now_unix, parse_time, refresh_at};
@@ -521,20 +523,6 @@ async fn attest(
         signature: hex(&quote.signature),
         pcrs: quote.pcrs,
     })
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
 }
 
 #[cfg(test)]

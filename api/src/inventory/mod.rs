@@ -73,6 +73,12 @@ pub use validate::{InventoryError, validate};
         description = "System vendor (DMI)"
     ),
     printcolumn(
+        name = "Disputed",
+        type_ = "string",
+        json_path = ".spec.disagreements[*].section",
+        description = "Sections where the in-band report contradicts the BMC"
+    ),
+    printcolumn(
         name = "Product",
         type_ = "string",
         json_path = ".spec.system.product",

@@ -167,22 +167,7 @@ impl std::fmt::Debug for RsaPublic {
     }
 }
 
-/// Lower-case hex.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Bytes from hex (either case); `None` when it is not hex.
-pub fn unhex(text: &str) -> Option<Vec<u8>> {
-    let text = text.trim();
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
-}
+pub use unbounded_api::identity::{hex, unhex};
 
 impl RsaPublic {
     /// Reads a TPM2B_PUBLIC (what `tpm2_createek -u` and `tpm2_createak -u` write).
