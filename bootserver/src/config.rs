@@ -37,6 +37,7 @@
 //!   nonceSeconds: 1800            # how long a boot script's nonce stays valid
 //!   nonceFile: /var/lib/unbounded/nonces.json   # nonces kept across restarts (memory only if unset)
 //!   mintTimeoutSeconds: 20        # API server wait per request, then 503 + Retry-After (1–25)
+//!   replaySeconds: 120            # a spent nonce presented again from the same address gets the same credentials (1–600)
 //!   defaultIdentity: network      # how a Machine that sets no identity mode proves itself: tpm | network
 //! discovery:                      # needed by dhcp.unknownMachines: discover
 //!   boot: {kernel: v1/vmlinuz, initrd: v1/initrd.img, args: [console=ttyS0]}   # the host OS the inspection boots
@@ -164,6 +165,7 @@ struct CredentialsFile {
     nonce_seconds: Option<u64>,
     nonce_file: Option<PathBuf>,
     mint_timeout_seconds: Option<u64>,
+    replay_seconds: Option<u64>,
     default_identity: Option<unbounded_api::identity::IdentityMode>,
 }
 
@@ -580,7 +582,16 @@ fn validate_credentials(
             "mintTimeoutSeconds must be between 1 and 25 (below the agent's 30 s request timeout), not {mint_timeout_seconds}"
         )));
     }
+    // Long enough for an agent whose answer was lost to ask again (it waits up to 30 s for
+    // one answer), short beside the token's lifetime.
+    let replay_seconds = c.replay_seconds.unwrap_or(120);
+    if !(1..=600).contains(&replay_seconds) {
+        return Err(invalid(format!(
+            "replaySeconds must be between 1 and 600, not {replay_seconds}"
+        )));
+    }
     Ok(crate::credentials::IssuerSettings {
+        replay_seconds,
         api_server: c.api_server.trim_end_matches('/').to_owned(),
         ca_pem,
         token_seconds: seconds("tokenSeconds", c.token_seconds, 3600)?,

@@ -455,7 +455,7 @@ fn a_machine_gets_only_its_own_credentials_and_they_reach_only_its_own_objects()
         cp,
         &[("cr-a", MAC_A, "10.99.0.21"), ("cr-b", MAC_B, "10.99.0.22")],
         &api_server_target(cp),
-        "",
+        "  replaySeconds: 3\n",
     );
     let (link, bootserver, bootserver_token) =
         (&site.link, &site.bootserver, &site.bootserver_token);
@@ -495,6 +495,21 @@ fn a_machine_gets_only_its_own_credentials_and_they_reach_only_its_own_objects()
             .certificate_authority
             .contains("BEGIN CERTIFICATE")
     );
+    // The same nonce again at once (the first answer was lost on its way): the same
+    // credentials, nothing new minted; once the replay window (3 s here) has passed: spent.
+    let (code, text) = post_credentials(link, "cr-a", &body(&nonce), None);
+    assert_eq!(code, 200, "a lost answer asked for again: {text}");
+    let again: unbounded_api::agent::Credentials = serde_json::from_str(&text).unwrap();
+    assert_eq!(again.token, token, "the same token, not a new one");
+    assert_eq!(again.bootstrap_token.as_deref(), Some(bootstrap.as_str()));
+    let (code, _) = post_credentials(
+        link,
+        "cr-a",
+        r#"{"nonce":"NONCE","bootstrapToken":false}"#.replace("NONCE", &nonce).as_str(),
+        None,
+    );
+    assert_eq!(code, 403, "asking for something else with a spent nonce");
+    std::thread::sleep(Duration::from_millis(3200));
     let (code, _) = post_credentials(link, "cr-a", &body(&nonce), None);
     assert_eq!(code, 403, "a spent nonce");
 

@@ -68,6 +68,9 @@ pub struct IssuerSettings {
     /// How a Machine that sets no identity mode (nor its configuration) proves itself
     /// (`credentials.defaultIdentity`).
     pub default_identity: IdentityMode,
+    /// For how long a spent nonce or ticket, presented again by the same address, gets the
+    /// credentials it was spent for again (`credentials.replaySeconds`).
+    pub replay_seconds: u64,
 }
 
 /// Why a credential request was refused.
@@ -223,6 +226,7 @@ pub struct Issuer {
     last_ip: Mutex<HashMap<String, Ipv4Addr>>,
     metrics: IssuerMetrics,
     challenges: Challenges,
+    replays: Replays,
 }
 
 impl std::fmt::Debug for Issuer {
@@ -264,6 +268,7 @@ impl Issuer {
             last_ip: Mutex::default(),
             metrics: IssuerMetrics::default(),
             challenges: Challenges::default(),
+            replays: Replays::default(),
         })
     }
 
@@ -406,6 +411,27 @@ impl Issuer {
                 retry_after: 60 - now % 60,
             });
         }
+        // The answer to a nonce or ticket that was spent a moment ago was lost on its way
+        // (a reset connection, an agent killed mid-request): the same address asking with
+        // the same proof gets the same credentials again, nothing new minted.
+        // Never to hardware that is not the machine's, and in TPM mode only with a fresh
+        // attestation (the agent attests again with every request of a boot).
+        if bearer.is_none()
+            && !matches!(origin.link_layer, crate::identity::LinkLayer::Other(_))
+            && let Some(proof) = ReplayProof::of(request, origin.secure)
+            && let Some(credentials) =
+                self.replays
+                    .get(machine, &proof, origin.peer, request.bootstrap_token, now)
+            && (self.identity_mode(policy) != IdentityMode::Tpm
+                || request.attestation.as_ref().is_some_and(|attestation| {
+                    self.challenges
+                        .verify(machine, policy, attestation, now)
+                        .is_ok()
+                }))
+        {
+            tracing::info!(machine, peer = %origin.peer, "credentials sent again for a proof spent moments ago (its answer was lost)");
+            return Ok(credentials);
+        }
         let bound = match (&request.nonce, request.ticket, bearer) {
             (Some(_), _, _) | (None, true, _) => self.nonces.bound_ip(machine),
             // A refresh comes from where the last credentials went; a bootserver that
@@ -494,6 +520,18 @@ impl Issuer {
         // the timeout, the request being dropped) releases it.
         if let Some(reservation) = reservation {
             reservation.spend();
+            if let Some(proof) = ReplayProof::of(request, origin.secure) {
+                self.replays.insert(
+                    machine,
+                    Replay {
+                        proof,
+                        peer: origin.peer,
+                        bootstrap: request.bootstrap_token,
+                        credentials: credentials.clone(),
+                        until: now + self.settings.replay_seconds,
+                    },
+                );
+            }
         }
         if let Ok(mut last) = self.last_ip.lock() {
             last.insert(machine.to_owned(), origin.peer);
@@ -583,12 +621,14 @@ pub mod attestation;
 mod limits;
 mod nonces;
 mod records;
+mod replays;
 
 pub use attestation::IdentityPolicy;
 use attestation::{Admission, AttestationRefusal, Challenges};
 pub use limits::address_allowed;
 use limits::{InFlight, IssuerMetrics, REQUESTS_PER_MINUTE, RateLimit, RefusalLabel};
 pub use nonces::{NonceRefusal, Nonces, Reservation};
+use replays::{Replay, ReplayProof, Replays};
 
 #[cfg(test)]
 mod tests {
