@@ -1191,6 +1191,16 @@ fn agent_obtains(
     })
 }
 
+/// Waits until cr-tpm's `TPMAttested` condition's `field` (`status` or `reason`) is `want`.
+fn wait_for_attestation(cp: &LocalControlPlane, field: &str, want: &str) {
+    let path = format!("{{.status.conditions[?(@.type=='TPMAttested')].{field}}}");
+    wait_until(
+        &format!("TPMAttested {field} {want}"),
+        Duration::from_secs(30),
+        || machine_field(cp, "cr-tpm", &path) == want,
+    );
+}
+
 fn machine_field(cp: &LocalControlPlane, machine: &str, path: &str) -> String {
     kubectl(
         cp,
@@ -1300,13 +1310,7 @@ spec:
         machine_field(cp, "cr-tpm", "{.spec.pxe.identity.endorsementKey}"),
         ""
     );
-    wait_until("TPMAttested false", Duration::from_secs(30), || {
-        machine_field(
-            cp,
-            "cr-tpm",
-            "{.status.conditions[?(@.type=='TPMAttested')].reason}",
-        ) == "MeasurementMismatch"
-    });
+    wait_for_attestation(cp, "reason", "MeasurementMismatch");
 
     // Its own TPM, booted as accepted: credentials, and its EK recorded.
     genuine.extend(9, &boot_digest).unwrap();
@@ -1319,13 +1323,7 @@ spec:
         genuine_ek,
         "recorded on first use"
     );
-    wait_until("TPMAttested true", Duration::from_secs(30), || {
-        machine_field(
-            cp,
-            "cr-tpm",
-            "{.status.conditions[?(@.type=='TPMAttested')].status}",
-        ) == "True"
-    });
+    wait_for_attestation(cp, "status", "True");
 
     // Another TPM with the same MAC, address and a valid nonce of the machine: nothing.
     impostor.extend(9, &boot_digest).unwrap();
@@ -1334,13 +1332,7 @@ spec:
         .expect_err("another TPM");
     assert!(refused.contains("409"), "{refused}");
     assert!(refused.contains(&genuine_ek), "{refused}");
-    wait_until("TPMAttested false again", Duration::from_secs(30), || {
-        machine_field(
-            cp,
-            "cr-tpm",
-            "{.status.conditions[?(@.type=='TPMAttested')].reason}",
-        ) == "EndorsementKeyMismatch"
-    });
+    wait_for_attestation(cp, "reason", "EndorsementKeyMismatch");
     assert!(
         !machine_events(cp, "cr-tpm", "EndorsementKeyMismatch").is_empty(),
         "a Warning Event on the Machine"
