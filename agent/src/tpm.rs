@@ -228,7 +228,7 @@ impl Tpm {
 
     /// A quote of [`QUOTED_PCRS`] by the AK over `qualifying`.
     pub async fn quote(&self, qualifying: &[u8]) -> Result<Quote, TpmError> {
-        let qualifying: String = qualifying.iter().map(|b| format!("{b:02x}")).collect();
+        let qualifying = unbounded_api::identity::hex(qualifying);
         let stdout = self
             .run(
                 "tpm2_quote",
@@ -267,11 +267,10 @@ pub fn tpm_name(tpm2b_public: &[u8]) -> Option<String> {
     ]));
     let area = tpm2b_public.get(2..2 + size)?;
     let digest = ring::digest::digest(&ring::digest::SHA256, area);
-    Some(
-        std::iter::once("000b".to_owned())
-            .chain(digest.as_ref().iter().map(|b| format!("{b:02x}")))
-            .collect(),
-    )
+    Some(format!(
+        "000b{}",
+        unbounded_api::identity::hex(digest.as_ref())
+    ))
 }
 
 fn create_private_dir(dir: &Path) -> Result<(), TpmError> {

@@ -1342,6 +1342,25 @@ spec:
         genuine_ek,
         "the recorded key stays"
     );
+    // Another host on the link cannot even ask for the machine's challenge (it would
+    // displace the pending one of a machine that is booting).
+    let intruder = site
+        .link
+        .host("02:00:00:00:0f:01", "10.99.0.52/24")
+        .unwrap();
+    let out = intruder
+        .command("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST"])
+        .args(["-H", "Content-Type: application/json", "-d"])
+        .arg(r#"{"endorsementKey":"00","attestationKey":"00"}"#)
+        .arg(format!("http://{SERVER}:8080/machines/cr-tpm/attestation"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "403",
+        "a challenge for another host"
+    );
     // No attestation at all (an agent that skips it, or a host with only the nonce).
     let nonce = site.nonce(MAC_TPM);
     let refused =

@@ -170,7 +170,8 @@ fn same_secret(presented: &[u8], expected: &[u8; 32]) -> bool {
 }
 
 struct Pending {
-    endorsement_key: String,
+    /// The EK's TPM name.
+    endorsement_key: Vec<u8>,
     admission: Admission,
     attestation_key: RsaPublic,
     secret: [u8; 32],
@@ -232,7 +233,7 @@ impl Challenges {
         pending.insert(
             machine.to_owned(),
             Pending {
-                endorsement_key: hex(&ek.name),
+                endorsement_key: ek.name.clone(),
                 admission,
                 attestation_key: ak,
                 secret,
@@ -275,16 +276,13 @@ impl Challenges {
         .map_err(AttestationRefusal::Tpm)?;
         // The Machine's policy may have changed since the challenge (an operator recorded
         // or replaced the EK): the EK is admitted again against it.
-        let admission = match admit_endorsement(
-            policy,
-            &unhex(&pending.endorsement_key).unwrap_or_default(),
-        )? {
+        let admission = match admit_endorsement(policy, &pending.endorsement_key)? {
             Admission::Recorded => Admission::Recorded,
             Admission::FirstUse => pending.admission,
         };
         measurements_match(&policy.measurements, &quoted.pcrs)?;
         Ok(Attested {
-            endorsement_key: pending.endorsement_key,
+            endorsement_key: hex(&pending.endorsement_key),
             admission,
             pcrs: quoted.pcrs,
         })

@@ -350,7 +350,16 @@ impl Issuer {
                 retry_after: 60 - now % 60,
             });
         }
-        if matches!(origin.link_layer, crate::identity::LinkLayer::Other(_)) {
+        // The address rules of the credential request itself: another host, even off-link,
+        // must not displace a booting machine's pending challenge.
+        if matches!(origin.link_layer, crate::identity::LinkLayer::Other(_))
+            || !address_allowed(
+                origin.holds_address,
+                origin.addresses_known,
+                self.nonces.bound_ip(machine),
+                origin.peer,
+            )
+        {
             return Err(IssueError::WrongAddress);
         }
         let malformed = |what| {
@@ -530,6 +539,7 @@ impl Issuer {
                         credentials: credentials.clone(),
                         until: now + self.settings.replay_seconds,
                     },
+                    now,
                 );
             }
         }

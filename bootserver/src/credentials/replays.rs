@@ -67,12 +67,11 @@ impl std::fmt::Debug for Replays {
 const MAX_KEPT: usize = 16_384;
 
 impl Replays {
-    /// Keeps `replay` as `machine`'s last answer.
-    pub fn insert(&self, machine: &str, replay: Replay) {
+    /// Keeps `replay` as `machine`'s last answer (at `now`, when the expired are dropped).
+    pub fn insert(&self, machine: &str, replay: Replay, now: u64) {
         let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
         if last.len() >= MAX_KEPT {
-            let now = replay.until;
-            last.retain(|_, r| r.until > now.saturating_sub(600));
+            last.retain(|_, r| r.until > now);
         }
         last.insert(machine.to_owned(), replay);
     }
@@ -131,6 +130,7 @@ mod tests {
                 credentials: credentials("t1"),
                 until: 100,
             },
+            0,
         );
         assert_eq!(
             replays.get("m", &proof, a, false, 99).map(|c| c.token),
