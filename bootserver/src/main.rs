@@ -22,7 +22,7 @@ use unbounded_bootserver::http::Probe;
 use unbounded_bootserver::kube_backend::KubeBackend;
 use unbounded_bootserver::preflight::Readiness;
 use unbounded_bootserver::server::Background;
-use unbounded_runtime::leader::{ElectionFlags, Elector, lead_repeatedly, name_user_agent};
+use unbounded_runtime::leader::{ElectionFlags, Elector, Term, lead_repeatedly, name_user_agent};
 
 /// The Lease the PXE providers of every bootserver elect their leader with.
 const LEASE_NAME: &str = "unbounded-pxe-provider";
@@ -192,8 +192,12 @@ fn main() -> ExitCode {
                 if settings.power_enabled {
                     let power = settings.power;
                     let provider_client = client.clone();
-                    let provider = move || {
-                        unbounded_bootserver::pxe_provider::run(provider_client.clone(), power)
+                    let provider = move |term| {
+                        unbounded_bootserver::pxe_provider::run(
+                            provider_client.clone(),
+                            power,
+                            term,
+                        )
                     };
                     match election {
                         Some(election) => {
@@ -205,7 +209,7 @@ fn main() -> ExitCode {
                         }
                         None => {
                             background.spawn(async move {
-                                provider().await;
+                                provider(Term::unbounded()).await;
                                 "PXE provider"
                             });
                         }

@@ -46,6 +46,7 @@ use unbounded_api::{
     PxeSpec,
 };
 use unbounded_runtime::handler::{Execute, OperationHandler, Outcome};
+use unbounded_runtime::leader::Term;
 use unbounded_runtime::provider::{Observed, Provider, ProviderError};
 
 use crate::backend::MacAddr;
@@ -85,6 +86,8 @@ pub struct PxeProvider {
     settings: PowerSettings,
     per_bmc: Mutex<HashMap<BmcAddress, Arc<Semaphore>>>,
     drivers: Mutex<HashMap<String, (DriverKey, Arc<Bmc>)>>,
+    /// The leadership term its BMC commands are sent in.
+    term: Term,
 }
 
 /// What a Machine's driver was built from: a different key, a new driver.
@@ -110,13 +113,15 @@ fn power_failure(error: PowerError) -> ProviderError {
 }
 
 impl PxeProvider {
-    /// A provider using `client` for Secrets.
-    pub fn new(client: Client, settings: PowerSettings) -> Self {
+    /// A provider using `client` for Secrets, sending BMC commands only within `term` (the
+    /// leader's; [`Term::unbounded`] without leader election).
+    pub fn new(client: Client, settings: PowerSettings, term: Term) -> Self {
         Self {
             secrets: BmcSecrets::new(client),
             settings,
             per_bmc: Mutex::new(HashMap::new()),
             drivers: Mutex::new(HashMap::new()),
+            term,
         }
     }
 
@@ -215,7 +220,9 @@ impl PxeProvider {
             ca_bundle: key.ca_bundle.clone(),
         };
         let driver = Arc::new(
-            Bmc::new(&address, credentials, &tls, self.settings.timeout).map_err(power_failure)?,
+            Bmc::new(&address, credentials, &tls, self.settings.timeout)
+                .map_err(power_failure)?
+                .fenced_by(self.term.clone()),
         );
         // Without a resourceVersion a change could not be told apart: build anew each call.
         if !key.secret_version.is_empty() {
@@ -492,9 +499,10 @@ impl Execute for PowerOperations {
     }
 }
 
-/// Runs the PXE provider loop and its operation handler until one of them ends.
-pub async fn run(client: Client, settings: PowerSettings) {
-    let provider = Arc::new(PxeProvider::new(client.clone(), settings));
+/// Runs the PXE provider loop and its operation handler until one of them ends, sending BMC
+/// commands only within `term`.
+pub async fn run(client: Client, settings: PowerSettings, term: Term) {
+    let provider = Arc::new(PxeProvider::new(client.clone(), settings, term));
     let (machines, writer) = reflector::store::<Machine>();
     let reflect = watcher(
         Api::<Machine>::all(client.clone()),

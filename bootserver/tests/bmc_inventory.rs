@@ -194,7 +194,11 @@ async fn redfish_describes_machines_without_clobbering_in_band_facts_and_reads_a
     .await
     .unwrap();
 
-    let provider = Arc::new(PxeProvider::new(client.clone(), PowerSettings::default()));
+    let provider = Arc::new(PxeProvider::new(
+        client.clone(),
+        PowerSettings::default(),
+        unbounded_runtime::leader::Term::unbounded(),
+    ));
     tokio::spawn(unbounded_bootserver::bmc_inspection::run(
         client.clone(),
         provider,

@@ -325,6 +325,7 @@ async fn a_deleted_machine_is_released_as_soon_as_its_node_goes() {
     let provider = tokio::spawn(unbounded_bootserver::pxe_provider::run(
         client.clone(),
         settings,
+        unbounded_runtime::leader::Term::unbounded(),
     ));
 
     let name = "kb-wait-1";

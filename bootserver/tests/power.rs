@@ -356,3 +356,96 @@ async fn each_ipmi_call_closes_the_session_it_opened() {
         .unwrap_or_else(|| panic!("{text}\n{}", String::from_utf8_lossy(&output.stderr)));
     assert_eq!(count, "1", "{text}");
 }
+
+/// A leader's IPMI call sends nothing once its term is over. The call runs on tokio's
+/// blocking pool, which dropping the leader's work does not stop: here it waits on a frozen
+/// `ipmi_sim` while the Lease is taken from the leader, and the simulator is thawed while the
+/// call's session could still open. Before the term was checked inside the blocking call,
+/// the boot-device command then reached the BMC after the leader had stopped.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_former_leaders_ipmi_call_sends_nothing_after_its_term() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{Api, PostParams};
+    use unbounded_runtime::leader::{ElectionConfig, Elector, LostLeadership, Timing};
+
+    let cp = unbounded_testbed::cluster::LocalControlPlane::shared().unwrap();
+    let client = cp.client().await.unwrap();
+    let sim = IpmiSim::start("unbounded-no-such-domain", "admin", PASSWORD).unwrap();
+    let lease_name = "bs-power-term";
+    // A long renew deadline, so that the call's first packet waits the driver's whole 5 s
+    // (half of what is left of the term, at most) and the thaw below comes well inside it.
+    let timing = Timing::new(
+        Duration::from_secs(15),
+        Duration::from_secs(10),
+        Duration::from_secs(1),
+    )
+    .unwrap();
+    let mut elector = Elector::new(
+        client.clone(),
+        ElectionConfig {
+            namespace: "default".into(),
+            lease_name: lease_name.into(),
+            identity: "bs-leader".into(),
+            timing,
+        },
+    );
+    elector.acquire().await;
+    let driver = Bmc::new(
+        &BmcAddress::parse(&format!("ipmi://127.0.0.1:{}", sim.port)).unwrap(),
+        Credentials::new("admin", PASSWORD),
+        &Tls::default(),
+        Duration::from_secs(5),
+    )
+    .unwrap()
+    .fenced_by(elector.term());
+
+    // While leading, a command goes through.
+    elector
+        .lead(driver.set_one_time_pxe_boot(false))
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{e}\n{}", sim.log()));
+    let sent = |calls: &str| calls.matches("set boot pxe").count();
+    assert_eq!(sent(&sim.chassis_calls()), 1, "{}", sim.log());
+
+    // The BMC hangs; the leader starts the same command, and the Lease is taken from it.
+    sim.freeze().unwrap();
+    let usurp = {
+        let client = client.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let leases: Api<Lease> = Api::namespaced(client, "default");
+            let mut lease = leases.get(lease_name).await.unwrap();
+            lease.spec.as_mut().unwrap().holder_identity = Some("bs-usurper".into());
+            leases
+                .replace(lease_name, &PostParams::default(), &lease)
+                .await
+                .unwrap();
+        }
+    };
+    let (led, ()) = tokio::join!(elector.lead(driver.set_one_time_pxe_boot(false)), usurp);
+    assert!(
+        matches!(led, Err(LostLeadership::TakenOver { .. })),
+        "{led:?}"
+    );
+    // The call's thread is still waiting for the frozen BMC's first answer (for up to 5 s).
+    // Thawed now, the BMC answers it and a session opens.
+    sim.thaw().unwrap();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(
+        sent(&sim.chassis_calls()),
+        1,
+        "a command reached the BMC after the leader stopped\n{}",
+        sim.log()
+    );
+    // A call started now is refused at once, without a packet, and never retried.
+    let refused = with_retries(Backoff::default(), || driver.power_state())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, PowerError::NotLeading { .. }),
+        "{refused}"
+    );
+    assert_eq!(refused.reason(), "NotLeading");
+    assert!(!refused.is_transient());
+}

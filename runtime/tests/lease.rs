@@ -1,14 +1,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
 //! The elector against a real API server: a leader whose route to it stalls (a TCP proxy that
 //! stops forwarding without closing anything) drops its work before the follower's work
-//! starts, and campaigns again; a leader that releases the Lease hands over at once.
+//! starts, and campaigns again, and a thread that its work left behind (as a blocking BMC
+//! call is) is refused by the leader's [`Term`] before the follower starts; a leader that
+//! releases the Lease hands over at once.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use unbounded_runtime::leader::{ElectionConfig, Elector, Timing, lead_repeatedly};
+use unbounded_runtime::leader::{ElectionConfig, Elector, Term, Timing, lead_repeatedly};
 use unbounded_testbed::cluster::{LocalControlPlane, client_from_kubeconfig};
 use unbounded_testbed::stall::StallableForward;
 
@@ -30,7 +32,8 @@ fn config(lease: &str, identity: &str) -> ElectionConfig {
     }
 }
 
-/// Who did what when: a replica's work `started` or `stopped`, by this process's clock.
+/// Who did what when: a replica's work `started` or `stopped`, its blocking thread's last
+/// granted command `answered by` an instant, or `refused`, by this process's clock.
 type Entry = (String, &'static str, Instant);
 
 /// What the replicas' work did, in order.
@@ -39,10 +42,22 @@ struct Activity(Arc<Mutex<Vec<Entry>>>);
 
 impl Activity {
     fn record(&self, who: &str, what: &'static str) {
+        self.record_at(who, what, Instant::now());
+    }
+
+    fn record_at(&self, who: &str, what: &'static str, at: Instant) {
+        self.0.lock().unwrap().push((who.to_owned(), what, at));
+    }
+
+    /// The latest instant recorded for `what` by `who`.
+    fn latest(&self, who: &str, what: &str) -> Option<Instant> {
         self.0
             .lock()
             .unwrap()
-            .push((who.to_owned(), what, Instant::now()));
+            .iter()
+            .filter(|(w, e, _)| w == who && *e == what)
+            .map(|(_, _, at)| *at)
+            .max()
     }
 
     fn when(&self, who: &str, what: &str, nth: usize) -> Option<Instant> {
@@ -55,8 +70,26 @@ impl Activity {
             .map(|(_, _, at)| *at)
     }
 
-    /// Work that runs until dropped, recording both ends.
-    fn work(&self, who: &str) -> impl Future<Output = ()> + use<> {
+    /// Work that runs until dropped, recording both ends. It also starts a thread that, like
+    /// an IPMI call on tokio's blocking pool, is not stopped by the drop: it asks the term for
+    /// a command's wait every 20 ms, records when each granted command would be answered by,
+    /// and stops at the first refusal.
+    fn work(&self, who: &str, term: Term) -> impl Future<Output = ()> + use<> {
+        let commands = self.clone();
+        let sender = who.to_owned();
+        std::thread::spawn(move || {
+            loop {
+                let asked = Instant::now();
+                match term.grant(Duration::from_millis(500)) {
+                    Ok(wait) => commands.record_at(&sender, "answered by", asked + wait),
+                    Err(_) => {
+                        commands.record(&sender, "refused");
+                        return;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
         struct Stopped(Activity, String);
         impl Drop for Stopped {
             fn drop(&mut self) {
@@ -156,7 +189,9 @@ async fn a_stalled_leader_stops_before_the_follower_starts_and_campaigns_again()
     let mut a = Elector::new(client_a, config(lease, "rt-a"));
     let work_a = activity.clone();
     let replica_a =
-        tokio::spawn(async move { lead_repeatedly(&mut a, || work_a.work("rt-a")).await });
+        tokio::spawn(
+            async move { lead_repeatedly(&mut a, |term| work_a.work("rt-a", term)).await },
+        );
     wait_for("rt-a to lead", || {
         activity.when("rt-a", "started", 0).is_some()
     })
@@ -164,7 +199,9 @@ async fn a_stalled_leader_stops_before_the_follower_starts_and_campaigns_again()
     let mut b = Elector::new(client.clone(), config(lease, "rt-b"));
     let work_b = activity.clone();
     let replica_b =
-        tokio::spawn(async move { lead_repeatedly(&mut b, || work_b.work("rt-b")).await });
+        tokio::spawn(
+            async move { lead_repeatedly(&mut b, |term| work_b.work("rt-b", term)).await },
+        );
 
     // rt-a's route stalls: it stops (its work dropped) before rt-b starts.
     let stalled = Instant::now();
@@ -182,6 +219,22 @@ async fn a_stalled_leader_stops_before_the_follower_starts_and_campaigns_again()
         a_stopped - b_started
     );
     assert_eq!(holder(&client, lease).await.as_deref(), Some("rt-b"));
+    // The thread rt-a's dropped work left behind was refused, and every command it was
+    // granted would have been answered before rt-b started.
+    let refused = activity
+        .when("rt-a", "refused", 0)
+        .expect("rt-a's thread was refused");
+    let last_answer = activity.latest("rt-a", "answered by").unwrap();
+    assert!(
+        refused <= b_started,
+        "refused {:?} after rt-b started",
+        refused - b_started
+    );
+    assert!(
+        last_answer < b_started,
+        "a command granted to rt-a could be answered {:?} after rt-b started",
+        last_answer - b_started
+    );
     eprintln!(
         "rt-a stopped {:.1} s after the stall, rt-b started {:.1} s after that",
         (a_stopped - stalled).as_secs_f64(),

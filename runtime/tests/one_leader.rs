@@ -8,8 +8,14 @@
 //! origin. At every instant at most one replica may believe it leads, and no write that names
 //! a holder may land while another replica believes it leads.
 //!
-//! `PROPTEST_CASES` sets the number of cases (default 256, a fixed seed); the test
-//! `clocks_beyond_the_assumption_give_two_leaders` shows the check can fail.
+//! With clocks within ±2 % of each other (NTP keeps them within 0.05 %), a second property:
+//! what a replica sends outside the API server (a BMC command) ends by its
+//! [`Candidate::acts_end_by`], and no write naming another holder lands before that instant
+//! of every term that replica has had.
+//!
+//! `PROPTEST_CASES` sets the number of cases (default 256, a fixed seed); the tests
+//! `clocks_beyond_the_assumption_give_two_leaders` and
+//! `acts_need_clocks_closer_than_leadership_does` show both checks can fail.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -100,6 +106,8 @@ struct Replica {
     next_fate: usize,
     attempts: u64,
     process: Process,
+    /// The latest real instant (ms) by which a command this replica sent may be answered.
+    acts_end_by: u64,
 }
 
 impl Replica {
@@ -117,6 +125,12 @@ impl Replica {
         fate
     }
 
+    /// The real instant (ms, rounded up) at which this replica's clock reads `local`.
+    fn real(&self, local: Tick) -> u64 {
+        let local_ms = u64::try_from(local.as_millis()).unwrap();
+        (local_ms.saturating_sub(self.offset_ms) * 1000).div_ceil(self.rate_permille)
+    }
+
     fn leading(&self, real_ms: u64) -> bool {
         match &self.process {
             Process::Alive { candidate, .. } => candidate.leading(self.local(real_ms)),
@@ -130,6 +144,8 @@ impl Replica {
 struct Scenario {
     timing: Timing,
     replicas: Vec<(u64, u64, Vec<Fate>)>,
+    /// Check the acts property too (only meaningful for clocks within a few percent).
+    check_acts: bool,
 }
 
 #[derive(Debug, Default)]
@@ -154,6 +170,7 @@ fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
             fates: fates.clone(),
             next_fate: 0,
             attempts: 0,
+            acts_end_by: 0,
             process: Process::Alive {
                 candidate: Candidate::new(format!("replica-{i}"), timing),
                 shell: Shell::Sleeping {
@@ -230,6 +247,15 @@ fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
                         return Err(format!(
                             "at {t} ms a write naming {holder:?} landed while {} led",
                             r.identity
+                        ));
+                    }
+                    if scenario.check_acts
+                        && Some(&r.identity) != holder.as_ref()
+                        && r.acts_end_by > t
+                    {
+                        return Err(format!(
+                            "at {t} ms a write naming {holder:?} landed while {}'s acts may run until {} ms",
+                            r.identity, r.acts_end_by
                         ));
                     }
                 }
@@ -397,6 +423,13 @@ fn simulate(scenario: &Scenario) -> Result<Outcome, String> {
             }
         }
 
+        for replica in &mut replicas {
+            if let Process::Alive { candidate, .. } = &replica.process
+                && let Some(end) = candidate.acts_end_by()
+            {
+                replica.acts_end_by = replica.acts_end_by.max(replica.real(end));
+            }
+        }
         let leaders: Vec<&str> = replicas
             .iter()
             .filter(|r| r.leading(t))
@@ -499,7 +532,25 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         timing(),
         prop::collection::vec((rate(), 0u64..1_000_000, fates()), 2..=4),
     )
-        .prop_map(|(timing, replicas)| Scenario { timing, replicas })
+        .prop_map(|(timing, replicas)| Scenario {
+            timing,
+            replicas,
+            check_acts: false,
+        })
+}
+
+/// The same, with clocks within ±2 % of real time, checking acts too.
+fn close_clocks_scenario() -> impl Strategy<Value = Scenario> {
+    let rate = prop_oneof![Just(980u64), Just(1020), 980u64..=1020];
+    (
+        timing(),
+        prop::collection::vec((rate, 0u64..1_000_000, fates()), 2..=4),
+    )
+        .prop_map(|(timing, replicas)| Scenario {
+            timing,
+            replicas,
+            check_acts: true,
+        })
 }
 
 /// Local milliseconds per 1,000 real ones, often at the bounds.
@@ -516,6 +567,15 @@ fn cases() -> u32 {
 
 #[test]
 fn never_two_leaders_at_once() {
+    run(scenario());
+}
+
+#[test]
+fn acts_end_before_anyone_else_leads() {
+    run(close_clocks_scenario());
+}
+
+fn run(scenarios: impl Strategy<Value = Scenario>) {
     let config = Config {
         cases: cases(),
         failure_persistence: None,
@@ -529,7 +589,7 @@ fn never_two_leaders_at_once() {
     );
     let takeovers = std::cell::Cell::new(0);
     runner
-        .run(&scenario(), |scenario| {
+        .run(&scenarios, |scenario| {
             let outcome = simulate(&scenario).map_err(TestCaseError::fail)?;
             takeovers.set(takeovers.get() + outcome.takeovers);
             Ok(())
@@ -557,6 +617,7 @@ fn a_stalled_leader_is_replaced_and_never_overlaps() {
     let scenario = Scenario {
         timing: Timing::DEFAULT,
         replicas: vec![(1000, 0, stalled), (1000, 7_000, quick(1_000))],
+        check_acts: true,
     };
     let outcome = simulate(&scenario).unwrap();
     assert!(outcome.takeovers >= 2, "{outcome:?}");
@@ -572,7 +633,33 @@ fn clocks_beyond_the_assumption_give_two_leaders() {
     let scenario = Scenario {
         timing: Timing::DEFAULT,
         replicas: vec![(700, 0, stalled), (1300, 7_000, quick(1_000))],
+        check_acts: false,
     };
     let error = simulate(&scenario).unwrap_err();
     assert!(error.contains("led"), "{error}");
+}
+
+#[test]
+fn acts_need_clocks_closer_than_leadership_does() {
+    // The leader's clock 18 % slow, the follower's 18 % fast: the leader stops (at 10 s of
+    // its clock, 12.2 s after its last renewal started) before the follower takes over (15 s
+    // of its clock after it first saw that renewal: 12.7 s and up), so there is one leader
+    // at a time, but a command granted until 12.5 s of the leader's clock (15.2 s) could
+    // still be answered after the takeover. The check must see it.
+    let mut stalled = quick(8);
+    stalled.extend(vec![Fate::Stalled; 500]);
+    let replicas = vec![(820, 0, stalled), (1180, 7_000, quick(1_000))];
+    let leadership_only = Scenario {
+        timing: Timing::DEFAULT,
+        replicas: replicas.clone(),
+        check_acts: false,
+    };
+    simulate(&leadership_only).unwrap();
+    let error = simulate(&Scenario {
+        timing: Timing::DEFAULT,
+        replicas,
+        check_acts: true,
+    })
+    .unwrap_err();
+    assert!(error.contains("acts may run"), "{error}");
 }

@@ -3,11 +3,19 @@
 //! (cipher suite 3; the only one it speaks, and the one BMCs enable by default). `ipmi-rs`
 //! is blocking, so every call runs on tokio's blocking pool, one session per call. It has
 //! no chassis commands: they are sent as raw messages (IPMI v2.0 §28).
+//!
+//! A blocking call is not cancelled when the future awaiting it is dropped (a leader that
+//! stepped down), so the session asks the driver's leadership [`Term`] before every
+//! command it sends, from the blocking thread itself, and each packet waits for its answer
+//! only as long as the term granted when the session opened. The caller always waits for the
+//! thread to end, so a retry never overlaps a call that is still running.
 
 use std::time::Duration;
 
 use ipmi_rs::connection::{IpmiConnection, LogicalUnit, Message, Request, RequestTargetAddress};
 use ipmi_rs::rmcp::{ActivationError, Rmcp};
+
+use unbounded_runtime::leader::Term;
 
 use super::{Credentials, Power, PowerDriver, PowerError};
 
@@ -64,6 +72,27 @@ pub struct IpmiBmc {
     port: u16,
     credentials: Credentials,
     timeout: Duration,
+    term: Term,
+}
+
+/// One open session, as the commands of a call see it.
+struct Session<'a> {
+    rmcp: &'a mut Rmcp,
+    bmc: &'a str,
+    term: &'a Term,
+    /// How long each packet waits for its answer (the socket's timeout).
+    wait: Duration,
+}
+
+impl Session<'_> {
+    /// Sends one raw command, if the term still allows a command that waits this session's
+    /// wait; returns the response data after the completion code.
+    fn send(&mut self, netfn: u8, cmd: u8, data: Vec<u8>) -> Result<Vec<u8>, PowerError> {
+        self.term
+            .check(self.wait)
+            .map_err(|why| PowerError::not_leading(self.bmc, why))?;
+        send(self.rmcp, self.bmc, netfn, cmd, data)
+    }
 }
 
 impl IpmiBmc {
@@ -74,7 +103,13 @@ impl IpmiBmc {
             port,
             credentials,
             timeout,
+            term: Term::unbounded(),
         }
+    }
+
+    /// The same driver, sending only within `term`.
+    pub fn fenced_by(self, term: Term) -> Self {
+        Self { term, ..self }
     }
 
     fn name(&self) -> String {
@@ -83,9 +118,9 @@ impl IpmiBmc {
 
     /// Opens a session and sends one raw chassis command; returns the response data.
     async fn chassis(&self, cmd: u8, data: Vec<u8>) -> Result<Vec<u8>, PowerError> {
-        self.in_session(move |rmcp, bmc| {
-            raise_to_administrator(rmcp, bmc)?;
-            send(rmcp, bmc, NETFN_CHASSIS, cmd, data)
+        self.in_session(move |session| {
+            raise_to_administrator(session)?;
+            session.send(NETFN_CHASSIS, cmd, data)
         })
         .await
     }
@@ -93,19 +128,13 @@ impl IpmiBmc {
     /// Reads FRU device 0 (the machine's identity: chassis, board, product), up to
     /// [`MAX_FRU_BYTES`], [`FRU_CHUNK`] bytes per Read FRU Data. User privilege suffices.
     pub async fn fru_bytes(&self) -> Result<Vec<u8>, PowerError> {
-        self.in_session(|rmcp, bmc| {
-            let info = send(
-                rmcp,
-                bmc,
-                NETFN_STORAGE,
-                GET_FRU_INVENTORY_AREA_INFO,
-                vec![0],
-            )?;
+        self.in_session(|session| {
+            let info = session.send(NETFN_STORAGE, GET_FRU_INVENTORY_AREA_INFO, vec![0])?;
             let size = match info.as_slice() {
                 [lsb, msb, ..] => usize::from(u16::from_le_bytes([*lsb, *msb])),
                 _ => {
                     return Err(PowerError::Failed {
-                        bmc: bmc.to_owned(),
+                        bmc: session.bmc.to_owned(),
                         message: "Get FRU Inventory Area Info answered without a size".into(),
                     });
                 }
@@ -115,9 +144,7 @@ impl IpmiBmc {
             while bytes.len() < size {
                 let offset = u16::try_from(bytes.len()).unwrap_or(u16::MAX).to_le_bytes();
                 let count = (size - bytes.len()).min(FRU_CHUNK) as u8;
-                let answer = send(
-                    rmcp,
-                    bmc,
+                let answer = session.send(
                     NETFN_STORAGE,
                     READ_FRU_DATA,
                     vec![0, offset[0], offset[1], count],
@@ -135,37 +162,49 @@ impl IpmiBmc {
         .await
     }
 
-    /// Runs `commands` in a session of their own on tokio's blocking pool, bounded by four
-    /// times the timeout (the socket has its own timeout per packet), and closes the session
-    /// however they end.
+    /// Runs `commands` in a session of their own on tokio's blocking pool and closes the
+    /// session however they end. Each packet waits at most the driver's timeout or half of
+    /// what was left of the term when the session opened, if less, and a session is
+    /// a bounded number of packets, so the thread ends on its own; it is awaited to the end
+    /// and never abandoned, so that a retry cannot overlap it.
     async fn in_session<T, F>(&self, commands: F) -> Result<T, PowerError>
     where
         T: Send + 'static,
-        F: FnOnce(&mut Rmcp, &str) -> Result<T, PowerError> + Send + 'static,
+        F: FnOnce(&mut Session<'_>) -> Result<T, PowerError> + Send + 'static,
     {
         let this = self.clone();
         let bmc = self.name();
-        let seconds = self.timeout.as_secs().max(1);
         let name = bmc.clone();
         let call = tokio::task::spawn_blocking(move || {
             let bmc = name;
-            let mut rmcp = this.open_session(&bmc)?;
-            let result = commands(&mut rmcp, &bmc);
+            // Half of what is left of the term (or the timeout, if shorter): a session is
+            // several packets, and each must still fit when it is sent.
+            let left = this
+                .term
+                .grant(Duration::MAX)
+                .map_err(|why| PowerError::not_leading(&bmc, why))?;
+            let wait = this.timeout.min(left / 2);
+            let mut rmcp = this.open_session(&bmc, wait)?;
+            let result = commands(&mut Session {
+                rmcp: &mut rmcp,
+                bmc: &bmc,
+                term: &this.term,
+                wait,
+            });
             close_session(&mut rmcp, &bmc);
             result
         });
-        match tokio::time::timeout(self.timeout * 4, call).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(join)) => Err(PowerError::Failed {
+        match call.await {
+            Ok(result) => result,
+            Err(join) => Err(PowerError::Failed {
                 bmc,
                 message: format!("the IPMI call stopped: {join}"),
             }),
-            Err(_) => Err(PowerError::Timeout { bmc, seconds }),
         }
     }
 
-    fn open_session(&self, bmc: &str) -> Result<Rmcp, PowerError> {
-        let mut rmcp = Rmcp::new((self.host.as_str(), self.port), self.timeout).map_err(|e| {
+    fn open_session(&self, bmc: &str, wait: Duration) -> Result<Rmcp, PowerError> {
+        let mut rmcp = Rmcp::new((self.host.as_str(), self.port), wait).map_err(|e| {
             PowerError::Unreachable {
                 bmc: bmc.to_owned(),
                 message: e.to_string(),
@@ -176,7 +215,7 @@ impl IpmiBmc {
             Some(&self.credentials.username),
             Some(self.credentials.password().as_bytes()),
         )
-        .map_err(|e| activation_error(bmc, self.timeout, &e))?;
+        .map_err(|e| activation_error(bmc, wait, &e))?;
         Ok(rmcp)
     }
 
@@ -188,24 +227,13 @@ impl IpmiBmc {
 }
 
 /// A session starts at User level; chassis control and boot options need Administrator.
-fn raise_to_administrator(rmcp: &mut Rmcp, bmc: &str) -> Result<(), PowerError> {
-    let mut raise = Request::new(
-        Message::new_raw(NETFN_APP, SET_SESSION_PRIVILEGE_LEVEL, vec![ADMINISTRATOR]),
-        RequestTargetAddress::Bmc(LogicalUnit::Zero),
-    );
-    match rmcp.send_recv(&mut raise) {
-        Ok(response) if response.cc() == 0 => Ok(()),
-        Ok(response) => Err(PowerError::Failed {
-            bmc: bmc.to_owned(),
-            message: format!(
-                "the user may not act as Administrator (completion code {:#04x})",
-                response.cc()
-            ),
+fn raise_to_administrator(session: &mut Session<'_>) -> Result<(), PowerError> {
+    match session.send(NETFN_APP, SET_SESSION_PRIVILEGE_LEVEL, vec![ADMINISTRATOR]) {
+        Err(PowerError::Failed { bmc, message }) => Err(PowerError::Failed {
+            bmc,
+            message: format!("the user may not act as Administrator ({message})"),
         }),
-        Err(e) => Err(PowerError::Unreachable {
-            bmc: bmc.to_owned(),
-            message: format!("{e:?}"),
-        }),
+        other => other.map(drop),
     }
 }
 

@@ -15,7 +15,10 @@
 //! and no error of this module carries it: errors name the BMC by its address, which holds
 //! no user information (an address with `user:password@` is refused by [`BmcAddress::parse`]).
 //! Every call has a timeout; [`with_retries`] retries transient failures with exponential
-//! backoff and jitter.
+//! backoff and jitter. A driver [`Bmc::fenced_by`] a leader's term sends nothing once the
+//! term is over ([`PowerError::NotLeading`], never retried), and waits for each answer only
+//! as long as the term allows, so a BMC never acts on a command from a former leader after
+//! the next one could have started.
 
 pub mod ipmi;
 pub mod ipmi_fru;
@@ -25,6 +28,8 @@ pub mod redfish_inventory;
 use std::fmt;
 use std::future::Future;
 use std::time::Duration;
+
+use unbounded_runtime::leader::{Term, TermEnded};
 
 /// Errors of a power call. None of them carries a credential.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -75,9 +80,26 @@ pub enum PowerError {
         /// What it said.
         message: String,
     },
+    /// Nothing was sent: the replica's leadership term is over (or ends too soon for an
+    /// answer). The next leader acts.
+    #[error("nothing sent to BMC {bmc}: {why}")]
+    NotLeading {
+        /// The BMC.
+        bmc: String,
+        /// Why the term refused.
+        why: TermEnded,
+    },
 }
 
 impl PowerError {
+    /// The refusal of a command that `term` does not allow.
+    pub fn not_leading(bmc: &str, why: TermEnded) -> Self {
+        Self::NotLeading {
+            bmc: bmc.to_owned(),
+            why,
+        }
+    }
+
     /// Whether trying again may help.
     pub fn is_transient(&self) -> bool {
         matches!(
@@ -101,6 +123,7 @@ impl PowerError {
             Self::Unauthorized { .. } => "BmcAuthenticationFailed",
             Self::Busy { .. } => "BmcBusy",
             Self::Failed { .. } => "BmcError",
+            Self::NotLeading { .. } => "NotLeading",
         }
     }
 }
@@ -302,6 +325,15 @@ impl Bmc {
                 Self::Ipmi(ipmi::IpmiBmc::new(host, *port, credentials, timeout))
             }
         })
+    }
+
+    /// The same driver, sending commands only within `term` (a leader's; see
+    /// [`unbounded_runtime::leader::Term`]). Without it a driver is not limited.
+    pub fn fenced_by(self, term: Term) -> Self {
+        match self {
+            Self::Redfish(b) => Self::Redfish(b.fenced_by(term)),
+            Self::Ipmi(b) => Self::Ipmi(b.fenced_by(term)),
+        }
     }
 }
 

@@ -9,12 +9,16 @@
 //! Actions that answer `202 Accepted` with a task monitor are followed until the task ends.
 //! A BMC that refuses a boot override during POST answers 409 or 503: that is
 //! [`PowerError::Busy`], which the caller retries later.
+//!
+//! Every request first asks the driver's leadership [`Term`]: none is sent once the term is
+//! over, and each waits for its answer only as long as the term allows.
 
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 use serde_json::json;
+use unbounded_runtime::leader::Term;
 
 use super::{BmcAddress, Credentials, Power, PowerDriver, PowerError, Tls};
 
@@ -27,6 +31,7 @@ pub struct RedfishBmc {
     name: String,
     credentials: Credentials,
     timeout: Duration,
+    term: Term,
 }
 
 #[derive(Debug, Deserialize)]
@@ -183,7 +188,35 @@ impl RedfishBmc {
             name,
             credentials,
             timeout,
+            term: Term::unbounded(),
         })
+    }
+
+    /// The same driver, sending only within `term`.
+    pub fn fenced_by(self, term: Term) -> Self {
+        Self { term, ..self }
+    }
+
+    /// A request with the credentials, bounded by what the term grants; refused when the
+    /// term is over.
+    fn authorized(
+        &self,
+        method: Method,
+        path: &str,
+    ) -> Result<reqwest::RequestBuilder, PowerError> {
+        let wait = self
+            .term
+            .grant(self.timeout)
+            .map_err(|why| PowerError::not_leading(&self.name, why))?;
+        Ok(self
+            .client
+            .request(method, format!("{}{path}", self.base))
+            .timeout(wait)
+            .basic_auth(
+                &self.credentials.username,
+                Some(self.credentials.password()),
+            )
+            .header("Accept", "application/json"))
     }
 
     /// One request; maps transport and status errors. Returns the status, the task
@@ -194,14 +227,7 @@ impl RedfishBmc {
         path: &str,
         body: Option<serde_json::Value>,
     ) -> Result<(StatusCode, Option<String>, String), PowerError> {
-        let mut request = self
-            .client
-            .request(method, format!("{}{path}", self.base))
-            .basic_auth(
-                &self.credentials.username,
-                Some(self.credentials.password()),
-            )
-            .header("Accept", "application/json");
+        let mut request = self.authorized(method, path)?;
         if let Some(body) = body {
             request = request.json(&body);
         }
@@ -292,13 +318,7 @@ impl RedfishBmc {
     /// a collection (sushy-tools has no `Memory`, older iDRACs no `Storage`).
     async fn document(&self, path: &str) -> Result<Option<serde_json::Value>, PowerError> {
         let response = self
-            .client
-            .get(format!("{}{path}", self.base))
-            .basic_auth(
-                &self.credentials.username,
-                Some(self.credentials.password()),
-            )
-            .header("Accept", "application/json")
+            .authorized(Method::GET, path)?
             .send()
             .await
             .map_err(|e| self.transport_error(&e))?;

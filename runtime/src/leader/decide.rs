@@ -301,6 +301,24 @@ impl Candidate {
         self.renewed_at.map(|at| at + self.timing.renew_deadline)
     }
 
+    /// The instant by which anything this replica sends to the outside world (a BMC command)
+    /// must have been answered or given up on; `None` when it does not lead.
+    ///
+    /// Half of the gap between the renew deadline and the lease duration past the step-down:
+    /// the other half is left for clocks that run at different rates and for answers that
+    /// come late. Another replica takes the lease only after `lease duration` of its own
+    /// clock, so an action bounded by this instant has ended before it can start while the
+    /// clocks' rates differ by less than `gap / (2 × (renew deadline + gap / 2 + lease
+    /// duration))`: 9 % at 15 s / 10 s, 5 % at the tightest timing the simulation draws
+    /// (5 s / 4 s; it checks rates within ±2 %); NTP keeps rates within 0.05 %.
+    pub fn acts_end_by(&self) -> Option<Tick> {
+        let gap = self
+            .timing
+            .lease_duration
+            .saturating_sub(self.timing.renew_deadline);
+        self.step_down_at().map(|at| at + gap / 2)
+    }
+
     /// Ends this replica's term (its work has stopped). It may lead again only through a new
     /// claim.
     pub fn step_down(&mut self) {
@@ -466,11 +484,14 @@ mod tests {
         assert!(candidate.leading(s(14)));
         assert!(!candidate.leading(s(15)));
         assert_eq!(candidate.step_down_at(), Some(s(15)));
+        // Commands end by half the 5 s gap past the step-down.
+        assert_eq!(candidate.acts_end_by(), Some(Duration::from_millis(17_500)));
         candidate.claimed(s(12), "2", s(13));
         assert!(candidate.leading(s(21)));
         assert!(!candidate.leading(s(22)));
         candidate.step_down();
         assert!(!candidate.leading(s(13)));
+        assert_eq!(candidate.acts_end_by(), None);
     }
 
     #[test]

@@ -41,7 +41,12 @@
 //!   duration − renew deadline` absorbs delays shorter than it; beyond that the objects' own
 //!   preconditions (`resourceVersion`, server-side apply ownership) are the fence;
 //! - tasks the work spawns must end with it (`JoinSet`, abort on drop): the work future
-//!   *is* the leadership, and dropping it is how a leader stops.
+//!   *is* the leadership, and dropping it is how a leader stops;
+//! - what the work sends to something with no precondition of its own (a BMC command) asks
+//!   the [`Term`] first, from whatever thread it runs on: nothing is sent once the term is
+//!   over, and every command is answered or given up on by [`Candidate::acts_end_by`], half
+//!   the gap past the step-down instant. A blocking call that outlives the dropped work
+//!   (tokio cannot cancel `spawn_blocking`) therefore sends nothing more.
 //!
 //! The property test `tests/one_leader.rs` drives random interleavings of renewals that
 //! succeed, fail, stall or arrive late, crashes and restarts, for several replicas whose
@@ -65,6 +70,7 @@
 
 pub mod decide;
 mod flags;
+mod term;
 
 use std::future::Future;
 use std::time::Duration;
@@ -76,6 +82,7 @@ use kube::api::{Api, PostParams};
 
 pub use decide::{Candidate, Claim, Decision, Read, Record, Tick, Timing, TimingError};
 pub use flags::{ElectionFlags, SetupError, default_identity, name_user_agent, parse_duration};
+pub use term::{SHORTEST_GRANT, Term, TermEnded};
 
 /// Where the Lease is and who this replica is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,6 +183,8 @@ pub struct Elector {
     lease_name: String,
     candidate: Candidate,
     clock: Clock,
+    /// The current term as the work sees it; ended whenever this replica does not lead.
+    term: Term,
 }
 
 impl Elector {
@@ -189,7 +198,30 @@ impl Elector {
             clock: Clock {
                 origin: tokio::time::Instant::now(),
             },
+            term: Term::ended(),
         }
+    }
+
+    /// The term the current (or next) [`Elector::lead`] runs in: hand it to whatever sends
+    /// commands the lease protects, so that nothing is sent once the term is over.
+    pub fn term(&self) -> Term {
+        self.term.clone()
+    }
+
+    /// The step-down and acts-end instants of the candidate's current term, if it leads.
+    fn term_instants(&self) -> Option<(std::time::Instant, std::time::Instant)> {
+        let step_down = self.candidate.step_down_at()?;
+        let acts_end_by = self.candidate.acts_end_by()?;
+        Some((
+            self.clock.instant(step_down).into_std(),
+            self.clock.instant(acts_end_by).into_std(),
+        ))
+    }
+
+    /// Stops leading: the candidate and the term its work was handed.
+    fn step_down(&mut self) {
+        self.candidate.step_down();
+        self.term.end();
     }
 
     /// This replica's identity.
@@ -210,6 +242,11 @@ impl Elector {
             match self.attempt().await {
                 Ok(Attempt::Leading) => {
                     tracing::info!(lease = %self.lease_name, identity = %self.identity(), "became leader");
+                    self.term.end();
+                    self.term = match self.term_instants() {
+                        Some((step_down, acts_end_by)) => Term::leading(step_down, acts_end_by),
+                        None => Term::ended(),
+                    };
                     return;
                 }
                 Ok(Attempt::Following { holder, expires_in }) => {
@@ -225,7 +262,7 @@ impl Elector {
                 Ok(Attempt::Conflict) => {
                     tracing::debug!(lease = %self.lease_name, "another replica wrote the Lease first")
                 }
-                Ok(Attempt::Lost { .. }) => self.candidate.step_down(),
+                Ok(Attempt::Lost { .. }) => self.step_down(),
                 Err(error) => {
                     tracing::warn!(lease = %self.lease_name, %error, "reading or writing the Lease failed; retrying")
                 }
@@ -275,18 +312,21 @@ impl Elector {
                 Step::Done(output) => return Ok(output),
                 Step::Pause => {}
                 Step::Deadline => {
-                    self.candidate.step_down();
+                    self.step_down();
                     return Err(LostLeadership::RenewDeadline {
                         deadline: timing.renew_deadline(),
                         duration: timing.lease_duration(),
                     });
                 }
                 Step::Renewal(Ok(Attempt::Lost { holder })) => {
-                    self.candidate.step_down();
+                    self.step_down();
                     return Err(LostLeadership::TakenOver { holder });
                 }
                 Step::Renewal(Ok(Attempt::Leading)) => {
                     tracing::trace!(lease = %self.lease_name, "renewed");
+                    if let Some((step_down, acts_end_by)) = self.term_instants() {
+                        self.term.extend(step_down, acts_end_by);
+                    }
                 }
                 Step::Renewal(Ok(other)) => {
                     tracing::debug!(lease = %self.lease_name, outcome = ?other, "renewal did not go through; retrying")
@@ -303,7 +343,7 @@ impl Elector {
     /// the work has stopped. A failure is logged: the lease then expires as usual.
     pub async fn release(&mut self) {
         let was_leading = self.candidate.leading(self.clock.now());
-        self.candidate.step_down();
+        self.step_down();
         if !was_leading {
             return;
         }
@@ -413,17 +453,18 @@ impl Elector {
     }
 }
 
-/// Campaigns, leads with a fresh `work()`, and when leadership is lost campaigns again: for
-/// components that keep serving as followers (the bootserver keeps DHCP, TFTP and HTTP up
-/// and elects only its provider). Returns only if the work ends on its own (after releasing
-/// the lease).
+/// Campaigns, leads with a fresh `work(term)`, and when leadership is lost campaigns again:
+/// for components that keep serving as followers (the bootserver keeps DHCP, TFTP and HTTP
+/// up and elects only its provider). Returns only if the work ends on its own (after
+/// releasing the lease).
 pub async fn lead_repeatedly<Fut: Future>(
     elector: &mut Elector,
-    mut work: impl FnMut() -> Fut,
+    mut work: impl FnMut(Term) -> Fut,
 ) -> Fut::Output {
     loop {
         elector.acquire().await;
-        match elector.lead(work()).await {
+        let term = elector.term();
+        match elector.lead(work(term)).await {
             Ok(output) => {
                 elector.release().await;
                 return output;

@@ -26,7 +26,7 @@ pub struct IpmiSim {
     address: String,
     login: Login,
     ns: Option<String>,
-    _daemon: Daemon,
+    daemon: Daemon,
     _sol_relay: Option<Daemon>,
     dir: tempfile::TempDir,
 }
@@ -268,7 +268,7 @@ impl IpmiSim {
                 password: password.to_owned(),
             },
             ns: ns.map(|ns| ns.name().to_owned()),
-            _daemon: daemon,
+            daemon,
             _sol_relay: sol_relay,
             dir,
         };
@@ -329,6 +329,17 @@ impl IpmiSim {
             read("ipmi_sim.log"),
             read("calls.log")
         )
+    }
+
+    /// Stops the simulator (SIGSTOP): packets sent to it wait in its socket, unanswered, as
+    /// at a BMC that hangs, until [`Self::thaw`]; then it serves them all.
+    pub fn freeze(&self) -> Result<(), BmcError> {
+        self.daemon.signal("STOP")
+    }
+
+    /// Lets a frozen simulator run on (SIGCONT).
+    pub fn thaw(&self) -> Result<(), BmcError> {
+        self.daemon.signal("CONT")
     }
 
     /// The chassis calls so far (`get power`, `set power 1`, `set boot pxe`, …).

@@ -73,6 +73,22 @@ struct Daemon {
     group: bool,
 }
 
+impl Daemon {
+    /// Sends `signal` (a `kill` name: STOP, CONT) to the daemon.
+    fn signal(&self, signal: &str) -> Result<(), BmcError> {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .map_err(|e| setup(format!("kill -{signal}: {e}")))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(setup(format!("kill -{signal} {} failed", self.child.id())))
+        }
+    }
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         if self.group {
