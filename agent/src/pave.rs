@@ -267,9 +267,18 @@ pub(crate) async fn pave(
     kept.state.paving = None;
     kept.save();
     // Goes out with the next status write (the loop's, right after the pave). A version
-    // without storage clears what an earlier pave on this boot reported: the node's state
-    // is in RAM now, whatever the disk still holds.
-    let storage = disk.map(|d| d.status);
+    // without storage runs from RAM; a disk that still carries this Machine's layout from
+    // an earlier version is reported as `left`, so that the release wipes it.
+    let storage = match disk {
+        Some(d) => Some(d.status),
+        None => {
+            storage::layout_left(
+                machine.metadata.uid.as_deref(),
+                crate::storage::probe::DiskScope::All,
+            )
+            .await
+        }
+    };
     let _ = ctx
         .reporter
         .report(move |agent| agent.storage = storage, None)

@@ -76,6 +76,9 @@ impl ContainerState {
 pub struct Facts<'a> {
     /// The Machine is being deleted.
     pub deleting: bool,
+    /// Its pool releases it to the inventory and asked for the wipe of its disks
+    /// (`unbounded-cloud.io/release-wipe`): nothing is paved or started any more.
+    pub releasing: bool,
     /// `status.configuration`: what the controller resolved.
     pub desired: Option<&'a ResolvedConfiguration>,
     /// The MachineConfigurationVersion of `desired` has been read.
@@ -108,6 +111,8 @@ pub const CSINODE_STUCK: &str = "failed to initialize CSINode";
 pub enum Wait {
     /// The Machine is being deleted.
     Deleting,
+    /// The Machine is being released to the inventory.
+    Releasing,
     /// No configuration version is resolved yet.
     NoConfiguration,
     /// The MachineConfigurationVersion has not been read yet.
@@ -125,6 +130,7 @@ impl Wait {
     pub fn message(&self) -> String {
         match self {
             Self::Deleting => "the Machine is being deleted".into(),
+            Self::Releasing => "the Machine is being released to the inventory".into(),
             Self::NoConfiguration => {
                 "waiting for the controller to resolve a configuration version".into()
             }
@@ -193,6 +199,9 @@ pub enum Action {
 pub fn decide(facts: &Facts<'_>) -> Action {
     if facts.deleting {
         return Action::Wait(Wait::Deleting);
+    }
+    if facts.releasing {
+        return Action::Wait(Wait::Releasing);
     }
     let Some(desired) = facts.desired else {
         return Action::Wait(Wait::NoConfiguration);
@@ -277,6 +286,7 @@ mod tests {
         let joined_v2 = paved(2, Some("uid-a"), 1);
         let base = Facts {
             deleting: false,
+            releasing: false,
             desired: Some(&v1),
             version_loaded: true,
             recorded_node_uid: None,
@@ -297,9 +307,18 @@ mod tests {
                 "deleting",
                 Facts {
                     deleting: true,
+                    releasing: true,
                     ..base.clone()
                 },
                 Action::Wait(Wait::Deleting),
+            ),
+            (
+                "released: nothing paved or started",
+                Facts {
+                    releasing: true,
+                    ..base.clone()
+                },
+                Action::Wait(Wait::Releasing),
             ),
             (
                 "nothing resolved",

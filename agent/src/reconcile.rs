@@ -14,13 +14,14 @@ use kube::api::Api;
 use unbounded_api::storage::{ReleaseWipeStatus, WipeMethod, WipeState};
 use unbounded_api::{Machine, MachineConfigurationVersion, ResolvedConfiguration};
 use unbounded_runtime::handler::Outcome;
+use unbounded_runtime::release::wipe_request;
 
 use crate::context::Context;
 use crate::operation_tasks::restart_service;
 use crate::operations::Scope;
 use crate::pave::pave;
 use crate::plan::{self, Action, ContainerState, Facts, Wait};
-use crate::release::{ReleaseAction, ReleaseFacts, StorageKnown, decide_release};
+use crate::release::{Letting, ReleaseAction, ReleaseFacts, StorageKnown, decide_release};
 use crate::retry::backoff;
 use crate::state::KeptState;
 use crate::status::{self, Readiness};
@@ -47,7 +48,10 @@ pub(crate) struct Reconciler {
 /// Where the release wipe is, as this agent knows it.
 #[derive(Debug, Default)]
 struct ReleaseProgress {
-    /// Read from the Machine once (an agent restarted mid-release goes on from there).
+    /// The release request the progress is for (`None`: a deletion).
+    request: Option<String>,
+    /// Read from the Machine once per request (an agent restarted mid-release goes on from
+    /// there).
     seeded: bool,
     /// The state last reported.
     reported: Option<WipeState>,
@@ -95,6 +99,7 @@ fn release_status(
         message,
         started_at,
         finished_at: None,
+        request: None,
     }
 }
 
@@ -168,6 +173,7 @@ impl Reconciler {
         let node_uid = node.and_then(|n| n.meta().uid.clone());
         let action = plan::decide(&Facts {
             deleting: machine.metadata.deletion_timestamp.is_some(),
+            releasing: wipe_request(machine).is_some(),
             desired: desired.as_ref(),
             version_loaded: version.is_some(),
             recorded_node_uid: status
@@ -283,7 +289,7 @@ impl Reconciler {
         {
             tracing::warn!(%error, "reporting status failed");
         }
-        if action == Action::Wait(Wait::Deleting) {
+        if matches!(action, Action::Wait(Wait::Deleting | Wait::Releasing)) {
             let paved = kept.state.paved.as_ref().map(|p| p.configuration.clone());
             self.release(ctx, versions, machine, node.is_some(), paved)
                 .await;
@@ -301,13 +307,30 @@ impl Reconciler {
         paved: Option<ResolvedConfiguration>,
     ) {
         let status = machine.status.as_ref();
+        let request = wipe_request(machine).map(str::to_owned);
+        if self.release.request != request {
+            self.release = ReleaseProgress {
+                request: request.clone(),
+                ..ReleaseProgress::default()
+            };
+        }
         if !self.release.seeded {
             self.release.seeded = true;
+            // Only a report for this deletion or release counts.
             self.release.reported = status
                 .and_then(|s| s.agent.as_ref())
                 .and_then(|a| a.release_wipe.as_ref())
+                .filter(|w| w.request == request)
                 .map(|w| w.state);
         }
+        let letting = match (&machine.metadata.deletion_timestamp, &request) {
+            (Some(_), _) => Letting::Deleted,
+            (None, Some(_)) => Letting::Released,
+            (None, None) => Letting::No,
+        };
+        let layout_on_disk = status
+            .and_then(|s| s.agent.as_ref())
+            .is_some_and(|a| a.storage.is_some());
         // The version paved on this boot, else the one the controller resolved (a pave
         // may have written to the disk before the agent restarted).
         let resolved = paved.or_else(|| status.and_then(|s| s.configuration.clone()));
@@ -326,8 +349,9 @@ impl Reconciler {
                 .map_or(StorageKnown::None, StorageKnown::Spec),
         };
         let action = decide_release(&ReleaseFacts {
-            deleting: machine.metadata.deletion_timestamp.is_some(),
+            letting,
             storage,
+            layout_on_disk,
             node_exists,
             reported: self.release.reported,
             failed_attempts: self.release.failed_attempts,
@@ -357,7 +381,12 @@ impl Reconciler {
         };
         let started = Some(Time(unbounded_api::condition::now()));
         println!(
-            "unbounded-agent: the Machine is being deleted: stopping the node container and wiping its disks ({} wipe)",
+            "unbounded-agent: the Machine is being {}: stopping the node container and wiping its disks ({} wipe)",
+            if letting == Letting::Deleted {
+                "deleted"
+            } else {
+                "released to the inventory"
+            },
             method.as_str()
         );
         self.report_wipe(
@@ -430,6 +459,10 @@ impl Reconciler {
     /// next one: the ledger keeps it).
     async fn report_wipe(&mut self, ctx: &Context, wipe: ReleaseWipeStatus) {
         self.release.reported = Some(wipe.state);
+        let wipe = ReleaseWipeStatus {
+            request: self.release.request.clone(),
+            ..wipe
+        };
         if let Err(error) = ctx
             .reporter
             .report(|agent| agent.release_wipe = Some(wipe), None)

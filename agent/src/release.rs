@@ -1,18 +1,23 @@
-//! The wipe of the node's disks when the Machine is released (deleted), decided from plain
-//! data; [`crate::storage::shell::wipe_for_release`] carries it out and the agent reports
-//! it in `status.agent.releaseWipe`, which the provider waits for before it powers the
-//! machine off (`unbounded_runtime::release`).
+//! The wipe of the node's disks when the Machine is released (deleted, or released by its
+//! pool to the inventory), decided from plain data;
+//! [`crate::storage::shell::wipe_for_release`] carries it out and the agent reports it in
+//! `status.agent.releaseWipe` (with the release's request, if any), which the provider (or,
+//! for a pool's release, the controller) waits for before it powers the machine off
+//! (`unbounded_runtime::release`).
 //!
 //! The rules, in order:
-//! 1. Only a Machine being deleted is released.
-//! 2. Once the wipe is reported `Wiped`, nothing more.
+//! 1. Only a Machine being deleted, or released with the controller's
+//!    `unbounded-cloud.io/release-wipe` request (its Node drained), is released.
+//! 2. Once the wipe is reported `Wiped` for this deletion or release, nothing more.
 //! 3. Until the configuration version is read, wait (what it says decides).
-//! 4. A version without `storage`, or with `wipe: never`, wipes nothing (the provider reads
-//!    the same version and does not wait).
+//! 4. `wipe: never` wipes nothing; neither does a version without `storage`, unless an
+//!    earlier version's layout is still on a disk (`status.agent.storage`): that is wiped
+//!    `fast` (the provider reads the same facts and waits, or does not).
 //! 5. A wipe that failed is tried again after a pause, [`MAX_WIPE_ATTEMPTS`] times in all;
 //!    then the agent stays `Failed` (the provider holds the Machine: a person decides).
-//! 6. While the Node exists, wait (`Pending`): the controller drains it first, and the
-//!    workloads must be gone before their disk is.
+//! 6. A deleted Machine's Node must be gone first (`Pending`): the controller drains and
+//!    deletes it, and the workloads must be gone before their disk is. A released Machine's
+//!    request comes only once its Node is drained (the Node goes after the power-off).
 //! 7. Otherwise wipe: stop the node container, unmount, wipe every disk that carries this
 //!    Machine's layout ([`disks_of_machine`]).
 
@@ -34,13 +39,26 @@ pub enum StorageKnown<'a> {
     Spec(&'a StorageSpec),
 }
 
+/// Why the Machine lets its hardware go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Letting {
+    /// It does not.
+    No,
+    /// It is being deleted.
+    Deleted,
+    /// Its pool releases it to the inventory and its Node is drained.
+    Released,
+}
+
 /// Everything the release decision is made from.
 #[derive(Debug, Clone, Copy)]
 pub struct ReleaseFacts<'a> {
-    /// The Machine is being deleted.
-    pub deleting: bool,
+    /// Whether (and why) the Machine lets its hardware go.
+    pub letting: Letting,
     /// The storage of the version the machine was paved with (or resolved to).
     pub storage: StorageKnown<'a>,
+    /// This Machine's layout is on a disk (`status.agent.storage`), whatever the version.
+    pub layout_on_disk: bool,
     /// The Machine's Node exists.
     pub node_exists: bool,
     /// What the agent last reported.
@@ -74,17 +92,18 @@ pub enum ReleaseAction {
 
 /// Decides what the agent does about its Machine's release.
 pub fn decide_release(facts: &ReleaseFacts<'_>) -> ReleaseAction {
-    if !facts.deleting {
+    if facts.letting == Letting::No {
         return ReleaseAction::NotReleased;
     }
     if facts.reported == Some(WipeState::Wiped) {
         return ReleaseAction::Done;
     }
-    let spec = match facts.storage {
+    let method = match facts.storage {
         StorageKnown::Unknown => return ReleaseAction::WaitForVersion,
+        StorageKnown::None if facts.layout_on_disk => WipeMethod::Fast,
         StorageKnown::None => return ReleaseAction::NoWipe,
         StorageKnown::Spec(s) if !s.wipe().wipes_on_release() => return ReleaseAction::NoWipe,
-        StorageKnown::Spec(s) => s,
+        StorageKnown::Spec(s) => s.wipe_method(),
     };
     if facts.reported == Some(WipeState::Failed) {
         if facts.failed_attempts >= MAX_WIPE_ATTEMPTS {
@@ -94,10 +113,10 @@ pub fn decide_release(facts: &ReleaseFacts<'_>) -> ReleaseAction {
             return ReleaseAction::RetryLater;
         }
     }
-    if facts.node_exists {
+    if facts.node_exists && facts.letting == Letting::Deleted {
         return ReleaseAction::WaitForNode;
     }
-    ReleaseAction::Wipe(spec.wipe_method())
+    ReleaseAction::Wipe(method)
 }
 
 /// The disks that carry this Machine's layout: a filesystem whose UUID is the Machine's UID,
@@ -143,8 +162,9 @@ mod tests {
         let never = spec(WipePolicy::Never, WipeMethod::Fast);
         let defaults = StorageSpec::default();
         let base = ReleaseFacts {
-            deleting: true,
+            letting: Letting::Deleted,
             storage: StorageKnown::Spec(&on_release),
+            layout_on_disk: true,
             node_exists: false,
             reported: None,
             failed_attempts: 0,
@@ -154,10 +174,28 @@ mod tests {
             (
                 "not deleted",
                 ReleaseFacts {
-                    deleting: false,
+                    letting: Letting::No,
                     ..base
                 },
                 NotReleased,
+            ),
+            (
+                "released by its pool, Node drained (still there): wipe",
+                ReleaseFacts {
+                    letting: Letting::Released,
+                    node_exists: true,
+                    ..base
+                },
+                Wipe(WipeMethod::Fast),
+            ),
+            (
+                "released, never: nothing",
+                ReleaseFacts {
+                    letting: Letting::Released,
+                    storage: StorageKnown::Spec(&never),
+                    ..base
+                },
+                NoWipe,
             ),
             ("onRelease, Node gone: wipe", base, Wipe(WipeMethod::Fast)),
             (
@@ -185,9 +223,18 @@ mod tests {
                 NoWipe,
             ),
             (
-                "no storage",
+                "no storage, an earlier layout on a disk: wipe it fast",
                 ReleaseFacts {
                     storage: StorageKnown::None,
+                    ..base
+                },
+                Wipe(WipeMethod::Fast),
+            ),
+            (
+                "no storage, nothing on a disk",
+                ReleaseFacts {
+                    storage: StorageKnown::None,
+                    layout_on_disk: false,
                     ..base
                 },
                 NoWipe,

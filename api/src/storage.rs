@@ -209,7 +209,8 @@ pub struct StorageStatus {
     pub size_bytes: i64,
     /// What the agent did with it at this boot: `formatted` (a new layout), `reused` (this
     /// Machine's layout was already there), `wiped` (wiped before a pave, as `wipe: always`
-    /// says).
+    /// says), `left` (the running version keeps the node's state in RAM; an earlier
+    /// version's layout is still on this disk, and a release wipes it).
     pub action: String,
     /// The node container was started from the disk as it was (same configuration version
     /// and image), without a download.
@@ -243,6 +244,11 @@ pub struct ReleaseWipeStatus {
     /// When it ended (`Wiped` or `Failed`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<Time>,
+    /// The release to the inventory this report answers (the Machine's
+    /// `unbounded-cloud.io/release-wipe` value); unset for a deletion. A report of an
+    /// earlier release never counts for a later one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
 }
 
 /// Where a release wipe is.

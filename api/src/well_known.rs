@@ -68,6 +68,17 @@ pub mod annotations {
     /// On a PXE Machine a pool claimed: when (RFC 3339). Remediation's provisioning clock
     /// starts no earlier.
     pub const CLAIMED_AT: &str = "unbounded-cloud.io/claimed-at";
+    /// On a PXE Machine a pool releases to the inventory: the time of the release (RFC 3339),
+    /// written with the [`REPAVE`] request (followed by `powerOff`) that carries it out. The
+    /// controller drains the Node, asks the agent to wipe ([`RELEASE_WIPE`]) and creates the
+    /// `powerOff` only once the wipe is reported for this release (the gate of a deletion,
+    /// `unbounded_runtime::release`). Removed when the repave is finished.
+    pub const RELEASE: &str = "unbounded-cloud.io/release";
+    /// On a Machine being released ([`RELEASE`]) whose Node is drained: the release's time,
+    /// written by the controller. The agent stops the node container and wipes every disk
+    /// that carries this Machine's layout, as the paved version's `storage.wipe` says, and
+    /// reports `status.agent.releaseWipe` with this value in `request`.
+    pub const RELEASE_WIPE: &str = "unbounded-cloud.io/release-wipe";
     /// On a Machine being deleted: `"true"` lets its provider power it off (and let go)
     /// without waiting for the agent's wipe of its disks, or after the wipe failed or timed
     /// out. For a person who has wiped the disks by other means or accepts that they are not.
@@ -255,6 +266,9 @@ pub mod field_managers {
     pub const AZURE_PROVIDER: &str = "unbounded-azure-provider";
     /// The agent in the booted OS.
     pub const AGENT: &str = "unbounded-agent";
+    /// The controller's `DisksWiped` condition of a PXE Machine its pool releases (a
+    /// manager of its own: the condition is written apart from the Machine's status).
+    pub const CONTROLLER_RELEASE: &str = "unbounded-controller-release";
 
     /// A MachinePool's own field manager, with which it claims PXE Machines: two pools
     /// claiming one Machine conflict on its `unbounded-cloud.io/pool` label.

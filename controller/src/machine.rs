@@ -585,15 +585,10 @@ async fn cleanup(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
     Ok(Action::await_change())
 }
 
-/// For a `manual` Machine being deleted, its Node gone: `Ok` once its disks are wiped as
-/// its configuration says (or need no wipe, or a person said to skip it); otherwise it
-/// waits, or is held after a failure or the timeout, with the `DisksWiped` condition.
-async fn release_disks(
-    machine: &Machine,
-    status: &unbounded_api::MachineStatus,
-    ctx: &Context,
-) -> Result<(), Error> {
-    let configured = match wiping_version(machine) {
+/// What the configuration version the Machine's disks may hold says about release (the
+/// agent's paved version, else the resolved one), read from the controller's cache.
+pub(crate) fn configured_for(machine: &Machine, ctx: &Context) -> Configured {
+    match wiping_version(machine) {
         None => Configured::NoConfiguration,
         Some(resolved) => {
             let name = resolved.version_name();
@@ -602,10 +597,20 @@ async fn release_disks(
                 None => Configured::Unreadable(format!("{name} does not exist")),
             }
         }
-    };
+    }
+}
+
+/// For a `manual` Machine being deleted, its Node gone: `Ok` once its disks are wiped as
+/// its configuration says (or need no wipe, or a person said to skip it); otherwise it
+/// waits, or is held after a failure or the timeout, with the `DisksWiped` condition.
+async fn release_disks(
+    machine: &Machine,
+    status: &unbounded_api::MachineStatus,
+    ctx: &Context,
+) -> Result<(), Error> {
     let step = decide_release(&facts_of(
         machine,
-        configured,
+        configured_for(machine, ctx),
         condition::now(),
         WipeTimeouts::default(),
     ));

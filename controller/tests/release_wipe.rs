@@ -107,3 +107,113 @@ async fn a_deleted_manual_machine_is_kept_until_its_disks_are_wiped() {
     .await;
     gone(&client, "rw-wipes").await;
 }
+
+/// A PXE pool's release to the inventory: the controller drains the Node, asks the agent to
+/// wipe under the *releasing* tenant's policy (`unbounded-cloud.io/release-wipe`), and
+/// creates the `powerOff` only once the agent reported the wipe for this release. Before,
+/// the machine was powered off at once and the wipe left to the next claim, under the
+/// next tenant's policy.
+#[tokio::test]
+async fn a_pool_release_powers_off_only_after_the_releasing_tenants_wipe() {
+    use std::sync::{Arc, Mutex};
+    use unbounded_api::MachineOperation;
+    use unbounded_api::well_known::{annotations, labels};
+
+    start_controller();
+    let client = client().await;
+    let mut tenant = template("http://boot/vmlinuz");
+    tenant["storage"] = json!({"wipe": "onRelease"});
+    create_configuration(&client, "rel-tenant", json!({"template": tenant})).await;
+    rollout::kubectl(
+        &["apply", "-f", "-"],
+        Some(
+            r#"apiVersion: unbounded-cloud.io/v1alpha1
+kind: Machine
+metadata: {name: rel-inv-0, labels: {inv: rel}}
+spec:
+  provider: pxe
+  pxe: {macAddresses: ["52:54:00:e1:00:01"]}
+---
+apiVersion: unbounded-cloud.io/v1alpha1
+kind: MachinePool
+metadata: {name: rel-pool}
+spec:
+  replicas: 1
+  template:
+    spec:
+      provider: pxe
+      pxe: {inventorySelector: {matchLabels: {inv: rel}}}
+      configurationRef: {name: rel-tenant}
+"#,
+        ),
+    );
+    let name = "rel-inv-0";
+    let kubelet = rollout::StandInKubelet::start(
+        &client,
+        vec![name.to_owned()],
+        "rel-tenant",
+        Arc::new(Mutex::new(1)),
+        std::time::Duration::ZERO,
+    );
+    let _power = rollout::StandInPower::start(&client, kubelet.withheld.clone());
+    rollout::wait_all_running_on(&client, &[name.to_owned()], "rel-tenant", 1, TIMEOUT).await;
+    // The tenant's agent paved its version (onto a disk, as its storage says).
+    agent_writes(&client, name, "rel-tenant", Value::Null).await;
+
+    rollout::kubectl(&["scale", "mp/rel-pool", "--replicas=0"], None);
+    let waiting = wait_for("the wipe requested, the power-off waiting", || async {
+        let m = machine(&client, name).await;
+        let pending = condition(&m, conditions::DISKS_WIPED)?.reason == reasons::WIPE_PENDING;
+        (pending && m.annotations().contains_key(annotations::RELEASE_WIPE)).then_some(m)
+    })
+    .await;
+    let request = waiting.annotations()[annotations::RELEASE_WIPE].clone();
+    assert_eq!(
+        waiting.annotations().get(annotations::RELEASE),
+        Some(&request),
+        "the request names the release"
+    );
+    let operations = Api::<MachineOperation>::all(client.clone());
+    let power_offs = || async {
+        operations
+            .list(&kube::api::ListParams::default().labels(&format!("{}={name}", labels::MACHINE)))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|o| o.spec.operation_name == "powerOff")
+            .count()
+    };
+    assert_eq!(power_offs().await, 0, "powered off before the wipe");
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone());
+    assert!(
+        nodes.get_opt(name).await.unwrap().is_some(),
+        "the Node stays until the power-off"
+    );
+
+    // The agent reports the wipe of this release: the power-off follows, then the Node goes
+    // and the release's marks with it.
+    agent_writes(
+        &client,
+        name,
+        "rel-tenant",
+        json!({"state": "Wiped", "method": "fast", "disks": ["sda"], "request": request}),
+    )
+    .await;
+    let released = wait_for("released: wiped, powered off, Node gone", || async {
+        let m = machine(&client, name).await;
+        let done = nodes.get_opt(name).await.unwrap().is_none()
+            && !m.annotations().contains_key(annotations::RELEASE)
+            && !m.annotations().contains_key(annotations::RELEASE_WIPE)
+            && !m.annotations().contains_key(annotations::REPAVE);
+        done.then_some(m)
+    })
+    .await;
+    assert_eq!(power_offs().await, 1);
+    let wiped = condition(&released, conditions::DISKS_WIPED).unwrap();
+    assert_eq!(
+        (wiped.status.as_str(), wiped.reason.as_str()),
+        ("True", reasons::WIPED),
+        "{wiped:?}"
+    );
+}

@@ -1,14 +1,17 @@
 //! The release of a Machine's disks: before a provider powers a deleted Machine off (or
-//! deletes its VM), the agent on it wipes the disks its configuration put the node's state
-//! on, as `spec.template.storage.wipe` says (`always` and `onRelease` wipe, `never` does
-//! not), and reports it in `status.agent.releaseWipe`.
+//! deletes its VM), and before the controller powers off a PXE Machine a pool releases to
+//! the inventory, the agent on it wipes the disks that carry this Machine's layout, as
+//! the paved version's `spec.template.storage.wipe` says (`always` and `onRelease` wipe,
+//! `never` does not), and reports it in `status.agent.releaseWipe`.
 //!
-//! [`decide_release`] decides from plain data what the provider loop does once the Node is
-//! gone:
-//! - **power off** when the agent reported the disks `Wiped`, when nothing needs a wipe (no
-//!   `storage`, `wipe: never`, no configuration, or no agent ever ran on the machine, so
-//!   nothing of this Machine was written to a disk), or when the Machine carries the
-//!   annotation `unbounded-cloud.io/release-without-wipe: "true"`;
+//! [`decide_release`] decides from plain data what the provider loop (or, for a pool's
+//! release and a `manual` Machine, the controller) does once the Node is gone or drained:
+//! - **power off** when the agent reported the disks `Wiped` for this deletion or release
+//!   ([`wipe_request`]: a report of an earlier release never counts), when nothing needs a
+//!   wipe (no `storage` and no earlier layout left on a disk, `wipe: never`, no
+//!   configuration, or no agent ever ran on the machine, so nothing of this Machine was
+//!   written to a disk), or when the Machine carries the annotation
+//!   `unbounded-cloud.io/release-without-wipe: "true"`;
 //! - **wait** while the wipe is pending or under way, up to a timeout (counted from the
 //!   moment the loop started waiting: the `DisksWiped` condition's transition time);
 //! - **hold** when the agent reported `Failed`, or no `Wiped` came within the timeout: the
@@ -59,9 +62,14 @@ impl Configured {
         }
     }
 
-    fn wipes(&self) -> bool {
+    /// Whether a release wipes, given whether the agent reported this Machine's layout on a
+    /// disk (`status.agent.storage`): a version without `storage` paved after one with it
+    /// leaves the earlier layout there, and the release wipes it (`fast`; the earlier
+    /// version's policy is not known any more).
+    fn wipes(&self, layout_on_disk: bool) -> bool {
         match self {
-            Self::NoConfiguration | Self::NoStorage => false,
+            Self::NoConfiguration => false,
+            Self::NoStorage => layout_on_disk,
             Self::Storage { wipes, .. } => *wipes,
             Self::Unreadable(_) => true,
         }
@@ -112,7 +120,10 @@ pub struct ReleaseFacts<'a> {
     /// Whether an agent ever reported on this Machine (`status.agent.bootID`): without one,
     /// nothing of the Machine was written to a disk.
     pub agent_seen: bool,
-    /// `status.agent.releaseWipe`.
+    /// The agent reported this Machine's layout on a disk (`status.agent.storage`), whatever
+    /// the running version does with it.
+    pub layout_on_disk: bool,
+    /// `status.agent.releaseWipe`, if it answers this deletion or release.
     pub reported: Option<&'a ReleaseWipeStatus>,
     /// The Machine carries `unbounded-cloud.io/release-without-wipe: "true"`.
     pub skip: bool,
@@ -136,8 +147,22 @@ pub fn wiping_version(machine: &Machine) -> Option<&ResolvedConfiguration> {
         .or(status.configuration.as_ref())
 }
 
-/// The facts about `machine` (its agent's report, the annotation, since when its
-/// `DisksWiped` condition has been False), with what its version says.
+/// The release the agent's wipe answers: `None` for a deletion (which outranks a release
+/// under way), else the controller's `unbounded-cloud.io/release-wipe` request, if any.
+/// The agent writes it into its report, and the gate counts only a report with the same.
+pub fn wipe_request(machine: &Machine) -> Option<&str> {
+    if machine.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    machine
+        .annotations()
+        .get(annotations::RELEASE_WIPE)
+        .map(String::as_str)
+}
+
+/// The facts about `machine` (its agent's report for this deletion or release, the
+/// annotation, since when its `DisksWiped` condition has been False), with what its
+/// version says.
 pub fn facts_of(
     machine: &Machine,
     configured: Configured,
@@ -147,10 +172,14 @@ pub fn facts_of(
     let status = machine.status.as_ref();
     let agent = status.and_then(|s| s.agent.as_ref());
     let conditions = status.map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let request = wipe_request(machine);
     ReleaseFacts {
         configured,
         agent_seen: agent.is_some_and(|a| a.boot_id.is_some()),
-        reported: agent.and_then(|a| a.release_wipe.as_ref()),
+        layout_on_disk: agent.is_some_and(|a| a.storage.is_some()),
+        reported: agent
+            .and_then(|a| a.release_wipe.as_ref())
+            .filter(|r| r.request.as_deref() == request),
         skip: machine
             .annotations()
             .get(annotations::RELEASE_WITHOUT_WIPE)
@@ -236,10 +265,12 @@ pub fn decide_release(facts: &ReleaseFacts<'_>) -> ReleaseStep {
             message: format!("{disks} by the agent ({} wipe)", r.method.as_str()),
         };
     }
-    if !facts.configured.wipes() || !facts.agent_seen {
+    if !facts.configured.wipes(facts.layout_on_disk) || !facts.agent_seen {
         let why = match (&facts.configured, facts.agent_seen) {
             (Configured::NoConfiguration, _) => "no configuration was ever resolved",
-            (Configured::NoStorage, _) => "the configuration keeps the node's state in RAM",
+            (Configured::NoStorage, _) => {
+                "the configuration keeps the node's state in RAM and no disk carries this Machine's layout"
+            }
             (Configured::Storage { wipes: false, .. }, _) => {
                 "the configuration says storage.wipe: never"
             }
@@ -280,6 +311,7 @@ pub fn decide_release(facts: &ReleaseFacts<'_>) -> ReleaseStep {
         (_, Configured::Unreadable(why)) => format!(
             "the configuration version could not be read ({why}); waiting for the agent's wipe report"
         ),
+        (_, Configured::NoStorage) => "the configuration keeps the node's state in RAM, but an earlier version's layout is on a disk; waiting for the agent to wipe it".to_owned(),
         _ => "waiting for the agent to report the wipe of the disks".to_owned(),
     };
     if waited >= timeout {
@@ -314,6 +346,7 @@ mod tests {
             message: Some("wipefs: Permission denied".into()),
             started_at: None,
             finished_at: None,
+            request: None,
         }
     }
 
@@ -550,6 +583,7 @@ mod tests {
             let step = decide_release(&ReleaseFacts {
                 configured,
                 agent_seen,
+                layout_on_disk: false,
                 reported,
                 skip,
                 waiting_since: since.map(at),
@@ -577,6 +611,7 @@ mod tests {
         let step = decide_release(&ReleaseFacts {
             configured: WIPES,
             agent_seen: true,
+            layout_on_disk: true,
             reported: Some(&failed),
             skip: false,
             waiting_since: Some(at(0)),
@@ -621,8 +656,9 @@ mod tests {
         ]
     }
 
-    /// The invariant: a Machine whose configuration wipes on release (or cannot be read),
-    /// on which an agent ran, is powered off only once its wipe is reported `Wiped` or a
+    /// The invariant: a Machine whose configuration wipes on release (or cannot be read, or
+    /// keeps its state in RAM while an earlier layout is left on a disk), on which an agent
+    /// ran, is powered off only once its wipe is reported `Wiped` or a
     /// person said to skip it; never because time passed. And a Machine that needs no wipe
     /// is never held.
     #[test]
@@ -637,7 +673,7 @@ mod tests {
         );
         let facts = (
             configured(),
-            any::<bool>(),
+            any::<(bool, bool)>(),
             state(),
             any::<bool>(),
             proptest::option::of(0i64..100_000),
@@ -646,17 +682,19 @@ mod tests {
         runner
             .run(
                 &facts,
-                |(configured, agent_seen, state, skip, since, now)| {
+                |(configured, (agent_seen, layout_on_disk), state, skip, since, now)| {
                     let reported = state.map(report);
-                    let wipes = !matches!(
-                        configured,
-                        Configured::NoConfiguration
-                            | Configured::NoStorage
-                            | Configured::Storage { wipes: false, .. }
-                    );
+                    let wipes = match configured {
+                        Configured::NoConfiguration | Configured::Storage { wipes: false, .. } => {
+                            false
+                        }
+                        Configured::NoStorage => layout_on_disk,
+                        _ => true,
+                    };
                     let step = decide_release(&ReleaseFacts {
                         configured,
                         agent_seen,
+                        layout_on_disk,
                         reported: reported.as_ref(),
                         skip,
                         waiting_since: since.map(at),
@@ -680,5 +718,93 @@ mod tests {
                 },
             )
             .unwrap();
+    }
+
+    fn machine(deleting: bool, release_wipe: Option<&str>, reported: Option<&str>) -> Machine {
+        let mut annotations = serde_json::Map::new();
+        if let Some(value) = release_wipe {
+            annotations.insert(annotations::RELEASE_WIPE.into(), value.into());
+        }
+        let report = reported.map(
+            |request| serde_json::json!({"state": "Wiped", "method": "fast", "request": request}),
+        );
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "unbounded-cloud.io/v1alpha1",
+            "kind": "Machine",
+            "metadata": {
+                "name": "m1",
+                "annotations": annotations,
+                "deletionTimestamp": deleting.then_some("2026-01-01T00:00:00Z"),
+            },
+            "spec": {"provider": "pxe"},
+            "status": {"agent": {
+                "bootID": "b1",
+                "storage": {"disk": "sda", "sizeBytes": 1, "action": "left"},
+                "releaseWipe": report.unwrap_or_else(
+                    || serde_json::json!({"state": "Wiped", "method": "fast"})
+                ),
+            }},
+        }))
+        .unwrap()
+    }
+
+    /// A report counts only for the deletion or release it answers: a `Wiped` of an earlier
+    /// release (or of none) never lets a later one power off unwiped.
+    #[test]
+    fn only_the_report_for_this_request_counts() {
+        let cases = [
+            // (case, deleting, release-wipe annotation, report's request, counts)
+            ("deletion, deletion's report", true, None, None, true),
+            (
+                "deletion, an earlier release's report",
+                true,
+                None,
+                Some("t1"),
+                false,
+            ),
+            ("deletion mid-release", true, Some("t1"), Some("t1"), false),
+            (
+                "release, its own report",
+                false,
+                Some("t2"),
+                Some("t2"),
+                true,
+            ),
+            (
+                "release, an earlier release's",
+                false,
+                Some("t2"),
+                Some("t1"),
+                false,
+            ),
+            (
+                "release, a report with no request",
+                false,
+                Some("t2"),
+                None,
+                false,
+            ),
+        ];
+        for (case, deleting, annotation, request, counts) in cases {
+            let m = machine(deleting, annotation, request);
+            let facts = facts_of(&m, WIPES, at(0), WipeTimeouts::default());
+            assert_eq!(facts.reported.is_some(), counts, "{case}");
+            assert!(facts.layout_on_disk, "{case}");
+            let step = decide_release(&facts);
+            assert_eq!(step.reason() == reasons::WIPED, counts, "{case}: {step:?}");
+        }
+        // A version without storage, with an earlier layout left on a disk: waits for it.
+        let m = machine(false, Some("t3"), Some("t2"));
+        let step = decide_release(&facts_of(
+            &m,
+            Configured::NoStorage,
+            at(0),
+            WipeTimeouts::default(),
+        ));
+        assert_eq!(step.reason(), reasons::WIPE_PENDING, "{step:?}");
+        assert!(
+            step.message().contains("earlier version's layout"),
+            "{step:?}"
+        );
     }
 }

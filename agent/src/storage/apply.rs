@@ -10,7 +10,7 @@
 //! guesses a partition's name: it reads it from sysfs.
 
 use std::fs;
-use std::io::Write;
+use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -377,12 +377,115 @@ pub fn write_marker(mount_point: &Path, marker: &Marker) -> Result<(), StorageEr
 }
 
 /// What a wipe did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Wiped {
     /// The device accepted a discard of every block.
     pub discarded: bool,
     /// Bytes overwritten with zeroes.
     pub zeroed_bytes: u64,
+    /// A `fast` wipe whose discard failed: why (what `blkdiscard` printed). The ends of the
+    /// disk and of each partition were overwritten instead ([`ENDS_OVERWRITTEN`]).
+    pub discard_failed: Option<String>,
+}
+
+/// How much of each end of the disk and of each partition a `fast` wipe overwrites when the
+/// discard fails: where partition tables (and the GPT backup), filesystem superblocks and
+/// RAID/LVM headers live, so that nothing there can be read or mounted again. The backup
+/// superblocks ext4 spreads over the filesystem are overwritten too.
+pub const ENDS_OVERWRITTEN: u64 = 4 << 20;
+
+/// The ext4 backup superblocks of the filesystem on `device` (`dumpe2fs`), as byte ranges
+/// relative to `device`'s start; none when it holds no ext4 filesystem.
+fn backup_superblocks(device: &Path) -> Vec<(u64, u64)> {
+    let Ok(output) = Command::new("dumpe2fs").arg(device).output() else {
+        return Vec::new();
+    };
+    let text = String::from_utf8_lossy(&output.stdout);
+    let block_size: Option<u64> = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Block size:"))
+        .and_then(|v| v.trim().parse().ok());
+    let Some(block_size) = block_size else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|l| l.split("Backup superblock at ").nth(1))
+        .filter_map(|rest| {
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .map(|block: u64| (block * block_size, block_size))
+        .collect()
+}
+
+/// Zeroes the first and last [`ENDS_OVERWRITTEN`] bytes of each `(offset, length)` region
+/// of the device `node`; returns the bytes written.
+fn overwrite_ends(node: &Path, regions: &[(u64, u64)]) -> Result<u64, StorageError> {
+    let mut device = fs::OpenOptions::new()
+        .write(true)
+        .open(node)
+        .map_err(io(format!(
+            "opening {} to overwrite its ends",
+            node.display()
+        )))?;
+    let zeroes = vec![0u8; usize::try_from(ENDS_OVERWRITTEN).unwrap_or(4 << 20)];
+    let mut written = 0u64;
+    for &(offset, length) in regions {
+        let span = length.min(ENDS_OVERWRITTEN);
+        let starts = if length <= span {
+            vec![offset]
+        } else {
+            vec![offset, offset + length - span]
+        };
+        for start in starts {
+            device
+                .seek(SeekFrom::Start(start))
+                .and_then(|_| device.write_all(&zeroes[..usize::try_from(span).unwrap_or(0)]))
+                .map_err(io(format!(
+                    "overwriting {} at byte {start}",
+                    node.display()
+                )))?;
+            written += span;
+        }
+    }
+    device
+        .sync_all()
+        .map_err(io(format!("flushing {}", node.display())))?;
+    Ok(written)
+}
+
+/// What a `fast` wipe overwrites should the discard fail, as byte ranges of the disk: each
+/// partition the kernel knows (sysfs, 512-byte sectors) and the disk itself, and the ext4
+/// backup superblocks on either; read before the signatures are erased.
+fn regions_to_overwrite(root: &Path, disk: &Disk) -> Result<Vec<(u64, u64)>, StorageError> {
+    let sectors = |dir: &Path, file: &str| -> Option<u64> {
+        fs::read_to_string(dir.join(file)).ok()?.trim().parse().ok()
+    };
+    let mut regions = vec![(0, disk.size_bytes)];
+    regions.extend(backup_superblocks(&device_node(
+        root,
+        &disk.name,
+        &sys_block(root, &disk.name),
+    )?));
+    for (name, dir) in kernel_partitions(root, &disk.name) {
+        let (Some(start), Some(size)) = (sectors(&dir, "start"), sectors(&dir, "size")) else {
+            continue;
+        };
+        let (start, size) = (start * 512, size * 512);
+        regions.push((start, size));
+        let node = device_node(root, &name, &dir)?;
+        regions.extend(
+            backup_superblocks(&node)
+                .into_iter()
+                .map(|(offset, length)| (start + offset, length)),
+        );
+    }
+    Ok(regions
+        .into_iter()
+        .filter(|(_, length)| *length > 0)
+        .collect())
 }
 
 /// Wipes `disk` as `method` says, within `timeout`. The disk must not be mounted.
@@ -394,24 +497,44 @@ pub fn wipe(
 ) -> Result<Wiped, StorageError> {
     let action = format!("wiping disk {}", disk.name);
     refuse_mounted(disk)?;
+    let regions = match method {
+        WipeMethod::Fast => regions_to_overwrite(root, disk)?,
+        WipeMethod::Overwrite => Vec::new(),
+    };
     erase_signatures(root, disk, &action)?;
     let node = device_node(root, &disk.name, &sys_block(root, &disk.name))?;
     match method {
         WipeMethod::Fast => {
-            // A device without discard (many HDDs, some virtual disks) says so; the
-            // signatures are gone either way, and the report says what happened.
-            let discarded = run(
+            match run(
                 &action,
                 disk,
                 "blkdiscard",
                 &[&node.display().to_string()],
                 None,
-            )
-            .is_ok();
-            Ok(Wiped {
-                discarded,
-                zeroed_bytes: 0,
-            })
+            ) {
+                Ok(_) => Ok(Wiped {
+                    discarded: true,
+                    zeroed_bytes: 0,
+                    discard_failed: None,
+                }),
+                // A device without discard (many HDDs, some virtual disks, a controller
+                // that refuses it): the signatures alone are not enough (ext4 keeps backup
+                // superblocks, so `e2fsck -b` would bring the filesystem back), so the ends
+                // of the disk and of each partition and every backup superblock are
+                // overwritten, and the report says that the other blocks keep their
+                // contents.
+                Err(error) => {
+                    let zeroed_bytes = overwrite_ends(&node, &regions)?;
+                    Ok(Wiped {
+                        discarded: false,
+                        zeroed_bytes,
+                        discard_failed: Some(match error {
+                            StorageError::Command { stderr, .. } => stderr.trim().to_owned(),
+                            other => other.to_string(),
+                        }),
+                    })
+                }
+            }
         }
         WipeMethod::Overwrite => {
             let deadline = Instant::now() + timeout;
@@ -443,6 +566,7 @@ pub fn wipe(
             Ok(Wiped {
                 discarded: false,
                 zeroed_bytes: done,
+                discard_failed: None,
             })
         }
     }

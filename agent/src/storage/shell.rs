@@ -148,6 +148,35 @@ pub(crate) async fn prepare(
     .await
 }
 
+/// For a version without `storage`: the first disk that still carries this Machine's
+/// layout from an earlier version (never the boot disk), reported as `left`, so that the
+/// release wipes it (`unbounded_runtime::release`); `None` when there is none.
+pub async fn layout_left(machine_uid: Option<&str>, scope: DiskScope) -> Option<StorageStatus> {
+    let uid = machine_uid?.to_owned();
+    blocking(move || {
+        let disks = probe::read_disks(Path::new("/"), &scope);
+        let booted = probe::boot_disk(&disks);
+        let ours = crate::release::disks_of_machine(&disks, &uid, booted.as_deref());
+        Ok(disks
+            .iter()
+            .find(|d| ours.contains(&d.name))
+            .map(|disk| StorageStatus {
+                disk: disk.name.clone(),
+                serial: disk.serial.clone(),
+                wwn: disk.wwn.clone(),
+                size_bytes: i64::try_from(disk.size_bytes).unwrap_or(i64::MAX),
+                action: LEFT.into(),
+                container_reused: false,
+            }))
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// `status.agent.storage.action` of a disk an earlier version's layout was left on.
+pub const LEFT: &str = "left";
+
 /// Chooses, lays out or reuses, and mounts the disk on `input.machines`; `stop` stops the
 /// node container (called only when a mounted disk is about to be wiped or formatted).
 pub async fn prepare_disk<F, Fut>(
@@ -352,15 +381,17 @@ where
         let mut summary = Vec::new();
         for disk in disks.iter().filter(|d| ours.contains(&d.name)) {
             let wiped = apply::wipe(root, disk, method, timeout)?;
-            summary.push(match method {
-                WipeMethod::Fast if wiped.discarded => {
+            summary.push(match (method, &wiped.discard_failed) {
+                (WipeMethod::Fast, None) => {
                     format!("{}: signatures erased, discarded", disk.name)
                 }
-                WipeMethod::Fast => format!(
-                    "{}: signatures erased (the device does not discard)",
-                    disk.name
+                (WipeMethod::Fast, Some(why)) => format!(
+                    "{}: signatures erased; the discard failed ({why}), so the first and last {} MiB of the disk and of each partition and the filesystem's backup superblocks were overwritten instead ({} bytes); the other blocks keep their old contents (wipeMethod: overwrite clears every byte)",
+                    disk.name,
+                    apply::ENDS_OVERWRITTEN >> 20,
+                    wiped.zeroed_bytes
                 ),
-                WipeMethod::Overwrite => {
+                (WipeMethod::Overwrite, _) => {
                     format!("{}: {} bytes overwritten", disk.name, wiped.zeroed_bytes)
                 }
             });

@@ -188,8 +188,10 @@ pub fn claimed_discovery_patch(machine: &Machine) -> Option<Value> {
 /// Releases a PXE Machine to the inventory: removes the pool's label, ownerReference,
 /// claim time and what the template gave it (labels and annotations with the template's
 /// values, configurationRef when it is the template's), and requests a repave followed by
-/// `powerOff`: the controller drains and deletes its Node (the Machine, unclaimed, records
-/// no configuration), then the PXE provider powers it off.
+/// `powerOff`, marked as a release (`unbounded-cloud.io/release`): the controller drains
+/// the Node, has the agent wipe the disks under the releasing tenant's policy (the gate of
+/// a deletion, [`crate::repave::act::drain_and_delete`]), then the PXE provider powers it
+/// off and the Node is deleted (the Machine, unclaimed, records no configuration).
 pub async fn release(pool: &MachinePool, machine: &Machine, ctx: &Context) -> Result<(), Error> {
     let name = machine.name_any();
     let now = Timestamp::now();
@@ -209,6 +211,11 @@ pub async fn release(pool: &MachinePool, machine: &Machine, ctx: &Context) -> Re
     annotation_patch.insert(annotations::CLAIMED_AT.to_owned(), Value::Null);
     annotation_patch.insert(
         annotations::REPAVE.to_owned(),
+        json!(repave::format_time(now)),
+    );
+    // The repave's power-off waits for the agent's wipe, as a deletion's does.
+    annotation_patch.insert(
+        annotations::RELEASE.to_owned(),
         json!(repave::format_time(now)),
     );
     annotation_patch.insert(

@@ -4,13 +4,16 @@
 //! parent module.
 
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use unbounded_api::condition;
-use unbounded_api::well_known::{annotations, labels, operations, reasons};
+use unbounded_api::well_known::{
+    annotations, conditions, field_managers, labels, operations, reasons,
+};
 use unbounded_api::{
     Machine, MachineOperation, MachinePhase, MachineStatus, OperationState, ResolvedConfiguration,
 };
@@ -23,6 +26,7 @@ use crate::context::Context;
 use crate::drain;
 use crate::error::{Error, kube_err};
 use crate::expectations::{Expectation, MemberChange, expecting};
+use unbounded_runtime::release::{ReleaseStep, WipeTimeouts, decide_release, facts_of};
 
 /// Requests a repave of `machine` for its owner (a rolling configuration's or a pool's
 /// expectations key, [`crate::expectations`]): a merge patch of its annotations, expected
@@ -121,11 +125,24 @@ async fn finish(machine: &Machine, request: &RepaveRequest, ctx: &Context) -> Re
     let api: Api<Machine> = Api::all(ctx.client.clone());
     let powering_off =
         request.then.as_deref() == Some(unbounded_api::well_known::operations::POWER_OFF);
-    let patch = json!({"metadata": {"annotations": {
+    // A release's marks go with it, a person's skip of its wipe too: the next release of
+    // this hardware wipes again.
+    let releasing = machine.annotations().contains_key(annotations::RELEASE);
+    let mut marks = json!({
         annotations::REPAVE: null,
         annotations::REPAVE_THEN: null,
         annotations::REPAVING: (!powering_off).then_some(&request.value),
-    }}});
+    });
+    if releasing {
+        for key in [
+            annotations::RELEASE,
+            annotations::RELEASE_WIPE,
+            annotations::RELEASE_WITHOUT_WIPE,
+        ] {
+            marks[key] = serde_json::Value::Null;
+        }
+    }
+    let patch = json!({"metadata": {"annotations": marks}});
     api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .map_err(kube_err(format!("finishing the repave of Machine {name}")))?;
@@ -198,6 +215,98 @@ async fn create_follow_up(
     }
 }
 
+/// The gate of a pool's release, once the Node is drained: asks the agent to wipe
+/// (`unbounded-cloud.io/release-wipe`, the release's time) and lets the power-off go only
+/// once the wipe is reported for this release, or none is needed, or a person said to skip
+/// it — the decision of a deletion (`unbounded_runtime::release`), under the releasing
+/// tenant's policy (the version the agent paved). Until then an `Error::Waiting`, with the
+/// `DisksWiped` condition (its own field manager) and, when held, a Warning Event.
+async fn wipe_before_release(
+    machine: &Machine,
+    status: &MachineStatus,
+    release: &str,
+    ctx: &Context,
+) -> Result<(), Error> {
+    let name = machine.name_any();
+    let api: Api<Machine> = Api::all(ctx.client.clone());
+    if machine
+        .annotations()
+        .get(annotations::RELEASE_WIPE)
+        .map(String::as_str)
+        != Some(release)
+    {
+        let patch = json!({"metadata": {"annotations": {annotations::RELEASE_WIPE: release}}});
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(kube_err(format!(
+                "asking the agent of Machine {name} to wipe"
+            )))?;
+        return Err(Error::Waiting(format!(
+            "asked the agent of {name} to wipe its disks before the release's power-off"
+        )));
+    }
+    let now = condition::now();
+    let mut facts = facts_of(
+        machine,
+        crate::machine::configured_for(machine, ctx),
+        now,
+        WipeTimeouts::default(),
+    );
+    // A condition left False by an earlier release does not start this one's clock.
+    let requested: Option<Timestamp> = release.parse().ok();
+    facts.waiting_since = facts
+        .waiting_since
+        .filter(|since| requested.is_none_or(|r| *since >= r));
+    let step = decide_release(&facts);
+    let current = condition::find(&status.conditions, conditions::DISKS_WIPED);
+    let mut wanted = condition::new_condition(
+        conditions::DISKS_WIPED,
+        step.condition_status(),
+        step.reason(),
+        step.message(),
+        None,
+    );
+    // The transition time stays while the status does, within this release.
+    let of_this_release = |c: &Condition| requested.is_none_or(|r| c.last_transition_time.0 >= r);
+    if let Some(current) = current
+        && current.status == wanted.status
+        && of_this_release(current)
+    {
+        wanted.last_transition_time = current.last_transition_time.clone();
+    }
+    let unchanged = current.is_some_and(|c| {
+        condition::same_meaning(c, &wanted) && c.last_transition_time == wanted.last_transition_time
+    });
+    // A release that needs no wipe and never waited writes nothing.
+    let quiet = current.is_none() && matches!(step, ReleaseStep::PowerOff { .. });
+    if !unchanged && !quiet {
+        if let ReleaseStep::Hold { reason, message } = &step {
+            ctx.event(machine, EventType::Warning, reason, message.clone())
+                .await;
+        }
+        let body = json!({
+            "apiVersion": Machine::api_version(&()),
+            "kind": Machine::kind(&()),
+            "status": {"conditions": [wanted]},
+        });
+        api.patch_status(
+            &name,
+            &PatchParams::apply(field_managers::CONTROLLER_RELEASE).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map_err(kube_err(format!(
+            "writing the DisksWiped condition of Machine {name}"
+        )))?;
+    }
+    match step {
+        ReleaseStep::PowerOff { .. } => Ok(()),
+        ReleaseStep::Wait { message } | ReleaseStep::Hold { message, .. } => {
+            Err(Error::Waiting(format!("release of {name}: {message}")))
+        }
+    }
+}
+
 /// Drains and deletes the Machine's recorded Node for a repave request;
 /// returns whether it deleted it. Waits (an error the runner retries soon) while pods
 /// remain, until the drain timeout has passed since the request.
@@ -260,6 +369,9 @@ pub async fn drain_and_delete(
         .await;
     }
     if request.then.as_deref() == Some(operations::POWER_OFF) {
+        if let Some(release) = machine.annotations().get(annotations::RELEASE) {
+            wipe_before_release(machine, status, release, ctx).await?;
+        }
         match follow_up_state(machine, operations::POWER_OFF, request, ctx).await? {
             Some(OperationState::Complete) => {}
             Some(OperationState::Failed) => {

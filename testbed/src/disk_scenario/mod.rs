@@ -21,7 +21,11 @@
 //! 7. a repave with `never`: the file is still there;
 //! 8. `wipe: always`, applied with a repave: the disk is wiped and formatted, the file gone;
 //! 9. back on the lab's version without storage (a repave): the node's state is in RAM and
-//!    `status.agent.storage` says no disk.
+//!    `status.agent.storage` says the earlier layout is `left` on `vdc`;
+//! 10. released by a pool (claimed into `tb-disks-pool`, scaled to 0): the controller drains
+//!    the Node and asks for the wipe, the agent wipes the left layout although its version
+//!    has no storage, the power-off waits for its report, and `vdc` read back on the host
+//!    carries no signature; then the machine is booted again.
 //!
 //! Each reboot is timed from the operation's creation to a Ready Node of the new boot (a
 //! Node's Ready condition can still be the old boot's for a while). The load average is
@@ -334,14 +338,118 @@ fn wipe_policies(
     pin(lab, machine, without_storage)?;
     repave(lab, machine, timeout, say)?;
     let used = storage_status(lab, machine);
-    if !used.device.is_empty() {
+    if used.action != "left" || used.serial != data_disk_serial(1, &domain) {
         return Err(step(format!(
-            "{machine} was repaved without storage but still reports a disk: {used:?}"
+            "{machine} was repaved without storage: its earlier layout should be reported left on its second disk, but the storage status is {used:?}"
         )));
     }
     say(&format!(
-        "disks: {machine} runs from RAM again and reports no storage"
+        "disks: {machine} runs from RAM again; its earlier layout is reported left on {}",
+        used.device
     ));
+    released_by_a_pool(lab, machine, without_storage, &chosen, timeout, say)
+}
+
+/// Step 10: `machine`, running from RAM with an earlier layout left on `disk`, claimed by a
+/// pool and released: wiped before the power-off, then booted again.
+fn released_by_a_pool(
+    lab: &Lab,
+    machine: &str,
+    version: i64,
+    disk: &DataDisk,
+    timeout: Duration,
+    say: &dyn Fn(&str),
+) -> Result<(), LabError> {
+    const POOL: &str = "tb-disks-pool";
+    const LABEL: &str = "tb-disks-release";
+    say(&format!(
+        "disks: {machine} claimed by pool {POOL}, then released (scaled to 0)"
+    ));
+    lab.kubectl(
+        &[
+            "label",
+            "machine",
+            machine,
+            &format!("{LABEL}=true"),
+            "--overwrite",
+        ],
+        None,
+    )?;
+    let pool = |replicas: u32| {
+        format!(
+            r#"apiVersion: unbounded-cloud.io/v1alpha1
+kind: MachinePool
+metadata: {{name: {POOL}}}
+spec:
+  replicas: {replicas}
+  template:
+    spec:
+      provider: pxe
+      pxe: {{inventorySelector: {{matchLabels: {{{LABEL}: "true"}}}}}}
+      configurationRef: {{name: testbed, version: {version}}}
+"#
+        )
+    };
+    lab.kubectl(&["apply", "-f", "-"], Some(&pool(1)))?;
+    wait_until(&format!("{POOL} to claim {machine}"), timeout, || {
+        let member = get(
+            lab,
+            "machine",
+            machine,
+            r"{.metadata.labels.unbounded-cloud\.io/pool}",
+        );
+        (member == POOL, format!("pool label {member:?}"))
+    })?;
+    let started = Instant::now();
+    lab.kubectl(&["apply", "-f", "-"], Some(&pool(0)))?;
+    wait_until(
+        &format!("{machine}'s agent to wipe its left layout before the power-off"),
+        timeout,
+        || {
+            let wipe = get(lab, "machine", machine, "{.status.agent.releaseWipe.state}");
+            let request = get(
+                lab,
+                "machine",
+                machine,
+                "{.status.agent.releaseWipe.request}",
+            );
+            let power = get(lab, "machine", machine, "{.status.power}");
+            (
+                wipe == "Wiped" && !request.is_empty() && power == "Off",
+                format!("releaseWipe {wipe:?} for {request:?}, power {power:?}"),
+            )
+        },
+    )?;
+    let took = Timed::since(started);
+    let condition = get(
+        lab,
+        "machine",
+        machine,
+        "{.status.conditions[?(@.type==\"DisksWiped\")].reason}",
+    );
+    if condition != "Wiped" {
+        return Err(step(format!(
+            "{machine} was powered off after its release, but DisksWiped says {condition:?}"
+        )));
+    }
+    let left = disk.signatures()?;
+    if !left.is_empty() {
+        return Err(step(format!(
+            "{machine} was released by its pool but its disk still carries: {left}"
+        )));
+    }
+    say(&format!(
+        "disks: {machine} released by its pool in {took}: wiped first (DisksWiped Wiped), then powered off; its disk read back on the host: no signature left"
+    ));
+    // The lab as it was: the pool gone, the machine booted again.
+    lab.kubectl(&["delete", "machinepool", POOL, "--wait=true"], None)?;
+    lab.kubectl(&["label", "machine", machine, &format!("{LABEL}-")], None)?;
+    pin(lab, machine, version)?;
+    let boot_before = get(lab, "machine", machine, "{.status.agent.bootID}");
+    operation(lab, "tb-disks-boot-again", machine, "pxeBoot", "")?;
+    wait_complete(lab, "tb-disks-boot-again", timeout)?;
+    wait_ready_on_new_boot(lab, machine, &boot_before, "", timeout)?;
+    say(&format!("disks: {machine} booted again and Ready"));
     Ok(())
 }
 
