@@ -85,6 +85,8 @@ use serde::{Deserialize, Serialize};
 #[x_kube(validation = Rule::new("self.provider != 'azure' || has(self.azure)").message("spec.azure is required when spec.provider is 'azure'"))]
 #[x_kube(validation = Rule::new("!has(self.pxe) || self.provider == 'pxe'").message("spec.pxe may only be set when spec.provider is 'pxe'"))]
 #[x_kube(validation = Rule::new("!has(self.azure) || self.provider == 'azure'").message("spec.azure may only be set when spec.provider is 'azure'"))]
+#[x_kube(validation = Rule::new("!has(oldSelf.azure) || !has(self.azure) || self.azure.resourceGroup == oldSelf.azure.resourceGroup").message("spec.azure.resourceGroup is immutable: the VM is found by it; delete and recreate the Machine to move it"))]
+#[x_kube(validation = Rule::new("!has(oldSelf.azure) || !has(self.azure) || self.azure.subscriptionID == oldSelf.azure.subscriptionID").message("spec.azure.subscriptionID is immutable: the VM is found by it; delete and recreate the Machine to move it"))]
 pub struct MachineSpec {
     /// The provider that owns this machine's infrastructure: `pxe` (bare metal booted by the
     /// bootserver), `azure` (a VM created through Azure Resource Manager) or `manual` (someone
@@ -253,12 +255,15 @@ pub struct SecretReference {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.sshPublicKey) != has(self.sshKeySecretRef)").message("set exactly one of spec.azure.sshPublicKey and spec.azure.sshKeySecretRef"))]
 pub struct AzureSpec {
-    /// Azure subscription ID (a UUID).
+    /// Azure subscription ID (a UUID). Immutable on a Machine: the VM is found by it.
     #[serde(rename = "subscriptionID")]
     #[x_kube(validation = Rule::new("self.matches('^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$')").message("spec.azure.subscriptionID must be a UUID"))]
     #[schemars(length(max = 36))]
     pub subscription_id: String,
     /// Resource group the VM, its NIC and its OS disk are created in (it must exist).
+    /// Immutable on a Machine (a rule of `MachineSpec`; a pool's template may change it): a
+    /// changed group would make the provider create a second VM there while the first runs
+    /// on, and delete nothing of the first.
     #[x_kube(validation = Rule::new("self.size() >= 1 && self.size() <= 90").message("spec.azure.resourceGroup must be 1 to 90 characters"))]
     #[x_kube(validation = Rule::new(r"self.matches('^[-\\w.()]+$') && !self.endsWith('.')").message("spec.azure.resourceGroup may hold letters, digits, '-', '_', '.', '(' and ')', and may not end with '.'"))]
     #[schemars(length(max = 90))]

@@ -895,6 +895,50 @@ async fn provider_is_immutable() {
         .expect("delete");
 }
 
+/// Where an Azure VM is (its subscription and resource group) cannot change: a changed group
+/// made the provider create a second VM there while the first ran on. Other fields (the VM
+/// size, tags) may change (they apply to the next VM).
+#[tokio::test]
+async fn an_azure_machines_subscription_and_resource_group_are_immutable() {
+    let client = client().await;
+    let api = api_for(&client, "Machine");
+    let object: DynamicObject =
+        serde_json::from_value(machine("immutable-group", azure_spec(json!({})))).expect("object");
+    api.create(&PostParams::default(), &object)
+        .await
+        .expect("create");
+    for (patch, words) in [
+        (
+            json!({"spec": {"azure": {"resourceGroup": "rg-elsewhere"}}}),
+            "spec.azure.resourceGroup is immutable",
+        ),
+        (
+            json!({"spec": {"azure": {"subscriptionID": "11111111-2222-3333-4444-555555555555"}}}),
+            "spec.azure.subscriptionID is immutable",
+        ),
+    ] {
+        let err = api
+            .patch(
+                "immutable-group",
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .expect_err("moving the VM must be rejected");
+        assert!(err.to_string().contains(words), "{err}");
+    }
+    api.patch(
+        "immutable-group",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"azure": {"vmSize": "Standard_D8s_v5"}}})),
+    )
+    .await
+    .expect("the size may change");
+    api.delete("immutable-group", &DeleteParams::default())
+        .await
+        .expect("delete");
+}
+
 fn version_object(name: &str, configuration: &str, version: i64, kernel: &str) -> Value {
     json!({
         "apiVersion": "unbounded-cloud.io/v1alpha1",

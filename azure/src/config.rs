@@ -99,6 +99,10 @@ pub struct Flags {
     pub log_json: bool,
     /// Leader election: only the replica that holds the Lease `unbounded-azure-provider`
     /// acts on Machines.
+    /// Address of the health endpoints: /healthz (the process serves) and /readyz (the API
+    /// server answers it).
+    #[arg(long, default_value = "0.0.0.0:8081")]
+    pub probe_addr: std::net::SocketAddr,
     #[command(flatten)]
     pub election: unbounded_runtime::leader::ElectionFlags,
 }

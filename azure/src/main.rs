@@ -72,6 +72,10 @@ fn main() -> ExitCode {
             cluster = %settings.cluster_name,
             "Azure provider starting"
         );
+        if let Err(error) = serve_probes(flags.probe_addr, client.clone()).await {
+            eprintln!("unbounded-azure: {error}");
+            return ExitCode::FAILURE;
+        }
         let mut elector = match election {
             Some(election) => {
                 let mut elector = Elector::new(lease_client, election);
@@ -113,4 +117,26 @@ fn main() -> ExitCode {
             }
         }
     })
+}
+
+/// Serves /healthz (the process runs) and /readyz (the API server answers this replica,
+/// leader or follower) on `addr`, in the background.
+async fn serve_probes(addr: std::net::SocketAddr, client: kube::Client) -> Result<(), String> {
+    use axum::routing::get;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("binding the probe address {addr}: {e}"))?;
+    tracing::info!(addr = %listener.local_addr().unwrap_or(addr), "serving /healthz and /readyz");
+    let app = axum::Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(move || unbounded_runtime::probes::readyz(client.clone())),
+        );
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, app).await {
+            tracing::error!(%error, "probe server stopped");
+        }
+    });
+    Ok(())
 }

@@ -31,7 +31,7 @@ const LEASE_NAME: &str = "unbounded-controller";
     about = "Unbounded's controller"
 )]
 struct Flags {
-    /// Address of the metrics and health endpoint (/metrics, /healthz).
+    /// Address of the metrics and health endpoint (/metrics, /healthz, /readyz).
     #[arg(long, env = "UNBOUNDED_METRICS_ADDR", default_value = "127.0.0.1:8080")]
     metrics_addr: SocketAddr,
     #[command(flatten)]
@@ -79,25 +79,6 @@ async fn main() -> anyhow::Result<()> {
     let mut registry = Registry::default();
     let metrics = Arc::new(Metrics::new(&mut registry));
     let registry = Arc::new(registry);
-    let listener = tokio::net::TcpListener::bind(flags.metrics_addr)
-        .await
-        .with_context(|| format!("binding the metrics address {}", flags.metrics_addr))?;
-    tracing::info!(addr = %flags.metrics_addr, "serving /metrics and /healthz");
-    let app = Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route(
-            "/metrics",
-            get(move || {
-                let registry = registry.clone();
-                async move { render_metrics(&registry) }
-            }),
-        );
-    tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, app).await {
-            tracing::error!(%error, "metrics server stopped");
-        }
-    });
-
     let election = flags.election.config(LEASE_NAME)?;
     let identity = flags.election.identity();
     let mut config = kube::Config::infer()
@@ -110,6 +91,31 @@ async fn main() -> anyhow::Result<()> {
         .context("building the Kubernetes API client")?
         .with_layer(&RateLimitLayer::new(flags.api_qps, flags.api_burst))
         .build();
+    let listener = tokio::net::TcpListener::bind(flags.metrics_addr)
+        .await
+        .with_context(|| format!("binding the metrics address {}", flags.metrics_addr))?;
+    let bound = listener.local_addr().unwrap_or(flags.metrics_addr);
+    tracing::info!(addr = %bound, "serving /metrics, /healthz and /readyz");
+    let probe_client = client.clone();
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        // Ready while the API server answers this replica (leader or follower).
+        .route(
+            "/readyz",
+            get(move || unbounded_runtime::probes::readyz(probe_client.clone())),
+        )
+        .route(
+            "/metrics",
+            get(move || {
+                let registry = registry.clone();
+                async move { render_metrics(&registry) }
+            }),
+        );
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, app).await {
+            tracing::error!(%error, "metrics server stopped");
+        }
+    });
     let settings = Settings {
         drain_timeout: Duration::from_secs(flags.drain_timeout_seconds),
         machine_concurrency: flags.machine_concurrency,

@@ -424,3 +424,70 @@ async fn a_leader_stopped_with_sigterm_releases_its_lease_and_exits_cleanly() {
     })
     .await;
 }
+
+/// The answer's status line of `GET <path>` on `addr` (plain HTTP/1.0).
+fn http_status(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
+        return "no connection".into();
+    };
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer.lines().next().unwrap_or_default().to_owned()
+}
+
+/// A replica is ready while the API server answers it, and not while its route to the API
+/// server is stalled (leader or follower alike): what the Deployment's readinessProbe asks.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replica_is_ready_only_while_the_api_server_answers_it() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = StallableForward::start(&api_server_addr().to_string()).unwrap();
+    let through_proxy = kubeconfig_through(&proxy, dir.path(), "proxied.kubeconfig");
+    let replica = Replica::start(
+        "le-ready",
+        "le-ready-lease",
+        &through_proxy,
+        None,
+        dir.path(),
+    );
+    let addr = wait_long(
+        "the probe address in the log",
+        Duration::from_secs(30),
+        || {
+            let log = replica.log();
+            let addr = log
+                .lines()
+                .find(|l| l.contains("serving /metrics, /healthz and /readyz"))
+                .and_then(|l| l.split("127.0.0.1:").nth(1))
+                .map(|rest| {
+                    let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                    format!("127.0.0.1:{port}")
+                });
+            async move { addr }
+        },
+    )
+    .await;
+    wait_long("ready", Duration::from_secs(30), || {
+        let ok = http_status(&addr, "/readyz").contains("200");
+        async move { ok.then_some(()) }
+    })
+    .await;
+    proxy.stall();
+    let status = http_status(&addr, "/readyz");
+    assert!(status.contains("503"), "{status}\n{}", replica.log());
+    assert!(
+        http_status(&addr, "/healthz").contains("200"),
+        "alive all the same"
+    );
+    proxy.resume();
+    wait_long("ready again", Duration::from_secs(30), || {
+        let ok = http_status(&addr, "/readyz").contains("200");
+        async move { ok.then_some(()) }
+    })
+    .await;
+}

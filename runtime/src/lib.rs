@@ -17,6 +17,7 @@
 pub mod handler;
 pub mod inventory;
 pub mod leader;
+pub mod probes;
 pub mod provider;
 pub mod release;
 pub mod shutdown;

@@ -49,9 +49,17 @@ const TABLE: &[Ask] = &[
         BOOTSERVER,
         "get",
         "secrets",
-        "unbounded-system",
+        "unbounded-bmc",
         true,
         "BMC credentials named by Machines",
+    ),
+    ask(
+        BOOTSERVER,
+        "get",
+        "secrets",
+        "unbounded-system",
+        false,
+        "no Azure service principal, no TLS key",
     ),
     ask(
         BOOTSERVER,
@@ -91,7 +99,7 @@ const TABLE: &[Ask] = &[
         "machines",
         "",
         true,
-        "finalizer, hardware labels, an EK on first use",
+        "finalizer, hardware labels, an EK on first use (policy unbounded-bootserver-writes)",
     ),
     ask(
         BOOTSERVER,
@@ -372,5 +380,177 @@ fn each_identity_can_do_what_it_needs_and_nothing_named_here_beyond() {
                 "docs/security.md's can-i table is not this run's (UNBOUNDED_WRITE_DOCS=1 rewrites it):\n{table}"
             );
         }
+    }
+}
+
+/// Runs `kubectl patch machine <name> --type merge -p <patch>` as `who`; its error output when
+/// refused.
+fn patch_as(cp: &LocalControlPlane, who: &str, name: &str, patch: &str) -> Result<(), String> {
+    let out = cp
+        .kubectl()
+        .args([
+            "patch", "machine", name, "--type", "merge", "-p", patch, "--as", who,
+        ])
+        .output()
+        .unwrap();
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// RBAC lets the bootserver patch any Machine; the policy `unbounded-bootserver-writes`
+/// narrows it to what it writes. Each rule is shown by a write only it refuses, beside the
+/// bootserver's own writes, which go through (with the policy gone, every refusal below
+/// would be a success: RBAC allows them all).
+#[test]
+fn the_bootserver_may_change_on_machines_only_what_it_writes() {
+    let cp = LocalControlPlane::shared().expect("control plane");
+    let deploy = deploy_dir();
+    apply(cp, &deploy.join("namespace.yaml"));
+    apply(cp, &deploy.join("rbac"));
+    apply(cp, &deploy.join("policies"));
+    cp.kubectl_with_input(
+        &["apply", "-f", "-"],
+        Some(
+            r#"apiVersion: unbounded-cloud.io/v1alpha1
+kind: Machine
+metadata: {name: lp-pxe, labels: {team: a, hardware.unbounded-cloud.io/cpus: "4"}}
+spec:
+  provider: pxe
+  configurationRef: {name: lp-config}
+  pxe:
+    macAddresses: ["52:54:00:1f:00:01"]
+    bmc: {address: "redfish://10.0.0.9", credentialsSecretRef: {namespace: unbounded-system, name: lp-bmc}}
+---
+apiVersion: unbounded-cloud.io/v1alpha1
+kind: Machine
+metadata: {name: lp-waiting, labels: {unbounded-cloud.io/discovery: waiting}}
+spec:
+  provider: pxe
+  pxe: {macAddresses: ["52:54:00:1f:00:02"]}
+---
+apiVersion: unbounded-cloud.io/v1alpha1
+kind: Machine
+metadata: {name: lp-manual}
+spec: {provider: manual}
+"#,
+        ),
+    )
+    .unwrap();
+    let ok = |name: &str, patch: &str| {
+        patch_as(cp, BOOTSERVER, name, patch)
+            .unwrap_or_else(|e| panic!("the bootserver's own write {patch} on {name}: {e}"));
+    };
+    let refused = |name: &str, patch: &str, words: &str| match patch_as(cp, BOOTSERVER, name, patch)
+    {
+        Ok(()) => panic!("{patch} on {name}: the policy let it through"),
+        Err(e) => assert!(
+            e.contains(words),
+            "{patch} on {name}: refused, but not by that rule: {e}"
+        ),
+    };
+    // What it writes.
+    ok(
+        "lp-pxe",
+        r#"{"metadata":{"finalizers":["unbounded-cloud.io/pxe-provider"]}}"#,
+    );
+    ok(
+        "lp-pxe",
+        r#"{"spec":{"providerID":"pxe://52:54:00:1f:00:01"}}"#,
+    );
+    ok(
+        "lp-pxe",
+        r#"{"spec":{"pxe":{"identity":{"endorsementKey":"000b0000000000000000000000000000000000000000000000000000000000000001"}}}}"#,
+    );
+    ok(
+        "lp-pxe",
+        r#"{"metadata":{"labels":{"hardware.unbounded-cloud.io/cpus":"8","hardware.unbounded-cloud.io/disputed":"true"}}}"#,
+    );
+    ok(
+        "lp-waiting",
+        r#"{"spec":{"pxe":{"macAddresses":["52:54:00:1f:00:02","52:54:00:1f:00:03"]}}}"#,
+    );
+    create_as(
+        cp,
+        BOOTSERVER,
+        "apiVersion: unbounded-cloud.io/v1alpha1\nkind: Machine\nmetadata: {name: lp-discovered, labels: {unbounded-cloud.io/discovery: waiting}}\nspec: {provider: pxe, pxe: {macAddresses: [\"52:54:00:1f:00:04\"]}}\n",
+    )
+    .expect("a waiting discovered Machine");
+    // What it may not.
+    let created = create_as(
+        cp,
+        BOOTSERVER,
+        "apiVersion: unbounded-cloud.io/v1alpha1\nkind: Machine\nmetadata: {name: lp-made-up, labels: {unbounded-cloud.io/discovery: waiting}}\nspec: {provider: pxe, configurationRef: {name: lp-config}, pxe: {macAddresses: [\"52:54:00:1f:00:05\"]}}\n",
+    );
+    assert!(
+        created
+            .as_ref()
+            .is_err_and(|e| e.contains("only waiting discovered")),
+        "{created:?}"
+    );
+    refused(
+        "lp-manual",
+        r#"{"metadata":{"labels":{"x":"y"}}}"#,
+        "only PXE Machines",
+    );
+    refused(
+        "lp-pxe",
+        r#"{"spec":{"configurationRef":{"name":"other"}}}"#,
+        "may not change a Machine's configurationRef",
+    );
+    refused(
+        "lp-pxe",
+        r#"{"spec":{"pxe":{"bmc":{"address":"redfish://10.0.0.66"}}}}"#,
+        "may not change a Machine's configurationRef",
+    );
+    refused(
+        "lp-pxe",
+        r#"{"spec":{"pxe":{"identity":{"endorsementKey":"000b0000000000000000000000000000000000000000000000000000000000000002"}}}}"#,
+        "only on first use",
+    );
+    refused(
+        "lp-pxe",
+        r#"{"spec":{"pxe":{"macAddresses":["52:54:00:1f:00:66"]}}}"#,
+        "only of a waiting discovered Machine",
+    );
+    refused(
+        "lp-pxe",
+        r#"{"metadata":{"labels":{"team":"b"}}}"#,
+        "only hardware.unbounded-cloud.io/ labels",
+    );
+    refused(
+        "lp-waiting",
+        r#"{"metadata":{"labels":{"unbounded-cloud.io/discovery":"claimed"}}}"#,
+        "only hardware.unbounded-cloud.io/ labels",
+    );
+    refused(
+        "lp-pxe",
+        r#"{"metadata":{"annotations":{"unbounded-cloud.io/repave":"2026-01-01T00:00:00Z"}}}"#,
+        "annotations or owners",
+    );
+    refused(
+        "lp-pxe",
+        r#"{"metadata":{"finalizers":["unbounded-cloud.io/pxe-provider","unbounded-cloud.io/machine"]}}"#,
+        "only its own finalizer",
+    );
+    for name in ["lp-pxe", "lp-waiting", "lp-manual", "lp-discovered"] {
+        let _ = cp
+            .kubectl()
+            .args([
+                "patch",
+                "machine",
+                name,
+                "--type",
+                "merge",
+                "-p",
+                r#"{"metadata":{"finalizers":null}}"#,
+            ])
+            .output();
+        let _ = cp
+            .kubectl()
+            .args(["delete", "machine", name, "--wait=false"])
+            .output();
     }
 }

@@ -379,7 +379,7 @@ impl Lab {
     pub fn apply_machines(&mut self) -> Result<(), LabError> {
         use crate::scenario::LabAccess as _;
         let mut yaml = format!(
-            "apiVersion: v1\nkind: Secret\nmetadata: {{name: testbed-bmc, namespace: unbounded-system}}\n\
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: testbed-bmc, namespace: unbounded-bmc}}\n\
              stringData: {{username: {BMC_USER}, password: {BMC_PASSWORD}}}\n---\n{}",
             configuration_yaml("testbed", &self.artifacts)
         );
@@ -399,7 +399,7 @@ spec:
     ipv4: {ip}
     bmc:
       address: "{bmc}"
-      credentialsSecretRef: {{namespace: unbounded-system, name: testbed-bmc}}
+      credentialsSecretRef: {{namespace: unbounded-bmc, name: testbed-bmc}}
 "#,
                 name = m.name,
                 mac = m.mac,
