@@ -192,6 +192,8 @@ struct DhcpFile {
     /// Ports, for tests in unprivileged setups; 67 and 4011 by default.
     port: Option<u16>,
     proxy_port: Option<u16>,
+    #[serde(default)]
+    limits: crate::dhcp::limits::LimitsFile,
 }
 
 #[derive(Debug, Deserialize)]
@@ -330,6 +332,8 @@ pub struct Settings {
     pub dhcp_mode: DhcpMode,
     /// Subnets with pools (full mode).
     pub subnets: Vec<Subnet>,
+    /// Pool addresses per relay and per relay port (`dhcp.limits`).
+    pub dhcp_limits: crate::dhcp::limits::SourceLimits,
     /// Where leases are kept (full mode).
     pub lease_file: PathBuf,
     /// What to do with unknown PXE clients.
@@ -463,6 +467,8 @@ impl Settings {
             server_address: file.server_address,
             backend: file.backend,
             dhcp_mode: file.dhcp.mode,
+            dhcp_limits: crate::dhcp::limits::SourceLimits::try_from(&file.dhcp.limits)
+                .map_err(|e| ConfigError::Invalid(e.to_string()))?,
             subnets,
             lease_file: file
                 .dhcp

@@ -286,3 +286,96 @@ fn relayed_requests_get_option_82_back_unchanged_through_dhcrelay() {
 fn link_selection_from_dhcrelay_chooses_the_client_subnet() {
     relay_case(&["-U", "uplink"], "10.98.0.", [10, 99, 0, 2]);
 }
+
+/// Complete DORAs from made-up MACs behind one relay (a real `dhcrelay`, option 82 added)
+/// take at most `dhcp.limits.perRelay` addresses of a pool that two relays share; a client
+/// behind the other relay still gets one, and the refusals are counted
+/// (`unbounded_bootserver_dhcp_dropped_total{reason="source_limit"}`). Before the limit, the flood took the pool.
+#[test]
+fn a_flood_behind_one_relay_leaves_the_shared_pool_to_the_other() {
+    // The server's link is a bridge with two relays on it; each relay's downlink is a
+    // segment of 10.98.0.0/24 with one client namespace.
+    let server = Netns::new("ubs").unwrap();
+    server
+        .ip(&["link", "add", "pxe0", "type", "bridge"])
+        .unwrap();
+    server
+        .ip(&["addr", "add", "10.99.0.1/24", "dev", "pxe0"])
+        .unwrap();
+    server.ip(&["link", "set", "pxe0", "up"]).unwrap();
+    let mut relays = Vec::new();
+    for (i, (uplink, downlink)) in [("10.99.0.2", "10.98.0.1"), ("10.99.0.3", "10.98.0.2")]
+        .into_iter()
+        .enumerate()
+    {
+        let relay = Netns::new("ubr").unwrap();
+        let client = Netns::new("ubc").unwrap();
+        let port = format!("port{i}");
+        veth((&server, &port), (&relay, "uplink"));
+        server
+            .ip(&["link", "set", &port, "master", "pxe0"])
+            .unwrap();
+        veth((&relay, "downlink"), (&client, "eth0"));
+        relay
+            .ip(&["addr", "add", &format!("{uplink}/24"), "dev", "uplink"])
+            .unwrap();
+        relay
+            .ip(&["addr", "add", &format!("{downlink}/24"), "dev", "downlink"])
+            .unwrap();
+        server
+            .ip(&["route", "add", &format!("{downlink}/32"), "via", uplink])
+            .unwrap();
+        relays.push((relay, client));
+    }
+    let images = fake_images();
+    let config = two_subnet_config(images.path())
+        .replace("  mode: full\n", "  mode: full\n  limits: {perRelay: 3}\n");
+    let bootserver = Bootserver::start(&server, &config);
+    let dir = tempfile::tempdir().unwrap();
+    let _relays: Vec<Running> = relays
+        .iter()
+        .enumerate()
+        .map(|(i, (relay, _))| {
+            dhcrelay(
+                relay,
+                &["-iu", "uplink"],
+                &dir.path().join(format!("dhcrelay{i}.log")),
+            )
+        })
+        .collect();
+    let lease = |client: &Netns, mac: &str| {
+        client.ip(&["link", "set", "eth0", "address", mac]).unwrap();
+        let (env, out) = udhcpc(client, &[]);
+        (get(&env, "ip").map(str::to_owned), out)
+    };
+
+    // Five made-up MACs behind the first relay: three addresses, then nothing.
+    let flooder = &relays[0].1;
+    let mut got = Vec::new();
+    for n in 1..=5 {
+        let (ip, out) = lease(flooder, &format!("02:00:00:00:0f:{n:02x}"));
+        match ip {
+            Some(ip) => got.push(ip),
+            None => assert!(
+                n > 3,
+                "client {n} got no lease: {out}\n{}",
+                bootserver.log()
+            ),
+        }
+    }
+    assert_eq!(got.len(), 3, "{got:?}\n{}", bootserver.log());
+    assert!(got.iter().all(|ip| ip.starts_with("10.98.0.")), "{got:?}");
+    // The other relay's client is served from the same pool.
+    let (other, out) = lease(&relays[1].1, "02:00:00:00:0e:01");
+    let other = other.unwrap_or_else(|| panic!("no lease behind the other relay: {out}"));
+    assert!(
+        other.starts_with("10.98.0.") && !got.contains(&other),
+        "{other}"
+    );
+    let refused = metric(
+        &bootserver.metrics(&server),
+        "unbounded_bootserver_dhcp_dropped_total",
+        "source_limit",
+    );
+    assert!(refused >= 2.0, "source_limit drops: {refused}");
+}

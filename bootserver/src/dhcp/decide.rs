@@ -20,6 +20,7 @@ use dhcproto::v4::{DhcpOption, MessageType};
 
 use super::DropReason;
 use super::allocate::{Client, Cursors, OFFER_HOLD, Offer, Pool};
+use super::limits::{Source, Sources};
 use super::reply::{self, Reply};
 use super::wire::Request;
 use crate::backend::{MachineBackend, MachineRecord};
@@ -114,6 +115,8 @@ pub struct Responder {
     backend: Arc<dyn MachineBackend>,
     leases: Arc<Leases>,
     cursors: Mutex<Cursors>,
+    /// Which clients each relay and port was given a pool address ([`super::limits`]).
+    sources: Mutex<Sources>,
     /// The PXE boot-server exchanges answered: the evidence that vouches for a machine's
     /// address in proxy mode ([`crate::identity`]).
     exchanges: Arc<PxeExchanges>,
@@ -149,6 +152,7 @@ impl Responder {
             backend,
             leases,
             cursors: Mutex::default(),
+            sources: Mutex::default(),
             exchanges: Arc::default(),
         }
     }
@@ -295,6 +299,43 @@ impl Responder {
         let client = context.client();
         let key = &context.key;
         let now = context.now;
+        // A client that is no Machine of ours counts against the limits of the relay and
+        // port it is behind while it holds an address; one that holds none (or only a lease
+        // that has expired) may get one only within them.
+        let limited = if matches!(
+            request.message_type,
+            MessageType::Discover | MessageType::Request
+        ) && machine.is_none()
+        {
+            Source::of(request, self.settings.dhcp_limits)
+        } else {
+            Vec::new()
+        };
+        if !limited.is_empty() {
+            let book = &*pool.book;
+            let holds = |k: &ClientKey| {
+                book.claim_of(k, now).is_some()
+                    || book.lease_of(k).is_some_and(|l| l.expires_unix > now)
+            };
+            let mut sources = self
+                .sources
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !holds(key)
+                && let Some(source) = sources.refusing(&limited, key, holds)
+            {
+                tracing::debug!(client = %key, source = source.kind(), "source at its limit of pool addresses; request dropped");
+                return Err(DropReason::SourceLimit);
+            }
+        }
+        let given = |sources: &Mutex<Sources>| {
+            if !limited.is_empty() {
+                sources
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .given(&limited, key);
+            }
+        };
         match request.message_type {
             MessageType::Discover => {
                 let offer = pool
@@ -310,6 +351,7 @@ impl Responder {
                         now + OFFER_HOLD.as_secs(),
                     )
                     .map_err(refused)?;
+                given(&self.sources);
                 Ok(Decision::Reply {
                     reply: self.grant(context, MessageType::Offer, subnet, offer.ip()),
                     to: reply::destination(request, self.settings.dhcp_port),
@@ -367,6 +409,7 @@ impl Responder {
                     }
                     Err(Refused::CommitInFlight) => return Err(DropReason::CommitInFlight),
                 };
+                given(&self.sources);
                 Ok(Decision::Reply {
                     reply: self.grant(context, MessageType::Ack, subnet, asked),
                     to: reply::destination(request, self.settings.dhcp_port),

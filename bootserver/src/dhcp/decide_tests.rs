@@ -641,3 +641,158 @@ fn proxy_mode_sends_ipxe_to_port_4011_and_pairs_the_mac_with_its_address() {
     ));
     assert!(options.iter().any(|(c, _)| *c == 67), "{options:?}");
 }
+
+/// `dhcp.limits`: a relay at its limit of unknown clients holding pool addresses gets no new
+/// one, whether asked by DISCOVER or by a REQUEST without one; the relay's own clients keep
+/// theirs (a renewal is no new address); a client that gives its address back frees a
+/// place; a Machine of ours is never limited; another relay, and a port over its own limit
+/// behind the same relay, are counted apart.
+#[test]
+fn a_relay_or_port_at_its_limit_gets_no_new_pool_address() {
+    let config = CONFIG.replace("dhcp:\n", "dhcp:\n  limits: {perRelay: 2, perCircuit: 1}\n");
+    let s = server_with(&config);
+    let relay_a = [10, 98, 0, 1];
+    let behind_a = |mac: u8| packet(1, mac).relayed_by(relay_a);
+    let first = s.lease(behind_a(0x71));
+    s.lease(behind_a(0x72));
+    assert_eq!(
+        s.ask(&behind_a(0x73)),
+        Decision::Drop(DropReason::SourceLimit)
+    );
+    // A REQUEST for a free address, with no DISCOVER first: the same.
+    let sneak = packet(3, 0x73)
+        .relayed_by(relay_a)
+        .server_id()
+        .requested([10, 98, 0, 150]);
+    assert_eq!(s.ask(&sneak), Decision::Drop(DropReason::SourceLimit));
+    // A client of the relay renews: no new address, no refusal.
+    let renew = packet(3, 0x71).relayed_by(relay_a).ciaddr(first.octets());
+    assert_eq!(kind(&s.ask(&renew)), Some(MessageType::Ack));
+    // Another relay is counted apart.
+    s.lease(packet(1, 0x74).relayed_by([10, 98, 0, 2]));
+    // One of the relay's clients gives its address back: a new client takes its place.
+    let release = packet(7, 0x71).relayed_by(relay_a).ciaddr(first.octets());
+    assert!(matches!(s.ask(&release), Decision::Release { .. }));
+    s.lease(behind_a(0x73));
+    // A Machine of ours behind the full relay is served.
+    let mut machine = packet(1, 0x01).relayed_by(relay_a);
+    machine.mac = [0x52, 0x54, 0, 0, 0, 0x01];
+    assert_eq!(kind(&s.ask(&machine)), Some(MessageType::Offer));
+    // Option 82 with a circuit ID: one client per port.
+    let port = |mac: u8, id: &[u8]| {
+        let mut info = vec![1, id.len() as u8];
+        info.extend_from_slice(id);
+        packet(1, mac).relayed_by([10, 98, 0, 3]).option(82, &info)
+    };
+    s.lease(port(0x75, b"eth1/1"));
+    assert_eq!(
+        s.ask(&port(0x76, b"eth1/1")),
+        Decision::Drop(DropReason::SourceLimit)
+    );
+    s.lease(port(0x77, b"eth1/2"));
+}
+
+/// The limit as a property of the real decision and the real address book: over random
+/// sequences of DISCOVERs, REQUESTs (for the offered address, or straight for a free one),
+/// RELEASEs and waits from eight unknown clients behind two relays, no relay ever has more
+/// than its limit of clients holding a pool address (an offer that has not lapsed, a lease
+/// that has not expired). Within one process: a restart forgets who was given what.
+#[test]
+fn no_relay_holds_more_than_its_limit() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+    const LIMIT: usize = 2;
+    #[derive(Debug, Clone)]
+    enum Step {
+        Discover(u8),
+        Select(u8),
+        Straight(u8, u8),
+        Release(u8),
+        Wait(u64),
+    }
+    let client = 0u8..8;
+    let steps = prop::collection::vec(
+        prop_oneof![
+            4 => client.clone().prop_map(Step::Discover),
+            4 => client.clone().prop_map(Step::Select),
+            2 => (client.clone(), 100u8..120).prop_map(|(c, ip)| Step::Straight(c, ip)),
+            2 => client.prop_map(Step::Release),
+            2 => prop_oneof![1u64..10, 25u64..40, 500u64..700].prop_map(Step::Wait),
+        ],
+        1..80,
+    );
+    let config = CONFIG
+        .replace(
+            "dhcp:\n",
+            &format!("dhcp:\n  limits: {{perRelay: {LIMIT}}}\n"),
+        )
+        .replace(
+            "      pool: [10.98.0.100, 10.98.0.199]\n",
+            "      pool: [10.98.0.100, 10.98.0.199]\n      leaseSeconds: 600\n",
+        );
+    let relay = |c: u8| [10, 98, 0, 1 + c % 2];
+    let mac = |c: u8| [0x02, 0, 0, 0, 0x20, c];
+    let mut runner = TestRunner::new_with_rng(
+        Config {
+            cases: 128,
+            failure_persistence: None,
+            ..Config::default()
+        },
+        TestRng::from_seed(RngAlgorithm::ChaCha, &[82; 32]),
+    );
+    runner
+        .run(&steps, |steps| {
+            let s = server_with(&config);
+            let mut now = NOW;
+            let mut offered: std::collections::HashMap<u8, Ipv4Addr> = Default::default();
+            for step in &steps {
+                let ask = |kind: u8, c: u8| {
+                    let mut p = packet(kind, 0).relayed_by(relay(c));
+                    p.mac = mac(c);
+                    p
+                };
+                match *step {
+                    Step::Discover(c) => {
+                        if let decision @ Decision::Reply { .. } = s.ask_at(&ask(1, c), now) {
+                            offered.insert(c, yiaddr(&decision));
+                        }
+                    }
+                    Step::Select(c) => {
+                        if let Some(ip) = offered.get(&c) {
+                            s.ask_at(&ask(3, c).server_id().requested(ip.octets()), now);
+                        }
+                    }
+                    Step::Straight(c, last) => {
+                        let ip = [10, 98, 0, last];
+                        s.ask_at(&ask(3, c).server_id().requested(ip), now);
+                    }
+                    Step::Release(c) => {
+                        let key = ClientKey::of(None, MacAddr(mac(c)));
+                        let held = s.leases.book().unwrap().lease_of(&key).map(|l| l.ip);
+                        if let Some(ip) = held {
+                            s.ask_at(&ask(7, c).ciaddr(ip.octets()), now);
+                        }
+                    }
+                    Step::Wait(seconds) => now += seconds,
+                }
+                let book = s.leases.book().unwrap();
+                for r in 0..2u8 {
+                    let holding = (0..8u8)
+                        .filter(|c| c % 2 == r)
+                        .filter(|c| {
+                            let key = ClientKey::of(None, MacAddr(mac(*c)));
+                            book.claim_of(&key, now).is_some()
+                                || book.lease_of(&key).is_some_and(|l| l.expires_unix > now)
+                        })
+                        .count();
+                    prop_assert!(
+                        holding <= LIMIT,
+                        "relay {r} has {holding} clients holding addresses after {step:?}"
+                    );
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+}

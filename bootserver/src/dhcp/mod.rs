@@ -51,6 +51,7 @@ pub mod commit;
 pub mod decide;
 #[doc(hidden)]
 pub mod invariants;
+pub mod limits;
 pub mod reply;
 pub mod serve;
 pub mod wire;
@@ -122,6 +123,9 @@ pub enum DropReason {
     Withdrawn,
     /// The reply could not be encoded.
     Encode,
+    /// A new pool address for a client behind a relay, or a relay's port, that already
+    /// holds its limit of them (`dhcp.limits`).
+    SourceLimit,
 }
 
 impl DropReason {
@@ -147,6 +151,7 @@ impl DropReason {
             Self::CommitInFlight => "commit_in_flight",
             Self::Withdrawn => "withdrawn",
             Self::Encode => "encode",
+            Self::SourceLimit => "source_limit",
         }
     }
 }

@@ -52,6 +52,8 @@ pub mod code {
     pub const END: u8 = 255;
     /// Link selection, a sub-option of option 82 (RFC 3527).
     pub const LINK_SELECTION: u8 = 5;
+    /// Circuit ID, a sub-option of option 82 (RFC 3046 §2.0): the relay's port.
+    pub const CIRCUIT_ID: u8 = 1;
 }
 
 /// Why a datagram is not a request we can read. Each variant is a metric label.
@@ -113,6 +115,9 @@ pub struct RelayAgentInfo {
     pub raw: Vec<u8>,
     /// Sub-option 5, link selection (RFC 3527): the subnet the client is on.
     pub link_selection: Option<Ipv4Addr>,
+    /// Sub-option 1, circuit ID (RFC 3046): the port the client is behind, as the relay
+    /// names it (opaque bytes).
+    pub circuit_id: Option<Vec<u8>>,
 }
 
 /// A validated DHCP request: only what the decision reads, each field checked.
@@ -203,6 +208,7 @@ fn unicast(ip: Ipv4Addr) -> bool {
 
 fn relay_agent_info(raw: &[u8]) -> Result<RelayAgentInfo, Malformed> {
     let mut link_selection = None;
+    let mut circuit_id = None;
     let mut i = 0;
     while i < raw.len() {
         let sub = raw[i];
@@ -214,11 +220,15 @@ fn relay_agent_info(raw: &[u8]) -> Result<RelayAgentInfo, Malformed> {
             let four: [u8; 4] = value.try_into().map_err(|_| Malformed::RelayAgentInfo)?;
             link_selection = Some(Ipv4Addr::from(four));
         }
+        if sub == code::CIRCUIT_ID && !value.is_empty() {
+            circuit_id = Some(value.to_vec());
+        }
         i += 2 + len;
     }
     Ok(RelayAgentInfo {
         raw: raw.to_vec(),
         link_selection,
+        circuit_id,
     })
 }
 
