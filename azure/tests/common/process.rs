@@ -38,6 +38,9 @@ impl ProviderProcess {
             .args([
                 "--cluster-name",
                 "acceptance",
+                // Any free port: tests run side by side.
+                "--probe-addr",
+                "127.0.0.1:0",
                 "--bootserver-url",
                 "http://192.0.2.1:8080",
                 "--api-server-url",
