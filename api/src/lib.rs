@@ -26,6 +26,7 @@ pub mod crds;
 pub mod identity;
 pub mod in_place;
 pub mod inventory;
+pub mod mac;
 pub mod machine;
 pub mod operation;
 pub mod pool;

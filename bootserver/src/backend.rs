@@ -6,64 +6,12 @@
 //! that the packet path never waits on the network.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::net::Ipv4Addr;
-use std::str::FromStr;
 use std::sync::Arc;
 
 use unbounded_api::{Architecture, Firmware};
 
-/// A 48-bit Ethernet MAC address.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct MacAddr(pub [u8; 6]);
-
-impl MacAddr {
-    /// The MAC from the first six bytes of a DHCP `chaddr`, if there are six.
-    pub fn from_slice(bytes: &[u8]) -> Option<Self> {
-        let six: [u8; 6] = bytes.get(..6)?.try_into().ok()?;
-        Some(Self(six))
-    }
-}
-
-impl fmt::Display for MacAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let [a, b, c, d, e, g] = self.0;
-        write!(f, "{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x}")
-    }
-}
-
-impl fmt::Debug for MacAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
-
-/// Why a string is not a MAC address.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0:?} is not a MAC address (expected six hex pairs such as 52:54:00:12:34:56)")]
-pub struct ParseMacError(String);
-
-impl FromStr for MacAddr {
-    type Err = ParseMacError;
-
-    /// Accepts `aa:bb:cc:dd:ee:ff` and `aa-bb-cc-dd-ee-ff`, any case.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = || ParseMacError(s.chars().take(64).collect());
-        let mut out = [0u8; 6];
-        let mut parts = s.split([':', '-']);
-        for byte in &mut out {
-            let part = parts.next().ok_or_else(err)?;
-            if part.len() != 2 {
-                return Err(err());
-            }
-            *byte = u8::from_str_radix(part, 16).map_err(|_| err())?;
-        }
-        if parts.next().is_some() {
-            return Err(err());
-        }
-        Ok(Self(out))
-    }
-}
+pub use unbounded_api::mac::{MacAddr, ParseMacError};
 
 /// What the host OS of a machine boots: the kernel, initrd and arguments of its resolved
 /// configuration version.

@@ -140,7 +140,7 @@ struct File {
     #[serde(default)]
     machines: Vec<MachineFile>,
     #[serde(default)]
-    power: PowerFile,
+    power: unbounded_pxe::settings::PowerFile,
     credentials: Option<CredentialsFile>,
     discovery: Option<DiscoveryFile>,
 }
@@ -167,15 +167,6 @@ struct CredentialsFile {
     mint_timeout_seconds: Option<u64>,
     replay_seconds: Option<u64>,
     default_identity: Option<unbounded_api::identity::IdentityMode>,
-}
-
-#[derive(Debug, Deserialize, Default)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct PowerFile {
-    enabled: Option<bool>,
-    poll_seconds: Option<u64>,
-    timeout_seconds: Option<u64>,
-    graceful_shutdown_seconds: Option<u64>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -361,7 +352,7 @@ pub struct Settings {
     /// Whether the PXE provider runs (power through BMCs; backend kubernetes only).
     pub power_enabled: bool,
     /// The PXE provider's settings.
-    pub power: crate::pxe_provider::PowerSettings,
+    pub power: unbounded_pxe::settings::PowerSettings,
     /// Agent credentials ([`crate::credentials`]); `None` when not configured.
     pub credentials: Option<crate::credentials::IssuerSettings>,
     /// What the inspection boot of an unknown machine boots, and the bounds of the door
@@ -455,7 +446,8 @@ impl Settings {
                 "dhcp.unknownMachines: discover needs discovery.boot: the host OS kernel and initrd the inspection boot runs (such as {kernel: <version>/vmlinuz, initrd: <version>/initrd.img})".into(),
             ));
         }
-        let power = validate_power(&file.power)?;
+        let power = unbounded_pxe::settings::PowerSettings::try_from(&file.power)
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         let credentials = file
             .credentials
             .as_ref()
@@ -769,29 +761,6 @@ fn validate_discovery(
             )?,
         },
     })
-}
-
-fn validate_power(file: &PowerFile) -> Result<crate::pxe_provider::PowerSettings, ConfigError> {
-    let mut settings = crate::pxe_provider::PowerSettings::default();
-    let seconds =
-        |value: Option<u64>, name: &str, min: u64| -> Result<Option<Duration>, ConfigError> {
-            match value {
-                Some(v) if v < min => Err(ConfigError::Invalid(format!(
-                    "power.{name} must be at least {min}"
-                ))),
-                other => Ok(other.map(Duration::from_secs)),
-            }
-        };
-    if let Some(d) = seconds(file.poll_seconds, "pollSeconds", 5)? {
-        settings.loop_settings.poll = d;
-    }
-    if let Some(d) = seconds(file.timeout_seconds, "timeoutSeconds", 1)? {
-        settings.timeout = d;
-    }
-    if let Some(d) = seconds(file.graceful_shutdown_seconds, "gracefulShutdownSeconds", 0)? {
-        settings.graceful_shutdown = d;
-    }
-    Ok(settings)
 }
 
 #[cfg(test)]

@@ -432,7 +432,8 @@ impl DiscoveryWriter {
         if !discovery::is_waiting(seen.labels()) {
             return Err(DiscoveryError::ClaimedMeanwhile(name.to_owned()));
         }
-        let labels = hardware_label_patch(seen.labels(), &inventory);
+        let labels =
+            unbounded_api::inventory::labels::hardware_label_patch(seen.labels(), &inventory);
         // Bound to the version at which the index saw it waiting: a claim since then makes
         // the API server answer 409, and nothing changes.
         let patch = serde_json::json!({
@@ -479,29 +480,6 @@ impl DiscoveryWriter {
                 },
             })
     }
-}
-
-/// The `metadata.labels` of a merge patch that gives a Machine the hardware labels of
-/// `inventory`: hardware labels it no longer gives are removed (null), every label outside
-/// `hardware.unbounded-cloud.io/` is left alone.
-pub fn hardware_label_patch(
-    current: &std::collections::BTreeMap<String, String>,
-    inventory: &unbounded_api::inventory::MachineInventorySpec,
-) -> serde_json::Map<String, serde_json::Value> {
-    let fresh = hardware_labels(inventory);
-    let mut labels: serde_json::Map<String, serde_json::Value> = current
-        .keys()
-        .filter(|k| {
-            k.starts_with(unbounded_api::inventory::labels::PREFIX) && !fresh.contains_key(*k)
-        })
-        .map(|k| (k.clone(), serde_json::Value::Null))
-        .collect();
-    labels.extend(
-        fresh
-            .into_iter()
-            .map(|(k, v)| (k, serde_json::Value::String(v))),
-    );
-    labels
 }
 
 #[cfg(test)]

@@ -19,8 +19,6 @@
 //! (`unbounded-bootserver install-images`).
 
 pub mod backend;
-pub mod bmc_inspection;
-pub mod bmc_secrets;
 pub mod boot;
 pub mod boot_images;
 pub mod config;
@@ -38,10 +36,7 @@ pub mod kube_backend;
 pub mod leases;
 pub mod metrics;
 pub mod nonce_file;
-pub mod power;
 pub mod preflight;
-pub mod pxe_provider;
 pub mod ra;
 pub mod server;
 pub mod tftp;
-pub mod tls;

@@ -193,11 +193,7 @@ fn main() -> ExitCode {
                     let power = settings.power;
                     let provider_client = client.clone();
                     let provider = move |term| {
-                        unbounded_bootserver::pxe_provider::run(
-                            provider_client.clone(),
-                            power,
-                            term,
-                        )
+                        unbounded_pxe::provider::run(provider_client.clone(), power, term)
                     };
                     match election {
                         Some(election) => {

@@ -319,10 +319,10 @@ async fn a_deleted_machine_is_released_as_soon_as_its_node_goes() {
     use k8s_openapi::api::core::v1::Node;
     let cp = LocalControlPlane::shared().unwrap();
     let client = cp.client().await.unwrap();
-    let mut settings = unbounded_bootserver::pxe_provider::PowerSettings::default();
+    let mut settings = unbounded_pxe::provider::PowerSettings::default();
     settings.loop_settings.first_backoff = Duration::from_secs(300);
     settings.loop_settings.wait = Duration::from_secs(300);
-    let provider = tokio::spawn(unbounded_bootserver::pxe_provider::run(
+    let provider = tokio::spawn(unbounded_pxe::provider::run(
         client.clone(),
         settings,
         unbounded_runtime::leader::Term::unbounded(),

@@ -11,7 +11,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use unbounded_bootserver::power::{
+use unbounded_pxe::power::{
     Backoff, Bmc, BmcAddress, Credentials, Power, PowerDriver, PowerError, Tls, with_retries,
 };
 use unbounded_testbed::bmc::{Domain, IpmiSim, Libvirtd, SushyEmulator, free_port};

@@ -14,12 +14,10 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use kube::{Client, ResourceExt};
 use unbounded_api::{Machine, MachineProvider, SecretReference};
+use unbounded_pxe::power::{AddressError, BmcAddress};
 
 use crate::error::{Error, NoConsole};
 use crate::redfish_console::{self, OtherProtocol, RedfishEndpoint, Route};
-
-/// The default port of IPMI over LAN.
-pub const IPMI_PORT: u16 = 623;
 
 /// Where the BMC's Serial-over-LAN listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,27 +50,6 @@ pub enum BmcEndpoint {
     Redfish(RedfishTarget),
 }
 
-/// `host[:port]` split, with IPv6 brackets removed; `None` when it cannot be read.
-fn split_authority(authority: &str) -> Option<(&str, Option<&str>)> {
-    let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
-        let (host, after) = bracketed.split_once(']')?;
-        match after.strip_prefix(':') {
-            Some(port) => (host, Some(port)),
-            None if after.is_empty() => (host, None),
-            None => return None,
-        }
-    } else {
-        match authority.split_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (authority, None),
-        }
-    };
-    if host.is_empty() || port.is_some_and(|p| p.parse::<u16>().is_err()) {
-        return None;
-    }
-    Some((host, port))
-}
-
 /// The BMC of `machine`, or why it has none the plugin can ask for a console.
 pub fn bmc_endpoint(machine: &Machine) -> Result<BmcEndpoint, NoConsole> {
     let name = machine.name_any();
@@ -97,50 +74,44 @@ pub fn bmc_endpoint(machine: &Machine) -> Result<BmcEndpoint, NoConsole> {
         },
         reason,
     };
-    let (scheme, rest) = bmc
-        .address
-        .split_once("://")
-        .ok_or_else(|| bad("has no scheme://"))?;
-    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    if authority.contains('@') {
-        return Err(bad(
-            "holds user information: credentials belong in the Secret",
-        ));
-    }
-    let (host, port) = split_authority(authority).ok_or_else(|| bad("has no host[:port]"))?;
-    match scheme {
-        "ipmi" => {
-            if !path.is_empty() && path != "/" {
-                return Err(bad("is not ipmi://host[:port]"));
+    // The PXE provider's own parser: what the plugin accepts is what powers the machine.
+    let address = BmcAddress::parse_address(&bmc.address).map_err(|why| {
+        bad(match why {
+            AddressError::NoScheme => "has no scheme://",
+            AddressError::UserInformation => {
+                "holds user information: credentials belong in the Secret"
             }
-            Ok(BmcEndpoint::Ipmi(SolTarget {
-                host: host.to_owned(),
-                port: port.and_then(|p| p.parse().ok()).unwrap_or(IPMI_PORT),
-                credentials: bmc.credentials_secret_ref.clone(),
-            }))
-        }
-        "redfish" | "redfish+https" | "redfish+http" => {
-            let system = match path.trim_end_matches('/') {
-                "" | "/redfish/v1" | "/redfish/v1/Systems" => None,
-                p if p.starts_with("/redfish/v1/Systems/") => Some(p.to_owned()),
-                _ => return Err(bad("has a path other than /redfish/v1/Systems/<id>")),
-            };
-            Ok(BmcEndpoint::Redfish(RedfishTarget {
-                endpoint: RedfishEndpoint {
-                    https: scheme != "redfish+http",
-                    authority: authority.to_owned(),
-                    system,
-                    insecure_skip_verify: bmc.insecure_skip_verify.unwrap_or(false),
-                    ca_bundle: bmc.ca_bundle.clone(),
-                },
-                host: host.to_owned(),
-                credentials: bmc.credentials_secret_ref.clone(),
-            }))
-        }
-        _ => Err(bad(
-            "is neither ipmi:// nor redfish://, redfish+https://, redfish+http://",
-        )),
-    }
+            AddressError::BadAuthority => "has no host[:port]",
+            AddressError::IpmiPath => "is not ipmi://host[:port]",
+            AddressError::RedfishPath => "has a path other than /redfish/v1/Systems/<id>",
+            AddressError::Scheme => {
+                "is neither ipmi:// nor redfish://, redfish+https://, redfish+http://"
+            }
+        })
+    })?;
+    let host = address.host().to_owned();
+    Ok(match address {
+        BmcAddress::Ipmi { port, .. } => BmcEndpoint::Ipmi(SolTarget {
+            host,
+            port,
+            credentials: bmc.credentials_secret_ref.clone(),
+        }),
+        BmcAddress::Redfish {
+            https,
+            authority,
+            system,
+        } => BmcEndpoint::Redfish(RedfishTarget {
+            endpoint: RedfishEndpoint {
+                https,
+                authority,
+                system,
+                insecure_skip_verify: bmc.insecure_skip_verify.unwrap_or(false),
+                ca_bundle: bmc.ca_bundle.clone(),
+            },
+            host,
+            credentials: bmc.credentials_secret_ref.clone(),
+        }),
+    })
 }
 
 /// What to do with the console a Redfish BMC advertises, as a target or a refusal.

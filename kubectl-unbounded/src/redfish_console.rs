@@ -31,8 +31,8 @@ use serde::Deserialize;
 /// How long one Redfish request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// The default ports of the console protocols.
-const IPMI_PORT: u16 = 623;
+/// The default ports of the console protocols (IPMI's is the PXE provider's).
+use unbounded_pxe::power::IPMI_PORT;
 const SSH_PORT: u16 = 22;
 const TELNET_PORT: u16 = 23;
 
@@ -542,30 +542,17 @@ impl Reader<'_> {
 }
 
 fn http_client(endpoint: &RedfishEndpoint) -> Result<reqwest::Client, RedfishError> {
-    let tls = |message: String| RedfishError::Tls {
-        bmc: endpoint.display_name(),
-        message,
+    let tls = unbounded_pxe::power::Tls {
+        insecure_skip_verify: endpoint.insecure_skip_verify,
+        ca_bundle: endpoint.ca_bundle.clone(),
     };
-    // ring, as kube's client uses; a second install is a no-op.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut builder = reqwest::Client::builder()
-        .timeout(REQUEST_TIMEOUT)
-        .connect_timeout(REQUEST_TIMEOUT)
-        // Redfish names systems by UUID; some BMCs (sushy-tools) redirect other names.
-        .redirect(reqwest::redirect::Policy::limited(3));
-    if endpoint.insecure_skip_verify {
-        builder = builder.tls_danger_accept_invalid_certs(true);
-    }
-    if let Some(pem) = &endpoint.ca_bundle {
-        let certificates = reqwest::Certificate::from_pem_bundle(pem.as_bytes())
-            .map_err(|e| tls(format!("the CA bundle is not PEM: {e}")))?;
-        for certificate in certificates {
-            builder = builder.add_root_certificate(certificate);
+    // The PXE provider's client: the same TLS settings mean the same trust.
+    unbounded_pxe::power::redfish::http_client(&tls, REQUEST_TIMEOUT).map_err(|e| {
+        RedfishError::Tls {
+            bmc: endpoint.display_name(),
+            message: e.to_string(),
         }
-    }
-    builder
-        .build()
-        .map_err(|e| tls(format!("HTTP client: {e}")))
+    })
 }
 
 /// Reads what the BMC advertises for the Machine's system: the ComputerSystem, its Managers

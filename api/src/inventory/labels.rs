@@ -226,6 +226,27 @@ impl HardwareRequirements {
     }
 }
 
+/// The `metadata.labels` of a merge patch that gives a Machine the hardware labels of
+/// `inventory`: hardware labels it no longer gives are removed (null), every label outside
+/// `hardware.unbounded-cloud.io/` is left alone.
+pub fn hardware_label_patch(
+    current: &BTreeMap<String, String>,
+    inventory: &MachineInventorySpec,
+) -> serde_json::Map<String, serde_json::Value> {
+    let fresh = hardware_labels(inventory);
+    let mut labels: serde_json::Map<String, serde_json::Value> = current
+        .keys()
+        .filter(|k| k.starts_with(PREFIX) && !fresh.contains_key(*k))
+        .map(|k| (k.clone(), serde_json::Value::Null))
+        .collect();
+    labels.extend(
+        fresh
+            .into_iter()
+            .map(|(k, v)| (k, serde_json::Value::String(v))),
+    );
+    labels
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

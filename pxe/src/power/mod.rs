@@ -128,6 +128,9 @@ impl PowerError {
     }
 }
 
+/// IPMI over LAN's port (RMCP+).
+pub const IPMI_PORT: u16 = 623;
+
 /// A power state as a BMC reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Power {
@@ -190,40 +193,71 @@ pub enum BmcAddress {
     },
 }
 
+/// Why a BMC address cannot be used (each reason is a variant, so that the kubectl plugin can
+/// say it in its own words).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AddressError {
+    /// No `scheme://`.
+    #[error("expected <scheme>://<host>…")]
+    NoScheme,
+    /// `user:password@` in the address.
+    #[error("credentials belong in the Secret, not in the address")]
+    UserInformation,
+    /// No host, or a host with a bad port (`host:notaport`, `[v6]junk`).
+    #[error("no host, or a bad port")]
+    BadAuthority,
+    /// An IPMI address with a path.
+    #[error("an IPMI address has no path")]
+    IpmiPath,
+    /// A Redfish path other than a ComputerSystem's.
+    #[error("a Redfish path is /redfish/v1/Systems/<id> (or empty)")]
+    RedfishPath,
+    /// Not one of the schemes.
+    #[error("scheme must be redfish, redfish+https, redfish+http or ipmi")]
+    Scheme,
+}
+
+/// `host[:port]` split into the host (brackets of an IPv6 literal removed) and the port as
+/// written; `None` without a host, with a port that is not a number, or with junk after `]`.
+pub fn split_authority(authority: &str) -> Option<(&str, Option<u16>)> {
+    let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
+        let (host, after) = bracketed.split_once(']')?;
+        match after.strip_prefix(':') {
+            Some(port) => (host, Some(port)),
+            None if after.is_empty() => (host, None),
+            None => return None,
+        }
+    } else {
+        match authority.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        }
+    };
+    if host.is_empty() {
+        return None;
+    }
+    let port = match port {
+        Some(p) => Some(p.parse::<u16>().ok()?),
+        None => None,
+    };
+    Some((host, port))
+}
+
 impl BmcAddress {
-    /// Parses an address; the message names what is wrong.
-    pub fn parse(address: &str) -> Result<Self, PowerError> {
-        let invalid = |message: &str| PowerError::Address {
-            // Never echo user information back.
-            address: address
-                .split_once('@')
-                .map_or(address, |(_, h)| h)
-                .to_owned(),
-            message: message.to_owned(),
-        };
-        let (scheme, rest) = address
-            .split_once("://")
-            .ok_or_else(|| invalid("expected <scheme>://<host>…"))?;
+    /// Parses an address; the error says what is wrong (and carries nothing of it).
+    pub fn parse_address(address: &str) -> Result<Self, AddressError> {
+        let (scheme, rest) = address.split_once("://").ok_or(AddressError::NoScheme)?;
         let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
         if authority.contains('@') {
-            return Err(invalid(
-                "credentials belong in the Secret, not in the address",
-            ));
+            return Err(AddressError::UserInformation);
         }
-        if authority.is_empty() {
-            return Err(invalid("no host"));
-        }
+        let (host, port) = split_authority(authority).ok_or(AddressError::BadAuthority)?;
         match scheme {
             "redfish" | "redfish+https" | "redfish+http" => {
-                let path = path.trim_end_matches('/');
-                let system = match path {
+                let system = match path.trim_end_matches('/') {
                     "" | "/redfish/v1" | "/redfish/v1/Systems" => None,
                     p if p.starts_with("/redfish/v1/Systems/") => Some(p.to_owned()),
-                    _ => {
-                        return Err(invalid(
-                            "a Redfish path is /redfish/v1/Systems/<id> (or empty)",
-                        ));
-                    }
+                    _ => return Err(AddressError::RedfishPath),
                 };
                 Ok(Self::Redfish {
                     https: scheme != "redfish+http",
@@ -233,23 +267,37 @@ impl BmcAddress {
             }
             "ipmi" => {
                 if !path.is_empty() && path != "/" {
-                    return Err(invalid("an IPMI address has no path"));
+                    return Err(AddressError::IpmiPath);
                 }
-                let (host, port) = match authority.rsplit_once(':') {
-                    Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => (
-                        h.trim_start_matches('[').trim_end_matches(']'),
-                        p.parse::<u16>().map_err(|_| invalid("bad port"))?,
-                    ),
-                    _ => (authority, 623),
-                };
                 Ok(Self::Ipmi {
                     host: host.to_owned(),
-                    port,
+                    port: port.unwrap_or(IPMI_PORT),
                 })
             }
-            _ => Err(invalid(
-                "scheme must be redfish, redfish+https, redfish+http or ipmi",
-            )),
+            _ => Err(AddressError::Scheme),
+        }
+    }
+
+    /// Parses an address into the error the provider reports (the address without user
+    /// information, and what is wrong).
+    pub fn parse(address: &str) -> Result<Self, PowerError> {
+        Self::parse_address(address).map_err(|why| PowerError::Address {
+            // Never echo user information back.
+            address: address
+                .split_once('@')
+                .map_or(address, |(_, h)| h)
+                .to_owned(),
+            message: why.to_string(),
+        })
+    }
+
+    /// The host (without port or IPv6 brackets).
+    pub fn host(&self) -> &str {
+        match self {
+            Self::Ipmi { host, .. } => host,
+            Self::Redfish { authority, .. } => {
+                split_authority(authority).map_or(authority.as_str(), |(host, _)| host)
+            }
         }
     }
 
@@ -482,6 +530,22 @@ mod tests {
                     port: 6230,
                 },
             ),
+            // An IPv6 literal without a port (read as a bad port before the kubectl
+            // plugin's parser and this one became one).
+            (
+                "ipmi://[fd00::6]",
+                BmcAddress::Ipmi {
+                    host: "fd00::6".into(),
+                    port: 623,
+                },
+            ),
+            (
+                "ipmi://[fd00::6]:700",
+                BmcAddress::Ipmi {
+                    host: "fd00::6".into(),
+                    port: 700,
+                },
+            ),
         ];
         for (text, want) in cases {
             assert_eq!(BmcAddress::parse(text).unwrap(), want, "{text}");
@@ -490,6 +554,14 @@ mod tests {
 
     #[test]
     fn bad_addresses_are_refused_without_echoing_credentials() {
+        assert_eq!(
+            BmcAddress::parse_address("ipmi://10.0.0.6/path"),
+            Err(AddressError::IpmiPath)
+        );
+        assert_eq!(
+            BmcAddress::parse_address("redfish://[fd00::5]x/redfish/v1"),
+            Err(AddressError::BadAuthority)
+        );
         for text in [
             "10.0.0.5",
             "http://10.0.0.5/redfish/v1",

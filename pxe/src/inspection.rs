@@ -1,6 +1,6 @@
 //! The out-of-band inventory: for a Machine with a BMC, the bootserver (the PXE provider's
 //! leader, which holds the BMC credentials) reads what the BMC holds about the machine
-//! ([`crate::pxe_provider::PxeProvider::bmc_inventory`]) — a Redfish service's
+//! ([`crate::provider::PxeProvider::bmc_inventory`]) — a Redfish service's
 //! ComputerSystem, Processors, Memory, Storage drives and EthernetInterfaces
 //! ([`crate::power::redfish_inventory::parse`], sections tagged `Redfish`), or an IPMI BMC's
 //! FRU device 0 ([`crate::power::ipmi_fru::parse`]: identity only, tagged `IpmiFru`) — and
@@ -38,7 +38,7 @@ use unbounded_api::well_known::annotations::REINSPECT;
 use unbounded_api::{Machine, MachineProvider};
 
 use crate::power::redfish_inventory;
-use crate::pxe_provider::{BmcInventory, PxeProvider};
+use crate::provider::{BmcInventory, PxeProvider};
 
 /// The field manager of the inventory and label writes.
 pub const FIELD_MANAGER: &str = "unbounded-bootserver-redfish-inventory";
@@ -212,7 +212,7 @@ async fn read(
         FIELD_MANAGER,
     )
     .await?;
-    let labels = crate::discovery_writes::hardware_label_patch(machine.labels(), &folded);
+    let labels = unbounded_api::inventory::labels::hardware_label_patch(machine.labels(), &folded);
     let changes = labels.iter().any(|(k, v)| match v {
         serde_json::Value::String(v) => machine.labels().get(k) != Some(v),
         _ => true,
@@ -258,7 +258,7 @@ async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, R
             .status
             .as_ref()
             .is_some_and(|s| s.failure_reason.is_some())
-            || crate::pxe_provider::check_identity(&machine).is_err(),
+            || crate::provider::check_identity(&machine).is_err(),
         reinspect: machine.annotations().get(REINSPECT).map(String::as_str),
         last_read: inventory.as_ref().and_then(|i| i.spec.read_of(source)),
         failures,
@@ -293,7 +293,7 @@ fn error_policy(_machine: Arc<Machine>, error: &ReadError, _ctx: Arc<Context>) -
 }
 
 /// Reads the BMC inventories of `pxe` Machines, through `provider`'s drivers, until the
-/// watch ends. Run by the PXE provider's leader ([`crate::pxe_provider::run`]).
+/// watch ends. Run by the PXE provider's leader ([`crate::provider::run`]).
 pub async fn run(client: Client, provider: Arc<PxeProvider>) {
     let ctx = Arc::new(Context {
         client: client.clone(),

@@ -28,7 +28,7 @@ use unbounded_api::inventory::{
     FactOrigin, FactSource, FirmwareFacts, InventoryRead, MachineInventory, MachineInventorySpec,
     SystemFacts,
 };
-use unbounded_bootserver::pxe_provider::{PowerSettings, PxeProvider};
+use unbounded_pxe::provider::{PowerSettings, PxeProvider};
 use unbounded_testbed::bmc::fru::FruIdentity;
 use unbounded_testbed::bmc::{IpmiSim, SushyEmulator};
 use unbounded_testbed::cluster::LocalControlPlane;
@@ -199,10 +199,7 @@ async fn redfish_describes_machines_without_clobbering_in_band_facts_and_reads_a
         PowerSettings::default(),
         unbounded_runtime::leader::Term::unbounded(),
     ));
-    tokio::spawn(unbounded_bootserver::bmc_inspection::run(
-        client.clone(),
-        provider,
-    ));
+    tokio::spawn(unbounded_pxe::inspection::run(client.clone(), provider));
 
     // ri-a: everything from Redfish, as sushy renders the libvirt domain and its drives.
     let a = wait_for("ri-a's Redfish read", || async {

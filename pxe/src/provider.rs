@@ -10,10 +10,10 @@
 //! - operations `powerOn`, `powerOff`, `powerCycle` and `pxeBoot` (one-time PXE, then a
 //!   power cycle; or power on when off);
 //! - the out-of-band inventory of Machines with a Redfish BMC
-//!   ([`crate::bmc_inspection`]), through the same drivers and gates.
+//!   ([`crate::inspection`]), through the same drivers and gates.
 //!
 //! Credentials come from the Machine's Secret (keys `username` and `password`), read from a
-//! watch of its namespace ([`crate::bmc_secrets`]), so a rotated password takes effect as
+//! watch of its namespace ([`crate::secrets`]), so a rotated password takes effect as
 //! soon as the watch delivers it; they are never logged or written anywhere. A Machine's
 //! driver (for Redfish, its HTTP client) is built once and kept until the Machine's BMC
 //! address, TLS settings or Secret change. Calls to one BMC are serialised (BMCs handle
@@ -34,7 +34,6 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -49,35 +48,12 @@ use unbounded_runtime::handler::{Execute, OperationHandler, Outcome};
 use unbounded_runtime::leader::Term;
 use unbounded_runtime::provider::{Observed, Provider, ProviderError};
 
-use crate::backend::MacAddr;
-use crate::bmc_secrets::BmcSecrets;
 use crate::power::{
-    Backoff, Bmc, BmcAddress, Credentials, Power, PowerDriver, PowerError, Tls, with_retries,
+    Bmc, BmcAddress, Credentials, Power, PowerDriver, PowerError, Tls, with_retries,
 };
-
-/// The provider's settings (`power:` in the bootserver configuration).
-#[derive(Debug, Clone, Copy)]
-pub struct PowerSettings {
-    /// Timeout of one BMC request.
-    pub timeout: Duration,
-    /// How long an OS gets to shut down before power is forced off.
-    pub graceful_shutdown: Duration,
-    /// Retries of transient BMC failures within one call.
-    pub backoff: Backoff,
-    /// The provider loop's pacing.
-    pub loop_settings: unbounded_runtime::provider::Settings,
-}
-
-impl Default for PowerSettings {
-    fn default() -> Self {
-        Self {
-            timeout: Duration::from_secs(10),
-            graceful_shutdown: Duration::from_secs(60),
-            backoff: Backoff::default(),
-            loop_settings: unbounded_runtime::provider::Settings::default(),
-        }
-    }
-}
+use crate::secrets::BmcSecrets;
+pub use crate::settings::PowerSettings;
+use unbounded_api::mac::MacAddr;
 
 /// The PXE provider.
 #[allow(missing_debug_implementations)] // holds a kube Client
@@ -531,7 +507,7 @@ pub async fn run(client: Client, settings: PowerSettings, term: Term) {
             tracing::error!(%error, "the power operation handler stopped");
         }
     };
-    let inspection = crate::bmc_inspection::run(client.clone(), provider.clone());
+    let inspection = crate::inspection::run(client.clone(), provider.clone());
     let provider_loop =
         unbounded_runtime::provider::run(client, SharedProvider(provider), settings.loop_settings);
     tokio::select! {

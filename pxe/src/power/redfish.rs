@@ -133,6 +133,45 @@ fn redfish_message(body: &str) -> String {
     message.unwrap_or_else(|| body.chars().take(200).collect())
 }
 
+/// Why a Redfish HTTP client could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientError {
+    /// The CA bundle is not PEM.
+    #[error("the CA bundle is not PEM: {0}")]
+    CaBundle(String),
+    /// reqwest refused the settings.
+    #[error("HTTP client: {0}")]
+    Build(String),
+}
+
+/// The HTTP client for one Redfish BMC, as the Machine's TLS settings say: the PXE
+/// provider's and the kubectl plugin's console reads alike. Every request bounded by
+/// `timeout`, a fresh connection per request (BMC web servers close idle keep-alive
+/// connections early, sushy-tools' does, and a reused dead one fails the call), and a few
+/// redirects followed (Redfish names systems by UUID; some BMCs redirect other names).
+pub fn http_client(tls: &Tls, timeout: Duration) -> Result<reqwest::Client, ClientError> {
+    // ring, as kube's client uses; a second install is a no-op.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut builder = reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        .pool_max_idle_per_host(0)
+        .redirect(reqwest::redirect::Policy::limited(3));
+    if tls.insecure_skip_verify {
+        builder = builder.tls_danger_accept_invalid_certs(true);
+    }
+    if let Some(pem) = &tls.ca_bundle {
+        let certificates = reqwest::Certificate::from_pem_bundle(pem.as_bytes())
+            .map_err(|e| ClientError::CaBundle(e.to_string()))?;
+        for certificate in certificates {
+            builder = builder.add_root_certificate(certificate);
+        }
+    }
+    builder
+        .build()
+        .map_err(|e| ClientError::Build(e.to_string()))
+}
+
 impl RedfishBmc {
     /// A driver for a Redfish address.
     pub fn new(
@@ -153,33 +192,15 @@ impl RedfishBmc {
             });
         };
         let name = address.display_name();
-        crate::tls::install_crypto_provider();
-        let mut builder = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            // A fresh connection per request: BMC web servers close idle keep-alive
-            // connections early (sushy-tools' does), and a reused dead one fails the call.
-            .pool_max_idle_per_host(0)
-            // Redfish names systems by UUID; some BMCs redirect other names. Follow a few.
-            .redirect(reqwest::redirect::Policy::limited(3));
-        if tls.insecure_skip_verify {
-            builder = builder.tls_danger_accept_invalid_certs(true);
-        }
-        if let Some(pem) = &tls.ca_bundle {
-            let certificates =
-                reqwest::Certificate::from_pem_bundle(pem.as_bytes()).map_err(|e| {
-                    PowerError::Address {
-                        address: name.clone(),
-                        message: format!("the CA bundle is not PEM: {e}"),
-                    }
-                })?;
-            for certificate in certificates {
-                builder = builder.add_root_certificate(certificate);
-            }
-        }
-        let client = builder.build().map_err(|e| PowerError::Failed {
-            bmc: name.clone(),
-            message: format!("HTTP client: {e}"),
+        let client = http_client(tls, timeout).map_err(|error| match error {
+            ClientError::CaBundle(message) => PowerError::Address {
+                address: name.clone(),
+                message: format!("the CA bundle is not PEM: {message}"),
+            },
+            ClientError::Build(message) => PowerError::Failed {
+                bmc: name.clone(),
+                message: format!("HTTP client: {message}"),
+            },
         })?;
         Ok(Self {
             client,

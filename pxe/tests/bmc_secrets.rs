@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, PostParams};
-use unbounded_bootserver::bmc_secrets::{BmcSecrets, Source};
+use unbounded_pxe::secrets::{BmcSecrets, Source};
 use unbounded_testbed::cluster::LocalControlPlane;
 
 fn kubectl(cp: &LocalControlPlane, manifest: &str) {
