@@ -35,17 +35,10 @@ pub mod retry;
 
 use std::sync::Arc;
 
-use futures::StreamExt;
-use kube::Api;
-use kube::runtime::{WatchStreamExt, reflector, watcher};
-use unbounded_api::well_known::field_managers;
-use unbounded_api::{HandlerKind, Machine};
-use unbounded_runtime::handler::OperationHandler;
-
 use crate::arm::ArmClient;
 use crate::config::Settings;
 use crate::credentials::{Credentials, IdentityOptions};
-use crate::provider::{AzureProvider, AzureSettings, SharedProvider};
+use crate::provider::{AzureProvider, AzureSettings};
 
 /// Errors starting the provider.
 #[derive(Debug, thiserror::Error)]
@@ -123,33 +116,14 @@ pub fn provider(client: kube::Client, settings: &Settings) -> Result<AzureProvid
 /// Runs the provider loop and the operation handler until one of them ends.
 pub async fn run(client: kube::Client, settings: Settings) -> Result<(), StartError> {
     let provider = Arc::new(provider(client.clone(), &settings)?);
-    let (machines, writer) = reflector::store::<Machine>();
-    let reflect = watcher(
-        Api::<Machine>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(writer)
-    .touched_objects()
-    .for_each(|_| futures::future::ready(()));
-    let handler = OperationHandler::new(
+    let operations =
+        |machines| operations::AzureOperations::new(provider.clone(), machines, client.clone());
+    unbounded_runtime::provider::run_with_operations(
         client.clone(),
-        HandlerKind::Provider,
-        field_managers::AZURE_PROVIDER,
-        None,
-        operations::AzureOperations::new(provider.clone(), machines, client.clone()),
-    );
-    let handle_operations = async move {
-        if let Err(error) = handler.run().await {
-            tracing::error!(%error, "the operation handler stopped");
-        }
-    };
-    let provider_loop =
-        unbounded_runtime::provider::run(client, SharedProvider(provider), settings.loop_settings);
-    tokio::select! {
-        () = reflect => tracing::error!("the Machine watch of the Azure provider ended"),
-        () = handle_operations => {}
-        () = provider_loop => tracing::error!("the Azure provider loop ended"),
-    }
+        provider.clone(),
+        settings.loop_settings,
+        operations,
+    )
+    .await;
     Ok(())
 }

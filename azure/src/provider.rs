@@ -16,8 +16,6 @@
 //! which releases the NIC and disk, and create it again). Recreating silently would hand the
 //! Node a new disk and address without anyone deciding it.
 
-use std::sync::Arc;
-
 use unbounded_api::agent;
 use unbounded_api::well_known::{field_managers, finalizers};
 use unbounded_api::{AzureSpec, Machine, MachineProvider};
@@ -437,28 +435,6 @@ impl Provider for AzureProvider {
     /// clean up.
     fn must_release(&self, _machine: &Machine) -> bool {
         true
-    }
-}
-
-/// The provider behind an `Arc`, shared with the operation handler.
-pub(crate) struct SharedProvider(pub Arc<AzureProvider>);
-
-impl Provider for SharedProvider {
-    const KIND: MachineProvider = AzureProvider::KIND;
-    const FINALIZER: &'static str = AzureProvider::FINALIZER;
-    const FIELD_MANAGER: &'static str = AzureProvider::FIELD_MANAGER;
-
-    async fn create(&self, machine: &Machine) -> Result<Observed, ProviderError> {
-        self.0.create(machine).await
-    }
-    async fn observe(&self, machine: &Machine) -> Result<Observed, ProviderError> {
-        self.0.observe(machine).await
-    }
-    async fn delete(&self, machine: &Machine) -> Result<(), ProviderError> {
-        self.0.delete(machine).await
-    }
-    fn must_release(&self, machine: &Machine) -> bool {
-        self.0.must_release(machine)
     }
 }
 

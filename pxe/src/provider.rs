@@ -36,15 +36,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::sync::Semaphore;
 use unbounded_api::well_known::{field_managers, finalizers, operations};
 use unbounded_api::{
-    Firmware, HandlerKind, Machine, MachineAddress, MachineOperation, MachineProvider, PowerState,
-    PxeSpec,
+    Firmware, Machine, MachineAddress, MachineOperation, MachineProvider, PowerState, PxeSpec,
 };
-use unbounded_runtime::handler::{Execute, OperationHandler, Outcome};
+use unbounded_runtime::handler::{Execute, Outcome};
 use unbounded_runtime::leader::Term;
 use unbounded_runtime::provider::{Observed, Provider, ProviderError};
 
@@ -479,61 +477,20 @@ impl Execute for PowerOperations {
 /// commands only within `term`.
 pub async fn run(client: Client, settings: PowerSettings, term: Term) {
     let provider = Arc::new(PxeProvider::new(client.clone(), settings, term));
-    let (machines, writer) = reflector::store::<Machine>();
-    let reflect = watcher(
-        Api::<Machine>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(writer)
-    .touched_objects();
-    let reflect = async move {
-        use futures::StreamExt;
-        reflect.for_each(|_| futures::future::ready(())).await;
-    };
-    let operations = OperationHandler::new(
-        client.clone(),
-        HandlerKind::Provider,
-        field_managers::PXE_PROVIDER,
-        None,
-        PowerOperations {
-            provider: provider.clone(),
-            machines,
-            client: client.clone(),
-        },
-    );
-    let operations = async move {
-        if let Err(error) = operations.run().await {
-            tracing::error!(%error, "the power operation handler stopped");
-        }
+    let operations = |machines| PowerOperations {
+        provider: provider.clone(),
+        machines,
+        client: client.clone(),
     };
     let inspection = crate::inspection::run(client.clone(), provider.clone());
-    let provider_loop =
-        unbounded_runtime::provider::run(client, SharedProvider(provider), settings.loop_settings);
     tokio::select! {
-        () = reflect => tracing::error!("the Machine watch of the PXE provider ended"),
-        () = operations => {}
-        () = provider_loop => tracing::error!("the PXE provider loop ended"),
+        () = unbounded_runtime::provider::run_with_operations(
+            client.clone(),
+            provider.clone(),
+            settings.loop_settings,
+            operations,
+        ) => {}
         () = inspection => tracing::error!("the Redfish inventory reads ended"),
-    }
-}
-
-/// The provider behind an `Arc`, shared with the operation handler.
-struct SharedProvider(Arc<PxeProvider>);
-
-impl Provider for SharedProvider {
-    const KIND: MachineProvider = PxeProvider::KIND;
-    const FINALIZER: &'static str = PxeProvider::FINALIZER;
-    const FIELD_MANAGER: &'static str = PxeProvider::FIELD_MANAGER;
-
-    async fn create(&self, machine: &Machine) -> Result<Observed, ProviderError> {
-        self.0.create(machine).await
-    }
-    async fn observe(&self, machine: &Machine) -> Result<Observed, ProviderError> {
-        self.0.observe(machine).await
-    }
-    async fn delete(&self, machine: &Machine) -> Result<(), ProviderError> {
-        self.0.delete(machine).await
     }
 }
 

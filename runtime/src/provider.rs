@@ -173,6 +173,75 @@ pub trait Provider: Send + Sync + 'static {
     }
 }
 
+/// A provider shared (with its operation handler) behind an `Arc` is the provider itself:
+/// every method forwards, `must_release` too.
+impl<P: Provider> Provider for Arc<P> {
+    const KIND: MachineProvider = P::KIND;
+    const FINALIZER: &'static str = P::FINALIZER;
+    const FIELD_MANAGER: &'static str = P::FIELD_MANAGER;
+
+    fn create(
+        &self,
+        machine: &Machine,
+    ) -> impl Future<Output = Result<Observed, ProviderError>> + Send {
+        P::create(self, machine)
+    }
+    fn observe(
+        &self,
+        machine: &Machine,
+    ) -> impl Future<Output = Result<Observed, ProviderError>> + Send {
+        P::observe(self, machine)
+    }
+    fn delete(&self, machine: &Machine) -> impl Future<Output = Result<(), ProviderError>> + Send {
+        P::delete(self, machine)
+    }
+    fn must_release(&self, machine: &Machine) -> bool {
+        P::must_release(self, machine)
+    }
+}
+
+/// Runs a provider as both providers do, until one part ends (each is meant to run for
+/// ever, so the end is logged): a watch of every Machine into a store, the MachineOperation
+/// handler that `operations` builds over that store (operations run by this provider, under
+/// its field manager), and the provider loop over `provider`.
+pub async fn run_with_operations<P, E>(
+    client: Client,
+    provider: Arc<P>,
+    settings: Settings,
+    operations: impl FnOnce(kube::runtime::reflector::Store<Machine>) -> E,
+) where
+    P: Provider,
+    E: crate::handler::Execute,
+{
+    use kube::runtime::WatchStreamExt;
+    let (machines, writer) = kube::runtime::reflector::store::<Machine>();
+    let reflect = watcher(
+        Api::<Machine>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(writer)
+    .touched_objects()
+    .for_each(|_| futures::future::ready(()));
+    let handler = crate::handler::OperationHandler::new(
+        client.clone(),
+        unbounded_api::HandlerKind::Provider,
+        P::FIELD_MANAGER,
+        None,
+        operations(machines),
+    );
+    let handle_operations = async move {
+        if let Err(error) = handler.run().await {
+            tracing::error!(provider = ?P::KIND, %error, "the operation handler stopped");
+        }
+    };
+    tokio::select! {
+        () = reflect => tracing::error!(provider = ?P::KIND, "the Machine watch of the provider ended"),
+        () = handle_operations => {}
+        () = run(client, provider, settings) => tracing::error!(provider = ?P::KIND, "the provider loop ended"),
+    }
+}
+
 /// How the loop paces itself.
 #[derive(Debug, Clone, Copy)]
 pub struct Settings {
