@@ -19,6 +19,7 @@ use common::*;
 use unbounded_testbed::cluster::{LocalControlPlane, deploy_dir};
 use unbounded_testbed::netns::{Link, LoopbackForward};
 use unbounded_testbed::stall::StallableForward;
+use unbounded_testbed::testkit::{kubectl, kubectl_ok as ok, wait_until_blocking as wait_until};
 
 const MAC_A: &str = "52:54:00:00:0a:01";
 const MAC_B: &str = "52:54:00:00:0b:01";
@@ -30,42 +31,6 @@ const MAC_TPM: &str = "52:54:00:00:0f:01";
 /// The tests share the control plane of this binary and each runs a controller: one at a
 /// time.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-fn kubectl(cp: &LocalControlPlane, args: &[&str], stdin: Option<&str>) -> (bool, String) {
-    use std::io::Write as _;
-    let mut child = cp
-        .kubectl()
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    if let Some(text) = stdin {
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(text.as_bytes())
-            .unwrap();
-    }
-    drop(child.stdin.take());
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
-}
-
-fn ok(cp: &LocalControlPlane, args: &[&str], stdin: Option<&str>) -> String {
-    let (success, out) = kubectl(cp, args, stdin);
-    assert!(success, "kubectl {args:?}: {out}");
-    out
-}
 
 /// `kubectl` as a bearer token (no admin credentials).
 fn as_token(
@@ -205,14 +170,6 @@ fn signed_token(
     let input = format!("{header}.{payload}");
     let signature = key.sign(&rng, input.as_bytes()).unwrap();
     format!("{input}.{}", base64url(signature.as_ref()))
-}
-
-fn wait_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(300));
-    }
 }
 
 /// The configuration and, for each (name, MAC, address), a Machine and its Node.

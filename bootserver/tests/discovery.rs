@@ -17,47 +17,12 @@ use serde_json::{Value, json};
 use unbounded_agent::inspect::{Answer, Step, next_step};
 use unbounded_testbed::cluster::{LocalControlPlane, deploy_dir};
 use unbounded_testbed::netns::{Link, LoopbackForward, Netns};
+use unbounded_testbed::testkit::{kubectl, kubectl_ok as ok, wait_until_blocking as wait_until};
 
 /// The tests share the control plane of this binary: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
 const LABEL: &str = "unbounded-cloud.io/discovery";
-
-fn kubectl(cp: &LocalControlPlane, args: &[&str], stdin: Option<&str>) -> (bool, String) {
-    use std::io::Write as _;
-    let mut child = cp
-        .kubectl()
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    if let Some(text) = stdin {
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(text.as_bytes())
-            .unwrap();
-    }
-    drop(child.stdin.take());
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
-}
-
-fn ok(cp: &LocalControlPlane, args: &[&str], stdin: Option<&str>) -> String {
-    let (success, out) = kubectl(cp, args, stdin);
-    assert!(success, "kubectl {args:?}: {out}");
-    out
-}
 
 fn get_json(cp: &LocalControlPlane, kind: &str, name: &str) -> Option<Value> {
     let (found, out) = kubectl(cp, &["get", kind, name, "-o", "json"], None);
@@ -79,14 +44,6 @@ fn discovered(cp: &LocalControlPlane) -> Vec<String> {
         None,
     );
     out.split_whitespace().map(str::to_owned).collect()
-}
-
-fn wait_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(300));
-    }
 }
 
 /// curl from the client namespace: (HTTP status, headers and body).

@@ -20,12 +20,9 @@ use unbounded_api::{Machine, MachineConfigurationVersion};
 use unbounded_testbed::cluster::LocalControlPlane;
 use unbounded_testbed::netns::{Link, LoopbackForward};
 
-fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+/// Waits up to 30 s for `check`.
+fn wait_until(what: &str, check: impl FnMut() -> bool) {
+    unbounded_testbed::testkit::wait_until_blocking(what, Duration::from_secs(30), check);
 }
 
 fn script(link: &Link, mac: &str) -> String {

@@ -14,8 +14,8 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use common::*;
 use kube::Api;
@@ -27,6 +27,7 @@ use unbounded_testbed::bmc::{Domain, IpmiSim, Libvirtd, SushyEmulator, free_port
 use unbounded_testbed::cluster::LocalControlPlane;
 use unbounded_testbed::netns::LoopbackForward;
 use unbounded_testbed::qemu::marker_image;
+use unbounded_testbed::testkit::{CapturedLog, kubectl_ok as kubectl, wait_until};
 
 const PASSWORD: &str = "pr0vider-bmc-s3cret";
 /// Logged on purpose from a provider task: the scan must find it, or it is blind.
@@ -36,48 +37,6 @@ const REDFISH_MAC: &str = "52:54:00:00:03:01";
 const IPMI_MAC: &str = "52:54:00:00:03:02";
 const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
 
-/// This process's log, kept in memory: every thread's events (tracing's global subscriber).
-#[derive(Clone, Default)]
-struct CapturedLog(Arc<Mutex<Vec<u8>>>);
-
-impl CapturedLog {
-    /// Installs the capture as the process's subscriber: every crate at debug level, except
-    /// ipmi-rs, which the bootserver binary keeps at warn whatever `RUST_LOG` says.
-    fn install() -> Self {
-        let log = Self::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new("debug,ipmi_rs=warn"))
-            .with_ansi(false)
-            .with_writer(log.clone())
-            .finish();
-        tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
-        log
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
-impl std::io::Write for CapturedLog {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CapturedLog {
-    type Writer = CapturedLog;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
-
 /// The secrets found in `text`.
 fn leaked<'a>(text: &str, secrets: &[&'a str]) -> Vec<&'a str> {
     secrets
@@ -85,23 +44,6 @@ fn leaked<'a>(text: &str, secrets: &[&'a str]) -> Vec<&'a str> {
         .copied()
         .filter(|s| text.contains(s))
         .collect()
-}
-
-fn kubectl(cp: &LocalControlPlane, args: &[&str], stdin: Option<&str>) -> String {
-    cp.kubectl_with_input(args, stdin)
-        .unwrap_or_else(|e| panic!("{e}"))
-}
-
-async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
 }
 
 /// `jsonpath` of a cluster-scoped object, or empty.
@@ -227,7 +169,7 @@ spec:
 
 #[tokio::test(flavor = "multi_thread")]
 async fn pxe_machines_are_powered_booted_cycled_and_powered_off_through_their_bmcs() {
-    let own_log = CapturedLog::install();
+    let own_log = CapturedLog::install("debug,ipmi_rs=warn");
     let cp = LocalControlPlane::shared().unwrap();
     let client = cp.client().await.unwrap();
 

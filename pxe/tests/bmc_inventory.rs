@@ -18,7 +18,7 @@
 //!   is recorded and the read is not repeated.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -117,19 +117,14 @@ spec:
     )
 }
 
-async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
+/// [`unbounded_testbed::testkit::wait_for_within`] 90 s: a Redfish read of a busy BMC
+/// emulator can take a while.
+async fn wait_for<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    unbounded_testbed::testkit::wait_for_within(what, Duration::from_secs(90), check).await
 }
 
 fn redfish_read(spec: &MachineInventorySpec) -> Option<InventoryRead> {

@@ -10,9 +10,9 @@ use kube::api::{Api, DeleteParams, PostParams};
 use unbounded_pxe::secrets::{BmcSecrets, Source};
 use unbounded_testbed::cluster::LocalControlPlane;
 
-fn kubectl(cp: &LocalControlPlane, manifest: &str) {
-    cp.kubectl_with_input(&["apply", "-f", "-"], Some(manifest))
-        .unwrap_or_else(|e| panic!("kubectl apply: {e}\n{manifest}"));
+/// Applies `manifest`.
+fn apply(cp: &LocalControlPlane, manifest: &str) {
+    unbounded_testbed::testkit::kubectl_ok(cp, &["apply", "-f", "-"], Some(manifest));
 }
 
 fn password(secret: &Secret) -> String {
@@ -46,7 +46,7 @@ async fn watch_shows(secrets: &BmcSecrets, expected: Option<&str>) {
 async fn secrets_come_from_a_watch_and_from_a_get_where_only_get_is_allowed() {
     let cp = LocalControlPlane::shared().expect("control plane");
     let admin = cp.client().await.expect("client");
-    kubectl(
+    apply(
         cp,
         r#"apiVersion: v1
 kind: Namespace
@@ -89,7 +89,7 @@ subjects: [{kind: ServiceAccount, name: get-only, namespace: bmcs-get-only}]
     let (first, _) = secrets.get("bmcs-watched", "rack-1").await.expect("read");
     assert_eq!(first.as_deref().map(password).as_deref(), Some("first"));
     watch_shows(&secrets, Some("first")).await;
-    kubectl(
+    apply(
         cp,
         "apiVersion: v1\nkind: Secret\nmetadata: {name: rack-1, namespace: bmcs-watched}\nstringData: {username: admin, password: rotated}\n",
     );

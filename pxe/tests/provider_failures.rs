@@ -12,7 +12,7 @@
 //!   `Failed`.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -26,16 +26,13 @@ use unbounded_testbed::cluster::LocalControlPlane;
 const GOOD_SYSTEM: &str = "5b000000-0000-4000-8000-00000000a001";
 const MISMATCH_SYSTEM: &str = "5b000000-0000-4000-8000-00000000a002";
 
-async fn wait_until<F, Fut>(what: &str, mut check: F)
+/// Waits up to 90 s for `check`.
+async fn wait_until<F, Fut>(what: &str, check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    unbounded_testbed::testkit::wait_until(what, Duration::from_secs(90), check).await;
 }
 
 fn manifests(sushy: u16, closed: u16) -> String {

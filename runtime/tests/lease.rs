@@ -13,6 +13,7 @@ use kube::Api;
 use unbounded_runtime::leader::{ElectionConfig, Elector, Term, Timing, lead_repeatedly};
 use unbounded_testbed::cluster::{LocalControlPlane, client_from_kubeconfig};
 use unbounded_testbed::stall::StallableForward;
+use unbounded_testbed::testkit::{CapturedLog, wait_until};
 
 fn timing() -> Timing {
     Timing::new(
@@ -106,57 +107,19 @@ impl Activity {
     }
 }
 
-/// This process's log, kept in memory, so that a test can wait for what a replica said.
-#[derive(Clone, Default)]
-struct CapturedLog(Arc<Mutex<Vec<u8>>>);
-
-impl CapturedLog {
-    fn get() -> &'static CapturedLog {
-        static LOG: std::sync::OnceLock<CapturedLog> = std::sync::OnceLock::new();
-        LOG.get_or_init(|| {
-            let log = CapturedLog::default();
-            let subscriber = tracing_subscriber::fmt()
-                .with_env_filter(tracing_subscriber::EnvFilter::new(
-                    "unbounded_runtime=debug",
-                ))
-                .with_ansi(false)
-                .with_writer(log.clone())
-                .finish();
-            tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
-            log
-        })
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
-impl std::io::Write for CapturedLog {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CapturedLog {
-    type Writer = CapturedLog;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
-
+/// Waits until `check` is true (what the replicas did is in memory: no await needed).
 async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until(
+        what,
+        Duration::from_secs(60),
+        || std::future::ready(check()),
+    )
+    .await;
+}
+
+/// This process's log, kept in memory, so that a test can wait for what a replica said.
+fn captured_log() -> &'static CapturedLog {
+    CapturedLog::install("unbounded_runtime=debug")
 }
 
 async fn holder(client: &kube::Client, lease: &str) -> Option<String> {
@@ -169,7 +132,7 @@ async fn holder(client: &kube::Client, lease: &str) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stalled_leader_stops_before_the_follower_starts_and_campaigns_again() {
-    let log = CapturedLog::get();
+    let log = captured_log();
     let cp = LocalControlPlane::shared().unwrap();
     let client = cp.client().await.unwrap();
     let proxy = StallableForward::start(cp.server_url().trim_start_matches("https://")).unwrap();
@@ -265,7 +228,7 @@ async fn a_stalled_leader_stops_before_the_follower_starts_and_campaigns_again()
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_released_lease_is_taken_at_once() {
-    CapturedLog::get();
+    captured_log();
     let cp = LocalControlPlane::shared().unwrap();
     let client = cp.client().await.unwrap();
     let lease = "rt-release";
@@ -293,7 +256,7 @@ async fn a_released_lease_is_taken_at_once() {
 /// it: the elector's requests, made as the component's ServiceAccount), and only its own.
 #[tokio::test(flavor = "multi_thread")]
 async fn deploys_rbac_lets_each_component_hold_its_own_lease_only() {
-    CapturedLog::get();
+    captured_log();
     let cp = LocalControlPlane::shared().unwrap();
     let deploy = unbounded_testbed::cluster::deploy_dir();
     let mut apply = vec!["apply", "--server-side", "-f"];
@@ -340,7 +303,7 @@ async fn deploys_rbac_lets_each_component_hold_its_own_lease_only() {
             .unwrap_or_else(|_| {
                 panic!(
                     "{account} could not take {lease}:\n{}",
-                    CapturedLog::get().text()
+                    captured_log().text()
                 )
             });
         // Long enough for renewals (every second).

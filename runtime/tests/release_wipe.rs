@@ -11,7 +11,7 @@
 //! tested with the BMC emulators in the bootserver's tests.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -22,9 +22,9 @@ use unbounded_api::{Machine, MachineConfigurationVersion, MachineProvider, Power
 use unbounded_runtime::provider::{Observed, Provider, ProviderError, Settings, run};
 use unbounded_runtime::release::WipeTimeouts;
 use unbounded_testbed::cluster::LocalControlPlane;
+use unbounded_testbed::testkit::wait_for;
 
 const FINALIZER: &str = "test.unbounded-cloud.io/power-switch";
-const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A provider that records which Machines it powered on and off.
 #[derive(Clone, Default)]
@@ -63,21 +63,6 @@ fn on() -> Observed {
         addresses: Vec::new(),
         provider_id: None,
         detail: None,
-    }
-}
-
-async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

@@ -33,3 +33,4 @@ pub mod scenario;
 pub mod setup;
 pub mod stall;
 pub mod swtpm;
+pub mod testkit;

@@ -13,7 +13,7 @@ pub mod process;
 mod resource_manager;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -93,79 +93,6 @@ impl Drop for FakeAzure {
     }
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = std::process::Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("openssl (Debian package openssl)");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A CA and a serving certificate for 127.0.0.1 (rustls refuses a CA as the server's own).
-fn make_certificates(dir: &Path) {
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    let mut ca = vec!["req", "-x509"];
-    ca.extend(ec);
-    ca.extend([
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=fake-azure-ca",
-    ]);
-    openssl(dir, &ca);
-    let mut leaf = vec!["req"];
-    leaf.extend(ec);
-    leaf.extend([
-        "-keyout",
-        "key.pem",
-        "-out",
-        "leaf.csr",
-        "-subj",
-        "/CN=127.0.0.1",
-    ]);
-    openssl(dir, &leaf);
-    std::fs::write(
-        dir.join("leaf.ext"),
-        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "leaf.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "cert.pem",
-            "-days",
-            "2",
-            "-extfile",
-            "leaf.ext",
-        ],
-    );
-}
-
 struct TlsListener {
     tcp: tokio::net::TcpListener,
     acceptor: TlsAcceptor,
@@ -198,13 +125,13 @@ impl FakeAzure {
     /// Starts the fake on a free port of 127.0.0.1.
     pub async fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        make_certificates(dir.path());
-        let certs: Vec<CertificateDer<'static>> =
-            CertificateDer::pem_file_iter(dir.path().join("cert.pem"))
-                .unwrap()
-                .map(Result::unwrap)
-                .collect();
-        let key = PrivateKeyDer::from_pem_file(dir.path().join("key.pem")).unwrap();
+        // A CA and a serving certificate for 127.0.0.1 (rustls refuses a CA as the server's own).
+        let pki = unbounded_testbed::cluster::ca_and_server(dir.path(), "127.0.0.1").unwrap();
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&pki.cert)
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let key = PrivateKeyDer::from_pem_file(&pki.key).unwrap();
         let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(Arc::new(
             tokio_rustls::rustls::crypto::ring::default_provider(),
         ))
@@ -236,7 +163,7 @@ impl FakeAzure {
         });
         Self {
             origin,
-            ca_file: dir.path().join("ca.pem"),
+            ca_file: pki.ca.clone(),
             state,
             _dir: dir,
             server,
@@ -389,22 +316,5 @@ fn token(state: &mut State, path: &str, body: &[u8]) -> (u16, Vec<(String, Strin
 }
 
 /// Waits for `check`, a bound on real progress; prints `context()` when it expires.
-pub async fn wait_until<F, Fut>(
-    what: &str,
-    timeout: Duration,
-    context: impl Fn() -> String,
-    mut check: F,
-) where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while !check().await {
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}\n{}",
-            context()
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-}
+#[allow(unused_imports)] // not every test binary uses it
+pub use unbounded_testbed::testkit::wait_until_explained as wait_until;

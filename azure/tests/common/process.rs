@@ -12,10 +12,9 @@ pub const AGENT_URL: &str = "https://downloads.example.invalid/unbounded-agent";
 pub const IDENTITY: &str = "azure-acceptance";
 pub const AGENT_SHA: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
 
-pub fn kubectl(cp: &LocalControlPlane, args: &[&str], stdin: Option<&str>) -> String {
-    cp.kubectl_with_input(args, stdin)
-        .unwrap_or_else(|e| panic!("{e}"))
-}
+// Not every test binary uses it.
+#[allow(unused_imports)]
+pub use unbounded_testbed::testkit::kubectl_ok as kubectl;
 
 pub fn get(cp: &LocalControlPlane, kind: &str, name: &str, path: &str) -> String {
     cp.kubectl_output(&["get", kind, name, "-o", &format!("jsonpath={path}")])

@@ -7,7 +7,6 @@ pub mod rollout;
 
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -16,7 +15,9 @@ use serde_json::{Value, json};
 use unbounded_api::{Machine, MachineConfiguration, MachineConfigurationVersion};
 use unbounded_testbed::cluster::LocalControlPlane;
 
-pub const TIMEOUT: Duration = Duration::from_secs(60);
+// Not every test binary uses each of them.
+#[allow(unused_imports)]
+pub use unbounded_testbed::testkit::{TIMEOUT, create_node, wait_for};
 
 pub fn control_plane() -> &'static LocalControlPlane {
     LocalControlPlane::shared().expect("local control plane")
@@ -78,22 +79,6 @@ pub fn restart_controller() {
 
 pub async fn client() -> Client {
     control_plane().client().await.expect("client")
-}
-
-/// Polls `check` until it returns Some, or panics after [`TIMEOUT`] with `what`.
-pub async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 pub fn template(kernel: &str) -> Value {
@@ -180,25 +165,6 @@ pub async fn wait_resolved(
         },
     )
     .await
-}
-
-/// Plays the kubelet: registers a Node, Ready or not.
-pub async fn create_node(client: &Client, name: &str, ready: bool) -> Node {
-    let api: Api<Node> = Api::all(client.clone());
-    let node: Node = serde_json::from_value(
-        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}),
-    )
-    .unwrap();
-    api.create(&PostParams::default(), &node)
-        .await
-        .expect("create node");
-    let status = if ready { "True" } else { "False" };
-    let patch = json!({"status": {"conditions": [{
-        "type": "Ready", "status": status, "reason": "KubeletReady", "message": "simulated",
-        "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-        .expect("node status")
 }
 
 pub async fn delete_node(client: &Client, name: &str) {

@@ -18,9 +18,7 @@ use super::*;
 
 /// Runs kubectl with `stdin`; panics with its stderr on failure.
 pub fn kubectl(args: &[&str], stdin: Option<&str>) -> String {
-    control_plane()
-        .kubectl_with_input(args, stdin)
-        .unwrap_or_else(|e| panic!("{e}"))
+    unbounded_testbed::testkit::kubectl_ok(control_plane(), args, stdin)
 }
 
 #[derive(Default, Debug)]

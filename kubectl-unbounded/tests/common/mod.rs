@@ -5,9 +5,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)] // a panic is the test failure report
 
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -16,6 +15,19 @@ use unbounded_api::{Machine, MachineConfiguration, MachineOperation};
 use unbounded_testbed::cluster::LocalControlPlane;
 
 pub const TIMEOUT: Duration = Duration::from_secs(90);
+
+// Not every test binary uses it.
+#[allow(unused_imports)]
+pub use unbounded_testbed::testkit::create_node;
+
+/// Polls `check` until it returns Some, or panics after [`TIMEOUT`] with `what`.
+pub async fn wait_for<T, F, Fut>(what: &str, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    unbounded_testbed::testkit::wait_for_within(what, TIMEOUT, check).await
+}
 
 pub fn control_plane() -> &'static LocalControlPlane {
     LocalControlPlane::shared().expect("local control plane")
@@ -51,7 +63,6 @@ pub async fn plugin(args: &[&str]) -> Run {
     }
 }
 
-/// Polls `check` until it returns Some, or panics after [`TIMEOUT`] with `what`.
 /// The plugin started with `args` against the test control plane, its output piped, for a
 /// test that reads it while it runs (stopped with [`interrupt`]).
 pub fn spawn_plugin(args: &[&str]) -> tokio::process::Child {
@@ -78,21 +89,6 @@ pub async fn interrupt(child: tokio::process::Child) -> std::process::Output {
         .await
         .expect("the plugin ends on Ctrl-C")
         .unwrap()
-}
-
-pub async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// Creates a Machine (`spec` merged over `provider: manual`).
@@ -168,25 +164,6 @@ pub async fn set_versions(client: &Client, name: &str, versions: &[(i64, bool)])
         )
         .await
         .expect("configuration status");
-}
-
-/// Plays the kubelet: registers a Node, Ready or not.
-pub async fn create_node(client: &Client, name: &str, ready: bool) {
-    let api: Api<Node> = Api::all(client.clone());
-    let node: Node = serde_json::from_value(
-        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}),
-    )
-    .unwrap();
-    api.create(&PostParams::default(), &node)
-        .await
-        .expect("create node");
-    let status = if ready { "True" } else { "False" };
-    let patch = json!({"status": {"conditions": [{
-        "type": "Ready", "status": status, "reason": "KubeletReady", "message": "simulated",
-        "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-        .expect("node status");
 }
 
 /// The MachineOperations on `machine` (by the label the plugin and the controller set).

@@ -65,30 +65,103 @@ struct CertRequest<'a> {
     alt_names: Option<&'a str>,
 }
 
-/// Generates the CA, the API server's serving certificate, client certificates and the
-/// service-account key pair (ECDSA P-256: quick to generate).
-pub(super) fn generate_pki(dir: &Path) -> Result<(), ClusterError> {
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    let mut ca = vec!["req", "-x509"];
-    ca.extend(ec);
-    ca.extend([
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "3650",
-        "-subj",
-        "/CN=unbounded-local-ca",
-    ]);
-    run_openssl(&ca, dir)?;
+/// An ECDSA P-256 key: quick to generate.
+const EC: [&str; 5] = [
+    "-newkey",
+    "ec",
+    "-pkeyopt",
+    "ec_paramgen_curve:prime256v1",
+    "-nodes",
+];
 
+/// A CA (`ca.crt`, `ca.key`) in `dir`, named `cn`.
+fn make_ca(dir: &Path, cn: &str) -> Result<(), ClusterError> {
+    let subject = format!("/CN={cn}");
+    let mut ca = vec!["req", "-x509"];
+    ca.extend(EC);
+    ca.extend([
+        "-keyout", "ca.key", "-out", "ca.crt", "-days", "3650", "-subj", &subject,
+    ]);
+    run_openssl(&ca, dir)
+}
+
+/// `<name>.crt` and `<name>.key` in `dir`, issued by the CA there.
+fn issue(dir: &Path, cert: &CertRequest<'_>) -> Result<(), ClusterError> {
+    let key = format!("{}.key", cert.name);
+    let csr = format!("{}.csr", cert.name);
+    let crt = format!("{}.crt", cert.name);
+    let ext = format!("{}.ext", cert.name);
+    let mut ext_text = format!(
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage={}\n",
+        cert.usage
+    );
+    if let Some(alt) = cert.alt_names {
+        ext_text.push_str(&format!("subjectAltName={alt}\n"));
+    }
+    fs::write(dir.join(&ext), ext_text).map_err(io_err("writing a certificate extension file"))?;
+    let mut req = vec!["req"];
+    req.extend(EC);
+    req.extend(["-keyout", &key, "-out", &csr, "-subj", cert.subject]);
+    run_openssl(&req, dir)?;
+    run_openssl(
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "3650",
+            "-out",
+            &crt,
+            "-extfile",
+            &ext,
+        ],
+        dir,
+    )
+}
+
+/// A CA and a server certificate it issued for `ip`, for a client that trusts the CA (rustls
+/// refuses a CA as a server's own certificate).
+#[derive(Debug, Clone)]
+pub struct ServerPki {
+    /// The CA's certificate (PEM).
+    pub ca: std::path::PathBuf,
+    /// The server's certificate (PEM).
+    pub cert: std::path::PathBuf,
+    /// The server's key (PEM).
+    pub key: std::path::PathBuf,
+}
+
+/// Makes a [`ServerPki`] for a server at `ip` in `dir`.
+pub fn ca_and_server(dir: &Path, ip: &str) -> Result<ServerPki, ClusterError> {
+    make_ca(dir, "unbounded-test-ca")?;
+    let subject = format!("/CN={ip}");
+    let alt = format!("IP:{ip}");
+    issue(
+        dir,
+        &CertRequest {
+            name: "server",
+            subject: &subject,
+            usage: "serverAuth",
+            alt_names: Some(&alt),
+        },
+    )?;
+    Ok(ServerPki {
+        ca: dir.join("ca.crt"),
+        cert: dir.join("server.crt"),
+        key: dir.join("server.key"),
+    })
+}
+
+/// Generates the CA, the API server's serving certificate, client certificates and the
+/// service-account key pair.
+pub(super) fn generate_pki(dir: &Path) -> Result<(), ClusterError> {
+    make_ca(dir, "unbounded-local-ca")?;
     let certs = [
         CertRequest {
             name: "apiserver",
@@ -124,44 +197,8 @@ pub(super) fn generate_pki(dir: &Path) -> Result<(), ClusterError> {
             alt_names: None,
         },
     ];
-    for cert in certs {
-        let key = format!("{}.key", cert.name);
-        let csr = format!("{}.csr", cert.name);
-        let crt = format!("{}.crt", cert.name);
-        let ext = format!("{}.ext", cert.name);
-        let mut ext_text = format!(
-            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage={}\n",
-            cert.usage
-        );
-        if let Some(alt) = cert.alt_names {
-            ext_text.push_str(&format!("subjectAltName={alt}\n"));
-        }
-        fs::write(dir.join(&ext), ext_text)
-            .map_err(io_err("writing a certificate extension file"))?;
-        let mut req = vec!["req"];
-        req.extend(ec);
-        req.extend(["-keyout", &key, "-out", &csr, "-subj", cert.subject]);
-        run_openssl(&req, dir)?;
-        run_openssl(
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &csr,
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "3650",
-                "-out",
-                &crt,
-                "-extfile",
-                &ext,
-            ],
-            dir,
-        )?;
+    for cert in &certs {
+        issue(dir, cert)?;
     }
     run_openssl(
         &[
