@@ -192,9 +192,8 @@ fn main() -> ExitCode {
                 if settings.power_enabled {
                     let power = settings.power;
                     let provider_client = client.clone();
-                    let provider = move |term| {
-                        unbounded_pxe::provider::run(provider_client.clone(), power, term)
-                    };
+                    let provider =
+                        move |term| unbounded_pxe::run(provider_client.clone(), power, term);
                     match election {
                         Some(election) => {
                             let mut elector = Elector::new(lease_client, election);

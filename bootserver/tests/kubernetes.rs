@@ -319,7 +319,7 @@ async fn a_deleted_machine_is_released_as_soon_as_its_node_goes() {
     let mut settings = unbounded_pxe::provider::PowerSettings::default();
     settings.loop_settings.first_backoff = Duration::from_secs(300);
     settings.loop_settings.wait = Duration::from_secs(300);
-    let provider = tokio::spawn(unbounded_pxe::provider::run(
+    let provider = tokio::spawn(unbounded_pxe::run(
         client.clone(),
         settings,
         unbounded_runtime::leader::Term::unbounded(),

@@ -21,7 +21,7 @@ use common::*;
 use kube::Api;
 use unbounded_api::Machine;
 use unbounded_pxe::power::Backoff;
-use unbounded_pxe::provider::{self, PowerSettings};
+use unbounded_pxe::provider::PowerSettings;
 use unbounded_runtime::leader::Term;
 use unbounded_testbed::bmc::{Domain, IpmiSim, Libvirtd, SushyEmulator, free_port};
 use unbounded_testbed::cluster::LocalControlPlane;
@@ -195,7 +195,11 @@ async fn pxe_machines_are_powered_booted_cycled_and_powered_off_through_their_bm
     settings.loop_settings.poll = Duration::from_secs(3);
     settings.loop_settings.first_backoff = Duration::from_secs(2);
     settings.loop_settings.max_backoff = Duration::from_secs(10);
-    tokio::spawn(provider::run(client.clone(), settings, Term::unbounded()));
+    tokio::spawn(unbounded_pxe::run(
+        client.clone(),
+        settings,
+        Term::unbounded(),
+    ));
     // The decoy, from another task of the runtime, under the provider's target.
     tokio::spawn(async {
         tracing::debug!(target: "unbounded_pxe::provider", "decoy credential {DECOY}");

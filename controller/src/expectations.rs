@@ -18,12 +18,13 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::index::Shared;
 
-/// How long a write is expected to show in the watches at most.
-pub const EXPECTATION_TTL: Duration = Duration::from_secs(30);
+// How long a write is expected to show in the watches at most: the statuses' record of
+// their writes ([`crate::status_writes`]) needs it too, and imports nothing of this room.
+pub use crate::status_writes::EXPECTATION_TTL;
 
 /// Keys written at some instant and not yet seen.
 #[derive(Debug, Clone)]
@@ -397,6 +398,7 @@ pub async fn expecting<T, E: WriteRefused>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn expectations_table() {

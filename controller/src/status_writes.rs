@@ -17,9 +17,10 @@
 //! [`EXPECTATION_TTL`].
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crate::expectations::EXPECTATION_TTL;
+/// How long a write is expected to show in the watches at most.
+pub const EXPECTATION_TTL: Duration = Duration::from_secs(30);
 
 /// By object name: the `resourceVersion`s its last status write replaced, and when.
 #[derive(Debug, Default)]

@@ -293,7 +293,7 @@ fn error_policy(_machine: Arc<Machine>, error: &ReadError, _ctx: Arc<Context>) -
 }
 
 /// Reads the BMC inventories of `pxe` Machines, through `provider`'s drivers, until the
-/// watch ends. Run by the PXE provider's leader ([`crate::provider::run`]).
+/// watch ends. Run by the PXE provider's leader ([`crate::run`]).
 pub async fn run(client: Client, provider: Arc<PxeProvider>) {
     let ctx = Arc::new(Context {
         client: client.clone(),

@@ -435,6 +435,17 @@ pub struct PowerOperations {
     client: Client,
 }
 
+impl PowerOperations {
+    /// The power operations of `provider`'s Machines, read from `machines`.
+    pub fn new(provider: Arc<PxeProvider>, machines: Store<Machine>, client: Client) -> Self {
+        Self {
+            provider,
+            machines,
+            client,
+        }
+    }
+}
+
 impl Execute for PowerOperations {
     fn handles(&self, machine: &str, operation_name: &str) -> bool {
         action_of(operation_name).is_some()
@@ -470,27 +481,6 @@ impl Execute for PowerOperations {
             )),
             Err(error) => Outcome::Failed(format!("{}: {}", error.reason, error.message)),
         }
-    }
-}
-
-/// Runs the PXE provider loop and its operation handler until one of them ends, sending BMC
-/// commands only within `term`.
-pub async fn run(client: Client, settings: PowerSettings, term: Term) {
-    let provider = Arc::new(PxeProvider::new(client.clone(), settings, term));
-    let operations = |machines| PowerOperations {
-        provider: provider.clone(),
-        machines,
-        client: client.clone(),
-    };
-    let inspection = crate::inspection::run(client.clone(), provider.clone());
-    tokio::select! {
-        () = unbounded_runtime::provider::run_with_operations(
-            client.clone(),
-            provider.clone(),
-            settings.loop_settings,
-            operations,
-        ) => {}
-        () = inspection => tracing::error!("the Redfish inventory reads ended"),
     }
 }
 

@@ -18,7 +18,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use unbounded_api::{Machine, MachinePhase};
 use unbounded_pxe::power::Backoff;
-use unbounded_pxe::provider::{self, PowerSettings};
+use unbounded_pxe::provider::PowerSettings;
 use unbounded_runtime::leader::Term;
 use unbounded_testbed::bmc::{SushyEmulator, free_port};
 use unbounded_testbed::cluster::LocalControlPlane;
@@ -161,7 +161,11 @@ async fn the_provider_records_where_machines_are_and_which_failures_are_terminal
     settings.loop_settings.poll = Duration::from_secs(3);
     settings.loop_settings.first_backoff = Duration::from_secs(1);
     settings.loop_settings.max_backoff = Duration::from_secs(2);
-    tokio::spawn(provider::run(client.clone(), settings, Term::unbounded()));
+    tokio::spawn(unbounded_pxe::run(
+        client.clone(),
+        settings,
+        Term::unbounded(),
+    ));
     let mut registry = prometheus_client::registry::Registry::default();
     tokio::spawn(unbounded_controller::run(
         client.clone(),
