@@ -62,15 +62,8 @@ pub enum Command {
     Complete(CompleteArgs),
 }
 
-/// How `status` groups machines.
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum GroupBy {
-    /// Configurations → versions → machines.
-    #[default]
-    Configuration,
-    /// Pools → machines.
-    Pool,
-}
+// How `status` groups machines: the status room's own (it imports nothing of the CLI).
+pub use crate::status::GroupBy;
 
 /// Output formats of `status`.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]

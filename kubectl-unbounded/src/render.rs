@@ -336,9 +336,9 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::cli::GroupBy;
     use crate::facts::Inventory;
     use crate::fixtures::{condition, configuration, machine, node, now, running};
+    use crate::status::GroupBy;
     use crate::status::{Filter, build};
 
     fn lab(message: &str) -> StatusTree {

@@ -12,11 +12,20 @@ use unbounded_api::well_known::conditions;
 use unbounded_api::{Machine, MachineConfiguration, MachinePool};
 use unbounded_controller::selection::{Candidate, Resolution};
 
-use crate::cli::GroupBy;
 use crate::facts::{
     Blocker, Inventory, NodeFacts, NodesByName, candidates, first_blocker, node_of, nodes_by_name,
     pool_of, recorded, resolve, seconds_between,
 };
+
+/// How `status` groups machines.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GroupBy {
+    /// Configurations → versions → machines.
+    #[default]
+    Configuration,
+    /// Pools → machines.
+    Pool,
+}
 
 /// Which machines `status` shows.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
