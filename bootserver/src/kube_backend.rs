@@ -602,7 +602,7 @@ impl KubeBackend {
     /// Starts the watches (into `background`, which the server watches: if one ends, the
     /// process exits) and returns the backend; it reports ready once both watches have
     /// listed everything once.
-    pub fn start(client: Client, background: &mut crate::server::Background) -> Arc<Self> {
+    pub fn start(client: Client, background: &mut tokio::task::JoinSet<&'static str>) -> Arc<Self> {
         let recorder = Recorder::new(
             client.clone(),
             Reporter {

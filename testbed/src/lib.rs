@@ -8,6 +8,7 @@ pub mod appliance;
 pub mod appliance_scenarios;
 pub mod bench;
 pub mod bmc;
+pub mod boot_artifacts;
 pub mod cluster;
 pub mod containers;
 pub mod discovery_scenario;

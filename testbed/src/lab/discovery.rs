@@ -13,7 +13,7 @@
 
 use super::LAB_KERNEL_ARGS;
 use super::base::{LabError, step};
-use crate::appliance::BootArtifacts;
+use crate::boot_artifacts::BootArtifacts;
 
 /// The ConfigMap key that holds the bootserver's configuration.
 const CONFIG_KEY: &str = "bootserver.yaml";
