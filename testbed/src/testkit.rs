@@ -48,27 +48,7 @@ where
 /// Runs kubectl against `cp` with `args` (and `stdin`); whether it succeeded, and what it
 /// printed (standard output, then standard error).
 pub fn kubectl(cp: &LocalControlPlane, args: &[&str], stdin: Option<&str>) -> (bool, String) {
-    let mut command = cp.kubectl();
-    command.args(args);
-    let output = match stdin {
-        Some(input) => {
-            use std::io::Write;
-            let mut child = command
-                .stdin(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .expect("kubectl");
-            child
-                .stdin
-                .take()
-                .expect("stdin")
-                .write_all(input.as_bytes())
-                .expect("kubectl's input");
-            child.wait_with_output().expect("kubectl")
-        }
-        None => command.output().expect("kubectl"),
-    };
+    let output = crate::cluster::kubectl_output(cp.kubectl(), args, stdin).expect("kubectl");
     (
         output.status.success(),
         format!(
@@ -79,11 +59,11 @@ pub fn kubectl(cp: &LocalControlPlane, args: &[&str], stdin: Option<&str>) -> (b
     )
 }
 
-/// [`kubectl`] that must succeed; its output.
+/// kubectl that must succeed; its standard output (a failure names the command and what it
+/// printed on standard error).
 pub fn kubectl_ok(cp: &LocalControlPlane, args: &[&str], stdin: Option<&str>) -> String {
-    let (ok, out) = kubectl(cp, args, stdin);
-    assert!(ok, "kubectl {args:?}: {out}");
-    out
+    cp.kubectl_with_input(args, stdin)
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Plays the kubelet: registers a Node, Ready or not.

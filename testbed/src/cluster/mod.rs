@@ -365,10 +365,28 @@ fn lost_a_port(error: &ClusterError) -> bool {
 /// Runs a kubectl `command` (already pointed at a cluster) with `args` and optional input:
 /// its stdout, or its stderr as the error.
 pub fn run_kubectl(
-    mut command: Command,
+    command: Command,
     args: &[&str],
     stdin: Option<&str>,
 ) -> Result<String, ClusterError> {
+    let out = kubectl_output(command, args, stdin)?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(ClusterError::Command {
+            what: format!("kubectl {}", args.join(" ")),
+            output: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        })
+    }
+}
+
+/// Runs kubectl (`command`) with `args`, `stdin` written to it; its whole output, whatever
+/// its exit status.
+pub fn kubectl_output(
+    mut command: Command,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Result<std::process::Output, ClusterError> {
     command
         .args(args)
         .stdin(if stdin.is_some() {
@@ -384,17 +402,9 @@ pub fn run_kubectl(
             .write_all(text.as_bytes())
             .map_err(io_err("writing kubectl's input"))?;
     }
-    let out = child
+    child
         .wait_with_output()
-        .map_err(io_err("waiting for kubectl"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(ClusterError::Command {
-            what: format!("kubectl {}", args.join(" ")),
-            output: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        })
-    }
+        .map_err(io_err("waiting for kubectl"))
 }
 
 /// Builds a client from a kubeconfig file.
