@@ -62,7 +62,7 @@ fn dhcp_fixture() -> &'static DhcpFixture {
             Err(error) => panic!("the fuzz configuration is invalid: {error}"),
         };
         let mut proxy = full.clone();
-        proxy.dhcp_mode = crate::config::DhcpMode::Proxy;
+        proxy.dhcp.mode = crate::dhcp::settings::DhcpMode::Proxy;
         DhcpFixture {
             backend: Arc::new(StaticBackend::new(full.machines.clone())),
             full: Arc::new(full),
@@ -107,9 +107,9 @@ pub fn dhcp(data: &[u8]) {
         fixture.proxy.clone()
     };
     let port = if control & 2 == 0 {
-        settings.dhcp_port
+        settings.dhcp.port
     } else {
-        settings.proxy_port
+        settings.dhcp.proxy_port
     };
     let leases = Arc::new(Leases::in_memory());
     let responder = Responder::new(settings.clone(), fixture.backend.clone(), leases.clone());
@@ -291,8 +291,8 @@ fn http_fixture() -> &'static Http {
         let files = files();
         let fixture = dhcp_fixture();
         let mut settings = (*fixture.full).clone();
-        settings.tftp_root = files.root.clone();
-        settings.images_dir = files.images.clone();
+        settings.tftp.root = files.root.clone();
+        settings.http.images_dir = files.images.clone();
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = Arc::new(crate::metrics::Metrics::register(&mut registry));
         let router = crate::http::router(crate::http::AppState {

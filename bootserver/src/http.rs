@@ -30,8 +30,9 @@ use tower_http::services::ServeDir;
 
 use crate::backend::{MacAddr, MachineBackend};
 use crate::boot;
-use crate::config::{Settings, UnknownMachines};
+use crate::config::Settings;
 use crate::credentials::Issuer;
+use crate::dhcp::settings::UnknownMachines;
 use crate::discovery_writes::DiscoveryWriter;
 use crate::files::{self, InlineFs};
 use crate::identity::{self, PxeExchanges};
@@ -47,6 +48,7 @@ mod credentials;
 mod discovery;
 mod peer;
 pub mod sendfile;
+pub mod settings;
 pub mod tls;
 
 /// What the handlers share.
@@ -85,9 +87,9 @@ impl std::fmt::Debug for AppState {
 /// ([`around_each_request`]). A panic in a handler is caught (tower-http's `CatchPanicLayer`): that
 /// request gets a 500, the panic is logged and counted, and the server goes on.
 pub fn router(state: AppState) -> Router {
-    let images = ServeDir::with_backend(&state.settings.images_dir, InlineFs)
+    let images = ServeDir::with_backend(&state.settings.http.images_dir, InlineFs)
         .with_buf_chunk_size(files::CHUNK_BYTES);
-    let ipxe = ServeDir::with_backend(&state.settings.tftp_root, InlineFs)
+    let ipxe = ServeDir::with_backend(&state.settings.tftp.root, InlineFs)
         .with_buf_chunk_size(files::CHUNK_BYTES);
     let panics = state.metrics.clone();
     let file_metrics = state.metrics.clone();
@@ -234,7 +236,7 @@ async fn boot_script(
             boot::refusal("the mac parameter is not a MAC address"),
         );
     };
-    let discover = state.settings.unknown_machines == UnknownMachines::Discover;
+    let discover = state.settings.dhcp.unknown_machines == UnknownMachines::Discover;
     let script = match state.backend.machine_by_mac(&mac) {
         // Discovered and not claimed: inspected again (its agent reports afresh), never
         // booted as itself, and no nonce.

@@ -86,7 +86,7 @@ pub fn record_of(
 fn identity_policy(
     pxe: &unbounded_api::PxeSpec,
     version: Option<&MachineConfigurationVersion>,
-) -> crate::credentials::IdentityPolicy {
+) -> crate::backend::IdentityPolicy {
     let template = version.map(|v| &v.spec.template);
     let spec = pxe
         .identity
@@ -102,7 +102,7 @@ fn identity_policy(
                 .collect()
         })
         .unwrap_or_default();
-    crate::credentials::IdentityPolicy {
+    crate::backend::IdentityPolicy {
         mode: spec.mode,
         endorsement_key: spec.endorsement_key.map(|k| k.to_ascii_lowercase()),
         trust_on_first_use: spec.trust_on_first_use.unwrap_or(false),

@@ -39,4 +39,5 @@ pub mod nonce_file;
 pub mod preflight;
 pub mod ra;
 pub mod server;
+pub mod setting;
 pub mod tftp;

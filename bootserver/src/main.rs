@@ -17,7 +17,8 @@ use std::sync::Arc;
 
 use clap::Parser;
 use unbounded_bootserver::backend::{MachineBackend, StaticBackend};
-use unbounded_bootserver::config::{BackendKind, Defaults, Settings, UnknownMachines};
+use unbounded_bootserver::config::{BackendKind, Defaults, Settings};
+use unbounded_bootserver::dhcp::settings::UnknownMachines;
 use unbounded_bootserver::http::Probe;
 use unbounded_bootserver::kube_backend::KubeBackend;
 use unbounded_bootserver::preflight::Readiness;
@@ -223,7 +224,7 @@ fn main() -> ExitCode {
                     None => None,
                 };
                 let backend = KubeBackend::start(client.clone(), &mut background);
-                if settings.unknown_machines == UnknownMachines::Discover
+                if settings.dhcp.unknown_machines == UnknownMachines::Discover
                     && let Some(d) = &settings.discovery
                 {
                     discovery = Some(Arc::new(

@@ -30,7 +30,8 @@ use unbounded_api::{Architecture, Firmware};
 
 use crate::boot::{BIOS_FILE, UEFI_ARM64_FILE};
 use crate::boot_images::{self, DigestCache, FileFault, InstalledVersion};
-use crate::config::{BackendKind, Settings, UnknownMachines};
+use crate::config::{BackendKind, Settings};
+use crate::dhcp::settings::UnknownMachines;
 use crate::interfaces::{self, Interfaces, Ipv4Net};
 
 /// How often a failed check runs again.
@@ -108,7 +109,7 @@ pub fn boot_files(settings: &Settings) -> BTreeMap<String, BootFileNeed> {
     const UEFI_ARM64: &str = "arm64 UEFI machines";
     let mut out = BTreeMap::new();
     let machines_known = settings.backend == BackendKind::File
-        && settings.unknown_machines == UnknownMachines::Ignore;
+        && settings.dhcp.unknown_machines == UnknownMachines::Ignore;
     let mut need = |file: &str, asked_by, required| {
         let entry = out.entry(file.to_owned()).or_insert(BootFileNeed {
             asked_by,
@@ -122,13 +123,13 @@ pub fn boot_files(settings: &Settings) -> BTreeMap<String, BootFileNeed> {
                 (Architecture::Arm64, _) => need(UEFI_ARM64_FILE, UEFI_ARM64, true),
                 (Architecture::X86_64, Firmware::Bios) => need(BIOS_FILE, BIOS, true),
                 (Architecture::X86_64, Firmware::Uefi) => {
-                    need(&settings.uefi_boot_file, UEFI_X64, true);
+                    need(&settings.dhcp.uefi_boot_file, UEFI_X64, true);
                 }
             }
         }
     } else {
         need(BIOS_FILE, BIOS, true);
-        need(&settings.uefi_boot_file, UEFI_X64, true);
+        need(&settings.dhcp.uefi_boot_file, UEFI_X64, true);
         need(UEFI_ARM64_FILE, UEFI_ARM64, false);
     }
     out
@@ -377,7 +378,7 @@ pub fn check(settings: &Settings, host: &HostFacts) -> Report {
             if usable_file(&state) {
                 continue;
             }
-            let root = settings.tftp_root.clone();
+            let root = settings.tftp.root.clone();
             if need.required {
                 report.problems.push(Problem::BootFile {
                     root,
@@ -396,20 +397,20 @@ pub fn check(settings: &Settings, host: &HostFacts) -> Report {
         }
     } else {
         report.problems.push(Problem::TftpRoot {
-            root: settings.tftp_root.clone(),
+            root: settings.tftp.root.clone(),
             state: host.tftp_root.clone(),
         });
     }
 
     if host.images_dir != PathState::Directory {
         report.problems.push(Problem::ImagesDir {
-            dir: settings.images_dir.clone(),
+            dir: settings.http.images_dir.clone(),
             state: host.images_dir.clone(),
         });
     }
     match &host.boot_images {
         Err(e) => report.problems.push(Problem::ImagesDir {
-            dir: settings.images_dir.clone(),
+            dir: settings.http.images_dir.clone(),
             state: PathState::Unreadable(e.clone()),
         }),
         Ok(versions) => {
@@ -439,17 +440,18 @@ impl HostFacts {
     /// Reads what [`check`] needs. Digests of installed images are computed once per
     /// version of each file (`cache`).
     pub fn gather(settings: &Settings, cache: &mut DigestCache) -> Self {
-        let tftp_root = PathState::of(&settings.tftp_root);
+        let tftp_root = PathState::of(&settings.tftp.root);
         let boot_files = boot_files(settings)
             .into_keys()
             .map(|file| {
-                let state = PathState::of(&settings.tftp_root.join(&file));
+                let state = PathState::of(&settings.tftp.root.join(&file));
                 (file, state)
             })
             .collect();
-        let images_dir = PathState::of(&settings.images_dir);
+        let images_dir = PathState::of(&settings.http.images_dir);
         let boot_images = if images_dir == PathState::Directory {
-            boot_images::check_installed(&settings.images_dir, cache).map_err(|e| e.to_string())
+            boot_images::check_installed(&settings.http.images_dir, cache)
+                .map_err(|e| e.to_string())
         } else {
             Ok(Vec::new())
         };
@@ -525,8 +527,8 @@ impl Checker {
                 tracing::info!(
                     interface = ?settings.interface,
                     server_address = %settings.server_address,
-                    tftp_root = %settings.tftp_root.display(),
-                    images_dir = %settings.images_dir.display(),
+                    tftp_root = %settings.tftp.root.display(),
+                    images_dir = %settings.http.images_dir.display(),
                     "preflight passed"
                 );
             } else {

@@ -16,7 +16,8 @@ use prometheus_client::registry::Registry;
 use tokio::task::JoinSet;
 
 use crate::backend::MachineBackend;
-use crate::config::{DhcpMode, Settings};
+use crate::config::Settings;
+use crate::dhcp::settings::DhcpMode;
 use crate::dhcp::{self, DhcpError, Responder};
 use crate::http::{self, AppState, Probe};
 use crate::leases::{FileStore, LeaseError, Leases};
@@ -132,8 +133,8 @@ pub async fn run(
     if let Some(discovery) = &discovery {
         discovery.register_metrics(&mut registry);
     }
-    let lease_log = match settings.dhcp_mode {
-        DhcpMode::Full => Some(Arc::new(FileStore::open(&settings.lease_file)?)),
+    let lease_log = match settings.dhcp.mode {
+        DhcpMode::Full => Some(Arc::new(FileStore::open(&settings.dhcp.lease_file)?)),
         DhcpMode::Proxy | DhcpMode::Off => None,
     };
     let leases = Arc::new(match &lease_log {
@@ -160,11 +161,11 @@ pub async fn run(
 
     let mut tasks: JoinSet<Result<&'static str, ServerError>> = JoinSet::new();
     let mut ports = Vec::new();
-    match settings.dhcp_mode {
+    match settings.dhcp.mode {
         // Both modes answer the PXE boot-server requests on 4011: UEFI PXE firmware sends
         // one after an offer that carries "PXEClient" without boot-menu vendor options.
         DhcpMode::Full | DhcpMode::Proxy => {
-            ports.extend([settings.dhcp_port, settings.proxy_port]);
+            ports.extend([settings.dhcp.port, settings.dhcp.proxy_port]);
         }
         DhcpMode::Off => {}
     }
@@ -173,7 +174,7 @@ pub async fn run(
         .map_err(dhcp::DhcpError::CommitThread)?;
     for port in ports {
         let socket = dhcp::open_socket(&settings, port)?;
-        tracing::info!(port, interface = ?settings.interface, mode = ?settings.dhcp_mode, "DHCP listening");
+        tracing::info!(port, interface = ?settings.interface, mode = ?settings.dhcp.mode, "DHCP listening");
         let (responder, leases, metrics) = (responder.clone(), leases.clone(), metrics.clone());
         let committer = committer.clone();
         tasks.spawn(async move {
@@ -182,8 +183,8 @@ pub async fn run(
         });
     }
 
-    let tftp_addr = SocketAddr::from((settings.server_address, settings.tftp_port));
-    let tftp_root = settings.tftp_root.clone();
+    let tftp_addr = SocketAddr::from((settings.server_address, settings.tftp.port));
+    let tftp_root = settings.tftp.root.clone();
     let tftp_metrics = metrics.clone();
     tracing::info!(addr = %tftp_addr, root = %tftp_root.display(), "TFTP listening");
     tasks.spawn(async move {
@@ -198,15 +199,15 @@ pub async fn run(
             addr: http_addr,
             source,
         })?;
-    tracing::info!(addr = %http_addr, images = %settings.images_dir.display(), "HTTP listening");
-    let tls = match &settings.tls {
+    tracing::info!(addr = %http_addr, images = %settings.http.images_dir.display(), "HTTP listening");
+    let tls = match &settings.http.tls {
         Some(tls_settings) => {
             let (config, endpoint) = http::tls::load(tls_settings, settings.server_address)?;
             let addr = SocketAddr::from((settings.server_address, tls_settings.port));
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|source| ServerError::Http { addr, source })?;
-            let listener = http::tls::TlsListener::start(listener, config, settings.http_limits)
+            let listener = http::tls::TlsListener::start(listener, config, settings.http.limits)
                 .map_err(|source| ServerError::Http { addr, source })?;
             tracing::info!(%addr, sha256 = %endpoint.sha256_hex, "HTTPS listening (credentials and configuration)");
             Some((listener, endpoint, addr))
@@ -242,7 +243,7 @@ pub async fn run(
     }
     tasks.spawn(async move {
         axum::serve(
-            http::sendfile::FileSendListener::new(listener, settings.http_limits),
+            http::sendfile::FileSendListener::new(listener, settings.http.limits),
             app.into_make_service_with_connect_info::<http::sendfile::HttpConnection>(),
         )
         .await

@@ -54,7 +54,8 @@ fn http_seeds_and_regressions_pass() {
 fn the_hlen_above_16_datagram_is_dropped() {
     use std::sync::Arc;
     use unbounded_bootserver::backend::StaticBackend;
-    use unbounded_bootserver::config::{DhcpMode, Settings};
+    use unbounded_bootserver::config::Settings;
+    use unbounded_bootserver::dhcp::settings::DhcpMode;
     use unbounded_bootserver::dhcp::wire::Malformed;
     use unbounded_bootserver::dhcp::{Decision, DropReason, Responder, serve};
     use unbounded_bootserver::leases::Leases;
@@ -69,11 +70,11 @@ fn the_hlen_above_16_datagram_is_dropped() {
     let from = "10.99.0.50:68".parse().unwrap();
     for mode in [DhcpMode::Full, DhcpMode::Proxy] {
         let mut settings = base.clone();
-        settings.dhcp_mode = mode;
+        settings.dhcp.mode = mode;
         let settings = Arc::new(settings);
         let backend = Arc::new(StaticBackend::new(Vec::new()));
         let responder = Responder::new(settings.clone(), backend, Arc::new(Leases::in_memory()));
-        for port in [settings.dhcp_port, settings.proxy_port] {
+        for port in [settings.dhcp.port, settings.dhcp.proxy_port] {
             let (kind, decision) = serve::handle(&responder, &packet, from, port, 1_700_000_000);
             assert_eq!(kind, None, "{mode:?} {port}");
             assert_eq!(

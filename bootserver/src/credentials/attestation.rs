@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-use unbounded_api::identity::{AttestationProof, IdentityMode};
+use unbounded_api::identity::AttestationProof;
 
 use crate::identity::tpm::{self, Quote, RsaPublic, TpmError, hex, unhex};
 
@@ -29,19 +29,7 @@ pub const CHALLENGE_SECONDS: u64 = 120;
 /// At most this many machines with a pending challenge (each is a few hundred bytes).
 const MAX_PENDING: usize = 16_384;
 
-/// A machine's identity settings as the bootserver applies them: the Machine's, else its
-/// configuration version's.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct IdentityPolicy {
-    /// `None`: the bootserver's `credentials.defaultIdentity`.
-    pub mode: Option<IdentityMode>,
-    /// The recorded endorsement key's TPM name (lower-case hex).
-    pub endorsement_key: Option<String>,
-    /// Record the EK of the first attestation when none is recorded.
-    pub trust_on_first_use: bool,
-    /// Accepted PCR sets of the boot (index to SHA-256 value); empty: PCRs not checked.
-    pub measurements: Vec<BTreeMap<u8, Vec<u8>>>,
-}
+pub use crate::backend::IdentityPolicy;
 
 /// Why an attestation is refused. Each is a reason on the Machine's `TPMAttested`
 /// condition and a Warning Event.
@@ -292,6 +280,7 @@ impl Challenges {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use unbounded_api::identity::IdentityMode;
 
     const EK_NAME: &str = "000b214546304e687ff6bc0d110f72149e986760b93a757fa568ce2e5229237d9396";
 

@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
+use super::settings::Subnet;
 use crate::backend::{MacAddr, MachineBackend, MachineRecord};
-use crate::config::Subnet;
 use crate::leases::book::Slot;
 use crate::leases::{AddressBook, ClientKey};
 

@@ -22,10 +22,11 @@ use super::DropReason;
 use super::allocate::{Client, Cursors, OFFER_HOLD, Offer, Pool};
 use super::limits::{Source, Sources};
 use super::reply::{self, Reply};
+use super::settings::{DhcpMode, Subnet, UnknownMachines};
 use super::wire::Request;
 use crate::backend::{MachineBackend, MachineRecord};
 use crate::boot::{self, ClientKind};
-use crate::config::{DhcpMode, Settings, Subnet, UnknownMachines};
+use crate::config::Settings;
 use crate::identity::PxeExchanges;
 use crate::leases::book::Refused;
 use crate::leases::{ClientKey, Lease, LeaseError, Leases, Ticket};
@@ -186,10 +187,10 @@ impl Responder {
             machine: self.backend.machine_by_mac(&request.mac),
             now,
         };
-        if port == self.settings.proxy_port {
+        if port == self.settings.dhcp.proxy_port {
             return self.boot_server(&context, from);
         }
-        match self.settings.dhcp_mode {
+        match self.settings.dhcp.mode {
             DhcpMode::Off => Err(DropReason::DhcpOff),
             DhcpMode::Proxy => self.proxy(&context),
             DhcpMode::Full => self.full(&context),
@@ -201,7 +202,7 @@ impl Responder {
         client.is_network_boot()
             && match machine {
                 Some(m) => boot::architecture_matches(m.architecture, client),
-                None => self.settings.unknown_machines == UnknownMachines::Discover,
+                None => self.settings.dhcp.unknown_machines == UnknownMachines::Discover,
             }
     }
 
@@ -220,7 +221,7 @@ impl Responder {
         let selector = link_selection
             .or(request.subnet_selection)
             .or_else(|| request.relayed().then_some(request.giaddr));
-        let subnets = &self.settings.subnets;
+        let subnets = &self.settings.dhcp.subnets;
         match selector {
             Some(ip) => subnets
                 .iter()
@@ -264,7 +265,7 @@ impl Responder {
     fn nak(&self, request: &Request, why: String) -> Decision {
         let mut nak = self.reply(request, MessageType::Nak);
         nak.message.opts_mut().insert(DhcpOption::Message(why));
-        let to = reply::nak_destination(request, &mut nak, self.settings.dhcp_port);
+        let to = reply::nak_destination(request, &mut nak, self.settings.dhcp.port);
         Decision::Reply {
             reply: nak,
             to,
@@ -307,7 +308,7 @@ impl Responder {
             MessageType::Discover | MessageType::Request
         ) && machine.is_none()
         {
-            Source::of(request, self.settings.dhcp_limits)
+            Source::of(request, self.settings.dhcp.limits)
         } else {
             Vec::new()
         };
@@ -354,7 +355,7 @@ impl Responder {
                 given(&self.sources);
                 Ok(Decision::Reply {
                     reply: self.grant(context, MessageType::Offer, subnet, offer.ip()),
-                    to: reply::destination(request, self.settings.dhcp_port),
+                    to: reply::destination(request, self.settings.dhcp.port),
                     commit: None,
                     reclaimed: matches!(offer, Offer::Reclaimed(_)),
                 })
@@ -412,7 +413,7 @@ impl Responder {
                 given(&self.sources);
                 Ok(Decision::Reply {
                     reply: self.grant(context, MessageType::Ack, subnet, asked),
-                    to: reply::destination(request, self.settings.dhcp_port),
+                    to: reply::destination(request, self.settings.dhcp.port),
                     commit: Some((
                         Lease {
                             key: key.clone(),
@@ -452,7 +453,7 @@ impl Responder {
                 reply::add_config(&mut reply, subnet, machine);
                 Ok(Decision::Reply {
                     reply,
-                    to: reply::destination(request, self.settings.dhcp_port),
+                    to: reply::destination(request, self.settings.dhcp.port),
                     commit: None,
                     reclaimed: false,
                 })
@@ -489,7 +490,7 @@ impl Responder {
             reply::add_pxe_discovery_control(&mut reply, context.kind);
         }
         let to = if context.request.relayed() {
-            reply::destination(context.request, self.settings.dhcp_port)
+            reply::destination(context.request, self.settings.dhcp.port)
         } else {
             SocketAddrV4::new(Ipv4Addr::BROADCAST, 68)
         };

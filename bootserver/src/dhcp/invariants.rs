@@ -424,7 +424,7 @@ machines:
             let from = SocketAddrV4::new(Ipv4Addr::new(10, 99, 0, 50), 68);
             let decision = self
                 .responder
-                .decide(request, from, self.settings.dhcp_port, self.now);
+                .decide(request, from, self.settings.dhcp.port, self.now);
             self.ledger
                 .decided(&decision, &request.client_key(), request.mac, self.now)?;
             match decision {

@@ -19,66 +19,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::Ipv4Addr;
 
-use serde::Deserialize;
-
+pub use super::settings::{LimitsError, LimitsFile, SourceLimits};
 use super::wire::Request;
 use crate::leases::ClientKey;
-
-/// `dhcp.limits` in the configuration file.
-#[derive(Debug, Deserialize, Default, Clone)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct LimitsFile {
-    per_relay: Option<u32>,
-    per_circuit: Option<u32>,
-}
-
-/// The limits, validated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SourceLimits {
-    /// Clients holding a pool address per relay (`giaddr`); `None`: no limit.
-    pub per_relay: Option<u32>,
-    /// Clients holding a pool address per relay port (circuit ID); `None`: no limit.
-    pub per_circuit: Option<u32>,
-}
-
-impl SourceLimits {
-    /// A port rarely has more than a server's few interfaces behind it.
-    pub const DEFAULT_PER_CIRCUIT: u32 = 16;
-}
-
-impl Default for SourceLimits {
-    fn default() -> Self {
-        Self {
-            per_relay: None,
-            per_circuit: Some(Self::DEFAULT_PER_CIRCUIT),
-        }
-    }
-}
-
-/// A limit that is not one.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("dhcp.limits.{field} must be at least 1 (leave it out for no limit), not 0")]
-pub struct LimitsError {
-    field: &'static str,
-}
-
-impl TryFrom<&LimitsFile> for SourceLimits {
-    type Error = LimitsError;
-
-    fn try_from(file: &LimitsFile) -> Result<Self, Self::Error> {
-        let nonzero = |value: Option<u32>, field| match value {
-            Some(0) => Err(LimitsError { field }),
-            other => Ok(other),
-        };
-        Ok(Self {
-            per_relay: nonzero(file.per_relay, "perRelay")?,
-            per_circuit: match file.per_circuit {
-                None => Some(Self::DEFAULT_PER_CIRCUIT),
-                value => nonzero(value, "perCircuit")?,
-            },
-        })
-    }
-}
 
 /// Where a request came from, as far as limits go.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -165,30 +108,6 @@ mod tests {
 
     fn key(n: u8) -> ClientKey {
         ClientKey::of(None, crate::backend::MacAddr([2, 0, 0, 0, 0, n]))
-    }
-
-    #[test]
-    fn configuration_table() {
-        let file = |relay, circuit| LimitsFile {
-            per_relay: relay,
-            per_circuit: circuit,
-        };
-        assert_eq!(
-            SourceLimits::try_from(&file(None, None)),
-            Ok(SourceLimits::default())
-        );
-        assert_eq!(
-            SourceLimits::try_from(&file(Some(50), Some(4))),
-            Ok(SourceLimits {
-                per_relay: Some(50),
-                per_circuit: Some(4)
-            })
-        );
-        let error = SourceLimits::try_from(&file(Some(0), None)).unwrap_err();
-        assert!(
-            error.to_string().contains("perRelay must be at least 1"),
-            "{error}"
-        );
     }
 
     #[test]

@@ -54,6 +54,7 @@ pub mod invariants;
 pub mod limits;
 pub mod reply;
 pub mod serve;
+pub mod settings;
 pub mod wire;
 
 pub use decide::{Decision, Responder};

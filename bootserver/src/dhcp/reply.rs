@@ -9,10 +9,11 @@ use dhcproto::v4::{
     DhcpOption, Flags, HType, Message, MessageType, Opcode, OptionCode, UnknownOption,
 };
 
+use super::settings::Subnet;
 use super::wire::{Request, code};
 use crate::backend::{MacAddr, MachineRecord};
 use crate::boot::{self, BootFiles, ClientKind};
-use crate::config::{Settings, Subnet};
+use crate::config::Settings;
 
 /// Replies are padded to the BOOTP minimum: some relays and old clients drop shorter ones.
 const MIN_LEN: usize = 300;
@@ -132,7 +133,7 @@ pub fn nak_destination(request: &Request, reply: &mut Reply, dhcp_port: u16) -> 
 pub fn add_boot(reply: &mut Reply, settings: &Settings, client: ClientKind, mac: &MacAddr) {
     let base = settings.http_base();
     let files = BootFiles {
-        uefi_x64: &settings.uefi_boot_file,
+        uefi_x64: &settings.dhcp.uefi_boot_file,
         http_base: &base,
     };
     let Some(file) = boot::boot_file(client, &files, mac) else {

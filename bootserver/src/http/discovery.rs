@@ -12,7 +12,7 @@ use unbounded_api::inventory::{DISCOVERY_CLAIM_PATH, DISCOVERY_REPORT_PATH, Disc
 use super::{AppState, ipxe};
 use crate::backend::MacAddr;
 use crate::boot;
-use crate::config::{DhcpMode, UnknownMachines};
+use crate::dhcp::settings::{DhcpMode, UnknownMachines};
 use crate::discovery_writes::{DiscoveryWriter, Outcome};
 use crate::identity;
 
@@ -26,7 +26,7 @@ pub(super) async fn discover_script(
     let route = "/discover.ipxe";
     let base = state.settings.http_base();
     let discovery = match &state.settings.discovery {
-        Some(discovery) if state.settings.unknown_machines == UnknownMachines::Discover => {
+        Some(discovery) if state.settings.dhcp.unknown_machines == UnknownMachines::Discover => {
             discovery
         }
         _ => {
@@ -213,7 +213,7 @@ fn sender_holds(
         // The report's own validation names what is wrong with it.
         return Ok(());
     };
-    let mode = state.settings.dhcp_mode;
+    let mode = state.settings.dhcp.mode;
     let holds_address = match mode {
         DhcpMode::Full => match state.leases.lease_at(peer) {
             Ok(lease) => lease.is_some_and(|l| l.mac == boot_mac),
@@ -245,7 +245,7 @@ fn poller_leases(
     peer: SocketAddr,
     boot_mac: MacAddr,
 ) -> Result<(), (StatusCode, String)> {
-    let (IpAddr::V4(peer), DhcpMode::Full) = (peer.ip(), state.settings.dhcp_mode) else {
+    let (IpAddr::V4(peer), DhcpMode::Full) = (peer.ip(), state.settings.dhcp.mode) else {
         return Ok(());
     };
     match state.leases.lease_at(peer) {

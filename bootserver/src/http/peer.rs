@@ -10,8 +10,8 @@ use axum::response::{IntoResponse, Response};
 use super::AppState;
 use crate::backend::{MacAddr, MachineRecord};
 use crate::boot;
-use crate::config::DhcpMode;
 use crate::credentials::Origin;
+use crate::dhcp::settings::DhcpMode;
 use crate::identity::{self, Evidence, Unvouched};
 
 /// Which listener a request came through (set by [`super::around_each_request`]; a request that
@@ -72,7 +72,7 @@ pub(super) fn origin(state: &AppState, machine: &MachineRecord, peer: Ipv4Addr) 
         peer,
         holds_address: holds_address(state, machine, peer),
         // Only a full DHCP server knows which address each machine has.
-        addresses_known: state.settings.dhcp_mode == DhcpMode::Full,
+        addresses_known: state.settings.dhcp.mode == DhcpMode::Full,
         link_layer: identity::neighbours::link_layer_of(peer, &machine.macs),
         secure: false,
     }
@@ -86,7 +86,7 @@ pub(super) fn evidence(
     holds_address: bool,
     peer: Ipv4Addr,
 ) -> Evidence {
-    let mode = state.settings.dhcp_mode;
+    let mode = state.settings.dhcp.mode;
     Evidence {
         peer,
         mode,

@@ -29,7 +29,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
 use super::sendfile::{ConnectionLimits, HttpConnection, IdleClock};
-use crate::config::TlsSettings;
+use super::settings::TlsSettings;
 
 /// How long a client has to finish its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);

@@ -22,7 +22,7 @@
 use std::net::Ipv4Addr;
 
 use crate::backend::MacAddr;
-use crate::config::DhcpMode;
+use crate::dhcp::settings::DhcpMode;
 
 pub mod exchanges;
 pub mod neighbours;

@@ -16,6 +16,7 @@ use std::path::{Component, Path, PathBuf};
 
 pub mod packet;
 pub mod serve;
+pub mod settings;
 
 pub use serve::serve;
 

@@ -51,42 +51,9 @@ pub use unbounded_api::well_known::reasons::AWAITING_CLAIM as WAITING_REASON;
 /// The kernel argument that starts the agent in inspection mode.
 pub const INSPECT_KERNEL_ARG: &str = "unbounded.inspect=1";
 
-/// The bounds of the door.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DiscoveryLimits {
-    /// Machines created in any 60 seconds.
-    pub creations_per_minute: usize,
-    /// Discovered Machines waiting unclaimed.
-    pub max_unclaimed: usize,
-    /// Discovered Machines waiting unclaimed that one sender sent.
-    pub max_unclaimed_per_sender: usize,
-    /// Bytes of one report.
-    pub max_body_bytes: usize,
-}
+mod settings;
 
-impl Default for DiscoveryLimits {
-    fn default() -> Self {
-        Self {
-            creations_per_minute: 30,
-            max_unclaimed: 500,
-            max_unclaimed_per_sender: 128,
-            max_body_bytes: 256 * 1024,
-        }
-    }
-}
-
-/// Discovery's settings (`discovery` in the configuration file, validated there).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DiscoverySettings {
-    /// The host OS kernel the inspection boots: a path under `http.imagesDir` or a URL.
-    pub kernel: String,
-    /// Its initrd.
-    pub initrd: String,
-    /// Extra kernel arguments (a console, say).
-    pub kernel_args: Vec<String>,
-    /// The bounds of the door.
-    pub limits: DiscoveryLimits,
-}
+pub use settings::{DiscoveryFile, DiscoveryLimits, DiscoverySettings};
 
 /// A Machine the bootserver knows, as far as discovery cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -388,5 +355,4 @@ pub fn inspection_script(
 }
 
 #[cfg(test)]
-#[path = "discovery_tests.rs"]
 mod tests;

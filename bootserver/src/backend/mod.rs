@@ -5,13 +5,16 @@
 //! DHCP, TFTP and HTTP ask only [`MachineBackend`]; lookups are synchronous and in memory so
 //! that the packet path never waits on the network.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
+use unbounded_api::identity::IdentityMode;
 use unbounded_api::{Architecture, Firmware};
 
 pub use unbounded_api::mac::{MacAddr, ParseMacError};
+
+pub mod standalone;
 
 /// What the host OS of a machine boots: the kernel, initrd and arguments of its resolved
 /// configuration version.
@@ -51,7 +54,21 @@ pub struct MachineRecord {
     pub discovery_waiting: bool,
     /// How it proves who it is before it gets credentials (its Machine's and its
     /// configuration version's identity settings).
-    pub identity: crate::credentials::IdentityPolicy,
+    pub identity: IdentityPolicy,
+}
+
+/// A machine's identity settings as the bootserver applies them: the Machine's, else its
+/// configuration version's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IdentityPolicy {
+    /// `None`: the bootserver's `credentials.defaultIdentity`.
+    pub mode: Option<IdentityMode>,
+    /// The recorded endorsement key's TPM name (lower-case hex).
+    pub endorsement_key: Option<String>,
+    /// Record the EK of the first attestation when none is recorded.
+    pub trust_on_first_use: bool,
+    /// Accepted PCR sets of the boot (index to SHA-256 value); empty: PCRs not checked.
+    pub measurements: Vec<BTreeMap<u8, Vec<u8>>>,
 }
 
 /// What the bootserver knows about machines. Implementations answer from memory.
