@@ -46,12 +46,13 @@ pub enum ApplyFilesError {
         why: String,
     },
     /// A file's mode is not octal permission bits.
-    #[error("file {path}: {message}")]
+    #[error("file {path}: {source}")]
     File {
         /// The file.
         path: String,
         /// Why.
-        message: String,
+        #[source]
+        source: rootfs::BadMode,
     },
     /// kubelet's flags cannot be rendered.
     #[error(transparent)]
@@ -159,10 +160,10 @@ pub fn work(
     for step in plan.agent_steps() {
         match step {
             AgentStep::WriteFile(file) => {
-                let mode = rootfs::parse_mode(file.mode.as_deref()).map_err(|e| {
+                let mode = rootfs::parse_mode(file.mode.as_deref()).map_err(|source| {
                     ApplyFilesError::File {
                         path: file.path.clone(),
-                        message: e.to_string(),
+                        source,
                     }
                 })?;
                 out.writes

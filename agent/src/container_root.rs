@@ -28,12 +28,13 @@ pub enum ContainerRootError {
     #[error(transparent)]
     Rootfs(#[from] RootfsError),
     /// The blocking task did not finish (it panicked).
-    #[error("{what}: the blocking task failed: {message}")]
+    #[error("{what}: the blocking task failed: {source}")]
     Task {
         /// What was being done.
         what: &'static str,
-        /// Why.
-        message: String,
+        /// Why (it panicked or was cancelled).
+        #[source]
+        source: tokio::task::JoinError,
     },
 }
 
@@ -59,10 +60,7 @@ async fn off_workers<T: Send + 'static>(
 ) -> Result<T, ContainerRootError> {
     tokio::task::spawn_blocking(work)
         .await
-        .map_err(|e| ContainerRootError::Task {
-            what,
-            message: e.to_string(),
-        })?
+        .map_err(|source| ContainerRootError::Task { what, source })?
 }
 
 /// A file to write into a root: its absolute path inside, its content and its mode.

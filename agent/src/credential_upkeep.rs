@@ -77,7 +77,7 @@ mod tests {
         assert_eq!(wait_after(&busy, 9), Duration::from_secs(2));
         let unreachable = CredentialError::Unreachable {
             bootserver: "http://b".into(),
-            message: String::new(),
+            source: "connection refused".into(),
         };
         assert!(wait_after(&unreachable, 0) <= Duration::from_secs(1));
         assert!(wait_after(&unreachable, 10) <= MAX_WAIT);

@@ -99,7 +99,7 @@ pub(crate) async fn pave(
         files.push((
             file.path.clone(),
             file.content.clone(),
-            rootfs::parse_mode(file.mode.as_deref())?,
+            rootfs::parse_mode(file.mode.as_deref()).map_err(RootfsError::from)?,
         ));
     }
     let empty_check = KubeletInput {

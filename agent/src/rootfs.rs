@@ -38,12 +38,13 @@ pub const DEFAULT_MAX_IMAGE_BYTES: u64 = 4 << 30;
 #[derive(Debug, thiserror::Error)]
 pub enum RootfsError {
     /// The image could not be downloaded.
-    #[error("downloading the node image from {url}: {message}")]
+    #[error("downloading the node image from {url}: {source}")]
     Download {
         /// Where from (no credentials are ever in it).
         url: String,
         /// Why.
-        message: String,
+        #[source]
+        source: DownloadFailure,
     },
     /// The image is larger than allowed.
     #[error(
@@ -70,12 +71,13 @@ pub enum RootfsError {
         actual: String,
     },
     /// The archive is not a zstd-compressed tar (or it is truncated).
-    #[error("unpacking the node image from {url}: {message}")]
+    #[error("unpacking the node image from {url}: {source}")]
     Unpack {
         /// Where from.
         url: String,
         /// Why.
-        message: String,
+        #[source]
+        source: UnpackFailure,
     },
     /// A file could not be written.
     #[error("{what} {path}: {source}")]
@@ -91,7 +93,41 @@ pub enum RootfsError {
     /// A path from the configuration is not acceptable.
     #[error("file {0:?} from the configuration: {1}")]
     BadPath(String, &'static str),
+    /// A file's mode from the configuration is not octal permission bits.
+    #[error(transparent)]
+    Mode(#[from] BadMode),
 }
+
+/// Why the node image could not be downloaded.
+#[derive(Debug, thiserror::Error)]
+pub enum DownloadFailure {
+    /// The request or its body failed (the client's error, its URL left out).
+    #[error(transparent)]
+    Http(reqwest::Error),
+    /// The server answered with an error status.
+    #[error("HTTP {0}")]
+    Status(reqwest::StatusCode),
+}
+
+/// Why the node image could not be unpacked.
+#[derive(Debug, thiserror::Error)]
+pub enum UnpackFailure {
+    /// The archive is not a zstd-compressed tar, or it is truncated.
+    #[error(transparent)]
+    Archive(std::io::Error),
+    /// The blocking task that unpacks did not finish (it panicked).
+    #[error("the blocking task failed: {0}")]
+    Task(#[source] tokio::task::JoinError),
+    /// The blocking task that writes the download did not finish (it panicked).
+    #[error("the download writer failed: {0}")]
+    Writer(#[source] tokio::task::JoinError),
+}
+
+/// A file's mode from the configuration that is not octal permission bits (`0644`, `600`).
+/// Its own type so that [`crate::apply_files`]' comparable errors can keep it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("file {0:?} from the configuration: mode must be octal permission bits")]
+pub struct BadMode(String);
 
 impl RootfsError {
     /// A short reason for conditions and metrics.
@@ -102,7 +138,7 @@ impl RootfsError {
             Self::Checksum { .. } => "ImageChecksumMismatch",
             Self::Unpack { .. } => "ImageUnpackFailed",
             Self::Io { .. } => "FilesystemError",
-            Self::BadPath(..) => "InvalidFile",
+            Self::BadPath(..) | Self::Mode(_) => "InvalidFile",
         }
     }
 }
@@ -169,7 +205,7 @@ async fn off_workers<T: Send + 'static>(
         .await
         .map_err(|e| RootfsError::Unpack {
             url: url.to_owned(),
-            message: format!("the blocking task failed: {e}"),
+            source: UnpackFailure::Task(e),
         })?
 }
 
@@ -201,9 +237,9 @@ async fn fetch_verify_unpack_inner(
     staging: &Path,
 ) -> Result<u64, RootfsError> {
     let url = image.url.as_str();
-    let download = |message: String| RootfsError::Download {
+    let download = |source: DownloadFailure| RootfsError::Download {
         url: url.to_owned(),
-        message,
+        source,
     };
     let too_large = |seen: String| RootfsError::TooLarge {
         url: url.to_owned(),
@@ -228,9 +264,9 @@ async fn fetch_verify_unpack_inner(
         .get(url)
         .send()
         .await
-        .map_err(|e| download(e.without_url().to_string()))?;
+        .map_err(|e| download(DownloadFailure::Http(e.without_url())))?;
     if !response.status().is_success() {
-        return Err(download(format!("HTTP {}", response.status())));
+        return Err(download(DownloadFailure::Status(response.status())));
     }
     if let Some(length) = response.content_length()
         && length > image.max_bytes
@@ -267,7 +303,7 @@ async fn fetch_verify_unpack_inner(
                 }
             }
             Err(e) => {
-                failure = Some(download(e.without_url().to_string()));
+                failure = Some(download(DownloadFailure::Http(e.without_url())));
                 break;
             }
         }
@@ -275,7 +311,7 @@ async fn fetch_verify_unpack_inner(
     drop(tx);
     let written = writer.await.map_err(|e| RootfsError::Unpack {
         url: url.to_owned(),
-        message: format!("the download writer failed: {e}"),
+        source: UnpackFailure::Writer(e),
     })?;
     if let Some(error) = failure {
         return Err(error);
@@ -300,7 +336,7 @@ async fn fetch_verify_unpack_inner(
         fs::create_dir(&target).map_err(io_err("creating", &target))?;
         unpack(archive, &target).map_err(|e| RootfsError::Unpack {
             url: source,
-            message: e.to_string(),
+            source: UnpackFailure::Archive(e),
         })
     })
     .await?;
@@ -435,12 +471,12 @@ const fn libc_o_nofollow() -> i32 {
 }
 
 /// Parses an octal mode such as `0644` or `600`.
-pub fn parse_mode(mode: Option<&str>) -> Result<u32, RootfsError> {
+pub fn parse_mode(mode: Option<&str>) -> Result<u32, BadMode> {
     let text = mode.unwrap_or("0644");
     u32::from_str_radix(text, 8)
         .ok()
         .filter(|m| *m <= 0o7777)
-        .ok_or_else(|| RootfsError::BadPath(text.into(), "mode must be octal permission bits"))
+        .ok_or_else(|| BadMode(text.into()))
 }
 
 #[cfg(test)]

@@ -35,12 +35,13 @@ pub enum AgentError {
     #[error(transparent)]
     Credentials(#[from] CredentialError),
     /// The Kubernetes client could not be built.
-    #[error("building the Kubernetes client for {server}: {message}")]
+    #[error("building the Kubernetes client for {server}: {source}")]
     Client {
         /// The API server.
         server: String,
-        /// Why.
-        message: String,
+        /// Why: the server URL or kube's client.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The HTTP client could not be built.
     #[error("building the HTTP client: {0}")]
@@ -155,10 +156,10 @@ pub async fn run(identity: Identity, paths: Paths) -> Result<(), AgentError> {
 }
 
 fn kube_client(server: &str, store: &Store) -> Result<Client, AgentError> {
-    let err = |message: String| AgentError::Client {
+    let err = |source: Box<dyn std::error::Error + Send + Sync>| AgentError::Client {
         server: server.to_owned(),
-        message,
+        source,
     };
     let config = credentials::client_config(server, store).map_err(err)?;
-    Client::try_from(config).map_err(|e| err(e.to_string()))
+    Client::try_from(config).map_err(|e| err(e.into()))
 }

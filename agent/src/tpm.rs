@@ -39,6 +39,15 @@ pub enum TpmError {
         /// Its error output.
         message: String,
     },
+    /// A tpm2-tools command could not be run.
+    #[error("{step}: cannot run it (is tpm2-tools installed?): {source}")]
+    NotRun {
+        /// The command.
+        step: &'static str,
+        /// What the kernel said.
+        #[source]
+        source: std::io::Error,
+    },
     /// The work directory could not be used.
     #[error("TPM work directory {path}: {source}")]
     Io {
@@ -104,10 +113,7 @@ impl Tpm {
                 step,
                 message: format!("no answer within {} s", STEP_TIMEOUT.as_secs()),
             })?
-            .map_err(|e| TpmError::Step {
-                step,
-                message: format!("cannot run it (is tpm2-tools installed?): {e}"),
-            })?;
+            .map_err(|source| TpmError::NotRun { step, source })?;
         // Without the kernel's resource manager (an swtpm on a socket), loaded objects stay
         // in the TPM's few slots: flush them after each step. With it, there are none.
         if self.tcti.is_some() {

@@ -37,12 +37,14 @@ use crate::identity::Identity;
 #[derive(Debug, thiserror::Error)]
 pub enum CredentialError {
     /// The bootserver could not be reached.
-    #[error("asking the bootserver at {bootserver} for credentials: {message}")]
+    #[error("asking the bootserver at {bootserver} for credentials: {}", with_causes(&**.source))]
     Unreachable {
         /// The bootserver's base URL.
         bootserver: String,
-        /// Why (no token or nonce is ever in it).
-        message: String,
+        /// Why: the HTTP client's error (its URL left out: no token or nonce is ever in it),
+        /// or the pinned TLS client that could not be built.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The bootserver asked to try again later (busy, not ready, slow, rate limited).
     #[error("the bootserver cannot issue credentials now ({status}): {message}")]
@@ -87,18 +89,26 @@ pub enum CredentialError {
     )]
     NoSource,
     /// The API server refused to renew the token.
-    #[error("renewing the token through the API server at {server}: {message}")]
+    #[error("renewing the token through the API server at {server}: {source}")]
     Renewal {
         /// The API server.
         server: String,
-        /// Why (never a token).
-        message: String,
+        /// Why: the server URL, the client or the TokenRequest (never a token).
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
         /// Whether trying again may help.
         retryable: bool,
     },
-    /// The answer was not understood.
+    /// The answer was not understood. A description, not the parser's error: serde's
+    /// messages may quote a value, and these answers and files hold tokens.
     #[error("the bootserver's answer was not understood: {0}")]
     Malformed(String),
+    /// The answer's body could not be read as the JSON expected.
+    #[error("the bootserver's answer was not understood: {0}")]
+    Undecodable(#[source] reqwest::Error),
+    /// The stored metadata could not be encoded (it holds no secret).
+    #[error("the bootserver's answer was not understood: {0}")]
+    MetaEncoding(#[source] serde_json::Error),
     /// The machine's TPM could not attest it (no TPM, a failed TPM command).
     #[error("attesting this machine with its TPM: {0}")]
     Tpm(#[from] crate::tpm::TpmError),
@@ -139,7 +149,9 @@ impl CredentialError {
             | Self::Expired
             | Self::NoSource
             | Self::Tpm(_)
-            | Self::Malformed(_) => RetryHint::Slowly,
+            | Self::Malformed(_)
+            | Self::Undecodable(_)
+            | Self::MetaEncoding(_) => RetryHint::Slowly,
         }
     }
 
@@ -256,8 +268,12 @@ pub fn choose_proof(
 
 /// A Kubernetes client configuration that authenticates with the stored token (re-read
 /// from its file, so a renewal needs no new client) and trusts the stored CA.
-pub fn client_config(server: &str, store: &Store) -> Result<kube::Config, String> {
-    let mut config = kube::Config::new(server.parse().map_err(|e| format!("{e}"))?);
+/// The error is the URL's parse error (boxed: its type is the `http` crate's).
+pub fn client_config(
+    server: &str,
+    store: &Store,
+) -> Result<kube::Config, Box<dyn std::error::Error + Send + Sync>> {
+    let mut config = kube::Config::new(server.parse()?);
     config.root_cert_file = Some(store.ca_path());
     config.auth_info.token_file = Some(store.token_path().display().to_string());
     config.read_timeout = Some(Duration::from_secs(330));
@@ -275,21 +291,25 @@ async fn renew_self(
     if store.valid_token(now_unix()).is_none() {
         return Err(CredentialError::Expired);
     }
-    let renewal = |message: String, retryable: bool| CredentialError::Renewal {
-        server: meta.server.clone(),
-        message,
-        retryable,
+    let renewal = |source: Box<dyn std::error::Error + Send + Sync>, retryable: bool| {
+        CredentialError::Renewal {
+            server: meta.server.clone(),
+            source,
+            retryable,
+        }
     };
-    let config = client_config(&meta.server, store).map_err(|m| renewal(m, false))?;
-    let client = kube::Client::try_from(config).map_err(|e| renewal(e.to_string(), true))?;
+    let config = client_config(&meta.server, store).map_err(|e| renewal(e, false))?;
+    let client = kube::Client::try_from(config).map_err(|e| renewal(e.into(), true))?;
     let seconds = i64::try_from(meta.lifetime_seconds.max(600)).unwrap_or(3600);
     let (token, expiration_timestamp) =
         unbounded_runtime::tokens::mint_service_account_token(&client, &identity.machine, seconds)
             .await
-            .map_err(|e| match e {
-                MintError::NotReady => renewal(e.to_string(), true),
-                MintError::Kube(_) | MintError::NoStatus => renewal(e.to_string(), true),
-                MintError::Randomness => renewal(e.to_string(), false),
+            .map_err(|e| {
+                let retryable = match e {
+                    MintError::NotReady | MintError::Kube(_) | MintError::NoStatus => true,
+                    MintError::Randomness => false,
+                };
+                renewal(e.into(), retryable)
             })?;
     let certificate_authority =
         fs::read_to_string(store.ca_path()).map_err(|source| CredentialError::Store {
@@ -325,10 +345,10 @@ pub async fn obtain(
     let pinned;
     let (bootserver, http) = match &identity.secure {
         Some(secure) => {
-            pinned = pinned::client(pins(secure.sha256, store)).map_err(|message| {
+            pinned = pinned::client(pins(secure.sha256, store)).map_err(|e| {
                 CredentialError::Unreachable {
                     bootserver: secure.url.clone(),
-                    message,
+                    source: e.into(),
                 }
             })?;
             (secure.url.as_str(), &pinned)
@@ -389,7 +409,7 @@ pub async fn obtain(
         .await
         .map_err(|e| CredentialError::Unreachable {
             bootserver: bootserver.to_owned(),
-            message: with_causes(&e.without_url()),
+            source: e.without_url().into(),
         })?;
     let status = response.status().as_u16();
     let kind = match proof {
@@ -427,7 +447,7 @@ pub async fn obtain(
     let credentials: Credentials = response
         .json()
         .await
-        .map_err(|e| CredentialError::Malformed(e.without_url().to_string()))?;
+        .map_err(|e| CredentialError::Undecodable(e.without_url()))?;
     store.save(
         &credentials,
         nonce_used || matches!(proof, Proof::Nonce(_) | Proof::Ticket),
@@ -470,7 +490,7 @@ async fn attest(
     let url = format!("{bootserver}/machines/{}/attestation", identity.machine);
     let unreachable = |e: reqwest::Error| CredentialError::Unreachable {
         bootserver: bootserver.to_owned(),
-        message: with_causes(&e.without_url()),
+        source: e.without_url().into(),
     };
     let response = http
         .post(&url)
@@ -506,7 +526,7 @@ async fn attest(
     let challenge: AttestationChallenge = response
         .json()
         .await
-        .map_err(|e| CredentialError::Malformed(e.without_url().to_string()))?;
+        .map_err(|e| CredentialError::Undecodable(e.without_url()))?;
     let credential = unhex(&challenge.credential)
         .ok_or_else(|| CredentialError::Malformed("the challenge is not hex".into()))?;
     let secret = tpm.activate(&credential).await?;

@@ -81,12 +81,23 @@ impl ServerCertVerifier for PinnedCertificate {
     }
 }
 
+/// Why the pinned client could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum PinnedClientError {
+    /// rustls has no protocol version to offer with this provider.
+    #[error(transparent)]
+    Tls(rustls::Error),
+    /// The HTTP client refused the TLS configuration.
+    #[error(transparent)]
+    Build(reqwest::Error),
+}
+
 /// A client for the bootserver's TLS endpoint that trusts only the certificates `pins` (SHA-256).
-pub fn client(pins: Vec<[u8; 32]>) -> Result<reqwest::Client, String> {
+pub fn client(pins: Vec<[u8; 32]>) -> Result<reqwest::Client, PinnedClientError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
+        .map_err(PinnedClientError::Tls)?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(PinnedCertificate { pins, provider }))
         .with_no_client_auth();
@@ -94,7 +105,7 @@ pub fn client(pins: Vec<[u8; 32]>) -> Result<reqwest::Client, String> {
         .tls_backend_preconfigured(config)
         .connect_timeout(std::time::Duration::from_secs(10))
         .build()
-        .map_err(|e| e.without_url().to_string())
+        .map_err(|e| PinnedClientError::Build(e.without_url()))
 }
 
 #[cfg(test)]

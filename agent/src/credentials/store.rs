@@ -167,8 +167,7 @@ impl Store {
             self_refresh,
             tls_pins: credentials.tls_sha256.clone(),
         };
-        let bytes =
-            serde_json::to_vec(&meta).map_err(|e| CredentialError::Malformed(e.to_string()))?;
+        let bytes = serde_json::to_vec(&meta).map_err(CredentialError::MetaEncoding)?;
         self.write_private(&self.meta_path(), &bytes)?;
         Ok(meta)
     }
@@ -188,8 +187,7 @@ impl Store {
             nonce_used: true,
             ..meta
         };
-        let bytes =
-            serde_json::to_vec(&meta).map_err(|e| CredentialError::Malformed(e.to_string()))?;
+        let bytes = serde_json::to_vec(&meta).map_err(CredentialError::MetaEncoding)?;
         self.write_private(&self.meta_path(), &bytes)
     }
 }

@@ -38,6 +38,21 @@ pub enum StorageError {
         /// A hint for a person, or empty.
         hint: String,
     },
+    /// A tool could not be started, given its input or waited for.
+    #[error("{action}: `{command}` failed ({stage}): {source}{hint}")]
+    NotRun {
+        /// What was being done.
+        action: String,
+        /// The command line.
+        command: String,
+        /// Which part failed: `not started`, `stdin` or `not waited for`.
+        stage: &'static str,
+        /// What the kernel said.
+        #[source]
+        source: std::io::Error,
+        /// A hint for a person, or empty.
+        hint: String,
+    },
     /// A file or device operation failed.
     #[error("{what}: {source}")]
     Io {
@@ -87,7 +102,9 @@ impl StorageError {
         match self {
             Self::Timeout { .. } => "WipeTimedOut",
             Self::Mounted { .. } | Self::InUse { .. } => "DiskInUse",
-            Self::Command { .. } | Self::Io { .. } | Self::NoPartition(_) => "DiskFailed",
+            Self::Command { .. } | Self::NotRun { .. } | Self::Io { .. } | Self::NoPartition(_) => {
+                "DiskFailed"
+            }
         }
     }
 }
@@ -109,16 +126,20 @@ fn run(
         .chain(args.iter().copied())
         .collect::<Vec<_>>()
         .join(" ");
-    let failed = |status: String, stderr: String| StorageError::Command {
-        action: action.to_owned(),
-        command: command.clone(),
-        status,
-        stderr: stderr.trim().chars().take(600).collect(),
-        hint: if disk.read_only {
-            format!(" (the kernel reports disk {} read-only)", disk.name)
-        } else {
-            String::new()
-        },
+    let hint = if disk.read_only {
+        format!(" (the kernel reports disk {} read-only)", disk.name)
+    } else {
+        String::new()
+    };
+    let not_run = |stage: &'static str| {
+        let (action, command, hint) = (action.to_owned(), command.clone(), hint.clone());
+        move |source: std::io::Error| StorageError::NotRun {
+            action,
+            command,
+            stage,
+            source,
+            hint,
+        }
     };
     let mut child = Command::new(program)
         .args(args)
@@ -130,22 +151,24 @@ fn run(
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .map_err(|e| failed("not started".into(), e.to_string()))?;
+        .map_err(not_run("not started"))?;
     if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
-        stdin
-            .write_all(text.as_bytes())
-            .map_err(|e| failed("stdin".into(), e.to_string()))?;
+        stdin.write_all(text.as_bytes()).map_err(not_run("stdin"))?;
     }
     let out = child
         .wait_with_output()
-        .map_err(|e| failed("not waited for".into(), e.to_string()))?;
+        .map_err(not_run("not waited for"))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
-        Err(failed(
-            out.status.to_string(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        ))
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        Err(StorageError::Command {
+            action: action.to_owned(),
+            command,
+            status: out.status.to_string(),
+            stderr: stderr.trim().chars().take(600).collect(),
+            hint,
+        })
     }
 }
 

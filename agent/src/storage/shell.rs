@@ -46,7 +46,7 @@ pub enum StorageStepError {
     Stop(#[from] SystemdError),
     /// The blocking task panicked.
     #[error("storage: the blocking task failed: {0}")]
-    Task(String),
+    Task(#[source] tokio::task::JoinError),
 }
 
 impl StorageStepError {
@@ -101,7 +101,7 @@ async fn blocking<T: Send + 'static>(
 ) -> Result<T, StorageStepError> {
     tokio::task::spawn_blocking(work)
         .await
-        .map_err(|e| StorageStepError::Task(e.to_string()))?
+        .map_err(StorageStepError::Task)?
 }
 
 fn probe_one(name: &str) -> Result<Disk, StorageStepError> {
