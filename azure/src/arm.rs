@@ -15,7 +15,7 @@ use reqwest::header::{HeaderMap, LOCATION, RETRY_AFTER};
 use reqwest::{Method, Url};
 use serde_json::Value;
 
-use crate::error::{ArmError, error_parts};
+use crate::error::{ArmError, error_parts, transport_message};
 use crate::lro::{self, Follow, Progress};
 use crate::retry::{self, Decision, RetryPolicy};
 
@@ -68,9 +68,9 @@ impl Answer {
         if self.body.trim().is_empty() {
             return Ok(Value::Null);
         }
-        serde_json::from_str(&self.body).map_err(|e| ArmError::Protocol {
+        serde_json::from_str(&self.body).map_err(|source| ArmError::NotJson {
             action: action.to_owned(),
-            message: format!("Azure's answer is not JSON: {e}"),
+            source,
         })
     }
 
@@ -330,9 +330,7 @@ impl ArmClient {
             .get_token(&[self.scope.as_str()], None)
             .await
             .map(|t| t.token.secret().to_owned())
-            .map_err(|e| ArmError::Authentication {
-                message: e.to_string(),
-            })
+            .map_err(|source| ArmError::Authentication { source })
     }
 
     /// Sends one request, with retries of throttling and transient failures. Returns any
@@ -365,31 +363,29 @@ impl ArmClient {
                 Ok(response) => {
                     let status = response.status().as_u16();
                     let headers = response.headers().clone();
-                    match response.text().await {
-                        Ok(body) => Ok(Answer {
-                            status,
-                            headers,
-                            body,
-                        }),
-                        Err(e) => Err(transport_message(&e)),
-                    }
+                    response.text().await.map(|body| Answer {
+                        status,
+                        headers,
+                        body,
+                    })
                 }
-                Err(e) => Err(transport_message(&e)),
+                Err(e) => Err(e),
             };
             let answer = match answer {
                 Ok(answer) => answer,
-                Err(message) => {
+                Err(source) => {
                     match retry::decide_transport(&self.retry, attempt, retry::jitter()) {
                         Decision::RetryAfter(wait) => {
+                            let message = transport_message(&source);
                             tracing::info!(action, attempt, %message, wait_ms = wait.as_millis() as u64, "Azure unreachable; retrying");
                             tokio::time::sleep(wait).await;
                             attempt += 1;
                             continue;
                         }
                         _ => {
-                            return Err(ArmError::Unavailable {
+                            return Err(ArmError::Unreachable {
                                 action: action.to_owned(),
-                                message,
+                                source,
                             });
                         }
                     }
@@ -471,16 +467,6 @@ impl ArmClient {
 }
 
 /// reqwest's error with its causes; it names the URL, which holds no secret.
-fn transport_message(error: &reqwest::Error) -> String {
-    let mut message = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(s) = source {
-        message = format!("{message}: {s}");
-        source = s.source();
-    }
-    message
-}
-
 /// The subscription a URL addresses (`/subscriptions/<id>/…`).
 pub fn subscription_of(url: &str) -> Option<&str> {
     let rest = &url[url.find("/subscriptions/")? + "/subscriptions/".len()..];

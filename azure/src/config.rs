@@ -145,7 +145,18 @@ pub struct Settings {
 /// A flag with a bad value.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// A URL that does not parse or has the wrong scheme.
+    /// A URL that does not parse.
+    #[error("--{flag}: {value:?} is not a URL: {source}")]
+    NotAUrl {
+        /// The flag.
+        flag: &'static str,
+        /// The value given.
+        value: String,
+        /// The parser's error.
+        #[source]
+        source: url::ParseError,
+    },
+    /// A URL with the wrong scheme or no host.
     #[error("--{flag}: {message}")]
     Url {
         /// The flag.
@@ -161,20 +172,31 @@ pub enum ConfigError {
         /// What is wrong.
         message: String,
     },
+    /// The cluster's CA file cannot be read.
+    #[error("--cluster-ca-file: {path}: {source}")]
+    ClusterCaFile {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The CA file cannot be read.
-    #[error("--extra-ca-file {path}: {message}")]
+    #[error("--extra-ca-file {path}: {source}")]
     CaFile {
         /// The file.
         path: String,
         /// Why.
-        message: String,
+        #[source]
+        source: std::io::Error,
     },
 }
 
 fn url(flag: &'static str, value: &str, schemes: &[&str]) -> Result<Url, ConfigError> {
-    let parsed = Url::parse(value).map_err(|e| ConfigError::Url {
+    let parsed = Url::parse(value).map_err(|source| ConfigError::NotAUrl {
         flag,
-        message: format!("{value:?} is not a URL: {e}"),
+        value: value.to_owned(),
+        source,
     })?;
     if !schemes.contains(&parsed.scheme()) {
         return Err(ConfigError::Url {
@@ -217,19 +239,21 @@ impl Settings {
             url("bootserver-url", bootserver, &["http", "https"])?;
         }
         url("api-server-url", &flags.api_server_url, &["https"])?;
-        let cluster_ca_pem = std::fs::read_to_string(&flags.cluster_ca_file)
-            .map_err(|e| e.to_string())
-            .and_then(|pem| {
-                if pem.contains("-----BEGIN CERTIFICATE-----") {
-                    Ok(pem)
-                } else {
-                    Err("no PEM certificate in it".to_owned())
-                }
-            })
-            .map_err(|message| ConfigError::Invalid {
+        let cluster_ca_pem = std::fs::read_to_string(&flags.cluster_ca_file).map_err(|source| {
+            ConfigError::ClusterCaFile {
+                path: flags.cluster_ca_file.display().to_string(),
+                source,
+            }
+        })?;
+        if !cluster_ca_pem.contains("-----BEGIN CERTIFICATE-----") {
+            return Err(ConfigError::Invalid {
                 flag: "cluster-ca-file",
-                message: format!("{}: {message}", flags.cluster_ca_file.display()),
-            })?;
+                message: format!(
+                    "{}: no PEM certificate in it",
+                    flags.cluster_ca_file.display()
+                ),
+            });
+        }
         for (flag, seconds) in [
             ("agent-token-seconds", flags.agent_token_seconds),
             ("bootstrap-token-seconds", flags.bootstrap_token_seconds),
@@ -283,9 +307,9 @@ impl Settings {
             }
         };
         let extra_ca_pem = match &flags.extra_ca_file {
-            Some(path) => Some(std::fs::read(path).map_err(|e| ConfigError::CaFile {
+            Some(path) => Some(std::fs::read(path).map_err(|source| ConfigError::CaFile {
                 path: path.display().to_string(),
-                message: e.to_string(),
+                source,
             })?),
             None => None,
         };

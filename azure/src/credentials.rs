@@ -103,10 +103,11 @@ pub enum AmbientIdentity {
 
 /// Errors building credentials at start-up.
 #[derive(Debug, thiserror::Error)]
-#[error("setting up the {identity} credential: {message}")]
+#[error("setting up the {identity} credential: {source}")]
 pub struct CredentialsError {
     identity: &'static str,
-    message: String,
+    #[source]
+    source: azure_core::Error,
 }
 
 /// Builds `azure_identity` options: our transport, the authority host.
@@ -203,24 +204,23 @@ impl Credentials {
         options: IdentityOptions,
         ambient: &AmbientIdentity,
     ) -> Result<Self, CredentialsError> {
-        let ambient =
-            match ambient {
-                AmbientIdentity::Workload => Some(options.workload(None, None, None).map_err(
-                    |e| CredentialsError {
-                        identity: "workload identity",
-                        message: e.to_string(),
-                    },
-                )?),
-                AmbientIdentity::Managed { client_id } => Some(
-                    options
-                        .managed(client_id.clone())
-                        .map_err(|e| CredentialsError {
-                            identity: "managed identity",
-                            message: e.to_string(),
-                        })?,
-                ),
-                AmbientIdentity::None => None,
-            };
+        let ambient = match ambient {
+            AmbientIdentity::Workload => Some(options.workload(None, None, None).map_err(
+                |source| CredentialsError {
+                    identity: "workload identity",
+                    source,
+                },
+            )?),
+            AmbientIdentity::Managed { client_id } => Some(
+                options
+                    .managed(client_id.clone())
+                    .map_err(|source| CredentialsError {
+                        identity: "managed identity",
+                        source,
+                    })?,
+            ),
+            AmbientIdentity::None => None,
+        };
         Ok(Self {
             kube,
             options,

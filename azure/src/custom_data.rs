@@ -140,7 +140,7 @@ struct WriteFile {
 /// Errors rendering custom data.
 #[derive(Debug, thiserror::Error)]
 #[error("rendering the VM's custom data: {0}")]
-pub struct RenderError(String);
+pub struct RenderError(#[source] serde_saphyr::SerializeError);
 
 /// Renders the `#cloud-config` document.
 pub fn render(launch: &AgentLaunch<'_>) -> Result<String, RenderError> {
@@ -185,7 +185,7 @@ pub fn render(launch: &AgentLaunch<'_>) -> Result<String, RenderError> {
         write_files,
         runcmd,
     })
-    .map_err(|e| RenderError(e.to_string()))?;
+    .map_err(RenderError)?;
     Ok(format!("#cloud-config\n{yaml}"))
 }
 

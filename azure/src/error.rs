@@ -12,8 +12,9 @@ use serde_json::Value;
 /// Longest Azure message kept (they can embed long policy documents).
 const MESSAGE_MAX: usize = 1024;
 
-/// A failed ARM call. `action` says what was being done (`creating VM web-1`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// A failed ARM call. `action` says what was being done (`creating VM web-1`). Not
+/// comparable: it keeps the client's errors, and callers compare its `reason()`.
+#[derive(Debug, thiserror::Error)]
 pub enum ArmError {
     /// Azure answered with an error status.
     #[error("{action}: Azure answered {status} {code}: {message}")]
@@ -57,19 +58,38 @@ pub enum ArmError {
         /// The last `Retry-After`.
         retry_after_seconds: Option<u64>,
     },
-    /// A transient failure (5xx, connection) that outlasted the retries.
+    /// A transient failure (5xx) that outlasted the retries.
     #[error("{action}: Azure Resource Manager is unavailable: {message}")]
     Unavailable {
         /// What was being done.
         action: String,
-        /// The last failure.
+        /// The last answer: its status, Azure's code and message.
         message: String,
     },
+    /// No connection or no complete answer, after the retries.
+    #[error("{action}: Azure Resource Manager is unavailable: {}", transport_message(.source))]
+    Unreachable {
+        /// What was being done.
+        action: String,
+        /// The HTTP client's last error.
+        #[source]
+        source: reqwest::Error,
+    },
     /// No token could be obtained.
-    #[error("getting an Azure token: {message}")]
+    #[error("getting an Azure token: {source}")]
     Authentication {
         /// Why (the identity platform's error; never the secret).
-        message: String,
+        #[source]
+        source: azure_core::Error,
+    },
+    /// An answer that is not JSON.
+    #[error("{action}: Azure's answer is not JSON: {source}")]
+    NotJson {
+        /// What was being done.
+        action: String,
+        /// The parser's error.
+        #[source]
+        source: serde_json::Error,
     },
     /// An answer the provider does not understand, or a polling URL it will not follow.
     #[error("{action}: {message}")]
@@ -172,9 +192,9 @@ impl ArmError {
             },
             Self::OperationTimedOut { .. } => "AzureOperationTimedOut",
             Self::Throttled { .. } => "AzureThrottled",
-            Self::Unavailable { .. } => "AzureUnavailable",
+            Self::Unavailable { .. } | Self::Unreachable { .. } => "AzureUnavailable",
             Self::Authentication { .. } => "AzureAuthenticationFailed",
-            Self::Protocol { .. } => "AzureProtocolError",
+            Self::NotJson { .. } | Self::Protocol { .. } => "AzureProtocolError",
         }
     }
 
@@ -202,6 +222,18 @@ impl ArmError {
     pub fn is_not_found(&self) -> bool {
         matches!(self, Self::Azure { status: 404, .. })
     }
+}
+
+/// An HTTP client's error and its causes on one line (reqwest's own text says only "error
+/// sending request"; the causes say whether the connection was refused or timed out).
+pub(crate) fn transport_message(error: &reqwest::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(s) = source {
+        message = format!("{message}: {s}");
+        source = s.source();
+    }
+    message
 }
 
 /// Azure's `{code, message}` from an error body: ARM's `{"error": {...}}` or a bare
