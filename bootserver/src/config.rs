@@ -82,13 +82,17 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The YAML does not match the schema.
-    #[error("parsing {path}: {message}")]
+    #[error("parsing {path}: {source}")]
     Parse {
         /// The file.
         path: PathBuf,
         /// What the parser said.
-        message: String,
+        #[source]
+        source: Box<serde_saphyr::Error>,
     },
+    /// `power:` is out of range.
+    #[error(transparent)]
+    Power(#[from] unbounded_pxe::settings::SettingsError),
     /// A value is wrong (the message names its field).
     #[error("{0}")]
     Invalid(String),
@@ -194,9 +198,9 @@ impl Settings {
             source,
         })?;
         Self::parse_with(&text, defaults).map_err(|e| match e {
-            ConfigError::Parse { message, .. } => ConfigError::Parse {
+            ConfigError::Parse { source, .. } => ConfigError::Parse {
                 path: path.to_owned(),
-                message,
+                source,
             },
             other => other,
         })
@@ -210,9 +214,9 @@ impl Settings {
     /// Parses and validates configuration text, with `defaults` for what it leaves out: each
     /// part converts its own section, then what ties the parts together is checked here.
     pub fn parse_with(text: &str, defaults: &Defaults) -> Result<Self, ConfigError> {
-        let file: File = serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
+        let file: File = serde_saphyr::from_str(text).map_err(|source| ConfigError::Parse {
             path: PathBuf::new(),
-            message: e.to_string(),
+            source: Box::new(source),
         })?;
         let dhcp = DhcpSettings::try_from(&file.dhcp)?;
         if file.backend == BackendKind::Kubernetes && !file.machines.is_empty() {
@@ -232,8 +236,7 @@ impl Settings {
                 "dhcp.unknownMachines: discover needs discovery.boot: the host OS kernel and initrd the inspection boot runs (such as {kernel: <version>/vmlinuz, initrd: <version>/initrd.img})".into(),
             ));
         }
-        let power = unbounded_pxe::settings::PowerSettings::try_from(&file.power)
-            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        let power = unbounded_pxe::settings::PowerSettings::try_from(&file.power)?;
         let credentials = match &file.credentials {
             Some(_) if file.backend != BackendKind::Kubernetes => {
                 return Err(ConfigError::Invalid(

@@ -70,12 +70,13 @@ pub enum DiscoveryError {
     #[error("Machine {0} is not in the bootserver's cache yet; retry shortly")]
     NotCached(String),
     /// The API server refused the object as invalid (our validation let it through).
-    #[error("the API server refused the {what}: {message}")]
+    #[error("the API server refused the {what}: {source}")]
     Rejected {
         /// `Machine` or `MachineInventory`.
         what: &'static str,
-        /// The API server's message.
-        message: String,
+        /// The API server's message, or the error that kept the object from being built.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The API server failed; the report may be sent again.
     #[error("the API server failed: {0}")]
@@ -181,7 +182,7 @@ fn rejected_or_failed(what: &'static str, error: kube::Error) -> DiscoveryError 
         kube::Error::Api(status) if status.code == 422 || status.code == 400 => {
             DiscoveryError::Rejected {
                 what,
-                message: status.message.clone(),
+                source: status.message.clone().into(),
             }
         }
         _ => DiscoveryError::Kube(error),
@@ -274,7 +275,7 @@ impl DiscoveryWriter {
             Some(_) => {
                 return Err(DiscoveryError::Rejected {
                     what: "report",
-                    message: "endorsementKey is not a TPM name (000b and 64 hex digits)".into(),
+                    source: "endorsementKey is not a TPM name (000b and 64 hex digits)".into(),
                 });
             }
             None => None,
@@ -370,7 +371,7 @@ impl DiscoveryWriter {
         }))
         .map_err(|e| DiscoveryError::Rejected {
             what: "Machine",
-            message: e.to_string(),
+            source: e.into(),
         })?;
         // Learned at discovery: the TPM the inspection read is the one this Machine attests
         // with once claimed (a report's word, as trust on first use is: docs/security.md).
@@ -476,7 +477,7 @@ impl DiscoveryWriter {
                 }
                 other => DiscoveryError::Rejected {
                     what: "MachineInventory",
-                    message: other.to_string(),
+                    source: other.into(),
                 },
             })
     }

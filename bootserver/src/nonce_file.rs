@@ -51,6 +51,14 @@ pub enum NonceFileError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The file is not JSON of a snapshot (or, writing, the snapshot would not encode).
+    #[error("nonce file {path}: not a nonce snapshot: {source}")]
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// What the JSON decoder or encoder said.
+        source: serde_json::Error,
+    },
     /// The file is not a snapshot this version wrote.
     #[error("nonce file {path}: not a nonce snapshot: {reason}")]
     Malformed {
@@ -109,7 +117,10 @@ impl NonceFile {
             return Err(malformed(format!("larger than {MAX_BYTES} bytes")));
         }
         let snapshot: Snapshot =
-            serde_json::from_slice(&bytes).map_err(|e| malformed(e.to_string()))?;
+            serde_json::from_slice(&bytes).map_err(|source| NonceFileError::Json {
+                path: self.path.clone(),
+                source,
+            })?;
         if snapshot.version != VERSION {
             return Err(malformed(format!(
                 "version {} (this bootserver writes {VERSION})",
@@ -136,9 +147,9 @@ impl NonceFile {
             version: VERSION,
             nonces: nonces.clone(),
         };
-        let bytes = serde_json::to_vec(&snapshot).map_err(|e| NonceFileError::Malformed {
+        let bytes = serde_json::to_vec(&snapshot).map_err(|source| NonceFileError::Json {
             path: self.path.clone(),
-            reason: e.to_string(),
+            source,
         })?;
         let mut tmp = self.path.clone().into_os_string();
         tmp.push(".tmp");

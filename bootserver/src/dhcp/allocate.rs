@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use super::settings::Subnet;
 use crate::backend::{MacAddr, MachineBackend, MachineRecord};
-use crate::leases::book::Slot;
-use crate::leases::{AddressBook, ClientKey};
+use crate::leases::book::{Refused, Slot};
+use crate::leases::{AddressBook, ClientKey, Ticket};
 
 /// How long an offered address is held for the client that was offered it.
 pub const OFFER_HOLD: Duration = Duration::from_secs(30);
@@ -60,18 +60,14 @@ impl Offer {
     }
 }
 
-/// One subnet's pool, as seen by one request.
+/// One subnet's pool, as seen by one request. It owns the request's view of the address
+/// book: every hold, claim, release and decline of the decision goes through it.
 pub struct Pool<'a> {
-    /// The subnet.
-    pub subnet: &'a Subnet,
-    /// Who holds what.
-    pub book: &'a mut AddressBook,
-    /// Machines (reservations).
-    pub backend: &'a dyn MachineBackend,
-    /// Where scans start.
-    pub cursors: &'a mut Cursors,
-    /// Seconds since the Unix epoch.
-    pub now: u64,
+    subnet: &'a Subnet,
+    book: &'a mut AddressBook,
+    backend: &'a dyn MachineBackend,
+    cursors: &'a mut Cursors,
+    now: u64,
 }
 
 impl std::fmt::Debug for Pool<'_> {
@@ -82,7 +78,77 @@ impl std::fmt::Debug for Pool<'_> {
     }
 }
 
-impl Pool<'_> {
+impl<'a> Pool<'a> {
+    /// `subnet`'s pool at `now` (seconds since the Unix epoch), over the book swept of the
+    /// offers and declines that have lapsed by then, the backend's reservations and the
+    /// scan cursors.
+    pub fn new(
+        subnet: &'a Subnet,
+        book: &'a mut AddressBook,
+        backend: &'a dyn MachineBackend,
+        cursors: &'a mut Cursors,
+        now: u64,
+    ) -> Self {
+        book.sweep(now);
+        Self {
+            subnet,
+            book,
+            backend,
+            cursors,
+            now,
+        }
+    }
+
+    /// The subnet.
+    pub fn subnet(&self) -> &'a Subnet {
+        self.subnet
+    }
+
+    /// Whether a client holds an address now: an offer that has not lapsed or a lease that
+    /// has not expired (what the per-source limits count).
+    pub fn holds_address(&self, key: &ClientKey) -> bool {
+        self.book.claim_of(key, self.now).is_some()
+            || self
+                .book
+                .lease_of(key)
+                .is_some_and(|l| l.expires_unix > self.now)
+    }
+
+    /// Holds `offer`'s address for the client for [`OFFER_HOLD`] (a reservation held under
+    /// another identity of the same Machine passes to this one first).
+    pub fn hold_offer(&mut self, client: &Client<'_>, offer: Offer) -> Result<(), Refused> {
+        self.take_reservation(client, offer.ip());
+        self.book.offer(
+            client.key,
+            client.mac,
+            offer.ip(),
+            self.now,
+            self.now + OFFER_HOLD.as_secs(),
+        )
+    }
+
+    /// The client chose another server's offer: ours goes back to the pool.
+    pub fn withdraw_offer(&mut self, key: &ClientKey) {
+        self.book.withdraw_offer(key);
+    }
+
+    /// Holds `ip` for the client while its lease is made durable: no other client may be
+    /// offered it until the commit thread answers.
+    pub fn begin_commit(&mut self, client: &Client<'_>, ip: Ipv4Addr) -> Result<Ticket, Refused> {
+        self.take_reservation(client, ip);
+        self.book.begin_commit(client.key, client.mac, ip, self.now)
+    }
+
+    /// The client gives back its lease of `ip`; false when it holds none.
+    pub fn release(&mut self, key: &ClientKey, ip: Ipv4Addr) -> bool {
+        self.book.release(key, ip)
+    }
+
+    /// `ip` is in use by someone unknown: out of the pool until `until`.
+    pub fn decline(&mut self, ip: Ipv4Addr, until: u64) {
+        self.book.decline(ip, until);
+    }
+
     fn reserved_for_other(&self, ip: Ipv4Addr, mac: MacAddr) -> bool {
         self.backend
             .reserved_by(ip)
@@ -111,7 +177,7 @@ impl Pool<'_> {
 
     /// Before `ip` is offered or acknowledged to the client: a reservation held under
     /// another identity of the same Machine passes to this one.
-    pub fn take_reservation(&mut self, client: &Client<'_>, ip: Ipv4Addr) {
+    fn take_reservation(&mut self, client: &Client<'_>, ip: Ipv4Addr) {
         if let Some(machine) = client.machine
             && machine.ipv4 == Some(ip)
         {

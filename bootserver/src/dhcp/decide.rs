@@ -4,6 +4,22 @@
 //! one decision sees and leaves a consistent book; nothing else is written (the socket loop
 //! persists what was decided). The fuzz target and the property test call this function.
 //!
+//! A decision is a chain of steps over one [`Context`] (the request and what is known about
+//! its client), each a function that returns what it decided, in this order:
+//!
+//! | step | function | decides |
+//! |---|---|---|
+//! | classify | [`Responder::classify`] | the client's kind (PXE, iPXE, HTTP boot, OS) and its Machine |
+//! | route | [`Responder::route`] | boot server (port 4011), ProxyDHCP or full server, or drop (`dhcp.mode: off`) |
+//! | admit | [`Responder::admit`] | a network-boot client we do not boot is not answered (full mode) |
+//! | subnet | [`Responder::subnet_for`] | the client's subnet (link selection, option 118, `giaddr`, ours) |
+//! | limits | [`Responder::limited_sources`] | the relay and port the client counts against, or drop at the limit |
+//! | pool | [`Responder::assign`] | what the address book does for this message ([`Assignment`]), through [`Pool`] |
+//! | boot options | [`Responder::boot_options`] | which boot options the reply carries ([`BootOptions`]), the same for all three routes |
+//! | reply | [`Responder::reply_for`], [`Responder::proxy`], [`Responder::boot_server`] | the reply and where it goes |
+//!
+//! Addresses come from [`Pool`] (`allocate.rs`); replies are built by `reply.rs`.
+//!
 //! Invariants it keeps (checked by `dhcp/invariants.rs` over random interleavings):
 //! - no address is offered to a client while another client holds it (a lease that has not
 //!   expired, an offer that has not lapsed or was not reclaimed, a REQUEST being made
@@ -19,9 +35,9 @@ use std::time::Duration;
 use dhcproto::v4::{DhcpOption, MessageType};
 
 use super::DropReason;
-use super::allocate::{Client, Cursors, OFFER_HOLD, Offer, Pool};
+use super::allocate::{Client, Cursors, Offer, Pool};
 use super::limits::{Source, Sources};
-use super::reply::{self, Reply};
+use super::reply::{self, BootOptions, Reply};
 use super::settings::{DhcpMode, Subnet, UnknownMachines};
 use super::wire::Request;
 use crate::backend::{MachineBackend, MachineRecord};
@@ -91,8 +107,9 @@ fn request_state(request: &Request) -> Option<RequestState> {
     }
 }
 
-/// One request with what is known about its client.
-struct Context<'a> {
+/// One request with what is known about its client (the classify step's decision).
+#[derive(Debug)]
+pub struct Context<'a> {
     request: &'a Request,
     key: ClientKey,
     kind: ClientKind,
@@ -108,6 +125,34 @@ impl Context<'_> {
             machine: self.machine.as_deref(),
         }
     }
+}
+
+/// Which path a request takes (the route step's decision).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// Port 4011: the PXE boot server; the client has an address and asks us directly.
+    BootServer,
+    /// `dhcp.mode: proxy` on port 67: boot information only, never an address.
+    Proxy,
+    /// `dhcp.mode: full`: addresses and boot information.
+    Full,
+}
+
+/// What the address book does for one message (the pool step's decision).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Assignment {
+    /// DISCOVER: this address is held for the client as an offer.
+    Offered(Offer),
+    /// REQUEST: this address is the client's; its lease is being made durable.
+    Acknowledged(Ipv4Addr, Ticket),
+    /// REQUEST for an address the client may not have: DHCPNAK, saying why.
+    Refused(String),
+    /// RELEASE: the client's lease of this address is given back.
+    Released(Ipv4Addr),
+    /// DECLINE: this address is kept out of the pool until `until`.
+    Declined(Ipv4Addr, u64),
+    /// INFORM: the client has an address; it gets the subnet's options.
+    Informed,
 }
 
 /// Decides replies. Shared by the socket tasks.
@@ -141,6 +186,14 @@ fn refused(refusal: Refused) -> DropReason {
     }
 }
 
+/// Scan cursors and source counts are hints and tallies: after a panic caught while one of
+/// their locks was held, go on with what they hold.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl Responder {
     /// A responder over these settings, machines and leases.
     pub fn new(
@@ -167,33 +220,36 @@ impl Responder {
     /// Decides what to do with one request that arrived on `port` from `from` at `now`
     /// (seconds since the Unix epoch).
     pub fn decide(&self, request: &Request, from: SocketAddrV4, port: u16, now: u64) -> Decision {
-        match self.try_decide(request, from, port, now) {
-            Ok(decision) => decision,
-            Err(reason) => Decision::Drop(reason),
-        }
+        let context = self.classify(request, now);
+        let decided = match self.route(port) {
+            Ok(Route::BootServer) => self.boot_server(&context, from),
+            Ok(Route::Proxy) => self.proxy(&context),
+            Ok(Route::Full) => self.full(&context),
+            Err(reason) => Err(reason),
+        };
+        decided.unwrap_or_else(Decision::Drop)
     }
 
-    fn try_decide(
-        &self,
-        request: &Request,
-        from: SocketAddrV4,
-        port: u16,
-        now: u64,
-    ) -> Result<Decision, DropReason> {
-        let context = Context {
+    /// Step 1: who is asking (its kind, from the request's hints; its Machine, by MAC).
+    pub fn classify<'a>(&self, request: &'a Request, now: u64) -> Context<'a> {
+        Context {
             request,
             key: request.client_key(),
             kind: boot::classify(&request.hints),
             machine: self.backend.machine_by_mac(&request.mac),
             now,
-        };
+        }
+    }
+
+    /// Step 2: the path, by the port the request came to and the DHCP mode.
+    pub fn route(&self, port: u16) -> Result<Route, DropReason> {
         if port == self.settings.dhcp.proxy_port {
-            return self.boot_server(&context, from);
+            return Ok(Route::BootServer);
         }
         match self.settings.dhcp.mode {
             DhcpMode::Off => Err(DropReason::DhcpOff),
-            DhcpMode::Proxy => self.proxy(&context),
-            DhcpMode::Full => self.full(&context),
+            DhcpMode::Proxy => Ok(Route::Proxy),
+            DhcpMode::Full => Ok(Route::Full),
         }
     }
 
@@ -206,13 +262,48 @@ impl Responder {
             }
     }
 
+    /// The boot-option step, the same for the three routes: nothing for a client we do not
+    /// boot; for iPXE in proxy mode, an offer that sends it to port 4011; else the boot file
+    /// (with PXE_DISCOVERY_CONTROL where we are not the address's server).
+    pub fn boot_options(&self, context: &Context<'_>, route: Route) -> BootOptions {
+        if !self.boots(context.kind, context.machine.as_deref()) {
+            return BootOptions::None;
+        }
+        match route {
+            Route::Full => BootOptions::File {
+                discovery_control: false,
+            },
+            // iPXE gets its script's URL only on port 4011: an offer without a boot file
+            // makes it send a ProxyDHCP REQUEST there, from the address the other server
+            // gave it and with its MAC, which is what vouches for that address when it
+            // fetches its script ([`crate::identity`]).
+            Route::Proxy if context.kind == ClientKind::Ipxe => BootOptions::AskBootServer,
+            Route::Proxy | Route::BootServer => BootOptions::File {
+                discovery_control: true,
+            },
+        }
+    }
+
     fn reply(&self, request: &Request, kind: MessageType) -> Reply {
         Reply::to(request, kind, self.settings.server_address)
     }
 
-    /// The client's subnet: the relay's link selection (RFC 3527), option 118 (RFC 3011),
-    /// `giaddr`, else the subnet of our own address.
-    fn subnet_for(&self, request: &Request) -> Result<&Subnet, DropReason> {
+    /// Step 3 (full mode): an unknown machine that wants to network-boot is not ours to
+    /// boot: stay silent so that it moves on to its next boot device (unless discovery is
+    /// on).
+    pub fn admit(&self, context: &Context<'_>) -> Result<(), DropReason> {
+        if context.kind.is_network_boot()
+            && context.machine.is_none()
+            && self.boot_options(context, Route::Full) == BootOptions::None
+        {
+            return Err(DropReason::UnknownBootClient);
+        }
+        Ok(())
+    }
+
+    /// Step 4: the client's subnet: the relay's link selection (RFC 3527), option 118
+    /// (RFC 3011), `giaddr`, else the subnet of our own address.
+    pub fn subnet_for(&self, request: &Request) -> Result<&Subnet, DropReason> {
         let link_selection = request
             .relay_agent_info
             .as_ref()
@@ -235,6 +326,205 @@ impl Responder {
         }
     }
 
+    /// Step 5: the sources (relay, relay port) and their limits a client that is no Machine of ours counts
+    /// against while it holds an address; one that holds none (or only a lease that has
+    /// expired) may get one only within their limits.
+    pub fn limited_sources(
+        &self,
+        context: &Context<'_>,
+        pool: &Pool<'_>,
+    ) -> Result<Vec<(Source, u32)>, DropReason> {
+        let request = context.request;
+        if !matches!(
+            request.message_type,
+            MessageType::Discover | MessageType::Request
+        ) || context.machine.is_some()
+        {
+            return Ok(Vec::new());
+        }
+        let limited = Source::of(request, self.settings.dhcp.limits);
+        if limited.is_empty() {
+            return Ok(limited);
+        }
+        let key = &context.key;
+        let holds = |k: &ClientKey| pool.holds_address(k);
+        if !holds(key)
+            && let Some(source) = lock(&self.sources).refusing(&limited, key, holds)
+        {
+            tracing::debug!(client = %key, source = source.kind(), "source at its limit of pool addresses; request dropped");
+            return Err(DropReason::SourceLimit);
+        }
+        Ok(limited)
+    }
+
+    /// Step 6: what the address book does for this message.
+    pub fn assign(
+        &self,
+        context: &Context<'_>,
+        pool: &mut Pool<'_>,
+    ) -> Result<Assignment, DropReason> {
+        let request = context.request;
+        let client = context.client();
+        match request.message_type {
+            MessageType::Discover => {
+                let offer = pool
+                    .choose_offer(&client, request.requested_ip)
+                    .ok_or(DropReason::PoolExhausted)?;
+                pool.hold_offer(&client, offer).map_err(refused)?;
+                Ok(Assignment::Offered(offer))
+            }
+            MessageType::Request => self.assign_requested(context, pool),
+            MessageType::Release => {
+                let ip = request.ciaddr;
+                if !pool.release(&context.key, ip) {
+                    return Err(DropReason::NotHeld);
+                }
+                Ok(Assignment::Released(ip))
+            }
+            MessageType::Decline => {
+                // Only the address the client was given: nobody else may knock addresses
+                // out of the pool.
+                let ip = request.requested_ip.ok_or(DropReason::NotHeld)?;
+                if pool.record(&client) != Some(ip) || !pool.subnet().in_pool(ip) {
+                    return Err(DropReason::NotHeld);
+                }
+                let until = context.now + DECLINE_HOLD.as_secs();
+                pool.decline(ip, until);
+                Ok(Assignment::Declined(ip, until))
+            }
+            MessageType::Inform => Ok(Assignment::Informed),
+            _ => Err(DropReason::MessageType),
+        }
+    }
+
+    /// A REQUEST (RFC 2131 §4.3.2): the address it asks for, if the client may have it.
+    fn assign_requested(
+        &self,
+        context: &Context<'_>,
+        pool: &mut Pool<'_>,
+    ) -> Result<Assignment, DropReason> {
+        let request = context.request;
+        let client = context.client();
+        let key = &context.key;
+        let subnet = pool.subnet();
+        let state = request_state(request).ok_or(DropReason::NoAddress)?;
+        let asked = match state {
+            RequestState::Selecting => {
+                if request.server_id != Some(self.settings.server_address) {
+                    // The client chose another server's offer.
+                    pool.withdraw_offer(key);
+                    return Err(DropReason::OtherServer);
+                }
+                request
+                    .requested_ip
+                    .or_else(|| (!request.ciaddr.is_unspecified()).then_some(request.ciaddr))
+                    .ok_or(DropReason::NoAddress)?
+            }
+            RequestState::InitReboot(ip) | RequestState::Renewing(ip) => {
+                if matches!(state, RequestState::InitReboot(_)) && !subnet.contains(ip) {
+                    // On the wrong network (moved to another rack): NAK at once, so that
+                    // it starts over.
+                    return Ok(Assignment::Refused(format!(
+                        "{ip} is not on this network ({}/{})",
+                        subnet.network, subnet.prefix
+                    )));
+                }
+                // Without a record of this client, another server may own it.
+                if pool.record(&client).is_none() {
+                    return Err(DropReason::UnknownClient);
+                }
+                ip
+            }
+        };
+        let not_available = || Assignment::Refused(format!("{asked} is not available to {key}"));
+        if !pool.acceptable(&client, asked) {
+            return Ok(not_available());
+        }
+        // The address is the client's until the commit thread answers: no other client may
+        // be offered it while the lease is being made durable.
+        match pool.begin_commit(&client, asked) {
+            Ok(ticket) => Ok(Assignment::Acknowledged(asked, ticket)),
+            Err(Refused::Taken) => Ok(not_available()),
+            Err(Refused::CommitInFlight) => Err(DropReason::CommitInFlight),
+        }
+    }
+
+    /// The full server: the steps, in order.
+    fn full(&self, context: &Context<'_>) -> Result<Decision, DropReason> {
+        self.admit(context)?;
+        let subnet = self.subnet_for(context.request)?;
+        let mut book = self.leases.book().map_err(store_failed)?;
+        let mut cursors = lock(&self.cursors);
+        let mut pool = Pool::new(
+            subnet,
+            &mut book,
+            self.backend.as_ref(),
+            &mut cursors,
+            context.now,
+        );
+        let limited = self.limited_sources(context, &pool)?;
+        let assignment = self.assign(context, &mut pool)?;
+        if !limited.is_empty()
+            && matches!(
+                assignment,
+                Assignment::Offered(_) | Assignment::Acknowledged(..)
+            )
+        {
+            lock(&self.sources).given(&limited, &context.key);
+        }
+        Ok(self.reply_for(context, subnet, assignment))
+    }
+
+    /// Step 8 (full mode): the reply to an assignment, with the boot options step's.
+    pub fn reply_for(
+        &self,
+        context: &Context<'_>,
+        subnet: &Subnet,
+        assignment: Assignment,
+    ) -> Decision {
+        let request = context.request;
+        let to = reply::destination(request, self.settings.dhcp.port);
+        match assignment {
+            Assignment::Offered(offer) => Decision::Reply {
+                reply: self.grant(context, MessageType::Offer, subnet, offer.ip()),
+                to,
+                commit: None,
+                reclaimed: matches!(offer, Offer::Reclaimed(_)),
+            },
+            Assignment::Acknowledged(ip, ticket) => Decision::Reply {
+                reply: self.grant(context, MessageType::Ack, subnet, ip),
+                to,
+                commit: Some((
+                    Lease {
+                        key: context.key.clone(),
+                        mac: request.mac,
+                        ip,
+                        expires_unix: context.now + u64::from(subnet.lease_seconds),
+                    },
+                    ticket,
+                )),
+                reclaimed: false,
+            },
+            Assignment::Refused(why) => self.nak(request, why),
+            Assignment::Released(ip) => Decision::Release {
+                key: context.key.clone(),
+                ip,
+            },
+            Assignment::Declined(ip, until) => Decision::Decline { ip, until },
+            Assignment::Informed => {
+                let mut reply = self.reply(request, MessageType::Ack);
+                reply.message.set_ciaddr(request.ciaddr);
+                reply::add_config(&mut reply, subnet, context.machine.as_deref());
+                Decision::Reply {
+                    reply,
+                    to,
+                    commit: None,
+                    reclaimed: false,
+                }
+            }
+        }
+    }
+
     /// A reply that gives `ip`: OFFER or ACK with the subnet's options and the boot file.
     fn grant(
         &self,
@@ -243,23 +533,25 @@ impl Responder {
         subnet: &Subnet,
         ip: Ipv4Addr,
     ) -> Reply {
-        let machine = context.machine.as_deref();
         let mut reply = self.reply(context.request, kind);
         reply.message.set_yiaddr(ip);
         if kind == MessageType::Ack {
             reply.message.set_ciaddr(context.request.ciaddr);
         }
-        reply::add_config(&mut reply, subnet, machine);
+        reply::add_config(&mut reply, subnet, context.machine.as_deref());
         reply::add_lease_times(&mut reply, subnet.lease_seconds);
-        if self.boots(context.kind, machine) {
-            reply::add_boot(
-                &mut reply,
-                &self.settings,
-                context.kind,
-                &context.request.mac,
-            );
-        }
+        self.add_boot_options(&mut reply, context, Route::Full);
         reply
+    }
+
+    fn add_boot_options(&self, reply: &mut Reply, context: &Context<'_>, route: Route) {
+        reply::add_boot_options(
+            reply,
+            self.boot_options(context, route),
+            &self.settings,
+            context.kind,
+            &context.request.mac,
+        );
     }
 
     fn nak(&self, request: &Request, why: String) -> Decision {
@@ -274,198 +566,10 @@ impl Responder {
         }
     }
 
-    fn full(&self, context: &Context<'_>) -> Result<Decision, DropReason> {
-        let request = context.request;
-        let machine = context.machine.as_deref();
-        // An unknown machine that wants to network-boot is not ours to boot: stay silent so
-        // that it moves on to its next boot device (unless discovery is on).
-        if context.kind.is_network_boot() && machine.is_none() && !self.boots(context.kind, None) {
-            return Err(DropReason::UnknownBootClient);
-        }
-        let subnet = self.subnet_for(request)?;
-        let mut book = self.leases.book().map_err(store_failed)?;
-        book.sweep(context.now);
-        // Scan cursors are hints: after a panic caught while the lock was held, go on.
-        let mut cursors = self
-            .cursors
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut pool = Pool {
-            subnet,
-            book: &mut book,
-            backend: self.backend.as_ref(),
-            cursors: &mut cursors,
-            now: context.now,
-        };
-        let client = context.client();
-        let key = &context.key;
-        let now = context.now;
-        // A client that is no Machine of ours counts against the limits of the relay and
-        // port it is behind while it holds an address; one that holds none (or only a lease
-        // that has expired) may get one only within them.
-        let limited = if matches!(
-            request.message_type,
-            MessageType::Discover | MessageType::Request
-        ) && machine.is_none()
-        {
-            Source::of(request, self.settings.dhcp.limits)
-        } else {
-            Vec::new()
-        };
-        if !limited.is_empty() {
-            let book = &*pool.book;
-            let holds = |k: &ClientKey| {
-                book.claim_of(k, now).is_some()
-                    || book.lease_of(k).is_some_and(|l| l.expires_unix > now)
-            };
-            let mut sources = self
-                .sources
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if !holds(key)
-                && let Some(source) = sources.refusing(&limited, key, holds)
-            {
-                tracing::debug!(client = %key, source = source.kind(), "source at its limit of pool addresses; request dropped");
-                return Err(DropReason::SourceLimit);
-            }
-        }
-        let given = |sources: &Mutex<Sources>| {
-            if !limited.is_empty() {
-                sources
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .given(&limited, key);
-            }
-        };
-        match request.message_type {
-            MessageType::Discover => {
-                let offer = pool
-                    .choose_offer(&client, request.requested_ip)
-                    .ok_or(DropReason::PoolExhausted)?;
-                pool.take_reservation(&client, offer.ip());
-                pool.book
-                    .offer(
-                        key,
-                        request.mac,
-                        offer.ip(),
-                        now,
-                        now + OFFER_HOLD.as_secs(),
-                    )
-                    .map_err(refused)?;
-                given(&self.sources);
-                Ok(Decision::Reply {
-                    reply: self.grant(context, MessageType::Offer, subnet, offer.ip()),
-                    to: reply::destination(request, self.settings.dhcp.port),
-                    commit: None,
-                    reclaimed: matches!(offer, Offer::Reclaimed(_)),
-                })
-            }
-            MessageType::Request => {
-                let Some(state) = request_state(request) else {
-                    return Err(DropReason::NoAddress);
-                };
-                let asked = match state {
-                    RequestState::Selecting => {
-                        if request.server_id != Some(self.settings.server_address) {
-                            // The client chose another server's offer.
-                            pool.book.withdraw_offer(key);
-                            return Err(DropReason::OtherServer);
-                        }
-                        request
-                            .requested_ip
-                            .or_else(|| {
-                                (!request.ciaddr.is_unspecified()).then_some(request.ciaddr)
-                            })
-                            .ok_or(DropReason::NoAddress)?
-                    }
-                    RequestState::InitReboot(ip) | RequestState::Renewing(ip) => {
-                        if matches!(state, RequestState::InitReboot(_)) && !subnet.contains(ip) {
-                            // RFC 2131 §4.3.2: on the wrong network (moved to another
-                            // rack): NAK at once, so it starts over.
-                            return Ok(self.nak(
-                                request,
-                                format!(
-                                    "{ip} is not on this network ({}/{})",
-                                    subnet.network, subnet.prefix
-                                ),
-                            ));
-                        }
-                        // Without a record of this client, another server may own it.
-                        if pool.record(&client).is_none() {
-                            return Err(DropReason::UnknownClient);
-                        }
-                        ip
-                    }
-                };
-                if !pool.acceptable(&client, asked) {
-                    return Ok(self.nak(request, format!("{asked} is not available to {key}")));
-                }
-                // The address is the client's until the commit thread answers: no other
-                // client may be offered it while the lease is being made durable.
-                pool.take_reservation(&client, asked);
-                let ticket = match pool.book.begin_commit(key, request.mac, asked, now) {
-                    Ok(ticket) => ticket,
-                    Err(Refused::Taken) => {
-                        return Ok(self.nak(request, format!("{asked} is not available to {key}")));
-                    }
-                    Err(Refused::CommitInFlight) => return Err(DropReason::CommitInFlight),
-                };
-                given(&self.sources);
-                Ok(Decision::Reply {
-                    reply: self.grant(context, MessageType::Ack, subnet, asked),
-                    to: reply::destination(request, self.settings.dhcp.port),
-                    commit: Some((
-                        Lease {
-                            key: key.clone(),
-                            mac: request.mac,
-                            ip: asked,
-                            expires_unix: now + u64::from(subnet.lease_seconds),
-                        },
-                        ticket,
-                    )),
-                    reclaimed: false,
-                })
-            }
-            MessageType::Release => {
-                let ip = request.ciaddr;
-                if !pool.book.release(key, ip) {
-                    return Err(DropReason::NotHeld);
-                }
-                Ok(Decision::Release {
-                    key: key.clone(),
-                    ip,
-                })
-            }
-            MessageType::Decline => {
-                // Only the address the client was given: nobody else may knock addresses
-                // out of the pool.
-                let ip = request.requested_ip.ok_or(DropReason::NotHeld)?;
-                if pool.record(&client) != Some(ip) || !subnet.in_pool(ip) {
-                    return Err(DropReason::NotHeld);
-                }
-                let until = now + DECLINE_HOLD.as_secs();
-                pool.book.decline(ip, until);
-                Ok(Decision::Decline { ip, until })
-            }
-            MessageType::Inform => {
-                let mut reply = self.reply(request, MessageType::Ack);
-                reply.message.set_ciaddr(request.ciaddr);
-                reply::add_config(&mut reply, subnet, machine);
-                Ok(Decision::Reply {
-                    reply,
-                    to: reply::destination(request, self.settings.dhcp.port),
-                    commit: None,
-                    reclaimed: false,
-                })
-            }
-            _ => Err(DropReason::MessageType),
-        }
-    }
-
     /// ProxyDHCP on port 67: answer network-boot DISCOVERs (and REQUESTs) with boot
     /// information only; never an address.
-    fn proxy(&self, context: &Context<'_>) -> Result<Decision, DropReason> {
-        if !self.boots(context.kind, context.machine.as_deref()) {
+    pub fn proxy(&self, context: &Context<'_>) -> Result<Decision, DropReason> {
+        if self.boot_options(context, Route::Proxy) == BootOptions::None {
             return Err(DropReason::NotOurBootClient);
         }
         let reply_kind = match context.request.message_type {
@@ -474,21 +578,7 @@ impl Responder {
             _ => return Err(DropReason::MessageType),
         };
         let mut reply = self.reply(context.request, reply_kind);
-        if context.kind == ClientKind::Ipxe {
-            // iPXE gets its script's URL only on port 4011: an offer without a boot file
-            // makes it send a ProxyDHCP REQUEST there, from the address the other server
-            // gave it and with its MAC, which is what vouches for that address when it
-            // fetches its script ([`crate::identity`]).
-            reply::add_proxy_offer_without_boot(&mut reply);
-        } else {
-            reply::add_boot(
-                &mut reply,
-                &self.settings,
-                context.kind,
-                &context.request.mac,
-            );
-            reply::add_pxe_discovery_control(&mut reply, context.kind);
-        }
+        self.add_boot_options(&mut reply, context, Route::Proxy);
         let to = if context.request.relayed() {
             reply::destination(context.request, self.settings.dhcp.port)
         } else {
@@ -503,12 +593,12 @@ impl Responder {
     }
 
     /// The PXE boot server on port 4011: the client has an address and asks us directly.
-    fn boot_server(
+    pub fn boot_server(
         &self,
         context: &Context<'_>,
         from: SocketAddrV4,
     ) -> Result<Decision, DropReason> {
-        if !self.boots(context.kind, context.machine.as_deref()) {
+        if self.boot_options(context, Route::BootServer) == BootOptions::None {
             return Err(DropReason::NotOurBootClient);
         }
         // The client asks from the address it was given, and says so in `ciaddr`: the
@@ -522,13 +612,7 @@ impl Responder {
         }
         let mut reply = self.reply(context.request, MessageType::Ack);
         reply.message.set_ciaddr(context.request.ciaddr);
-        reply::add_boot(
-            &mut reply,
-            &self.settings,
-            context.kind,
-            &context.request.mac,
-        );
-        reply::add_pxe_discovery_control(&mut reply, context.kind);
+        self.add_boot_options(&mut reply, context, Route::BootServer);
         Ok(Decision::Reply {
             reply,
             to: from,

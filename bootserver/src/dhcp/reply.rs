@@ -34,7 +34,7 @@ pub struct Reply {
 /// The reply could not be encoded.
 #[derive(Debug, thiserror::Error)]
 #[error("encoding a DHCP reply: {0}")]
-pub struct EncodeError(String);
+pub struct EncodeError(#[source] dhcproto::error::EncodeError);
 
 fn put_option(out: &mut Vec<u8>, code: u8, value: &[u8]) {
     // An empty value is still an option (an empty option 82 is echoed empty: found by the
@@ -81,10 +81,7 @@ impl Reply {
 
     /// The bytes to send.
     pub fn encode(&self) -> Result<Vec<u8>, EncodeError> {
-        let mut out = self
-            .message
-            .to_vec()
-            .map_err(|e| EncodeError(e.to_string()))?;
+        let mut out = self.message.to_vec().map_err(EncodeError)?;
         // dhcproto ends the options with End; the echoes go before it, option 82 last.
         if out.last() == Some(&code::END) {
             out.pop();
@@ -128,9 +125,46 @@ pub fn nak_destination(request: &Request, reply: &mut Reply, dhcp_port: u16) -> 
     SocketAddrV4::new(Ipv4Addr::BROADCAST, 68)
 }
 
+/// The boot options a reply carries: the decision of [`crate::dhcp::decide`]'s boot-option
+/// step, shared by the full server, the ProxyDHCP answer and the PXE boot server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BootOptions {
+    /// None: not a network-boot client we boot.
+    None,
+    /// The boot file for the client's kind; with `discovery_control`, PXE firmware is also
+    /// told to take it as it is (option 43), as a ProxyDHCP or boot-server answer must.
+    File {
+        /// Add PXE_DISCOVERY_CONTROL for PXE firmware.
+        discovery_control: bool,
+    },
+    /// A ProxyDHCP offer to iPXE that names no boot file, so that iPXE asks for it on port
+    /// 4011 (what vouches for its address in proxy mode).
+    AskBootServer,
+}
+
+/// Adds `options` to the reply for a client of `kind` with `mac`.
+pub fn add_boot_options(
+    reply: &mut Reply,
+    options: BootOptions,
+    settings: &Settings,
+    kind: ClientKind,
+    mac: &MacAddr,
+) {
+    match options {
+        BootOptions::None => {}
+        BootOptions::File { discovery_control } => {
+            add_boot(reply, settings, kind, mac);
+            if discovery_control {
+                add_pxe_discovery_control(reply, kind);
+            }
+        }
+        BootOptions::AskBootServer => add_proxy_offer_without_boot(reply),
+    }
+}
+
 /// Adds the boot file (BOOTP `file` and option 67, `siaddr`), option 60 as PXE and UEFI
 /// HTTP boot expect it, and for iPXE option 175 with `no-pxedhcp`.
-pub fn add_boot(reply: &mut Reply, settings: &Settings, client: ClientKind, mac: &MacAddr) {
+fn add_boot(reply: &mut Reply, settings: &Settings, client: ClientKind, mac: &MacAddr) {
     let base = settings.http_base();
     let files = BootFiles {
         uefi_x64: &settings.dhcp.uefi_boot_file,
@@ -164,7 +198,7 @@ pub fn add_boot(reply: &mut Reply, settings: &Settings, client: ClientKind, mac:
 /// A ProxyDHCP offer that names no boot file: option 60 `PXEClient` (what makes it a
 /// ProxyDHCP offer to iPXE) and no `siaddr`, `file` or option 67, so that iPXE asks for its
 /// boot file with a ProxyDHCP REQUEST on port 4011.
-pub fn add_proxy_offer_without_boot(reply: &mut Reply) {
+fn add_proxy_offer_without_boot(reply: &mut Reply) {
     reply
         .message
         .opts_mut()
@@ -173,7 +207,7 @@ pub fn add_proxy_offer_without_boot(reply: &mut Reply) {
 
 /// Option 43, sub-option 6 (PXE_DISCOVERY_CONTROL) = 8: "the boot file in this offer is the
 /// one; download it", so PXE firmware does not go through boot-server discovery.
-pub fn add_pxe_discovery_control(reply: &mut Reply, client: ClientKind) {
+fn add_pxe_discovery_control(reply: &mut Reply, client: ClientKind) {
     if !client.is_http_boot() && client != ClientKind::Ipxe {
         reply
             .message

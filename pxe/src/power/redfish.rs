@@ -134,14 +134,14 @@ fn redfish_message(body: &str) -> String {
 }
 
 /// Why a Redfish HTTP client could not be built.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The CA bundle is not PEM.
     #[error("the CA bundle is not PEM: {0}")]
-    CaBundle(String),
+    CaBundle(#[source] reqwest::Error),
     /// reqwest refused the settings.
     #[error("HTTP client: {0}")]
-    Build(String),
+    Build(#[source] reqwest::Error),
 }
 
 /// The HTTP client for one Redfish BMC, as the Machine's TLS settings say: the PXE
@@ -161,15 +161,13 @@ pub fn http_client(tls: &Tls, timeout: Duration) -> Result<reqwest::Client, Clie
         builder = builder.tls_danger_accept_invalid_certs(true);
     }
     if let Some(pem) = &tls.ca_bundle {
-        let certificates = reqwest::Certificate::from_pem_bundle(pem.as_bytes())
-            .map_err(|e| ClientError::CaBundle(e.to_string()))?;
+        let certificates =
+            reqwest::Certificate::from_pem_bundle(pem.as_bytes()).map_err(ClientError::CaBundle)?;
         for certificate in certificates {
             builder = builder.add_root_certificate(certificate);
         }
     }
-    builder
-        .build()
-        .map_err(|e| ClientError::Build(e.to_string()))
+    builder.build().map_err(ClientError::Build)
 }
 
 impl RedfishBmc {
