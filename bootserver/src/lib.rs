@@ -17,6 +17,24 @@
 //! service starts, and holds the start, with the reasons in the log and in `/readyz`, until
 //! they agree. [`boot_images`] installs versioned sets of boot images
 //! (`unbounded-bootserver install-images`).
+//!
+//! # Rooms
+//!
+//! The crate is the provisioning network; the PXE provider (BMC power, inspection) is the
+//! `unbounded-pxe` crate, which the binary starts beside these servers.
+//!
+//! | room | what it does |
+//! |---|---|
+//! | [`config`] | assembles the validated [`config::Settings`] from each room's own settings (each room's `settings` module converts its section by `TryFrom`; [`setting`] is their error) |
+//! | [`backend`], [`kube_backend`] | what the bootserver knows about machines: the file's machines ([`backend::standalone`]) or the cluster's Machines, in memory |
+//! | [`dhcp`] | DHCP and ProxyDHCP: wire → decision (a chain of steps) → durable commit → reply |
+//! | [`leases`] | the address book (one owner per address) and its durable log |
+//! | [`boot`] | which boot file and which iPXE script a client gets |
+//! | [`tftp`], [`http`], [`files`] | TFTP and HTTP: iPXE builds, scripts, images, the agent's routes |
+//! | [`identity`], [`credentials`], [`nonce_file`] | who a request comes from (link layer, PXE exchanges, TPM) and the agent's credentials |
+//! | [`discovery`], [`discovery_writes`] | unknown machines: the inspection boot, the report's decision, its writes |
+//! | [`preflight`], [`interfaces`], [`boot_images`] | the host checked before serving, installed boot image sets |
+//! | [`ra`], [`metrics`], [`server`] | router advertisements, Prometheus, starting and watching every service |
 
 pub mod backend;
 pub mod boot;

@@ -34,12 +34,12 @@ use std::time::Duration;
 
 use dhcproto::v4::{DhcpOption, MessageType};
 
-use super::DropReason;
 use super::allocate::{Client, Cursors, Offer, Pool};
 use super::limits::{Source, Sources};
 use super::reply::{self, BootOptions, Reply};
 use super::settings::{DhcpMode, Subnet, UnknownMachines};
 use super::wire::Request;
+use super::{Decision, DropReason};
 use crate::backend::{MachineBackend, MachineRecord};
 use crate::boot::{self, ClientKind};
 use crate::config::Settings;
@@ -49,41 +49,6 @@ use crate::leases::{ClientKey, Lease, LeaseError, Leases, Ticket};
 
 /// How long a declined address (in use by someone unknown) is kept out of the pool.
 pub const DECLINE_HOLD: Duration = Duration::from_secs(600);
-
-/// What to do with one request.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Decision {
-    /// Send nothing.
-    Drop(DropReason),
-    /// Send this reply to this address, after making `commit` durable when set.
-    Reply {
-        /// The reply.
-        reply: Reply,
-        /// Where to.
-        to: SocketAddrV4,
-        /// A lease to make durable before sending (ACK), and the ticket the book gave its
-        /// REQUEST: the book holds the address for the client until the commit thread
-        /// answers.
-        commit: Option<(Lease, Ticket)>,
-        /// The offered address was taken back from the oldest offer nobody requested.
-        reclaimed: bool,
-    },
-    /// The client gave its lease back (RELEASE): the book has it free; persist it.
-    Release {
-        /// The client.
-        key: ClientKey,
-        /// The address.
-        ip: Ipv4Addr,
-    },
-    /// An address is in use by someone unknown (DECLINE): the book keeps it out of the pool
-    /// until `until`; persist it.
-    Decline {
-        /// The address.
-        ip: Ipv4Addr,
-        /// Seconds since the Unix epoch.
-        until: u64,
-    },
-}
 
 /// The state of a REQUEST (RFC 2131 §4.3.2), from its fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use dhcproto::v4::{DhcpOption, MessageType, OptionCode};
 
+use super::Decision;
 use super::DropReason;
-use super::decide::{Decision, Responder};
+use super::decide::Responder;
 use super::wire::{self, Request};
 use crate::backend::{MacAddr, StaticBackend};
 use crate::config::Settings;

@@ -7,8 +7,10 @@
 //!    (malformed datagrams are dropped and counted by [`wire::Malformed`] reason);
 //! 2. [`decide::Responder::decide`] turns the request, the machine backend and the address
 //!    book ([`crate::leases::AddressBook`], the one owner of who holds what) into a
-//!    [`decide::Decision`], changing the book as it decides (addresses come from
-//!    [`allocate`]; replies are built and encoded by [`reply`]), in memory only;
+//!    [`Decision`], by a chain of steps over one [`decide::Context`] (classify, route,
+//!    admit, subnet, limits, pool, boot options, reply: the table in [`decide`]), changing
+//!    the book as it decides through [`allocate::Pool`], in memory only; replies are built
+//!    and encoded by [`reply`], settings come from [`settings`];
 //! 3. [`mod@serve`] is the socket loop: it does the I/O and makes a lease durable before it
 //!    sends the ACK that promises it ([`commit`]: one thread writes and syncs every record
 //!    queued meanwhile at once, then tells the book).
@@ -57,7 +59,13 @@ pub mod serve;
 pub mod settings;
 pub mod wire;
 
-pub use decide::{Decision, Responder};
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use reply::Reply;
+
+use crate::leases::{ClientKey, Lease, Ticket};
+
+pub use decide::Responder;
 pub use serve::{open_socket, serve};
 
 /// Errors of the DHCP service.
@@ -79,6 +87,41 @@ pub enum DhcpError {
     /// The thread that makes leases durable could not be started.
     #[error("starting the DHCP lease commit thread: {0}")]
     CommitThread(#[source] std::io::Error),
+}
+
+/// What to do with one request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Send nothing.
+    Drop(DropReason),
+    /// Send this reply to this address, after making `commit` durable when set.
+    Reply {
+        /// The reply.
+        reply: Reply,
+        /// Where to.
+        to: SocketAddrV4,
+        /// A lease to make durable before sending (ACK), and the ticket the book gave its
+        /// REQUEST: the book holds the address for the client until the commit thread
+        /// answers.
+        commit: Option<(Lease, Ticket)>,
+        /// The offered address was taken back from the oldest offer nobody requested.
+        reclaimed: bool,
+    },
+    /// The client gave its lease back (RELEASE): the book has it free; persist it.
+    Release {
+        /// The client.
+        key: ClientKey,
+        /// The address.
+        ip: Ipv4Addr,
+    },
+    /// An address is in use by someone unknown (DECLINE): the book keeps it out of the pool
+    /// until `until`; persist it.
+    Decline {
+        /// The address.
+        ip: Ipv4Addr,
+        /// Seconds since the Unix epoch.
+        until: u64,
+    },
 }
 
 /// Why a datagram got no reply. Each variant is a metric label (`dhcp_dropped{reason}`).

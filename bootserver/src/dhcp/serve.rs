@@ -20,8 +20,9 @@ use futures::FutureExt;
 use tokio::net::UdpSocket;
 use tokio::sync::Semaphore;
 
+use super::Decision;
 use super::commit::{Committer, NoAck};
-use super::decide::{Decision, Responder};
+use super::decide::Responder;
 use super::reply::Reply;
 use super::{DhcpError, DropReason, now_unix, wire};
 use crate::config::Settings;
