@@ -10,6 +10,12 @@
 //! on those decisions. A MachinePool keeps a number of Machines; a rolling update (a pool's,
 //! or a configuration's with `RollingUpdate`, [`rolling`]) repaves out-of-date Machines in
 //! batches through repave requests ([`repave`]).
+//!
+//! Every status the controller writes goes through one server-side apply writer
+//! ([`status_apply`]); a Machine's and a configuration's are decided in
+//! [`machine::status`] and [`configuration::status`], a MachineOperation's written by
+//! [`operation_status`], and writes over a copy the cache may still show are recorded in
+//! [`status_writes`].
 
 pub mod agent_access;
 pub mod api_limits;
@@ -36,6 +42,7 @@ pub mod rollout;
 pub mod runner;
 pub mod selection;
 pub mod skew;
+pub mod status_apply;
 pub mod status_writes;
 pub mod triggers;
 pub mod versioning;

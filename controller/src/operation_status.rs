@@ -2,14 +2,12 @@
 //! and the handlers it runs here (`applyConfiguration`), with the observed
 //! `resourceVersion` as a precondition.
 
-use kube::api::{Api, Patch, PatchParams};
-use kube::{Resource, ResourceExt};
-use serde_json::json;
+use kube::ResourceExt;
 use unbounded_api::MachineOperation;
-use unbounded_api::well_known::field_managers;
 
 use crate::context::Context;
 use crate::error::Error;
+use crate::status_apply;
 
 /// Writes the controller's part of the status, with the observed `resourceVersion` as a
 /// precondition so that a handler's claim in between is never overwritten (the conflict
@@ -19,7 +17,6 @@ pub(crate) async fn write_status(
     status: serde_json::Value,
     ctx: &Context,
 ) -> Result<MachineOperation, Error> {
-    let name = operation.name_any();
     // A null in an apply patch would be taken as a value; leave unset fields out.
     let status = match status {
         serde_json::Value::Object(fields) => {
@@ -27,28 +24,11 @@ pub(crate) async fn write_status(
         }
         other => other,
     };
-    let patch = json!({
-        "apiVersion": MachineOperation::api_version(&()),
-        "kind": MachineOperation::kind(&()),
-        "metadata": {"name": name, "resourceVersion": operation.resource_version()},
-        "status": status,
-    });
-    let api: Api<MachineOperation> = Api::all(ctx.client.clone());
-    match api
-        .patch_status(
-            &name,
-            &PatchParams::apply(field_managers::CONTROLLER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await
-    {
-        Ok(written) => Ok(written),
-        Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::Waiting(format!(
-            "MachineOperation {name} changed meanwhile"
-        ))),
-        Err(source) => Err(Error::Kube {
-            action: format!("writing the status of MachineOperation {name}"),
-            source,
-        }),
-    }
+    status_apply::apply(
+        &ctx.client,
+        &operation.name_any(),
+        operation.resource_version().as_deref(),
+        &status,
+    )
+    .await
 }

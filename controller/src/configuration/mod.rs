@@ -1,31 +1,29 @@
 //! The MachineConfiguration reconciler: keeps its MachineConfigurationVersions in step with
 //! its template ([`crate::versioning`]), counts the Machines that reference each version,
 //! guards referenced versions with a finalizer, prunes old ones, and reports it all in the
-//! configuration's status.
+//! configuration's status ([`status`]).
+
+pub mod status;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
-use unbounded_api::condition;
-use unbounded_api::well_known::{conditions, field_managers, finalizers, labels, reasons};
+use unbounded_api::well_known::{field_managers, finalizers, labels, reasons};
 use unbounded_api::{
-    Machine, MachineConfiguration, MachineConfigurationVersion, UpdateStrategyType, VersionSummary,
-    version_name,
+    Machine, MachineConfiguration, MachineConfigurationVersion, VersionSummary, version_name,
 };
 
 use crate::context::Context;
 use crate::error::{Error, is_not_found, kube_err};
 use crate::expectations::{Expectation, expecting};
-use crate::rolling::Rollout;
-use crate::rollout::{RolloutState, some_names};
 use crate::versioning::{self, ExistingVersion, VersionAction};
+use status::{StatusPlan, write_status};
 
 /// Reconciles one MachineConfiguration.
 #[tracing::instrument(skip_all, fields(configuration = %configuration.name_any()))]
@@ -192,11 +190,15 @@ async fn apply(configuration: &MachineConfiguration, ctx: &Context) -> Result<Ac
     let rollout = crate::rolling::roll(configuration, ctx).await?;
     write_status(
         configuration,
-        resource_version,
-        latest,
-        &summaries,
-        &prune,
-        rollout.as_ref(),
+        resource_version.as_deref(),
+        StatusPlan {
+            latest,
+            versions: summaries
+                .into_iter()
+                .filter(|s| !prune.contains(&s.version))
+                .collect(),
+            rollout: rollout.as_ref(),
+        },
         ctx,
     )
     .await?;
@@ -341,188 +343,6 @@ async fn patch_finalizers(
         .await
         .map_err(kube_err(format!("updating the finalizers of {name}")))?;
     Ok(())
-}
-
-/// The UpToDate condition of a rolling configuration.
-fn up_to_date_condition(
-    state: &RolloutState,
-    deadline_seconds: i64,
-    generation: Option<i64>,
-) -> Condition {
-    let (status, reason, message) = match state {
-        RolloutState::UpToDate => (
-            true,
-            reasons::UP_TO_DATE,
-            "every Machine records the version it resolves to".to_owned(),
-        ),
-        RolloutState::RollingOut {
-            updated,
-            total,
-            repaving,
-        } => (
-            false,
-            reasons::ROLLING_OUT,
-            if repaving.is_empty() {
-                format!("{updated} of {total} Machines up to date")
-            } else {
-                format!(
-                    "{updated} of {total} Machines up to date; repaving {}",
-                    some_names(repaving)
-                )
-            },
-        ),
-        RolloutState::Failed { machines } => (
-            false,
-            reasons::BATCH_FAILED,
-            format!(
-                "{} not available {deadline_seconds} s after their repave: the rollout is paused until they are, or until they resolve to another version (a rollback)",
-                some_names(machines)
-            ),
-        ),
-        RolloutState::Paused { outdated } | RolloutState::WaitingForNodeDeletion { outdated } => (
-            false,
-            reasons::WAITING_FOR_NODE_DELETION,
-            format!("{outdated} out-of-date Machines wait"),
-        ),
-    };
-    condition::new_condition(conditions::UP_TO_DATE, status, reason, message, generation)
-}
-
-async fn write_status(
-    configuration: &MachineConfiguration,
-    resource_version: Option<String>,
-    latest: i64,
-    summaries: &[VersionSummary],
-    pruned: &[i64],
-    rollout: Option<&Rollout>,
-    ctx: &Context,
-) -> Result<(), Error> {
-    let mut versions: Vec<&VersionSummary> = summaries
-        .iter()
-        .filter(|s| !pruned.contains(&s.version))
-        .collect();
-    versions.sort_by_key(|s| s.version);
-    let generation = configuration.metadata.generation;
-    let current = configuration.status.clone().unwrap_or_default();
-    let strategy = match configuration.spec.update_strategy_type() {
-        UpdateStrategyType::OnDelete => condition::new_condition(
-            conditions::UPDATE_STRATEGY_SUPPORTED,
-            true,
-            reasons::SUPPORTED,
-            "OnDelete: a Machine moves to a new version when its Node is deleted (repave)",
-            generation,
-        ),
-        UpdateStrategyType::RollingUpdate => condition::new_condition(
-            conditions::UPDATE_STRATEGY_SUPPORTED,
-            true,
-            reasons::SUPPORTED,
-            "RollingUpdate: out-of-date Machines (not in a MachinePool) are repaved in batches of at most maxUnavailable",
-            generation,
-        ),
-    };
-    let deadline_seconds = configuration
-        .spec
-        .rolling_update()
-        .progress_deadline_seconds
-        .unwrap_or(unbounded_api::pool::DEFAULT_PROGRESS_DEADLINE_SECONDS);
-    let mut planned = vec![strategy];
-    if let Some(r) = rollout {
-        planned.push(up_to_date_condition(&r.state, deadline_seconds, generation));
-    }
-    let mut merged = current.conditions.clone();
-    for c in &planned {
-        condition::set(&mut merged, c.clone());
-    }
-    let rollout_status = rollout.map(|r| r.status.clone());
-    let failed_now = rollout.is_some_and(|r| matches!(r.state, RolloutState::Failed { .. }));
-    let failed_before = condition::find(&current.conditions, conditions::UP_TO_DATE)
-        .is_some_and(|c| c.reason == reasons::BATCH_FAILED);
-    if failed_now && !failed_before {
-        let message = planned
-            .iter()
-            .find(|c| c.type_ == conditions::UP_TO_DATE)
-            .map(|c| c.message.clone())
-            .unwrap_or_default();
-        ctx.event(
-            configuration,
-            EventType::Warning,
-            reasons::BATCH_FAILED,
-            message,
-        )
-        .await;
-    }
-    let ours: Vec<&Condition> = merged
-        .iter()
-        .filter(|c| planned.iter().any(|p| p.type_ == c.type_))
-        .collect();
-    let unchanged = current.latest_version == latest
-        && current.versions.iter().collect::<Vec<_>>() == versions
-        && current.observed_generation == generation
-        && current.rollout == rollout_status
-        && planned.iter().all(|p| {
-            condition::find(&current.conditions, &p.type_)
-                .is_some_and(|c| condition::same_meaning(c, p))
-        })
-        && (rollout.is_some()
-            || condition::find(&current.conditions, conditions::UP_TO_DATE).is_none());
-    if unchanged {
-        return Ok(());
-    }
-    let name = configuration.name_any();
-    // The copy as read, and the one this reconcile's latestVersion write made (the status
-    // is written over that one): a later reconcile may read either from the cache.
-    let read_at = configuration.resource_version().unwrap_or_default();
-    let mut written_over = vec![read_at.as_str()];
-    written_over.extend(resource_version.as_deref().filter(|v| *v != read_at));
-    if ctx
-        .expectations
-        .read()
-        .configuration_statuses
-        .is_superseded(&name, &read_at, Instant::now())
-    {
-        // What the API server would answer (409) without the request ([`crate::status_writes`]).
-        return Err(Error::Waiting(format!(
-            "MachineConfiguration {name}: status already written over this copy"
-        )));
-    }
-    tracing::debug!(configuration = %name, ?written_over, "writing status");
-    let mut body = json!({
-        "apiVersion": MachineConfiguration::api_version(&()),
-        "kind": MachineConfiguration::kind(&()),
-        "metadata": {"resourceVersion": resource_version},
-        "status": {
-            "latestVersion": latest,
-            "versions": versions,
-            "conditions": ours,
-            "observedGeneration": generation,
-        },
-    });
-    // Left out rather than null when there is none: the apply then drops it.
-    if let Some(r) = &rollout_status {
-        body["status"]["rollout"] = json!(r);
-    }
-    let api: Api<MachineConfiguration> = Api::all(ctx.client.clone());
-    match api
-        .patch_status(
-            &name,
-            &PatchParams::apply(field_managers::CONTROLLER).force(),
-            &Patch::Apply(body),
-        )
-        .await
-    {
-        Ok(_) => {
-            ctx.expectations.write().configuration_statuses.wrote_over(
-                &name,
-                &written_over,
-                Instant::now(),
-            );
-            Ok(())
-        }
-        Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::Waiting(format!(
-            "MachineConfiguration {name} changed meanwhile"
-        ))),
-        Err(e) => Err(kube_err(format!("writing the status of {name}"))(e)),
-    }
 }
 
 #[cfg(test)]

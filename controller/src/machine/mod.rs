@@ -3,37 +3,38 @@
 //! the Machine is deleted; for a `manual` Machine (no provider holds it) waits for the wipe
 //! of its disks before letting go.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+mod node;
+mod release;
+pub mod status;
+mod version;
 
-use k8s_openapi::api::core::v1::Node;
+use std::sync::Arc;
+use std::time::Duration;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
-use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
-use serde_json::json;
 use unbounded_api::condition;
-use unbounded_api::well_known::{annotations, conditions, field_managers, finalizers, reasons};
-use unbounded_api::{
-    Machine, MachineConfigurationVersion, MachinePhase, MachineProvider, ResolvedConfiguration,
-};
-use unbounded_runtime::release::{
-    Configured, ReleaseStep, WipeTimeouts, decide_release, facts_of, wiping_version,
-};
+use unbounded_api::well_known::{conditions, finalizers, reasons};
+use unbounded_api::{Machine, MachineProvider};
 
 use crate::context::Context;
 use crate::drain;
-use crate::error::{Error, kube_err};
-use crate::expectations::{Expectation, expecting};
+use crate::error::Error;
 use crate::index::catalog::OwnedCandidate;
 use crate::lifecycle::{ConditionPlan, MachineFacts, ObservedNode, plan_machine};
 use crate::repave;
 use crate::selection::{self, Resolution};
 use crate::skew;
+pub use node::find_node;
+use node::{annotate_node, node_is_ready};
+pub(crate) use release::configured_for;
+use release::release_disks;
+use status::{StatusPlan, discovered_plan, write_status};
+use version::{kubernetes_version, lock_version, refuse_skewed};
 
 /// Reconciles one Machine.
 #[tracing::instrument(skip_all, fields(machine = %machine.name_any()))]
@@ -48,32 +49,6 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Actio
     })
     .await
     .map_err(|e| Error::Finalizer(Box::new(e)))
-}
-
-/// The Node of a Machine: by name (`spec.nodeName`, default the Machine's name), else by
-/// `spec.providerID`; never one this controller deleted for a repave that the watch still
-/// shows.
-pub fn find_node(machine: &Machine, ctx: &Context) -> Option<Arc<Node>> {
-    let by_name = ctx.nodes.get(&ObjectRef::new(&machine.node_name()));
-    let node = by_name.or_else(|| {
-        let provider_id = machine.spec.provider_id.as_deref()?;
-        let name = ctx.node_index.read().with_provider_id(provider_id)?;
-        ctx.nodes.get(&ObjectRef::new(&name))
-    })?;
-    let deleted = node.metadata.uid.as_ref().is_some_and(|uid| {
-        ctx.expectations
-            .read()
-            .deleted_nodes
-            .pending(uid, Instant::now())
-    });
-    (!deleted).then_some(node)
-}
-
-fn node_is_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 async fn apply(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
@@ -154,16 +129,17 @@ async fn apply(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
 
     write_status(
         machine,
-        &status,
-        &plan.configuration,
-        &plan.node_ref,
-        kubelet_version.as_deref(),
-        plan.phase,
-        &[&plan.configuration_condition, &plan.node_condition]
-            .into_iter()
-            .chain(kubelet_plan.as_ref())
-            .chain(discovered_plan.as_ref())
-            .collect::<Vec<_>>(),
+        StatusPlan {
+            phase: plan.phase,
+            configuration: plan.configuration.clone(),
+            node_ref: plan.node_ref.clone(),
+            kubelet_version,
+            conditions: [&plan.configuration_condition, &plan.node_condition]
+                .into_iter()
+                .chain(kubelet_plan.as_ref())
+                .chain(discovered_plan.as_ref())
+                .collect(),
+        },
         ctx,
     )
     .await?;
@@ -208,279 +184,12 @@ async fn apply(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
     })
 }
 
-/// The `kubernetes.version` of a configuration version, from the cache.
-fn kubernetes_version(
-    configuration: Option<&ResolvedConfiguration>,
-    ctx: &Context,
-) -> Option<String> {
-    let name = configuration?.version_name();
-    ctx.versions
-        .get(&ObjectRef::new(&name))?
-        .spec
-        .template
-        .kubernetes
-        .as_ref()?
-        .version
-        .clone()
-}
-
-/// Keeps what the Machine records (or nothing) instead of a version whose kubelet the
-/// skew policy refuses against the API server's version, with a condition that says why.
-async fn refuse_skewed(
-    plan: &mut crate::lifecycle::MachinePlan,
-    status: &unbounded_api::MachineStatus,
-    ctx: &Context,
-) -> Result<(), Error> {
-    let Some(wanted) = kubernetes_version(plan.configuration.as_ref(), ctx) else {
-        return Ok(());
-    };
-    let apiserver = ctx
-        .client
-        .apiserver_version()
-        .await
-        .map_err(kube_err("reading the API server's version".to_owned()))?;
-    let Err(refused) = skew::check(&wanted, &apiserver.git_version) else {
-        return Ok(());
-    };
-    let (name, version) = plan
-        .configuration
-        .as_ref()
-        .map(|c| (c.name.clone(), c.version))
-        .unwrap_or_default();
-    plan.configuration = status.configuration.clone();
-    plan.repave = false;
-    plan.configuration_condition = ConditionPlan {
-        type_: conditions::CONFIGURATION_RESOLVED,
-        status: false,
-        reason: refused.reason(),
-        message: format!("{name} version {version} is not applied: {refused}"),
-    };
-    if plan.configuration.is_none() {
-        plan.phase = MachinePhase::Pending;
-    }
-    Ok(())
-}
-
 fn condition_matches(current: &[Condition], plan: &ConditionPlan) -> bool {
     condition::find(current, plan.type_).is_some_and(|c| {
         c.status == if plan.status { "True" } else { "False" }
             && c.reason == plan.reason
             && c.message == plan.message
     })
-}
-
-/// Marks the version deployed (immutable) unless it already is.
-async fn lock_version(
-    configuration: &ResolvedConfiguration,
-    machine: &Machine,
-    ctx: &Context,
-) -> Result<(), Error> {
-    let name = configuration.version_name();
-    let deployed = ctx
-        .versions
-        .get(&ObjectRef::new(&name))
-        .and_then(|v| v.status.as_ref().map(|s| s.deployed))
-        .unwrap_or(false);
-    // Locked by an earlier reconcile whose write the cache has not shown yet.
-    let locked = ctx
-        .expectations
-        .read()
-        .locked_versions
-        .pending(&name, Instant::now());
-    if deployed || locked {
-        return Ok(());
-    }
-    let api: Api<MachineConfigurationVersion> = Api::all(ctx.client.clone());
-    let patch = json!({"status": {"deployed": true}});
-    expecting(
-        &ctx.expectations,
-        Expectation::LockedVersion(name.clone()),
-        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(patch)),
-    )
-    .await
-    .map_err(kube_err(format!(
-        "locking MachineConfigurationVersion {name}"
-    )))?;
-    let note = format!(
-        "{} version {} is deployed (now immutable): Machine {} is provisioned with it",
-        configuration.name,
-        configuration.version,
-        machine.name_any()
-    );
-    ctx.event(
-        machine,
-        EventType::Normal,
-        reasons::VERSION_LOCKED,
-        note.clone(),
-    )
-    .await;
-    if let Some(mc) = ctx.configurations.get(&ObjectRef::new(&configuration.name)) {
-        ctx.event(
-            mc.as_ref(),
-            EventType::Normal,
-            reasons::VERSION_LOCKED,
-            note,
-        )
-        .await;
-    }
-    Ok(())
-}
-
-/// Annotates the Node with its configuration and version unless it already is.
-async fn annotate_node(
-    node: &Node,
-    configuration: &ResolvedConfiguration,
-    machine: &Machine,
-    ctx: &Context,
-) -> Result<(), Error> {
-    let wanted: BTreeMap<&str, String> = BTreeMap::from([
-        (
-            annotations::MACHINE_CONFIGURATION,
-            configuration.name.clone(),
-        ),
-        (
-            annotations::MACHINE_CONFIGURATION_VERSION,
-            configuration.version.to_string(),
-        ),
-        (annotations::MACHINE, machine.name_any()),
-    ]);
-    let current = node.annotations();
-    if wanted.iter().all(|(k, v)| current.get(*k) == Some(v)) {
-        return Ok(());
-    }
-    let api: Api<Node> = Api::all(ctx.client.clone());
-    let node_name = node.name_any();
-    api.patch(
-        &node_name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"annotations": wanted}})),
-    )
-    .await
-    .map_err(kube_err(format!("annotating Node {node_name}")))?;
-    ctx.event(
-        machine,
-        EventType::Normal,
-        reasons::NODE_ANNOTATED,
-        format!(
-            "annotated Node {node_name} with {} version {}",
-            configuration.name, configuration.version
-        ),
-    )
-    .await;
-    Ok(())
-}
-
-/// Applies the controller's status fields (server-side apply, field manager
-/// `unbounded-controller`) when they differ from what is recorded; waits instead when this
-/// copy of the Machine is one an earlier write replaced ([`crate::status_writes`]).
-#[allow(clippy::too_many_arguments)] // one per status field the controller owns
-async fn write_status(
-    machine: &Machine,
-    current: &unbounded_api::MachineStatus,
-    configuration: &Option<ResolvedConfiguration>,
-    node_ref: &Option<unbounded_api::NodeRef>,
-    kubelet_version: Option<&str>,
-    phase: MachinePhase,
-    plans: &[&ConditionPlan],
-    ctx: &Context,
-) -> Result<(), Error> {
-    let generation = machine.metadata.generation;
-    let mut merged = current.conditions.clone();
-    let mut ours = Vec::with_capacity(plans.len());
-    for plan in plans {
-        let new = condition::new_condition(
-            plan.type_,
-            plan.status,
-            plan.reason,
-            plan.message.clone(),
-            generation,
-        );
-        condition::set(&mut merged, new);
-        if let Some(c) = condition::find(&merged, plan.type_) {
-            ours.push(c.clone());
-        }
-    }
-    let unchanged = current.phase == Some(phase)
-        && &current.configuration == configuration
-        && &current.node_ref == node_ref
-        && current.kubelet_version.as_deref() == kubelet_version
-        && current.observed_generation == generation
-        && ours.iter().all(|c| {
-            condition::find(&current.conditions, &c.type_)
-                .is_some_and(|old| condition::same_meaning(old, c))
-        });
-    if unchanged {
-        return Ok(());
-    }
-    let name = machine.name_any();
-    let read_at = machine.resource_version().unwrap_or_default();
-    if ctx
-        .expectations
-        .read()
-        .machine_statuses
-        .is_superseded(&name, &read_at, Instant::now())
-    {
-        // What the API server would answer (409) without the request ([`crate::status_writes`]).
-        return Err(Error::Waiting(format!(
-            "Machine {name}: status already written over this copy"
-        )));
-    }
-    tracing::debug!(machine = %name, read_at = %read_at, "writing status");
-    let mut status = serde_json::Map::new();
-    status.insert("phase".into(), json!(phase.as_str()));
-    status.insert("conditions".into(), json!(ours));
-    if let Some(c) = configuration {
-        status.insert("configuration".into(), json!(c));
-    }
-    if let Some(n) = node_ref {
-        status.insert("nodeRef".into(), json!(n));
-    }
-    if let Some(v) = kubelet_version {
-        status.insert("kubeletVersion".into(), json!(v));
-    }
-    if let Some(g) = generation {
-        status.insert("observedGeneration".into(), json!(g));
-    }
-    // Written only over the Machine as read: a reconcile working from a stale copy must not
-    // overwrite what a newer one recorded (the version is sticky).
-    let body = json!({
-        "apiVersion": Machine::api_version(&()),
-        "kind": Machine::kind(&()),
-        "metadata": {"resourceVersion": machine.resource_version()},
-        "status": status,
-    });
-    let api: Api<Machine> = Api::all(ctx.client.clone());
-    match api
-        .patch_status(
-            &name,
-            &PatchParams::apply(field_managers::CONTROLLER).force(),
-            &Patch::Apply(body),
-        )
-        .await
-    {
-        Ok(_) => {
-            ctx.expectations.write().machine_statuses.wrote_over(
-                &name,
-                &[&read_at],
-                Instant::now(),
-            );
-            Ok(())
-        }
-        Err(kube::Error::Api(s)) if s.code == 409 => {
-            Err(Error::Waiting(format!("Machine {name} changed meanwhile")))
-        }
-        Err(e) => Err(kube_err(format!("writing the status of Machine {name}"))(e)),
-    }
-}
-
-/// The `Discovered` condition this Machine's every status write carries
-/// ([`crate::lifecycle::discovered_condition`] says why also while it is deleted).
-fn discovered_plan(
-    machine: &Machine,
-    status: &unbounded_api::MachineStatus,
-) -> Option<crate::lifecycle::ConditionPlan> {
-    let has_condition = condition::find(&status.conditions, conditions::DISCOVERED).is_some();
-    crate::lifecycle::discovered_condition(machine.labels(), has_condition)
 }
 
 /// Deletion: drain and delete the Node, then wait until every provider has released the
@@ -491,12 +200,7 @@ async fn cleanup(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
     let discovered = discovered_plan(machine, &status);
     write_status(
         machine,
-        &status,
-        &status.configuration,
-        &status.node_ref,
-        status.kubelet_version.as_deref(),
-        MachinePhase::Deleting,
-        &discovered.iter().collect::<Vec<_>>(),
+        StatusPlan::deleting(&status, discovered.iter().collect()),
         ctx,
     )
     .await?;
@@ -583,71 +287,4 @@ async fn cleanup(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
         release_disks(machine, &status, ctx).await?;
     }
     Ok(Action::await_change())
-}
-
-/// What the configuration version the Machine's disks may hold says about release (the
-/// agent's paved version, else the resolved one), read from the controller's cache.
-pub(crate) fn configured_for(machine: &Machine, ctx: &Context) -> Configured {
-    match wiping_version(machine) {
-        None => Configured::NoConfiguration,
-        Some(resolved) => {
-            let name = resolved.version_name();
-            match ctx.versions.get(&ObjectRef::new(&name)) {
-                Some(v) => Configured::from_storage(v.spec.template.storage.as_ref()),
-                None => Configured::Unreadable(format!("{name} does not exist")),
-            }
-        }
-    }
-}
-
-/// For a `manual` Machine being deleted, its Node gone: `Ok` once its disks are wiped as
-/// its configuration says (or need no wipe, or a person said to skip it); otherwise it
-/// waits, or is held after a failure or the timeout, with the `DisksWiped` condition.
-async fn release_disks(
-    machine: &Machine,
-    status: &unbounded_api::MachineStatus,
-    ctx: &Context,
-) -> Result<(), Error> {
-    let step = decide_release(&facts_of(
-        machine,
-        configured_for(machine, ctx),
-        condition::now(),
-        WipeTimeouts::default(),
-    ));
-    let plan = ConditionPlan {
-        type_: conditions::DISKS_WIPED,
-        status: step.condition_status(),
-        reason: step.reason(),
-        message: step.message().to_owned(),
-    };
-    let current = condition::find(&status.conditions, conditions::DISKS_WIPED);
-    // A Machine that never waited lets go without a write (most have no storage).
-    if current.is_none() && matches!(step, ReleaseStep::PowerOff { .. }) {
-        return Ok(());
-    }
-    let changed = current.is_none_or(|c| c.reason != plan.reason || c.message != plan.message);
-    if changed && let ReleaseStep::Hold { reason, message } = &step {
-        ctx.event(machine, EventType::Warning, reason, message.clone())
-            .await;
-    }
-    let discovered = discovered_plan(machine, status);
-    write_status(
-        machine,
-        status,
-        &status.configuration,
-        &status.node_ref,
-        status.kubelet_version.as_deref(),
-        MachinePhase::Deleting,
-        &std::iter::once(&plan)
-            .chain(discovered.as_ref())
-            .collect::<Vec<_>>(),
-        ctx,
-    )
-    .await?;
-    match step {
-        ReleaseStep::PowerOff { .. } => Ok(()),
-        ReleaseStep::Wait { message } | ReleaseStep::Hold { message, .. } => {
-            Err(Error::Waiting(message))
-        }
-    }
 }

@@ -2,15 +2,13 @@
 //! server-side apply when it changed.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::api::{Api, Patch, PatchParams};
-use kube::{Resource, ResourceExt};
-use serde_json::json;
+use kube::ResourceExt;
 use unbounded_api::condition;
-use unbounded_api::well_known::{conditions, field_managers, labels, reasons};
+use unbounded_api::well_known::{conditions, labels, reasons};
 use unbounded_api::{MachinePool, MachinePoolStatus};
 
 use super::plan::{HealthState, PoolPlan};
-use crate::error::{Error, kube_err};
+use crate::error::Error;
 use crate::rollout::{RolloutState, some_names};
 
 /// The counts of a pool's Machines (those not being removed).
@@ -228,23 +226,9 @@ pub async fn write(
     if unchanged {
         return Ok(());
     }
-    let body = json!({
-        "apiVersion": MachinePool::api_version(&()),
-        "kind": MachinePool::kind(&()),
-        "status": wanted,
-    });
-    let api: Api<MachinePool> = Api::all(client.clone());
-    let name = pool.name_any();
-    api.patch_status(
-        &name,
-        &PatchParams::apply(field_managers::CONTROLLER).force(),
-        &Patch::Apply(body),
-    )
-    .await
-    .map_err(kube_err(format!(
-        "writing the status of MachinePool {name}"
-    )))?;
-    Ok(())
+    crate::status_apply::apply::<MachinePool, _>(client, &pool.name_any(), None, &wanted)
+        .await
+        .map(drop)
 }
 
 #[cfg(test)]
