@@ -145,13 +145,7 @@ fn signed_token(
     uid: &str,
     exp: i64,
 ) -> String {
-    let pki = cp.data_dir().join("pki");
-    let der = std::process::Command::new("openssl")
-        .args(["pkcs8", "-topk8", "-nocrypt", "-outform", "DER", "-in"])
-        .arg(pki.join("sa.key"))
-        .output()
-        .unwrap()
-        .stdout;
+    let der = unbounded_testbed::cluster::pkcs8_der(&cp.data_dir().join("pki/sa.key")).unwrap();
     let rng = ring::rand::SystemRandom::new();
     let key = ring::signature::EcdsaKeyPair::from_pkcs8(
         &ring::signature::ECDSA_P256_SHA256_FIXED_SIGNING,

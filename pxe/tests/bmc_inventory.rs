@@ -18,7 +18,6 @@
 //!   is recorded and the read is not repeated.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -32,6 +31,7 @@ use unbounded_pxe::provider::{PowerSettings, PxeProvider};
 use unbounded_testbed::bmc::fru::FruIdentity;
 use unbounded_testbed::bmc::{IpmiSim, SushyEmulator};
 use unbounded_testbed::cluster::LocalControlPlane;
+use unbounded_testbed::testkit::wait_for_slow;
 
 const SYSTEM_A: &str = "5b000000-0000-4000-8000-00000000b001";
 const SYSTEM_B: &str = "5b000000-0000-4000-8000-00000000b002";
@@ -117,16 +117,6 @@ spec:
     )
 }
 
-/// [`unbounded_testbed::testkit::wait_for_within`] 90 s: a Redfish read of a busy BMC
-/// emulator can take a while.
-async fn wait_for<T, F, Fut>(what: &str, check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    unbounded_testbed::testkit::wait_for_within(what, Duration::from_secs(90), check).await
-}
-
 fn redfish_read(spec: &MachineInventorySpec) -> Option<InventoryRead> {
     spec.read_of(FactSource::Redfish).cloned()
 }
@@ -197,7 +187,7 @@ async fn redfish_describes_machines_without_clobbering_in_band_facts_and_reads_a
     tokio::spawn(unbounded_pxe::inspection::run(client.clone(), provider));
 
     // ri-a: everything from Redfish, as sushy renders the libvirt domain and its drives.
-    let a = wait_for("ri-a's Redfish read", || async {
+    let a = wait_for_slow("ri-a's Redfish read", || async {
         let i = inventories.get_opt("ri-a").await.unwrap()?;
         redfish_read(&i.spec).is_some().then_some(i)
     })
@@ -232,7 +222,7 @@ async fn redfish_describes_machines_without_clobbering_in_band_facts_and_reads_a
         "owned by its Machine"
     );
     // The hardware labels follow, so a pool can claim a machine that never booted.
-    let labels = wait_for("ri-a's hardware labels", || async {
+    let labels = wait_for_slow("ri-a's hardware labels", || async {
         let m = machines.get("ri-a").await.unwrap();
         let labels = m.metadata.labels.clone().unwrap_or_default();
         labels
@@ -251,7 +241,7 @@ async fn redfish_describes_machines_without_clobbering_in_band_facts_and_reads_a
 
     // ri-b: Redfish replaces the in-band system section; the firmware section it does not
     // read stays in band.
-    let b = wait_for("ri-b's Redfish read", || async {
+    let b = wait_for_slow("ri-b's Redfish read", || async {
         let i = inventories.get_opt("ri-b").await.unwrap()?;
         redfish_read(&i.spec).is_some().then_some(i)
     })
@@ -332,7 +322,7 @@ async fn redfish_describes_machines_without_clobbering_in_band_facts_and_reads_a
         )
         .await
         .unwrap();
-    let again = wait_for("ri-a's second read", || async {
+    let again = wait_for_slow("ri-a's second read", || async {
         let i = inventories.get("ri-a").await.unwrap();
         let read = redfish_read(&i.spec)?;
         (read.reinspection.as_deref() == Some("r1")).then_some(i)
@@ -362,14 +352,14 @@ async fn redfish_describes_machines_without_clobbering_in_band_facts_and_reads_a
         )
         .await
         .unwrap();
-    wait_for("ri-b's requested read", || async {
+    wait_for_slow("ri-b's requested read", || async {
         let i = inventories.get("ri-b").await.unwrap();
         (redfish_read(&i.spec)?.reinspection.as_deref() == Some("b1")).then_some(())
     })
     .await;
     // The BMC's read keeps the dispute (only an in-band read that agrees, or an operator,
     // settles it), and the Machine's labels now say so.
-    let disputed = wait_for("ri-b labelled disputed", || async {
+    let disputed = wait_for_slow("ri-b labelled disputed", || async {
         let m = machines.get("ri-b").await.unwrap();
         unbounded_api::inventory::labels::is_disputed(m.labels()).then_some(m)
     })
@@ -389,7 +379,7 @@ async fn redfish_describes_machines_without_clobbering_in_band_facts_and_reads_a
     );
 
     // ri-c: its IPMI BMC's FRU, identity only.
-    let c = wait_for("ri-c's FRU read", || async {
+    let c = wait_for_slow("ri-c's FRU read", || async {
         let i = inventories.get_opt("ri-c").await.unwrap()?;
         i.spec.read_of(FactSource::IpmiFru).is_some().then_some(i)
     })
@@ -421,7 +411,7 @@ async fn redfish_describes_machines_without_clobbering_in_band_facts_and_reads_a
         c.spec.cpu.is_none() && c.spec.disks.is_none(),
         "FRU tells identity only"
     );
-    let labels = wait_for("ri-c's vendor label", || async {
+    let labels = wait_for_slow("ri-c's vendor label", || async {
         let m = machines.get("ri-c").await.unwrap();
         let labels = m.metadata.labels.clone().unwrap_or_default();
         labels

@@ -5,6 +5,7 @@
 //! call is) is refused by the leader's [`Term`] before the follower starts; a leader that
 //! releases the Lease hands over at once.
 
+use std::future::ready;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -13,7 +14,7 @@ use kube::Api;
 use unbounded_runtime::leader::{ElectionConfig, Elector, Term, Timing, lead_repeatedly};
 use unbounded_testbed::cluster::{LocalControlPlane, client_from_kubeconfig};
 use unbounded_testbed::stall::StallableForward;
-use unbounded_testbed::testkit::{CapturedLog, wait_until};
+use unbounded_testbed::testkit::{CapturedLog, TIMEOUT, wait_until};
 
 fn timing() -> Timing {
     Timing::new(
@@ -107,16 +108,6 @@ impl Activity {
     }
 }
 
-/// Waits until `check` is true (what the replicas did is in memory: no await needed).
-async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
-    wait_until(
-        what,
-        Duration::from_secs(60),
-        || std::future::ready(check()),
-    )
-    .await;
-}
-
 /// This process's log, kept in memory, so that a test can wait for what a replica said.
 fn captured_log() -> &'static CapturedLog {
     CapturedLog::install("unbounded_runtime=debug")
@@ -155,8 +146,8 @@ async fn a_stalled_leader_stops_before_the_follower_starts_and_campaigns_again()
         tokio::spawn(
             async move { lead_repeatedly(&mut a, |term| work_a.work("rt-a", term)).await },
         );
-    wait_for("rt-a to lead", || {
-        activity.when("rt-a", "started", 0).is_some()
+    wait_until("rt-a to lead", TIMEOUT, || {
+        ready(activity.when("rt-a", "started", 0).is_some())
     })
     .await;
     let mut b = Elector::new(client.clone(), config(lease, "rt-b"));
@@ -169,8 +160,8 @@ async fn a_stalled_leader_stops_before_the_follower_starts_and_campaigns_again()
     // rt-a's route stalls: it stops (its work dropped) before rt-b starts.
     let stalled = Instant::now();
     proxy.stall();
-    wait_for("rt-b to lead", || {
-        activity.when("rt-b", "started", 0).is_some()
+    wait_until("rt-b to lead", TIMEOUT, || {
+        ready(activity.when("rt-b", "started", 0).is_some())
     })
     .await;
     let a_stopped = activity.when("rt-a", "stopped", 0).expect("rt-a stopped");
@@ -207,8 +198,8 @@ async fn a_stalled_leader_stops_before_the_follower_starts_and_campaigns_again()
     // The route back: rt-a campaigns again but rt-b renews. rt-b then dies without a word
     // (its task aborted, no release): rt-a leads again once the lease has expired for it.
     proxy.resume();
-    wait_for("rt-a to see rt-b's lease", || {
-        log.text().contains("following: the lease is held by rt-b")
+    wait_until("rt-a to see rt-b's lease", TIMEOUT, || {
+        ready(log.text().contains("following: the lease is held by rt-b"))
     })
     .await;
     assert!(
@@ -216,8 +207,8 @@ async fn a_stalled_leader_stops_before_the_follower_starts_and_campaigns_again()
         "rt-a took a held lease"
     );
     replica_b.abort();
-    wait_for("rt-a to lead again", || {
-        activity.when("rt-a", "started", 1).is_some()
+    wait_until("rt-a to lead again", TIMEOUT, || {
+        ready(activity.when("rt-a", "started", 1).is_some())
     })
     .await;
     let b_stopped = activity.when("rt-b", "stopped", 0).expect("rt-b stopped");

@@ -1,7 +1,8 @@
 //! What every crate's tests share, so that no crate keeps a copy: waiting for a condition,
-//! `kubectl` against the local control plane, a Node played by the test, and the process's
-//! log kept in memory. (The control plane itself is [`crate::cluster::LocalControlPlane`],
-//! its PKI [`crate::cluster`]'s.) A panic is a test's failure report here, as in the tests.
+//! `kubectl` against the local control plane, a Node played by the test (registered, made
+//! Ready or not), and the process's log kept in memory. (The control plane itself is
+//! [`crate::cluster::LocalControlPlane`], its PKI [`crate::cluster`]'s.) A panic is a test's
+//! failure report here, as in the tests.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -45,6 +46,19 @@ where
     }
 }
 
+/// How long [`wait_for_slow`] waits.
+pub const SLOW_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// [`wait_for`] for what takes longer than a watch's event: a BMC emulator's read, a run of
+/// the kubectl plugin; fails after [`SLOW_TIMEOUT`].
+pub async fn wait_for_slow<T, F, Fut>(what: &str, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    wait_for_within(what, SLOW_TIMEOUT, check).await
+}
+
 /// Runs kubectl against `cp` with `args` (and `stdin`); whether it succeeded, and what it
 /// printed (standard output, then standard error).
 pub fn kubectl(cp: &LocalControlPlane, args: &[&str], stdin: Option<&str>) -> (bool, String) {
@@ -69,20 +83,56 @@ pub fn kubectl_ok(cp: &LocalControlPlane, args: &[&str], stdin: Option<&str>) ->
 /// Plays the kubelet: registers a Node, Ready or not.
 pub async fn create_node(client: &Client, name: &str, ready: bool) -> Node {
     let api: Api<Node> = Api::all(client.clone());
-    let node: Node = serde_json::from_value(
-        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}),
-    )
-    .unwrap();
-    api.create(&PostParams::default(), &node)
+    api.create(&PostParams::default(), &unregistered(name))
         .await
         .expect("create node");
+    patch_ready(client, name, ready, "2026-01-01T00:00:00Z")
+        .await
+        .expect("node status")
+}
+
+/// Plays a kubelet that comes up again: registers a Ready Node unless it exists (a test's
+/// stand-in kubelet that may race its own earlier registration).
+pub async fn create_node_unless_exists(client: &Client, name: &str) -> Result<(), kube::Error> {
+    let api: Api<Node> = Api::all(client.clone());
+    match api
+        .create(&PostParams::default(), &unregistered(name))
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => return Ok(()),
+        Err(e) => return Err(e),
+    }
+    set_node_ready(client, name, true).await
+}
+
+/// Sets a Node's Ready condition, as its kubelet would (its heartbeat now).
+pub async fn set_node_ready(client: &Client, name: &str, ready: bool) -> Result<(), kube::Error> {
+    let now = k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    patch_ready(client, name, ready, &now).await.map(drop)
+}
+
+fn unregistered(name: &str) -> Node {
+    serde_json::from_value(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}))
+        .unwrap()
+}
+
+/// The Node's Ready condition, its heartbeat and transition at `at` (RFC 3339).
+async fn patch_ready(
+    client: &Client,
+    name: &str,
+    ready: bool,
+    at: &str,
+) -> Result<Node, kube::Error> {
+    let api: Api<Node> = Api::all(client.clone());
     let status = if ready { "True" } else { "False" };
     let patch = json!({"status": {"conditions": [{
         "type": "Ready", "status": status, "reason": "KubeletReady", "message": "simulated",
-        "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+        "lastHeartbeatTime": at, "lastTransitionTime": at}]}});
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
         .await
-        .expect("node status")
 }
 
 /// This process's log, kept in memory (tracing's global subscriber, every thread's events),

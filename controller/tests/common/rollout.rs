@@ -13,6 +13,7 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use unbounded_api::Machine;
 use unbounded_api::well_known::annotations;
+use unbounded_testbed::testkit::{create_node_unless_exists, set_node_ready};
 
 use super::*;
 
@@ -229,7 +230,7 @@ impl StandInKubelet {
                         }
                         // A Node registered anew has a healthy kubelet.
                         d2.lock().unwrap().remove(name);
-                        let _ = create_node_quietly(&client, name).await;
+                        let _ = create_node_unless_exists(&client, name).await;
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -258,36 +259,6 @@ impl Drop for StandInKubelet {
     fn drop(&mut self) {
         self.task.abort();
     }
-}
-
-/// Registers a Ready Node unless it exists.
-pub async fn create_node_quietly(client: &Client, name: &str) -> Result<(), kube::Error> {
-    let api: Api<Node> = Api::all(client.clone());
-    let node: Node = serde_json::from_value(
-        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}),
-    )
-    .unwrap();
-    match api.create(&PostParams::default(), &node).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 409 => return Ok(()),
-        Err(e) => return Err(e),
-    }
-    set_node_ready(client, name, true).await
-}
-
-/// Sets a Node's Ready condition, as its kubelet would.
-pub async fn set_node_ready(client: &Client, name: &str, ready: bool) -> Result<(), kube::Error> {
-    let api: Api<Node> = Api::all(client.clone());
-    let status = if ready { "True" } else { "False" };
-    let now = k8s_openapi::jiff::Timestamp::now()
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string();
-    let patch = json!({"status": {"conditions": [{
-        "type": "Ready", "status": status, "reason": "KubeletReady", "message": "simulated",
-        "lastHeartbeatTime": now, "lastTransitionTime": now}]}});
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-        .map(|_| ())
 }
 
 /// Waits until every Machine of `names` records `configuration` version `version` and is

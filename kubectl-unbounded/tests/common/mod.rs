@@ -14,20 +14,14 @@ use unbounded_api::well_known::labels;
 use unbounded_api::{Machine, MachineConfiguration, MachineOperation};
 use unbounded_testbed::cluster::LocalControlPlane;
 
-pub const TIMEOUT: Duration = Duration::from_secs(90);
+pub const TIMEOUT: Duration = unbounded_testbed::testkit::SLOW_TIMEOUT;
 
 // Not every test binary uses it.
 #[allow(unused_imports)]
 pub use unbounded_testbed::testkit::create_node;
-
-/// Polls `check` until it returns Some, or panics after [`TIMEOUT`] with `what`.
-pub async fn wait_for<T, F, Fut>(what: &str, check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    unbounded_testbed::testkit::wait_for_within(what, TIMEOUT, check).await
-}
+/// Polls `check` until it returns Some, or panics after [`TIMEOUT`] with `what`: the
+/// testkit's wait for slow things (a run of the plugin), under the name the tests use.
+pub use unbounded_testbed::testkit::wait_for_slow as wait_for;
 
 pub fn control_plane() -> &'static LocalControlPlane {
     LocalControlPlane::shared().expect("local control plane")

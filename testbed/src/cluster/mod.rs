@@ -427,7 +427,7 @@ mod binaries;
 mod boot;
 mod detached;
 mod pki;
-pub use pki::{ServerPki, ca_and_server, self_signed_server};
+pub use pki::{ServerPki, ca_and_server, pkcs8_der, self_signed_server};
 
 pub use binaries::{Binaries, find_program, kubelet_of};
 use boot::new_data_dir;

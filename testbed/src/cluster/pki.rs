@@ -8,6 +8,11 @@ use std::process::{Command, Stdio};
 use super::{ClusterError, io_err};
 
 fn run_openssl(args: &[&str], dir: &Path) -> Result<(), ClusterError> {
+    openssl_output(args, dir).map(drop)
+}
+
+/// What openssl printed on standard output.
+fn openssl_output(args: &[&str], dir: &Path) -> Result<Vec<u8>, ClusterError> {
     let output = Command::new("openssl")
         .args(args)
         .current_dir(dir)
@@ -15,13 +20,26 @@ fn run_openssl(args: &[&str], dir: &Path) -> Result<(), ClusterError> {
         .output()
         .map_err(io_err("running openssl"))?;
     if output.status.success() {
-        Ok(())
+        Ok(output.stdout)
     } else {
         Err(ClusterError::Command {
             what: format!("openssl {}", args.first().copied().unwrap_or_default()),
             output: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
         })
     }
+}
+
+/// The PEM private key at `key` in PKCS#8 DER (what `ring` loads), for a test that signs as
+/// the key's owner: a ServiceAccount token signed with the control plane's `pki/sa.key`.
+pub fn pkcs8_der(key: &Path) -> Result<Vec<u8>, ClusterError> {
+    let path = key.to_string_lossy();
+    let dir = key.parent().unwrap_or(Path::new("."));
+    openssl_output(
+        &[
+            "pkcs8", "-topk8", "-nocrypt", "-outform", "DER", "-in", &path,
+        ],
+        dir,
+    )
 }
 
 /// A self-signed P-256 certificate for a server at `ip` (`tls.crt`) and its key (`tls.key`)
