@@ -2,7 +2,7 @@
 //! its field manager (`unbounded-controller`, forced), on the status subresource, over the
 //! copy of the object the status was decided from. Machines, MachineConfigurations,
 //! MachineOperations and MachinePools are written through it; for Machines and
-//! MachineConfigurations [`apply_over_copy`] also keeps the record of copies a write
+//! MachineConfigurations `apply_over_copy` also keeps the record of copies a write
 //! replaced ([`crate::status_writes`]).
 //!
 //! A typed status is what the controller owns of the object's status, every field of it:

@@ -18,7 +18,7 @@
 //! # Validation
 //!
 //! The same limits twice: in the CRD schema (`maxLength`, `maxItems`, so the API server
-//! refuses an oversized object whoever writes it) and in [`validate`], a pure function the
+//! refuses an oversized object whoever writes it) and in [`validate()`], a pure function the
 //! bootserver runs on an unauthenticated discovery report before it writes anything.
 //!
 //! # Where the rest lives

@@ -1,6 +1,6 @@
 //! What the Machine reconciler records in a Machine's status: the fields it owns, decided
 //! ([`StatusPlan`]), merged with what is recorded ([`owned_status`]), and applied when they
-//! differ ([`write_status`], through [`crate::status_apply`]).
+//! differ (`write_status`, through [`crate::status_apply`]).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
