@@ -18,6 +18,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::appliance::{CONTROLLER_LEASE, SYSTEM_NAMESPACE};
+use crate::failure::Failure;
 use crate::lab::LabError;
 use crate::pool_scenario::ready_nodes;
 use crate::scenario::{Lab, get, operation, step, wait_complete, wait_until};
@@ -378,7 +379,7 @@ fn active_leases(bootserver_url: &str) -> Result<u64, LabError> {
         .env("NO_PROXY", host)
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| step(format!("curl: {e}")))?;
+        .map_err(|e| Failure::new("curl", e))?;
     if !output.status.success() {
         return Err(step(format!(
             "the bootserver's metrics at {bootserver_url}/metrics did not answer"
@@ -433,7 +434,7 @@ pub fn bootserver_restart(
     // The same files, a new build: what an upgrade looks like to the Deployment.
     let build = seconds_since_epoch();
     let new_tag = format!("{}-build{build}", image.layout_tag);
-    let dir = tempfile::tempdir().map_err(|e| step(e.to_string()))?;
+    let dir = tempfile::tempdir().map_err(Failure::of)?;
     let layout = dir.path().join("layout");
     crate::registry::relabelled_layout(
         &image.layout,

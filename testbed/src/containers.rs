@@ -31,6 +31,7 @@ use unbounded_api::boot_images::{
     content_version,
 };
 
+use crate::failure::Failure;
 use crate::oci::{self, ImageSpec, Layer, LayerCompression, LayerFile, WrittenImage};
 use crate::sbom::{self, Package, Sbom};
 
@@ -57,6 +58,9 @@ pub enum ContainerError {
     /// An input could not be read, or is not what it must be.
     #[error("{0}")]
     Input(String),
+    /// An input could not be read or checked, on another error, which it keeps.
+    #[error(transparent)]
+    Failed(#[from] Failure),
     /// Writing the image failed.
     #[error(transparent)]
     Oci(#[from] oci::OciError),
@@ -166,8 +170,7 @@ impl Contents {
     /// Reads a recipe output directory.
     pub fn read(dir: &Path) -> Result<Self, ContainerError> {
         let path = dir.join("contents.txt");
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| ContainerError::Input(format!("{}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(&path).map_err(|e| Failure::new(path.display(), e))?;
         let lines = parse_contents(&text)
             .map_err(|e| ContainerError::Input(format!("{}: {e}", path.display())))?;
         Ok(Self {
@@ -214,8 +217,7 @@ impl Contents {
             &source,
             Self::origin_keys(line),
             &format!("from {}", line.origin.as_deref().unwrap_or("?")),
-        )
-        .map_err(ContainerError::Input)?;
+        )?;
         if line.sha256.as_deref() != Some(file.sha256.as_str()) {
             return Err(ContainerError::Input(format!(
                 "{}: sha256 {}, contents.txt says {:?}",
@@ -291,8 +293,7 @@ impl RustBinary {
             &self.path,
             vec![self.key()],
             "cargo build --release (static, glibc crt-static) of this workspace",
-        )
-        .map_err(ContainerError::Input)?;
+        )?;
         Ok((LayerFile::copy(path, &self.path, 0o755), file))
     }
 }
@@ -450,10 +451,9 @@ pub fn boot_images_image(
     let mut set_layer = Vec::new();
     for (name, role, source, package, origin) in parts {
         let path = format!("{BOOT_IMAGES_DIR}/{name}");
-        let file = sbom::File::of_path(&path, source, vec![package.into()], origin)
-            .map_err(ContainerError::Input)?;
+        let file = sbom::File::of_path(&path, source, vec![package.into()], origin)?;
         let size = std::fs::metadata(source)
-            .map_err(|e| ContainerError::Input(format!("{}: {e}", source.display())))?
+            .map_err(|e| Failure::new(source.display(), e))?
             .len();
         entries.push(BootImageFile {
             name: name.into(),
@@ -470,9 +470,7 @@ pub fn boot_images_image(
         // The node image's kubelet: the testbed's release (images/node/build.sh).
         kubernetes_version: Some(crate::cluster::KUBERNETES_VERSION.to_owned()),
     };
-    manifest
-        .validate()
-        .map_err(|e| ContainerError::Input(e.to_string()))?;
+    manifest.validate().map_err(Failure::of)?;
     let manifest_path = format!("{BOOT_IMAGES_DIR}/{MANIFEST_FILE}");
     let manifest_bytes = manifest.to_json();
     sbom_files.push(sbom::File::of_bytes(
@@ -563,8 +561,7 @@ pub fn boot_images_image(
 pub fn write(assembled: &Assembled, out_dir: &Path) -> Result<WrittenImage, ContainerError> {
     let written = oci::write_image(&assembled.spec, out_dir)?;
     let path = out_dir.join("sbom.spdx.json");
-    std::fs::write(&path, &assembled.sbom)
-        .map_err(|e| ContainerError::Input(format!("{}: {e}", path.display())))?;
+    std::fs::write(&path, &assembled.sbom).map_err(|e| Failure::new(path.display(), e))?;
     Ok(written)
 }
 

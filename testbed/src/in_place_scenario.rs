@@ -17,6 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
+use crate::failure::Failure;
 use crate::lab::base::LabError;
 use crate::scenario::{
     Lab, get, operation, patch_configuration, pin, step, wait_complete, wait_until,
@@ -33,9 +34,11 @@ fn files_with(current: &str, content: Option<&str>) -> Result<Value, LabError> {
         Vec::new()
     } else {
         serde_json::from_str(current).map_err(|e| {
-            step(format!(
-                "the configuration's files are not JSON ({e}): {current}"
-            ))
+            Failure::around(
+                "the configuration's files are not JSON (",
+                e,
+                format!("): {current}"),
+            )
         })?
     };
     files.retain(|f| f.get("path").and_then(Value::as_str) != Some(FILE));

@@ -17,6 +17,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::cluster::KUBERNETES_VERSION;
+use crate::failure::Failure;
 use crate::images::{self, NodeImage};
 use crate::lab::base::LabError;
 use crate::scenario::{Lab, get, latest_version, patch_configuration, pin, step, wait_new_version};
@@ -37,14 +38,14 @@ pub struct KubeletFigures {
 /// `kubelet-<version>/node.tar.zst`; returns its URL (relative: the agent resolves it
 /// against its bootserver) and the image.
 fn serve_other_image(images_dir: &Path) -> Result<(String, NodeImage), LabError> {
-    let node = images::node_image_for(OTHER_VERSION).map_err(|e| step(e.to_string()))?;
+    let node = images::node_image_for(OTHER_VERSION).map_err(Failure::of)?;
     let dir_name = format!("kubelet-{OTHER_VERSION}");
     let dir = images_dir.join(&dir_name);
-    std::fs::create_dir_all(&dir).map_err(|e| step(format!("{}: {e}", dir.display())))?;
+    std::fs::create_dir_all(&dir).map_err(|e| Failure::new(dir.display(), e))?;
     let link = dir.join("node.tar.zst");
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink(&node.archive, &link)
-        .map_err(|e| step(format!("{}: {e}", link.display())))?;
+        .map_err(|e| Failure::new(link.display(), e))?;
     Ok((format!("{dir_name}/node.tar.zst"), node))
 }
 

@@ -13,6 +13,7 @@ pub mod cluster;
 pub mod containers;
 pub mod discovery_scenario;
 pub mod disk_scenario;
+pub mod failure;
 pub mod images;
 pub mod in_place_scenario;
 pub mod kubelet_scenario;

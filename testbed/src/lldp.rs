@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 pub enum LldpError {
     /// Its directory, configuration or process could not be made.
     #[error("lldpd: {0}")]
-    Start(String),
+    Start(#[source] std::io::Error),
 }
 
 /// `lldpd` announcing on one interface; killed on drop.
@@ -29,7 +29,7 @@ impl Lldpd {
         system_name: &str,
         port_description: Option<&str>,
     ) -> Result<Self, LldpError> {
-        let fail = |e: std::io::Error| LldpError::Start(e.to_string());
+        let fail = LldpError::Start;
         let dir = tempfile::tempdir().map_err(fail)?;
         // lldpd's configuration runs through lldpcli as lldpd's own unprivileged user: it
         // must reach the control socket in this directory.

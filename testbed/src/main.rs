@@ -13,6 +13,7 @@ use cli::lab::{UpOptions, down, serve, up};
 use cli::scenario::run_scenario;
 use unbounded_testbed::bench::{self};
 use unbounded_testbed::cluster::ClusterError;
+use unbounded_testbed::failure::Failure;
 use unbounded_testbed::lab::{LabError, LabMode, LabOptions};
 use unbounded_testbed::{images, setup};
 
@@ -285,4 +286,6 @@ pub(crate) enum CliError {
     Lab(#[from] LabError),
     #[error("{0}")]
     Other(String),
+    #[error(transparent)]
+    Failed(#[from] Failure),
 }

@@ -16,8 +16,17 @@ pub enum NetnsError {
     Command {
         /// The command line.
         command: String,
-        /// Its stderr, or why it could not run.
+        /// Its stderr, or what is wrong.
         message: String,
+    },
+    /// A command or call could not run.
+    #[error("{command}: {source}")]
+    NotRun {
+        /// The command line, or what was being done.
+        command: String,
+        /// What the kernel said.
+        #[source]
+        source: std::io::Error,
     },
 }
 
@@ -26,9 +35,9 @@ fn run(args: &[&str]) -> Result<Output, NetnsError> {
         .args(&args[1..])
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| NetnsError::Command {
+        .map_err(|source| NetnsError::NotRun {
             command: args.join(" "),
-            message: e.to_string(),
+            source,
         })?;
     if !output.status.success() {
         return Err(NetnsError::Command {
@@ -116,11 +125,11 @@ impl Netns {
     ) -> Result<std::thread::JoinHandle<Result<T, NetnsError>>, NetnsError> {
         let name = self.name.clone();
         let path = format!("/run/netns/{name}");
-        let failed = move |message: String| NetnsError::Command {
+        let failed = move |source: std::io::Error| NetnsError::NotRun {
             command: format!("setns /run/netns/{name}"),
-            message,
+            source,
         };
-        let file = std::fs::File::open(&path).map_err(|e| failed(e.to_string()))?;
+        let file = std::fs::File::open(&path).map_err(failed.clone())?;
         std::thread::Builder::new()
             .name(format!("in-{}", self.name))
             .spawn(move || {
@@ -128,12 +137,12 @@ impl Netns {
                     std::os::fd::AsFd::as_fd(&file),
                     Some(rustix::thread::LinkNameSpaceType::Network),
                 )
-                .map_err(|e| failed(e.to_string()))?;
+                .map_err(|e| failed(e.into()))?;
                 Ok(work())
             })
-            .map_err(|e| NetnsError::Command {
+            .map_err(|source| NetnsError::NotRun {
                 command: "spawning a thread".into(),
-                message: e.to_string(),
+                source,
             })
     }
 
@@ -251,9 +260,9 @@ impl LoopbackForward {
     /// Forwards `<bind>:<port>` inside `ns` (an address of the namespace, such as a
     /// bridge's that VMs reach) to `target` outside.
     pub fn bound(ns: &Netns, bind: &str, port: u16, target: &str) -> Result<Self, NetnsError> {
-        let dir = tempfile::tempdir().map_err(|e| NetnsError::Command {
+        let dir = tempfile::tempdir().map_err(|source| NetnsError::NotRun {
             command: "tempdir".into(),
-            message: e.to_string(),
+            source,
         })?;
         let socket = dir.path().join("forward.sock");
         // Each socat leads a process group of its own, which holds the children it forks
@@ -266,9 +275,9 @@ impl LoopbackForward {
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
-                .map_err(|e| NetnsError::Command {
+                .map_err(|source| NetnsError::NotRun {
                     command: format!("{command:?}"),
-                    message: e.to_string(),
+                    source,
                 })
         };
         let outside = spawn(

@@ -33,6 +33,9 @@ pub enum OciError {
     /// The image description is not valid.
     #[error("invalid image: {0}")]
     Invalid(String),
+    /// A JSON document of the image could not be written or read.
+    #[error("invalid image: {0}")]
+    Json(#[source] serde_json::Error),
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> OciError {
@@ -372,7 +375,7 @@ pub fn write_image(spec: &ImageSpec, out_dir: &Path) -> Result<WrittenImage, Oci
         "rootfs": {"type": "layers", "diff_ids": diff_ids},
         "history": history,
     });
-    let config_bytes = serde_json::to_vec(&config).map_err(|e| OciError::Invalid(e.to_string()))?;
+    let config_bytes = serde_json::to_vec(&config).map_err(OciError::Json)?;
     let (config_digest, config_size) = put_blob(&blobs, &config_bytes)?;
 
     let manifest = json!({
@@ -385,8 +388,7 @@ pub fn write_image(spec: &ImageSpec, out_dir: &Path) -> Result<WrittenImage, Oci
         },
         "layers": descriptors,
     });
-    let manifest_bytes =
-        serde_json::to_vec(&manifest).map_err(|e| OciError::Invalid(e.to_string()))?;
+    let manifest_bytes = serde_json::to_vec(&manifest).map_err(OciError::Json)?;
     let (manifest_digest, manifest_size) = put_blob(&blobs, &manifest_bytes)?;
 
     let manifests: Vec<serde_json::Value> = spec
@@ -414,7 +416,7 @@ pub fn write_image(spec: &ImageSpec, out_dir: &Path) -> Result<WrittenImage, Oci
     });
     fs::write(
         layout.join("index.json"),
-        serde_json::to_vec(&index).map_err(|e| OciError::Invalid(e.to_string()))?,
+        serde_json::to_vec(&index).map_err(OciError::Json)?,
     )
     .map_err(io("writing index.json"))?;
     fs::write(
@@ -491,7 +493,7 @@ fn collect_entries(
 pub fn unpack(layout: &Path, tag: &str, into: &Path) -> Result<serde_json::Value, OciError> {
     let read_json = |path: PathBuf| -> Result<serde_json::Value, OciError> {
         let bytes = fs::read(&path).map_err(io(format!("reading {}", path.display())))?;
-        serde_json::from_slice(&bytes).map_err(|e| OciError::Invalid(e.to_string()))
+        serde_json::from_slice(&bytes).map_err(OciError::Json)
     };
     let blob = |digest: &str| {
         layout

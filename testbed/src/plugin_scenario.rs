@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::failure::Failure;
 use crate::lab::base::{LAB_ADDRESS, LAB_API_PORT, LabError};
 use crate::scenario::{Lab, get, ready_on_new_boot, set_configuration_label, step, wait_until};
 
@@ -45,7 +46,7 @@ fn run(plugin: &Path, kubeconfig: &Path, args: &[&str]) -> Result<Run, LabError>
         .args(args)
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| step(format!("running {}: {e}", plugin.display())))?;
+        .map_err(|e| Failure::new(format!("running {}", plugin.display()), e))?;
     Ok(Run {
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -110,8 +111,13 @@ pub fn plugin(
 
     // status
     let r = succeed(&plugin, kubeconfig, &["status", "-o", "json"])?;
-    let json: serde_json::Value = serde_json::from_str(&r.stdout)
-        .map_err(|e| step(format!("status -o json is not JSON ({e}):\n{}", r.stdout)))?;
+    let json: serde_json::Value = serde_json::from_str(&r.stdout).map_err(|e| {
+        Failure::around(
+            "status -o json is not JSON (",
+            e,
+            format!("):\n{}", r.stdout),
+        )
+    })?;
     let mut rows = Vec::new();
     status_rows(&json, &mut rows);
     for m in &machines {
@@ -228,7 +234,7 @@ fn lab_namespace() -> Result<String, LabError> {
     let out = Command::new("ip")
         .args(["netns", "list"])
         .output()
-        .map_err(|e| step(format!("ip netns list: {e}")))?;
+        .map_err(|e| Failure::new("ip netns list", e))?;
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| l.split_whitespace().next())
@@ -257,8 +263,8 @@ fn console(
         return Ok(());
     };
     let ns = lab_namespace()?;
-    let dir = tempfile::tempdir().map_err(|e| step(e.to_string()))?;
-    let original = std::fs::read_to_string(kubeconfig).map_err(|e| step(e.to_string()))?;
+    let dir = tempfile::tempdir().map_err(Failure::of)?;
+    let original = std::fs::read_to_string(kubeconfig).map_err(Failure::of)?;
     let inside: String = original
         .lines()
         .map(|l| match l.trim_start().strip_prefix("server:") {
@@ -271,7 +277,7 @@ fn console(
         .collect::<Vec<_>>()
         .join("\n");
     let inside_path = dir.path().join("kubeconfig");
-    std::fs::write(&inside_path, inside).map_err(|e| step(e.to_string()))?;
+    std::fs::write(&inside_path, inside).map_err(Failure::of)?;
     let mut child = Command::new("ip")
         .args(["netns", "exec", &ns])
         .arg(plugin)
@@ -282,7 +288,7 @@ fn console(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| step(format!("running the console: {e}")))?;
+        .map_err(|e| Failure::new("running the console", e))?;
     let mut stdout = child.stdout.take().ok_or_else(|| step("no stdout"))?;
     let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
     std::thread::spawn(move || {

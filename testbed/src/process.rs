@@ -6,12 +6,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
+use crate::failure::Failure;
 use crate::lab::base::LabError;
 use crate::netns::Netns;
-
-fn step(message: impl Into<String>) -> LabError {
-    LabError::Step(message.into())
-}
 
 /// A child process killed (and reaped) on drop.
 #[derive(Debug)]
@@ -32,8 +29,8 @@ impl Process {
         env: &[(&str, String)],
         log: PathBuf,
     ) -> Result<Self, LabError> {
-        let file = fs::File::create(&log).map_err(|e| step(format!("{}: {e}", log.display())))?;
-        let err = file.try_clone().map_err(|e| step(e.to_string()))?;
+        let file = fs::File::create(&log).map_err(|e| Failure::new(log.display(), e))?;
+        let err = file.try_clone().map_err(Failure::of)?;
         let mut command = match ns {
             Some(ns) => ns.command("setpriv"),
             None => Command::new("setpriv"),
@@ -48,7 +45,7 @@ impl Process {
             .stderr(err);
         let child = command
             .spawn()
-            .map_err(|e| step(format!("starting {name} ({}): {e}", program.display())))?;
+            .map_err(|e| Failure::new(format!("starting {name} ({})", program.display()), e))?;
         Ok(Self { name, child, log })
     }
 

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::failure::Failure;
 use crate::netns::Netns;
 
 /// Errors of VM handling.
@@ -13,6 +14,9 @@ pub enum VmError {
     /// QEMU could not start.
     #[error("starting QEMU: {0}")]
     Start(String),
+    /// QEMU could not start, on another error, which it keeps.
+    #[error("starting QEMU: {0}")]
+    NotStarted(#[source] Failure),
     /// The marker did not appear in time.
     #[error("no {marker:?} on the serial console after {seconds} s; the console said:\n{console}")]
     Timeout {
@@ -63,7 +67,7 @@ pub struct Vm {
 impl Vm {
     /// Starts a VM in `ns` whose one NIC (`mac`) is attached to the tap device `tap`.
     pub fn start(ns: &Netns, tap: &str, mac: &str, firmware: Firmware) -> Result<Self, VmError> {
-        let dir = tempfile::tempdir().map_err(|e| VmError::Start(e.to_string()))?;
+        let dir = tempfile::tempdir().map_err(|e| VmError::NotStarted(Failure::of(e)))?;
         let serial = dir.path().join("serial.log");
         let mut command = ns.command("qemu-system-x86_64");
         command.args([
@@ -92,7 +96,7 @@ impl Vm {
             }
             Firmware::UefiPxe | Firmware::UefiHttp => {
                 let vars = dir.path().join("OVMF_VARS.fd");
-                std::fs::copy(OVMF_VARS, &vars).map_err(|e| VmError::Start(e.to_string()))?;
+                std::fs::copy(OVMF_VARS, &vars).map_err(|e| VmError::NotStarted(Failure::of(e)))?;
                 command
                     .args([
                         "-drive",
@@ -117,7 +121,7 @@ impl Vm {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| VmError::Start(e.to_string()))?;
+            .map_err(|e| VmError::NotStarted(Failure::of(e)))?;
         Ok(Self {
             child,
             serial,
@@ -188,7 +192,9 @@ pub fn marker_image() -> Result<PathBuf, VmError> {
         .arg(&script)
         .arg(&dir)
         .status()
-        .map_err(|e| VmError::Start(format!("running {}: {e}", script.display())))?;
+        .map_err(|e| {
+            VmError::NotStarted(Failure::new(format!("running {}", script.display()), e))
+        })?;
     if !status.success() {
         return Err(VmError::Start(format!("{} failed", script.display())));
     }

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::failure::Failure;
 use crate::lab::base::LabError;
 use crate::netns::Netns;
 use crate::process::Process;
@@ -70,7 +71,7 @@ impl RegistryAddress {
         repository: &str,
         tag: &str,
     ) -> Result<String, LabError> {
-        let digest_file = tempfile::NamedTempFile::new().map_err(|e| step(e.to_string()))?;
+        let digest_file = tempfile::NamedTempFile::new().map_err(Failure::of)?;
         let output = Command::new("skopeo")
             .args(["--insecure-policy", "copy", "--quiet", "--preserve-digests"])
             .args(["--dest-tls-verify=false", "--digestfile"])
@@ -80,7 +81,7 @@ impl RegistryAddress {
             .env("NO_PROXY", self.host())
             .stdin(Stdio::null())
             .output()
-            .map_err(|e| step(format!("skopeo: {e}")))?;
+            .map_err(|e| Failure::new("skopeo", e))?;
         if !output.status.success() {
             return Err(step(format!(
                 "pushing {} to {}/{repository}:{tag}: {}",
@@ -90,7 +91,7 @@ impl RegistryAddress {
             )));
         }
         let digest = fs::read_to_string(digest_file.path())
-            .map_err(|e| step(format!("skopeo's digest file: {e}")))?;
+            .map_err(|e| Failure::new("skopeo's digest file", e))?;
         Ok(digest.trim().to_owned())
     }
 
@@ -143,7 +144,7 @@ impl RegistryAddress {
             ],
             &self.host(),
         )
-        .map_err(|e| step(format!("uploading {}: {e}", file.display())))?;
+        .map_err(|e| Failure::new(format!("uploading {}", file.display()), e))?;
         Ok(url)
     }
 
@@ -159,7 +160,7 @@ fn curl(args: &[&str], no_proxy: &str) -> Result<String, LabError> {
         .env("NO_PROXY", no_proxy)
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| step(format!("curl: {e}")))?;
+        .map_err(|e| Failure::new("curl", e))?;
     if output.status.success() {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     } else {
@@ -200,7 +201,7 @@ impl LabRegistry {
             "docker-registry",
             "run scripts/install-deps.sh (Debian package docker-registry)",
         )
-        .map_err(|e| step(e.to_string()))?;
+        .map_err(Failure::of)?;
         let base = if Path::new("/dev/shm").is_dir() {
             PathBuf::from("/dev/shm")
         } else {
@@ -208,11 +209,11 @@ impl LabRegistry {
         };
         let storage = base.join(format!("unbounded-registry-{}", std::process::id()));
         let _ = fs::remove_dir_all(&storage);
-        fs::create_dir_all(&storage).map_err(|e| step(format!("{}: {e}", storage.display())))?;
+        fs::create_dir_all(&storage).map_err(|e| Failure::new(storage.display(), e))?;
         let address = RegistryAddress(format!("{bind}:{REGISTRY_PORT}"));
         let config = dir.join("registry.yml");
         fs::write(&config, registry_config(&address, &storage))
-            .map_err(|e| step(format!("{}: {e}", config.display())))?;
+            .map_err(|e| Failure::new(config.display(), e))?;
         let process = Process::spawn(
             "registry",
             Some(ns),
@@ -274,8 +275,8 @@ pub fn relabelled_layout(
 ) -> Result<String, LabError> {
     use serde_json::Value;
     let read_json = |path: &Path| -> Result<Value, LabError> {
-        let bytes = fs::read(path).map_err(|e| step(format!("{}: {e}", path.display())))?;
-        serde_json::from_slice(&bytes).map_err(|e| step(format!("{}: {e}", path.display())))
+        let bytes = fs::read(path).map_err(|e| Failure::new(path.display(), e))?;
+        serde_json::from_slice(&bytes).map_err(|e| Failure::new(path.display(), e).into())
     };
     let blob = |digest: &str| {
         layout
@@ -302,24 +303,22 @@ pub fn relabelled_layout(
 
     let _ = fs::remove_dir_all(out);
     let blobs = out.join("blobs/sha256");
-    fs::create_dir_all(&blobs).map_err(|e| step(format!("{}: {e}", blobs.display())))?;
+    fs::create_dir_all(&blobs).map_err(|e| Failure::new(blobs.display(), e))?;
     for layer in manifest["layers"].as_array().cloned().unwrap_or_default() {
         let digest = layer["digest"].as_str().unwrap_or_default();
         let name = digest.trim_start_matches("sha256:");
         fs::copy(blob(digest), blobs.join(name))
-            .map_err(|e| step(format!("layer {digest}: {e}")))?;
+            .map_err(|e| Failure::new(format!("layer {digest}"), e))?;
     }
     let put = |bytes: Vec<u8>| -> Result<(String, usize), LabError> {
         let hex = crate::oci::sha256_hex(&bytes);
-        fs::write(blobs.join(&hex), &bytes).map_err(|e| step(e.to_string()))?;
+        fs::write(blobs.join(&hex), &bytes).map_err(Failure::of)?;
         Ok((format!("sha256:{hex}"), bytes.len()))
     };
-    let (new_config, config_size) =
-        put(serde_json::to_vec(&config).map_err(|e| step(e.to_string()))?)?;
+    let (new_config, config_size) = put(serde_json::to_vec(&config).map_err(Failure::of)?)?;
     manifest["config"]["digest"] = Value::String(new_config);
     manifest["config"]["size"] = Value::from(config_size);
-    let (new_manifest, manifest_size) =
-        put(serde_json::to_vec(&manifest).map_err(|e| step(e.to_string()))?)?;
+    let (new_manifest, manifest_size) = put(serde_json::to_vec(&manifest).map_err(Failure::of)?)?;
     let mut new_entry = entry.clone();
     new_entry["digest"] = Value::String(new_manifest.clone());
     new_entry["size"] = Value::from(manifest_size);
@@ -336,11 +335,10 @@ pub fn relabelled_layout(
     });
     fs::write(
         out.join("index.json"),
-        serde_json::to_vec(&new_index).map_err(|e| step(e.to_string()))?,
+        serde_json::to_vec(&new_index).map_err(Failure::of)?,
     )
-    .map_err(|e| step(e.to_string()))?;
-    fs::write(out.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)
-        .map_err(|e| step(e.to_string()))?;
+    .map_err(Failure::of)?;
+    fs::write(out.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).map_err(Failure::of)?;
     Ok(new_manifest)
 }
 

@@ -79,17 +79,15 @@ impl File {
         source: &std::path::Path,
         from: Vec<String>,
         origin: &str,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, crate::failure::Failure> {
         use std::io::Read;
-        let mut file =
-            std::fs::File::open(source).map_err(|e| format!("{}: {e}", source.display()))?;
+        let unreadable = |e| crate::failure::Failure::new(source.display(), e);
+        let mut file = std::fs::File::open(source).map_err(unreadable)?;
         let mut sha256 = ring::digest::Context::new(&ring::digest::SHA256);
         let mut sha1 = ring::digest::Context::new(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY);
         let mut buf = vec![0u8; 1 << 20];
         loop {
-            let n = file
-                .read(&mut buf)
-                .map_err(|e| format!("{}: {e}", source.display()))?;
+            let n = file.read(&mut buf).map_err(unreadable)?;
             if n == 0 {
                 break;
             }

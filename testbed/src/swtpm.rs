@@ -25,11 +25,16 @@ fn failed(what: &str, message: impl Into<String>) -> NetnsError {
     }
 }
 
+fn not_run(what: &str) -> impl FnOnce(std::io::Error) -> NetnsError {
+    let command = what.to_owned();
+    move |source| NetnsError::NotRun { command, source }
+}
+
 impl Swtpm {
     /// Starts an swtpm in `ns` on `port` (its control channel on `port + 1`), manufactured
     /// fresh (a new endorsement seed), and waits until it answers.
     pub fn start(ns: &Netns, port: u16) -> Result<Self, NetnsError> {
-        let state = tempfile::tempdir().map_err(|e| failed("swtpm state", e.to_string()))?;
+        let state = tempfile::tempdir().map_err(not_run("swtpm state"))?;
         ns.ip(&["link", "set", "lo", "up"])?;
         let child = ns
             .command("swtpm")
@@ -48,7 +53,7 @@ impl Swtpm {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| failed("swtpm (install-deps.sh installs it)", e.to_string()))?;
+            .map_err(not_run("swtpm (install-deps.sh installs it)"))?;
         let tpm = Self {
             child,
             ns: ns.name().to_owned(),
@@ -77,7 +82,7 @@ impl Swtpm {
             .arg(format!("TPM2TOOLS_TCTI={}", self.tcti()))
             .args(args)
             .output()
-            .map_err(|e| failed(args.first().copied().unwrap_or("tpm2"), e.to_string()))?;
+            .map_err(not_run(args.first().copied().unwrap_or("tpm2")))?;
         if !output.status.success() {
             return Err(failed(
                 args.first().copied().unwrap_or("tpm2"),
@@ -96,7 +101,7 @@ impl Swtpm {
 
     /// The TPM name of its RSA endorsement key (`000b…`), as `tpm2_readpublic` prints it.
     pub fn endorsement_key_name(&self) -> Result<String, NetnsError> {
-        let dir = tempfile::tempdir().map_err(|e| failed("tpm2 work", e.to_string()))?;
+        let dir = tempfile::tempdir().map_err(not_run("tpm2 work"))?;
         let ctx = dir.path().join("ek.ctx").display().to_string();
         self.tool(&["tpm2_createek", "-c", &ctx, "-G", "rsa"])?;
         let _ = self.tool(&["tpm2_flushcontext", "-t"]);

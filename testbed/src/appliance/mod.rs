@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::LocalControlPlane;
+use crate::failure::Failure;
 use crate::images::Images;
 use crate::lab::base::{LAB_ADDRESS, LAB_API_PORT, LabError};
 use crate::netns::{HostRoute, Netns};
@@ -220,7 +221,7 @@ pub(super) fn kubectl(
     args: &[&str],
     stdin: Option<&str>,
 ) -> Result<String, LabError> {
-    crate::cluster::run_kubectl(plane.kubectl(), args, stdin).map_err(|e| step(e.to_string()))
+    crate::cluster::run_kubectl(plane.kubectl(), args, stdin).map_err(|e| Failure::of(e).into())
 }
 
 impl Appliance {
@@ -242,7 +243,7 @@ impl Appliance {
             "routed link host ↔ provisioning network (10.99.0.0/24)",
             || {
                 HostRoute::new(ns, HOST_ROUTE.0, HOST_ROUTE.1, HOST_ROUTE.2)
-                    .map_err(|e| step(e.to_string()))
+                    .map_err(|e| Failure::of(e).into())
             },
         )?;
         let registry = steps.run("registry (docker-registry) at 10.99.0.1:5000", || {
@@ -316,11 +317,11 @@ impl Appliance {
                     .write(true)
                     .mode(0o600)
                     .open(&initrd)
-                    .map_err(|e| step(format!("{}: {e}", initrd.display())))?;
+                    .map_err(|e| Failure::new(initrd.display(), e))?;
                 let host = fs::read(&images.host.initrd)
-                    .map_err(|e| step(format!("{}: {e}", images.host.initrd.display())))?;
+                    .map_err(|e| Failure::new(images.host.initrd.display(), e))?;
                 file.write_all(&seeded_initrd(&host, &seed))
-                    .map_err(|e| step(format!("{}: {e}", initrd.display())))?;
+                    .map_err(|e| Failure::new(initrd.display(), e))?;
                 Ok(initrd)
             },
         )?;

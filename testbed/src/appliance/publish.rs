@@ -6,6 +6,7 @@ use std::path::Path;
 
 use super::{BootArtifacts, PushedLayout, kubectl, step};
 use crate::cluster::LocalControlPlane;
+use crate::failure::Failure;
 use crate::images::Images;
 use crate::lab::base::{LAB_ADDRESS, LabError};
 use crate::overlay::{self, PushedImage};
@@ -70,7 +71,7 @@ pub(super) fn push_artifacts(
     registry: &RegistryAddress,
     images: &Images,
 ) -> Result<BootArtifacts, LabError> {
-    let sha = |path: &Path| crate::images::file_sha256(path).map_err(step);
+    let sha = |path: &Path| crate::images::file_sha256(path).map_err(LabError::from);
     let kernel = registry.push_blob(
         "unbounded/boot",
         &images.host.kernel,
@@ -100,7 +101,7 @@ pub(super) fn apply_overlay(
     machines: &BootArtifacts,
 ) -> Result<(), LabError> {
     let base = overlay::testbed_overlay();
-    let base = fs::canonicalize(&base).map_err(|e| step(format!("{}: {e}", base.display())))?;
+    let base = fs::canonicalize(&base).map_err(|e| Failure::new(base.display(), e))?;
     let rendered = kubectl(plane, &["kustomize", &base.display().to_string()], None)?;
     let pushed: Vec<PushedImage> = pushed
         .iter()
@@ -116,17 +117,17 @@ pub(super) fn apply_overlay(
         .collect();
     let overrides = overlay::image_overrides(&overlay::manifest_images(&rendered), &pushed);
     let out = dir.join("overlay");
-    fs::create_dir_all(&out).map_err(|e| step(format!("{}: {e}", out.display())))?;
-    let out = fs::canonicalize(&out).map_err(|e| step(format!("{}: {e}", out.display())))?;
+    fs::create_dir_all(&out).map_err(|e| Failure::new(out.display(), e))?;
+    let out = fs::canonicalize(&out).map_err(|e| Failure::new(out.display(), e))?;
     let configmap = base.join("bootserver-config.yaml");
-    let configmap = fs::read_to_string(&configmap)
-        .map_err(|e| step(format!("{}: {e}", configmap.display())))?;
+    let configmap =
+        fs::read_to_string(&configmap).map_err(|e| Failure::new(configmap.display(), e))?;
     let discovery_patch = "bootserver-discovery.yaml";
     fs::write(
         out.join(discovery_patch),
         crate::lab::discovery::configmap_patch(&configmap, machines)?,
     )
-    .map_err(|e| step(format!("{}: {e}", out.display())))?;
+    .map_err(|e| Failure::new(out.display(), e))?;
     fs::write(
         out.join("kustomization.yaml"),
         overlay::lab_kustomization(
@@ -135,7 +136,7 @@ pub(super) fn apply_overlay(
             &[discovery_patch],
         ),
     )
-    .map_err(|e| step(format!("{}: {e}", out.display())))?;
+    .map_err(|e| Failure::new(out.display(), e))?;
     apply_tls_secret(plane, &out)?;
     kubectl(
         plane,
@@ -152,7 +153,7 @@ fn apply_tls_secret(plane: &LocalControlPlane, out: &Path) -> Result<(), LabErro
     let (mut cert, mut key) = (out.join("tls.crt"), out.join("tls.key"));
     if !cert.exists() || !key.exists() {
         (cert, key) = crate::cluster::self_signed_server(out, "10.99.0.2")
-            .map_err(|e| step(format!("the bootserver's certificate: {e}")))?;
+            .map_err(|e| Failure::new("the bootserver's certificate", e))?;
     }
     // Its namespace first (deploy/ creates it too, after): the pod must find the Secret at
     // its first start.

@@ -5,6 +5,7 @@ use std::io::Write as _;
 
 use super::{ADDRESS, INTERFACE, MAC, NAME, step};
 use crate::cluster::LocalControlPlane;
+use crate::failure::Failure;
 use crate::lab::base::{LAB_ADDRESS, LabError};
 
 /// How long the first credentials live (the agent renews its token itself well before).
@@ -136,15 +137,15 @@ pub(super) fn mint_credentials(
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .map_err(|e| step(format!("scripts/machine-credentials: {e}")))?;
+        .map_err(|e| Failure::new("scripts/machine-credentials", e))?;
     if let Some(mut stdin) = child.stdin.take() {
         stdin
             .write_all(CREDENTIALS_SCRIPT.as_bytes())
-            .map_err(|e| step(format!("scripts/machine-credentials: {e}")))?;
+            .map_err(|e| Failure::new("scripts/machine-credentials", e))?;
     }
     let out = child
         .wait_with_output()
-        .map_err(|e| step(format!("scripts/machine-credentials: {e}")))?;
+        .map_err(|e| Failure::new("scripts/machine-credentials", e))?;
     if !out.status.success() {
         // Its stderr says what failed; the token only ever goes to stdout.
         return Err(step(format!(

@@ -4,7 +4,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use super::{MAC, NAME, step};
+use super::{MAC, NAME};
+use crate::failure::Failure;
 use crate::lab::base::LabError;
 use crate::netns::Netns;
 use crate::process::Process;
@@ -33,7 +34,7 @@ impl ApplianceVm {
             &["link", "set", tap, "master", "br0"],
             &["link", "set", tap, "up"],
         ] {
-            ns.ip(args).map_err(|e| step(e.to_string()))?;
+            ns.ip(args).map_err(Failure::of)?;
         }
         let console = dir.join("appliance-console.log");
         let args: Vec<String> = vec![

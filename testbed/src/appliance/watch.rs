@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::{ApplianceOptions, CONTROLLER_LEASE, SYSTEM_NAMESPACE, kubectl, step};
 use crate::cluster::LocalControlPlane;
+use crate::failure::Failure;
 use crate::lab::base::LabError;
 use crate::process::Process;
 
@@ -23,8 +24,8 @@ pub(super) fn bootstrap_controller(
         plane.server_url(),
         &ca,
     )?;
-    fs::write(&kubeconfig, text).map_err(|e| step(format!("{}: {e}", kubeconfig.display())))?;
-    let metrics_port = crate::bmc::free_port(false).map_err(|e| step(e.to_string()))?;
+    fs::write(&kubeconfig, text).map_err(|e| Failure::new(kubeconfig.display(), e))?;
+    let metrics_port = crate::bmc::free_port(false).map_err(Failure::of)?;
     Process::spawn(
         "controller (outside the cluster)",
         None,

@@ -57,8 +57,8 @@ impl ScaleOptions {
     }
 }
 
-fn failed(e: impl std::fmt::Display) -> SuiteError {
-    SuiteError::Controller(e.to_string())
+fn failed(e: impl std::error::Error + Send + Sync + 'static) -> SuiteError {
+    SuiteError::ControllerFailed(Box::new(e))
 }
 
 /// Reads `figure <key> <value>` lines into the report's figures.
@@ -89,7 +89,9 @@ pub fn run(
     )
     .map_err(failed)?;
     let (Some(controller_bin), Some(bootserver_bin)) = (built.first(), built.get(1)) else {
-        return Err(failed("cargo built no controller or bootserver"));
+        return Err(SuiteError::Controller(
+            "cargo built no controller or bootserver".into(),
+        ));
     };
     let runtime = tokio::runtime::Runtime::new().map_err(failed)?;
 
@@ -207,5 +209,6 @@ pub fn run(
         say,
     ));
     drop(plane);
-    result.map_err(failed)
+    // The provider benchmark reports its failures as text (it has no error type of its own).
+    result.map_err(SuiteError::Controller)
 }

@@ -152,9 +152,15 @@ pub enum SuiteError {
     /// Building ours failed.
     #[error("building the bootserver: {0}")]
     Build(String),
+    /// Building ours failed on cargo's or a file's error, which it keeps.
+    #[error("building the bootserver: {0}")]
+    NotBuilt(#[source] crate::images::ImagesError),
     /// The controller benchmark failed.
     #[error("controller benchmark: {0}")]
     Controller(String),
+    /// The controller benchmark failed on another error, which it keeps.
+    #[error("controller benchmark: {0}")]
+    ControllerFailed(#[source] crate::failure::Cause),
 }
 
 /// The load averages (1, 5, 15 minutes) as `uptime` prints them.
@@ -209,7 +215,7 @@ pub fn run_network(
         if options.release { "release" } else { "debug" }
     ));
     let built = crate::images::host_build(&["unbounded-bootserver"], options.release)
-        .map_err(|e| SuiteError::Build(e.to_string()))?;
+        .map_err(SuiteError::NotBuilt)?;
     let ours = built
         .first()
         .ok_or_else(|| SuiteError::Build("no binary".into()))?;

@@ -8,6 +8,7 @@ use super::libvirt::LIBVIRT_URI;
 use super::{
     BmcError, Daemon, daemon_command, free_port, run, setup, spawn, spawn_group, wait_until,
 };
+use crate::failure::Failure;
 use crate::netns::Netns;
 
 /// OpenIPMI's `ipmi_sim`: an IPMI v2.0 LAN (RMCP+) BMC on `127.0.0.1:<port>` whose chassis
@@ -127,7 +128,7 @@ impl IpmiSim {
             // password.
             let output = ipmitool
                 .output()
-                .map_err(|e| setup(format!("ipmitool lan set 1 {args:?}: {e}")))?;
+                .map_err(|e| Failure::new(format!("ipmitool lan set 1 {args:?}"), e))?;
             if !output.status.success() {
                 return Err(setup(format!(
                     "ipmitool lan set 1 {args:?} on {}:{}: {}",
@@ -187,7 +188,7 @@ impl IpmiSim {
         extras: Extras<'_>,
     ) -> Result<Self, BmcError> {
         let Extras { console, fru, vm } = extras;
-        let dir = tempfile::tempdir().map_err(|e| setup(e.to_string()))?;
+        let dir = tempfile::tempdir().map_err(Failure::of)?;
         let port = free_port(true)?;
         let (chassis_line, vm_port) = if vm {
             let vm_port = free_port(false)?;
@@ -197,8 +198,7 @@ impl IpmiSim {
             )
         } else {
             let script = dir.path().join("chassis.sh");
-            std::fs::write(&script, chassis_script(domain, dir.path()))
-                .map_err(|e| setup(e.to_string()))?;
+            std::fs::write(&script, chassis_script(domain, dir.path())).map_err(Failure::of)?;
             run(Command::new("chmod").arg("+x").arg(&script))?;
             (
                 format!("  chassis_control \"{}\"\n", script.display()),
@@ -229,7 +229,7 @@ impl IpmiSim {
                 "name \"ubsim\"\nset_working_mc 0x20\n  startlan 1\n    addr {address} {port}\n    priv_limit admin\n    allowed_auths_callback none md5\n    allowed_auths_user none md5\n    allowed_auths_operator none md5\n    allowed_auths_admin none md5\n    guid a123456789abcdefa123456789abcdef\n  endlan\n{chassis_line}{sol_line}user 2 true \"{username}\" \"{password}\" admin 10 none md5\n",
             ),
         )
-        .map_err(|e| setup(e.to_string()))?;
+        .map_err(Failure::of)?;
         let emu = dir.path().join("sim.emu");
         // Device support 0x9f includes the FRU inventory device.
         let fru_line = fru.map_or_else(String::new, |bytes| {
@@ -246,9 +246,9 @@ impl IpmiSim {
                 "mc_setbmc 0x20\nmc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr\n{fru_line}mc_enable 0x20\n"
             ),
         )
-        .map_err(|e| setup(e.to_string()))?;
+        .map_err(Failure::of)?;
         let state = dir.path().join("state");
-        std::fs::create_dir_all(&state).map_err(|e| setup(e.to_string()))?;
+        std::fs::create_dir_all(&state).map_err(Failure::of)?;
         let mut command = daemon_command(ns, Path::new("ipmi_sim"));
         command
             .arg("-c")
@@ -289,7 +289,7 @@ impl IpmiSim {
                     .is_some_and(|local| format!("{local} ").ends_with(&hex_port))
             })
         })
-        .map_err(|e| setup(format!("{e}\n{}", this.log())))?;
+        .map_err(|e| Failure::around("", e, format!("\n{}", this.log())))?;
         // Ready when it answers a session (ipmitool reads the password from the environment).
         wait_until("ipmi_sim", Duration::from_secs(90), || {
             let mut ipmitool = match ns {
@@ -317,7 +317,7 @@ impl IpmiSim {
                 .status()
                 .is_ok_and(|s| s.success())
         })
-        .map_err(|e| setup(format!("{e}\n{}", this.log())))?;
+        .map_err(|e| Failure::around("", e, format!("\n{}", this.log())))?;
         Ok(this)
     }
 

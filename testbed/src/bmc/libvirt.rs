@@ -5,6 +5,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::{BmcError, Daemon, daemon_command, run, setup, spawn, wait_until};
+use crate::failure::Failure;
 use crate::netns::Netns;
 
 /// Every test domain's name starts with this; leftovers are removed when libvirtd starts.
@@ -37,9 +38,9 @@ impl MachineLock {
             .truncate(false)
             .write(true)
             .open(path)
-            .map_err(|e| setup(format!("opening {}: {e}", path.display())))?;
+            .map_err(|e| Failure::new(format!("opening {}", path.display()), e))?;
         file.lock()
-            .map_err(|e| setup(format!("locking {}: {e}", path.display())))?;
+            .map_err(|e| Failure::new(format!("locking {}", path.display()), e))?;
         Ok(Self(file))
     }
 }
@@ -90,7 +91,7 @@ impl Libvirtd {
                 let _ = std::fs::remove_file(pidfile);
             }
         }
-        let dir = tempfile::tempdir().map_err(|e| setup(e.to_string()))?;
+        let dir = tempfile::tempdir().map_err(Failure::of)?;
         let virtlogd = spawn(
             daemon_command(Some(ns), Path::new("/usr/sbin/virtlogd")),
             &dir.path().join("virtlogd.log"),
@@ -109,7 +110,7 @@ impl Libvirtd {
         wait_until("libvirtd", Duration::from_secs(30), || {
             virsh(&["version"]).is_ok()
         })
-        .map_err(|e| setup(format!("{e}\n{}", this.log())))?;
+        .map_err(|e| Failure::around("", e, format!("\n{}", this.log())))?;
         // Test domains a killed run left behind (their definitions outlive libvirtd).
         for name in virsh(&["list", "--all", "--name"])?.lines() {
             if name.starts_with(TEST_DOMAIN_PREFIX) {
@@ -221,7 +222,7 @@ impl Domain {
         options: &DomainOptions,
     ) -> Result<Self, BmcError> {
         let uefi = options.uefi;
-        let dir = tempfile::tempdir().map_err(|e| setup(e.to_string()))?;
+        let dir = tempfile::tempdir().map_err(Failure::of)?;
         let disk = dir.path().join("disk.qcow2");
         run(Command::new("qemu-img")
             .args(["create", "-q", "-f", "qcow2"])
@@ -246,8 +247,7 @@ impl Domain {
         let console = dir.path().join("console.log");
         let (loader, machine) = if uefi {
             let vars = dir.path().join("OVMF_VARS.fd");
-            std::fs::copy("/usr/share/OVMF/OVMF_VARS_4M.fd", &vars)
-                .map_err(|e| setup(e.to_string()))?;
+            std::fs::copy("/usr/share/OVMF/OVMF_VARS_4M.fd", &vars).map_err(Failure::of)?;
             (
                 format!(
                     "<loader readonly='yes' type='pflash'>/usr/share/OVMF/OVMF_CODE_4M.fd</loader><nvram>{}</nvram>",
@@ -332,7 +332,7 @@ impl Domain {
             console = console.display(),
         );
         let file = dir.path().join("domain.xml");
-        std::fs::write(&file, xml).map_err(|e| setup(e.to_string()))?;
+        std::fs::write(&file, xml).map_err(Failure::of)?;
         virsh(&["define", &file.display().to_string()])?;
         Ok(Self {
             name: name.to_owned(),

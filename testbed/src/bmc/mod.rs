@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::failure::Failure;
 use crate::netns::Netns;
 use crate::ports::{Protocol, free_loopback_port};
 
@@ -21,6 +22,9 @@ pub enum BmcError {
     /// A command failed or a daemon did not come up.
     #[error("{0}")]
     Setup(String),
+    /// Setting up failed on another error, which it keeps.
+    #[error(transparent)]
+    Failed(#[from] Failure),
 }
 
 fn setup(message: impl Into<String>) -> BmcError {
@@ -31,7 +35,7 @@ fn run(command: &mut Command) -> Result<String, BmcError> {
     let output = command
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| setup(format!("{command:?}: {e}")))?;
+        .map_err(|e| Failure::new(format!("{command:?}"), e))?;
     if !output.status.success() {
         return Err(setup(format!(
             "{command:?}: {}",
@@ -80,7 +84,7 @@ impl Daemon {
             .arg(format!("-{signal}"))
             .arg(self.child.id().to_string())
             .status()
-            .map_err(|e| setup(format!("kill -{signal}: {e}")))?;
+            .map_err(|e| Failure::new(format!("kill -{signal}"), e))?;
         if status.success() {
             Ok(())
         } else {
@@ -113,15 +117,15 @@ fn spawn_group(mut command: Command, log: &Path) -> Result<Daemon, BmcError> {
 }
 
 fn spawn_daemon(mut command: Command, log: &Path, group: bool) -> Result<Daemon, BmcError> {
-    let file = std::fs::File::create(log).map_err(|e| setup(e.to_string()))?;
-    let err = file.try_clone().map_err(|e| setup(e.to_string()))?;
+    let file = std::fs::File::create(log).map_err(Failure::of)?;
+    let err = file.try_clone().map_err(Failure::of)?;
     command
         .stdin(Stdio::null())
         .stdout(file)
         .stderr(err)
         .spawn()
         .map(|child| Daemon { child, group })
-        .map_err(|e| setup(format!("{command:?}: {e}")))
+        .map_err(|e| Failure::new(format!("{command:?}"), e).into())
 }
 
 /// `setpriv --pdeathsig KILL -- <program>` inside `ns` (or the host when `None`).
@@ -137,7 +141,7 @@ fn daemon_command(ns: Option<&Netns>, program: &Path) -> Command {
 /// A free TCP or UDP port on loopback (see [`crate::ports`]).
 pub fn free_port(udp: bool) -> Result<u16, BmcError> {
     let protocol = if udp { Protocol::Udp } else { Protocol::Tcp };
-    free_loopback_port(protocol).map_err(|e| setup(e.to_string()))
+    free_loopback_port(protocol).map_err(|e| Failure::of(e).into())
 }
 
 pub mod fru;

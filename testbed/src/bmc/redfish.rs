@@ -4,7 +4,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use super::libvirt::LIBVIRT_URI;
-use super::{BmcError, Daemon, daemon_command, emulators_bin, free_port, setup, spawn, wait_until};
+use super::{BmcError, Daemon, daemon_command, emulators_bin, free_port, spawn, wait_until};
+use crate::failure::Failure;
 use crate::netns::Netns;
 
 /// sushy-tools' Redfish emulator on `127.0.0.1:<port>` over plain HTTP, with basic
@@ -36,7 +37,7 @@ impl SushyEmulator {
         password: &str,
     ) -> Result<Self, BmcError> {
         let bin = emulators_bin()?;
-        let dir = tempfile::tempdir().map_err(|e| setup(e.to_string()))?;
+        let dir = tempfile::tempdir().map_err(Failure::of)?;
         let auth = dir.path().join("htpasswd");
         write_htpasswd(&bin, &auth, username, password)?;
         let config = dir.path().join("emulator.conf");
@@ -47,7 +48,7 @@ impl SushyEmulator {
                 auth.display()
             ),
         )
-        .map_err(|e| setup(e.to_string()))?;
+        .map_err(Failure::of)?;
         let port = free_port(false)?;
         let mut command = daemon_command(ns, &bin.join("sushy-emulator"));
         command
@@ -73,7 +74,7 @@ impl SushyEmulator {
                 ])
                 .is_ok(),
         })
-        .map_err(|e| setup(format!("{e}\n{}", this.log())))?;
+        .map_err(|e| Failure::around("", e, format!("\n{}", this.log())))?;
         Ok(this)
     }
 
@@ -99,7 +100,7 @@ impl SushyEmulator {
         user: Option<(&str, &str)>,
     ) -> Result<Self, BmcError> {
         let bin = emulators_bin()?;
-        let dir = tempfile::tempdir().map_err(|e| setup(e.to_string()))?;
+        let dir = tempfile::tempdir().map_err(Failure::of)?;
         let auth_line = match user {
             Some((username, password)) => {
                 let auth = dir.path().join("htpasswd");
@@ -128,7 +129,7 @@ impl SushyEmulator {
                 systems.join(",\n  ")
             ),
         )
-        .map_err(|e| setup(e.to_string()))?;
+        .map_err(Failure::of)?;
         Self::start_on_loopback(&bin, dir, &config, &[])
     }
 
@@ -139,16 +140,16 @@ impl SushyEmulator {
     /// `SUSHY_EMULATOR_STORAGE` and `SUSHY_EMULATOR_DRIVES`, say). No authentication.
     pub fn start_libvirt_test(node_xml: &str, extra_config: &str) -> Result<Self, BmcError> {
         let bin = emulators_bin()?;
-        let dir = tempfile::tempdir().map_err(|e| setup(e.to_string()))?;
+        let dir = tempfile::tempdir().map_err(Failure::of)?;
         let node = dir.path().join("node.xml");
-        std::fs::write(&node, node_xml).map_err(|e| setup(e.to_string()))?;
+        std::fs::write(&node, node_xml).map_err(Failure::of)?;
         let uri = format!("test://{}", node.display());
         let config = dir.path().join("emulator.conf");
         std::fs::write(
             &config,
             format!("SUSHY_EMULATOR_LIBVIRT_URI = {uri:?}\n{extra_config}\n"),
         )
-        .map_err(|e| setup(e.to_string()))?;
+        .map_err(Failure::of)?;
         Self::start_on_loopback(&bin, dir, &config, &["--libvirt-uri", &uri])
     }
 
@@ -176,7 +177,7 @@ impl SushyEmulator {
         wait_until("sushy-emulator", Duration::from_secs(60), || {
             std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
         })
-        .map_err(|e| setup(format!("{e}\n{}", this.log())))?;
+        .map_err(|e| Failure::around("", e, format!("\n{}", this.log())))?;
         Ok(this)
     }
 
@@ -203,11 +204,11 @@ fn write_htpasswd(
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
-        .map_err(|e| setup(e.to_string()))?;
+        .map_err(Failure::of)?;
     if let Some(mut stdin) = child.stdin.take() {
         use std::io::Write as _;
-        write!(stdin, "{username}\n{password}").map_err(|e| setup(e.to_string()))?;
+        write!(stdin, "{username}\n{password}").map_err(Failure::of)?;
     }
-    let out = child.wait_with_output().map_err(|e| setup(e.to_string()))?;
-    std::fs::write(path, &out.stdout).map_err(|e| setup(e.to_string()))
+    let out = child.wait_with_output().map_err(Failure::of)?;
+    std::fs::write(path, &out.stdout).map_err(|e| Failure::of(e).into())
 }

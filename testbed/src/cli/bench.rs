@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use unbounded_testbed::bench::suite::{self, Mode};
 use unbounded_testbed::bench::{self, report::Report, scale};
+use unbounded_testbed::failure::Failure;
 
 use crate::cli::lab::wait_for_termination;
 use crate::{BenchClientCommand, BenchMode, CliError};
@@ -15,9 +16,7 @@ pub(crate) fn run_bench(
     publish: bool,
 ) -> Result<(), CliError> {
     if publish && smoke {
-        return Err(CliError::Other(
-            bench::publish::PublishError::Smoke.to_string(),
-        ));
+        return Err(Failure::of(bench::publish::PublishError::Smoke).into());
     }
     let modes: Vec<Mode> = match mode {
         BenchMode::Dhcp => vec![Mode::Dhcp],
@@ -30,8 +29,7 @@ pub(crate) fn run_bench(
     let started = suite::timestamp();
     let out = out.unwrap_or_else(suite::default_out);
     let work = out.join("run");
-    std::fs::create_dir_all(&work)
-        .map_err(|e| CliError::Other(format!("{}: {e}", work.display())))?;
+    std::fs::create_dir_all(&work).map_err(|e| Failure::new(work.display(), e))?;
     // The command as it is typed (`bench all`), not the modes it ran: the docs quote it,
     // and `docs_commands` checks that what they quote runs.
     let named = match (mode, modes.as_slice()) {
@@ -81,17 +79,17 @@ pub(crate) fn run_bench(
     let mut chart_names = Vec::new();
     for (name, svg) in &charts {
         std::fs::write(out.join(name), svg)
-            .map_err(|e| CliError::Other(format!("writing {name}: {e}")))?;
+            .map_err(|e| Failure::new(format!("writing {name}"), e))?;
         chart_names.push(name.clone());
     }
     let markdown = report.markdown(&suite::header(&command, &started), &chart_names);
     std::fs::write(out.join("report.md"), &markdown)
-        .map_err(|e| CliError::Other(format!("writing report.md: {e}")))?;
+        .map_err(|e| Failure::new("writing report.md", e))?;
     std::fs::write(
         out.join("figures.txt"),
         report.figure_lines().join("\n") + "\n",
     )
-    .map_err(|e| CliError::Other(format!("writing figures.txt: {e}")))?;
+    .map_err(|e| Failure::new("writing figures.txt", e))?;
     println!("{}", suite::header(&command, &started));
     print!("{}", report.table());
     for note in &report.notes {
@@ -101,7 +99,7 @@ pub(crate) fn run_bench(
         println!("{line}");
     }
     println!("report: {}", out.join("report.md").display());
-    result.map_err(|e| CliError::Other(e.to_string()))?;
+    result.map_err(Failure::of)?;
     if publish {
         let provenance = bench::publish::Provenance::here(&command, &started);
         let written = bench::publish::publish(
@@ -111,7 +109,7 @@ pub(crate) fn run_bench(
             &charts,
             &provenance,
         )
-        .map_err(|e| CliError::Other(e.to_string()))?;
+        .map_err(Failure::of)?;
         for path in written {
             println!("published: {}", path.display());
         }
@@ -126,7 +124,7 @@ pub(crate) fn run_bench(
 }
 
 pub(crate) fn bench_client(command: BenchClientCommand) -> Result<(), CliError> {
-    let runtime = tokio::runtime::Runtime::new().map_err(|e| CliError::Other(e.to_string()))?;
+    let runtime = tokio::runtime::Runtime::new().map_err(Failure::of)?;
     let json = match command {
         BenchClientCommand::Storm(args) => runtime
             .block_on(bench::clients::storm(args))

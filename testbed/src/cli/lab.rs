@@ -6,6 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use unbounded_testbed::cluster::{self, KUBERNETES_VERSION};
+use unbounded_testbed::failure::Failure;
 use unbounded_testbed::lab::{Lab, LabMode, LabOptions, RunningLab};
 use unbounded_testbed::{images, progress, setup};
 
@@ -58,13 +59,10 @@ pub(crate) fn up(options: UpOptions) -> Result<(), CliError> {
     };
     let dir = testbed_dir().join("run");
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| CliError::Other(format!("{}: {e}", dir.display())))?;
+    std::fs::create_dir_all(&dir).map_err(|e| Failure::new(dir.display(), e))?;
     let log_path = dir.join("serve.log");
-    let log = std::fs::File::create(&log_path).map_err(|e| CliError::Other(e.to_string()))?;
-    let err = log
-        .try_clone()
-        .map_err(|e| CliError::Other(e.to_string()))?;
+    let log = std::fs::File::create(&log_path).map_err(Failure::of)?;
+    let err = log.try_clone().map_err(Failure::of)?;
     // This very program, also when a build replaced its file while the images were built
     // (its path then names a deleted file, or another build); the link stays valid while
     // `up` runs, which waits for the lab to be ready.
@@ -87,16 +85,13 @@ pub(crate) fn up(options: UpOptions) -> Result<(), CliError> {
         .stdout(log)
         .stderr(err)
         .spawn()
-        .map_err(|e| CliError::Other(format!("starting the lab: {e}")))?;
+        .map_err(|e| Failure::new("starting the lab", e))?;
     // Follow its log until it says it is ready or failed.
-    let mut reader =
-        BufReader::new(std::fs::File::open(&log_path).map_err(|e| CliError::Other(e.to_string()))?);
+    let mut reader = BufReader::new(std::fs::File::open(&log_path).map_err(Failure::of)?);
     let mut line = String::new();
     loop {
         line.clear();
-        let n = reader
-            .read_line(&mut line)
-            .map_err(|e| CliError::Other(e.to_string()))?;
+        let n = reader.read_line(&mut line).map_err(Failure::of)?;
         if n == 0 || !line.ends_with('\n') {
             if !line.is_empty() {
                 // A half-written line: read it again from its start.
@@ -171,8 +166,7 @@ pub(crate) fn serve(options: LabOptions) -> Result<(), CliError> {
         for line in report.lines() {
             say(line);
         }
-        std::fs::write(options.dir.join("timings.txt"), &report)
-            .map_err(|e| CliError::Other(e.to_string()))?;
+        std::fs::write(options.dir.join("timings.txt"), &report).map_err(Failure::of)?;
         Ok(lab)
     })();
     let lab = match result {
@@ -183,7 +177,7 @@ pub(crate) fn serve(options: LabOptions) -> Result<(), CliError> {
             return Err(error);
         }
     };
-    let exe = std::env::current_exe().map_err(|e| CliError::Other(e.to_string()))?;
+    let exe = std::env::current_exe().map_err(Failure::of)?;
     RunningLab {
         pid: std::process::id(),
         exe: unbounded_testbed::lab::running::program_path(

@@ -48,7 +48,7 @@ pub fn start_detached() -> Result<DetachedState, ClusterError> {
     }
     let json = serde_json::to_vec_pretty(&state).map_err(|e| ClusterError::State {
         path: state_path.display().to_string(),
-        message: e.to_string(),
+        source: e,
     })?;
     fs::write(&state_path, json).map_err(io_err(format!("writing {}", state_path.display())))?;
     Ok(state)
@@ -67,7 +67,7 @@ pub fn stop_detached() -> Result<DetachedState, ClusterError> {
     };
     let state: DetachedState = serde_json::from_str(&text).map_err(|e| ClusterError::State {
         path: state_path.display().to_string(),
-        message: e.to_string(),
+        source: e,
     })?;
     for (name, pid, exe) in state.processes.iter().rev() {
         let running = fs::read_link(format!("/proc/{pid}/exe")).ok();

@@ -88,23 +88,25 @@ pub enum ClusterError {
         tail: String,
     },
     /// The kubeconfig could not be turned into a client.
-    #[error("building a Kubernetes client from {path}: {message}")]
+    #[error("building a Kubernetes client from {path}: {source}")]
     Client {
         /// The kubeconfig.
         path: String,
-        /// Why.
-        message: String,
+        /// Why: kube's error reading it or building the client.
+        #[source]
+        source: crate::failure::Cause,
     },
     /// No `cluster up` state was found.
     #[error("no running local control plane recorded in {0}")]
     NotRunning(String),
     /// The recorded state could not be read.
-    #[error("reading control plane state {path}: {message}")]
+    #[error("reading control plane state {path}: {source}")]
     State {
         /// The state file.
         path: String,
         /// Why.
-        message: String,
+        #[source]
+        source: serde_json::Error,
     },
 }
 
@@ -409,18 +411,18 @@ pub fn kubectl_output(
 
 /// Builds a client from a kubeconfig file.
 pub async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client, ClusterError> {
-    let err = |message: String| ClusterError::Client {
+    let err = |source: crate::failure::Cause| ClusterError::Client {
         path: path.display().to_string(),
-        message,
+        source,
     };
-    let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| err(e.to_string()))?;
+    let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| err(e.into()))?;
     let config = kube::Config::from_custom_kubeconfig(
         kubeconfig,
         &kube::config::KubeConfigOptions::default(),
     )
     .await
-    .map_err(|e| err(e.to_string()))?;
-    kube::Client::try_from(config).map_err(|e| err(e.to_string()))
+    .map_err(|e| err(e.into()))?;
+    kube::Client::try_from(config).map_err(|e| err(e.into()))
 }
 
 mod binaries;

@@ -45,6 +45,7 @@ use unbounded_api::well_known::{discovery, labels as well_known_labels};
 use unbounded_api::{Machine, SecretReference};
 
 use crate::bmc::{self, Domain, DomainOptions};
+use crate::failure::Failure;
 use crate::lab::LabError;
 use crate::scenario::{Lab, get, step, wait_until};
 
@@ -94,13 +95,13 @@ fn bmc_patch(address: &str, secret: &SecretReference) -> String {
 fn machines(lab: &Lab) -> Result<Vec<Machine>, LabError> {
     let listing = lab.kubectl(&["get", "machines", "-o", "json"], None)?;
     let list: serde_json::Value =
-        serde_json::from_str(&listing).map_err(|e| step(format!("kubectl get machines: {e}")))?;
+        serde_json::from_str(&listing).map_err(|e| Failure::new("kubectl get machines", e))?;
     list["items"]
         .as_array()
         .cloned()
         .unwrap_or_default()
         .into_iter()
-        .map(|item| serde_json::from_value(item).map_err(|e| step(format!("a Machine: {e}"))))
+        .map(|item| serde_json::from_value(item).map_err(|e| Failure::new("a Machine", e).into()))
         .collect()
 }
 
@@ -116,7 +117,8 @@ fn machine_with_mac<'a>(machines: &'a [Machine], mac: &str) -> Option<&'a Machin
 
 fn inventory_of(lab: &Lab, name: &str) -> Result<MachineInventory, LabError> {
     let text = lab.kubectl(&["get", "machineinventory", name, "-o", "json"], None)?;
-    serde_json::from_str(&text).map_err(|e| step(format!("MachineInventory {name}: {e}")))
+    serde_json::from_str(&text)
+        .map_err(|e| Failure::new(format!("MachineInventory {name}"), e).into())
 }
 
 fn pool_yaml() -> String {
@@ -158,8 +160,8 @@ fn in_band_bmc(
     match &vm.bmc {
         InBandBmc::Ipmi { ip, mac } => {
             let sim = bmc::IpmiSim::start_for_vm(None, ip, "tb-discovery", "tb-discovery-pw")
-                .map_err(|e| step(e.to_string()))?;
-            sim.set_lan(ip, mac).map_err(|e| step(e.to_string()))?;
+                .map_err(Failure::of)?;
+            sim.set_lan(ip, mac).map_err(Failure::of)?;
             let args = sim.qemu_args();
             bmcs.push(sim);
             Ok(args)
@@ -167,14 +169,14 @@ fn in_band_bmc(
         InBandBmc::RedfishHostInterface { service_address } => {
             let address: std::net::Ipv4Addr = service_address
                 .parse()
-                .map_err(|e| step(format!("{service_address}: {e}")))?;
+                .map_err(|e| Failure::new(service_address, e))?;
             let uuid = uuid_bytes(&vm.domain);
             let file = smbios_dir.join(format!("{}-type42.bin", vm.domain));
             std::fs::write(
                 &file,
                 bmc::smbios::host_interface_structure(address, 443, uuid, "tb-bmc"),
             )
-            .map_err(|e| step(format!("{}: {e}", file.display())))?;
+            .map_err(|e| Failure::new(file.display(), e))?;
             Ok(vec!["-smbios".into(), format!("file={}", file.display())])
         }
     }
@@ -193,7 +195,7 @@ impl Vms {
     fn start(expected: Vec<Expected>, say: &dyn Fn(&str)) -> Result<Self, LabError> {
         let mut domains = Vec::new();
         let mut bmcs = Vec::new();
-        let smbios = tempfile::tempdir().map_err(|e| step(e.to_string()))?;
+        let smbios = tempfile::tempdir().map_err(Failure::of)?;
         for vm in &expected {
             let shape = &vm.shape;
             say(&format!(
@@ -225,11 +227,11 @@ impl Vms {
                         tpm: true,
                     },
                 )
-                .map_err(|e| step(e.to_string()))?,
+                .map_err(Failure::of)?,
             );
         }
         for domain in &domains {
-            bmc::virsh(&["start", &domain.name]).map_err(|e| step(e.to_string()))?;
+            bmc::virsh(&["start", &domain.name]).map_err(Failure::of)?;
         }
         Ok(Self {
             expected,
@@ -323,11 +325,11 @@ fn clean_up(lab: &Lab, names: &[String], vms: Option<Vms>) -> Result<(), LabErro
 
 /// Destroys and undefines every domain of this scenario still defined (a killed run's).
 fn destroy_leftover_domains() -> Result<(), LabError> {
-    let listed = bmc::virsh(&["list", "--all", "--name"]).map_err(|e| step(e.to_string()))?;
+    let listed = bmc::virsh(&["list", "--all", "--name"]).map_err(Failure::of)?;
     for name in listed.lines().map(str::trim) {
         if name.starts_with(&domain_prefix()) {
             let _ = bmc::virsh(&["destroy", name]);
-            bmc::virsh(&["undefine", "--nvram", name]).map_err(|e| step(e.to_string()))?;
+            bmc::virsh(&["undefine", "--nvram", name]).map_err(Failure::of)?;
         }
     }
     Ok(())
@@ -374,7 +376,7 @@ pub fn discovery(
     let _switch = match lab.netns() {
         Some(netns) => {
             let switch = crate::lldp::Lldpd::start(&netns, SWITCH_PORT, SWITCH_NAME, None)
-                .map_err(|e| step(e.to_string()))?;
+                .map_err(Failure::of)?;
             say(&format!(
                 "discovery: LLDP sender {SWITCH_NAME} on {SWITCH_PORT} in {netns}"
             ));
@@ -390,8 +392,8 @@ pub fn discovery(
     };
     // Defined domains are destroyed and undefined when `Vms` drops, a failed start included.
     let vms = Vms::start(expected, say)?;
-    let result =
-        run(lab, &vms, depth, timeout, say).map_err(|e| step(format!("{e}\n{}", vms.consoles())));
+    let result = run(lab, &vms, depth, timeout, say)
+        .map_err(|e| Failure::around("", e, format!("\n{}", vms.consoles())).into());
     say("discovery: cleaning up (Machines, pool, VMs, Node)");
     let cleaned = clean_up(lab, &names, Some(vms));
     match (result, cleaned) {

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::bmc::data_disk_target;
+use crate::failure::Failure;
 use crate::lab::base::LabError;
 use crate::scenario::step;
 
@@ -49,7 +50,7 @@ impl DataDisk {
 
     /// The signatures (filesystems, partition tables) `wipefs` finds; empty when none.
     pub(super) fn signatures(&self) -> Result<String, LabError> {
-        let dir = tempfile::tempdir().map_err(|e| step(e.to_string()))?;
+        let dir = tempfile::tempdir().map_err(Failure::of)?;
         let raw = self.raw_copy(dir.path())?;
         // Without -a, wipefs only lists what it would erase.
         Ok(run(Command::new("wipefs").arg(&raw))?.trim().to_owned())
@@ -57,7 +58,7 @@ impl DataDisk {
 
     /// Whether the filesystem the agent made (label `unbounded`) holds `name` at its root.
     pub(super) fn has_file(&self, name: &str) -> Result<bool, LabError> {
-        let dir = tempfile::tempdir().map_err(|e| step(e.to_string()))?;
+        let dir = tempfile::tempdir().map_err(Failure::of)?;
         let raw = self.raw_copy(dir.path())?;
         let mounted = Mounted::filesystem_of(&raw, &dir.path().join("mnt"))?;
         let found = mounted.path.join(name).exists();
@@ -67,11 +68,11 @@ impl DataDisk {
 
     /// Writes `name` at the root of the agent's filesystem; the VM must be off.
     pub(super) fn write_file(&self, name: &str) -> Result<(), LabError> {
-        let dir = tempfile::tempdir().map_err(|e| step(e.to_string()))?;
+        let dir = tempfile::tempdir().map_err(Failure::of)?;
         let raw = self.raw_copy(dir.path())?;
         let mounted = Mounted::filesystem_of(&raw, &dir.path().join("mnt"))?;
         std::fs::write(mounted.path.join(name), "a previous tenant's data\n")
-            .map_err(|e| step(format!("writing {name} onto the disk: {e}")))?;
+            .map_err(|e| Failure::new(format!("writing {name} onto the disk"), e))?;
         mounted.release()?;
         let back = dir.path().join("data.qcow2");
         run(Command::new("qemu-img")
@@ -80,7 +81,7 @@ impl DataDisk {
             .arg(&back))?;
         std::fs::copy(&back, &self.file)
             .map(|_| ())
-            .map_err(|e| step(format!("writing {}: {e}", self.file.display())))
+            .map_err(|e| Failure::new(format!("writing {}", self.file.display()), e).into())
     }
 }
 
@@ -92,7 +93,7 @@ struct Mounted {
 
 impl Mounted {
     fn filesystem_of(raw: &Path, at: &Path) -> Result<Self, LabError> {
-        std::fs::create_dir_all(at).map_err(|e| step(e.to_string()))?;
+        std::fs::create_dir_all(at).map_err(Failure::of)?;
         let device = run(Command::new("losetup")
             .args(["--find", "--show", "--partscan"])
             .arg(raw))?
@@ -138,7 +139,7 @@ impl Mounted {
 fn run(command: &mut Command) -> Result<String, LabError> {
     let out = command
         .output()
-        .map_err(|e| step(format!("running {command:?}: {e}")))?;
+        .map_err(|e| Failure::new(format!("running {command:?}"), e))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {

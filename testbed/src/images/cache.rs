@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use super::{ImagesError, images_cache, step_err};
+use super::{ImagesError, images_cache, step_err, step_failed};
+use crate::failure::Failure;
 use crate::oci;
 
 /// Progress lines, with the step number and how long each took.
@@ -76,38 +77,38 @@ pub(super) fn collect(
 ) -> Result<(), ImagesError> {
     use std::os::unix::fs::PermissionsExt;
     let meta = fs::symlink_metadata(path)
-        .map_err(|e| step_err("cache key", format!("{}: {e}", path.display())))?;
+        .map_err(|e| step_failed("cache key", Failure::new(path.display(), e)))?;
     let relative = path
         .strip_prefix(base)
         .map(|p| p.display().to_string())
         .unwrap_or_default();
     if meta.is_dir() {
         let entries = fs::read_dir(path)
-            .map_err(|e| step_err("cache key", format!("{}: {e}", path.display())))?;
+            .map_err(|e| step_failed("cache key", Failure::new(path.display(), e)))?;
         for entry in entries {
-            let entry = entry.map_err(|e| step_err("cache key", e.to_string()))?;
+            let entry = entry.map_err(|e| step_failed("cache key", Failure::of(e)))?;
             collect(base, &entry.path(), out)?;
         }
     } else if meta.file_type().is_symlink() {
-        let target = fs::read_link(path).map_err(|e| step_err("cache key", e.to_string()))?;
+        let target = fs::read_link(path).map_err(|e| step_failed("cache key", Failure::of(e)))?;
         out.push((relative, 0, format!("-> {}", target.display())));
     } else {
-        let digest = file_sha256(path).map_err(|e| step_err("cache key", e))?;
+        let digest = file_sha256(path).map_err(|e| step_failed("cache key", e))?;
         out.push((relative, meta.permissions().mode() & 0o7777, digest));
     }
     Ok(())
 }
 
 /// Hex SHA-256 of a file, streamed.
-pub fn file_sha256(path: &Path) -> Result<String, String> {
+pub fn file_sha256(path: &Path) -> Result<String, Failure> {
     use std::io::Read;
-    let mut file = fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut file = fs::File::open(path).map_err(|e| Failure::new(path.display(), e))?;
     let mut context = ring::digest::Context::new(&ring::digest::SHA256);
     let mut buf = vec![0u8; 1 << 20];
     loop {
         let n = file
             .read(&mut buf)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(|e| Failure::new(path.display(), e))?;
         if n == 0 {
             break;
         }
@@ -122,16 +123,16 @@ pub(super) fn run_logged(
     command: &mut Command,
     log: &Path,
 ) -> Result<(), ImagesError> {
-    let file = fs::File::create(log).map_err(|e| step_err(step, e.to_string()))?;
+    let file = fs::File::create(log).map_err(|e| step_failed(step, Failure::of(e)))?;
     let err = file
         .try_clone()
-        .map_err(|e| step_err(step, e.to_string()))?;
+        .map_err(|e| step_failed(step, Failure::of(e)))?;
     let status = command
         .stdin(Stdio::null())
         .stdout(file)
         .stderr(err)
         .status()
-        .map_err(|e| step_err(step, format!("{command:?}: {e}")))?;
+        .map_err(|e| step_failed(step, Failure::new(format!("{command:?}"), e)))?;
     if status.success() {
         return Ok(());
     }
@@ -159,9 +160,9 @@ pub(super) fn cached_build(
     if dir.exists() {
         let _ = fs::remove_dir_all(&dir);
     }
-    fs::create_dir_all(&dir).map_err(|e| step_err("cache", format!("{}: {e}", dir.display())))?;
+    fs::create_dir_all(&dir).map_err(|e| step_failed("cache", Failure::new(dir.display(), e)))?;
     build(&dir)?;
-    fs::write(&stamp, b"").map_err(|e| step_err("cache", e.to_string()))?;
+    fs::write(&stamp, b"").map_err(|e| step_failed("cache", Failure::of(e)))?;
     prune(&images_cache(), name, &dir);
     Ok((dir, false))
 }

@@ -5,8 +5,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::{ImagesError, step_err};
+use super::{ImagesError, step_err, step_failed};
 use crate::containers::{self, PROJECT_IMAGES, RustBinary};
+use crate::failure::Failure;
 use crate::sbom;
 
 /// The variables among `names` that `cargo run` set for this program and a nested
@@ -105,7 +106,7 @@ fn cargo_build(selection: Selection<'_>, binaries: &[&str]) -> Result<Vec<PathBu
     let output = command
         .stderr(Stdio::inherit())
         .output()
-        .map_err(|e| step_err("cargo build", e.to_string()))?;
+        .map_err(|e| step_failed("cargo build", Failure::of(e)))?;
     if !output.status.success() {
         return Err(step_err("cargo build", format!("{}", output.status)));
     }
@@ -141,7 +142,7 @@ pub(super) fn command_line(
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()
-        .map_err(|e| step_err(step, format!("{command:?}: {e}")))?;
+        .map_err(|e| step_failed(step, Failure::new(format!("{command:?}"), e)))?;
     if !output.status.success() {
         return Err(step_err(step, format!("{command:?}: {}", output.status)));
     }
@@ -210,7 +211,7 @@ pub(super) fn release_builds(containers: bool) -> Result<(PathBuf, Vec<PathBuf>)
 pub(super) fn rust_binaries(built: Vec<PathBuf>) -> Result<Vec<RustBinary>, ImagesError> {
     let packages: Vec<&str> = PROJECT_IMAGES.iter().map(|i| i.package).collect();
     let lock = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.lock"))
-        .map_err(|e| step_err("SBOM", format!("Cargo.lock: {e}")))?;
+        .map_err(|e| step_failed("SBOM", Failure::new("Cargo.lock", e)))?;
     let checksums = sbom::lock_checksums(&lock);
     let (rustc, libc) = toolchain_versions()?;
     packages

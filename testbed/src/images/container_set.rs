@@ -9,9 +9,10 @@ use super::cache::{Key, Progress, cached_build, file_sha256, run_logged};
 use super::cargo::rust_binaries;
 use super::{
     CNI_PLUGINS_VERSION, CONTAINERD_VERSION, HostImage, ImagesError, NodeImage, VERSION,
-    images_cache, step_err,
+    images_cache, step_err, step_failed,
 };
 use crate::containers::{self, BootSet, BuiltContainers, BuiltImage, Contents, PROJECT_IMAGES};
+use crate::failure::Failure;
 use crate::oci::{self, ImageSpec};
 use crate::sbom;
 
@@ -38,17 +39,26 @@ pub fn containers_path() -> PathBuf {
 
 /// The container images the last `images --containers` built, without building anything.
 pub fn cached_containers() -> Result<BuiltContainers, ImagesError> {
+    const RUN: &str = "): run `cargo run -p unbounded-testbed -- images --containers` first";
     let missing = |why: String| {
         step_err(
             "images",
-            format!(
-                "no container images recorded ({why}): run `cargo run -p unbounded-testbed -- images --containers` first"
-            ),
+            format!("no container images recorded ({why}{RUN}"),
         )
     };
-    let text = fs::read_to_string(containers_path())
-        .map_err(|e| missing(format!("{}: {e}", containers_path().display())))?;
-    let built: BuiltContainers = serde_json::from_str(&text).map_err(|e| missing(e.to_string()))?;
+    let text = fs::read_to_string(containers_path()).map_err(|e| {
+        let before = format!(
+            "no container images recorded ({}: ",
+            containers_path().display()
+        );
+        step_failed("images", Failure::around(before, e, RUN))
+    })?;
+    let built: BuiltContainers = serde_json::from_str(&text).map_err(|e| {
+        step_failed(
+            "images",
+            Failure::around("no container images recorded (", e, RUN),
+        )
+    })?;
     for image in built
         .images
         .iter()
@@ -80,18 +90,13 @@ pub(super) fn container_contents(recipes: &Path) -> Result<(Contents, bool), Ima
     })?;
     let contents = Contents::read(&dir)?;
     let lock = fs::read_to_string(&lock_path)
-        .map_err(|e| {
-            step_err(
-                "container contents",
-                format!("{}: {e}", lock_path.display()),
-            )
-        })
+        .map_err(|e| step_failed("container contents", Failure::new(lock_path.display(), e)))
         .and_then(|t| {
             containers::parse_contents(&t).map_err(|e| step_err("container contents", e))
         })?;
     for pinned in lock.iter().filter(|l| l.kind == "file") {
-        let actual =
-            file_sha256(&dir.join(&pinned.name)).map_err(|e| step_err("container contents", e))?;
+        let actual = file_sha256(&dir.join(&pinned.name))
+            .map_err(|e| step_failed("container contents", e))?;
         if pinned.sha256.as_deref() != Some(actual.as_str()) {
             return Err(step_err(
                 "container contents",
@@ -125,14 +130,14 @@ pub(super) fn built_image(
 /// The recorded image of a cached build directory.
 pub(super) fn recorded(dir: &Path) -> Result<BuiltImage, ImagesError> {
     let path = dir.join("image.json");
-    let text = fs::read_to_string(&path).map_err(|e| step_err("images", e.to_string()))?;
-    serde_json::from_str(&text).map_err(|e| step_err("images", e.to_string()))
+    let text = fs::read_to_string(&path).map_err(|e| step_failed("images", Failure::of(e)))?;
+    serde_json::from_str(&text).map_err(|e| step_failed("images", Failure::of(e)))
 }
 
 pub(super) fn record(dir: &Path, image: &BuiltImage) -> Result<(), ImagesError> {
     let text =
-        serde_json::to_string_pretty(image).map_err(|e| step_err("images", e.to_string()))?;
-    fs::write(dir.join("image.json"), text).map_err(|e| step_err("images", e.to_string()))
+        serde_json::to_string_pretty(image).map_err(|e| step_failed("images", Failure::of(e)))?;
+    fs::write(dir.join("image.json"), text).map_err(|e| step_failed("images", Failure::of(e)))
 }
 
 /// The four container images, each cached by its inputs; records them in
@@ -221,7 +226,7 @@ pub(super) fn container_images(
             let b = built_image(containers::BOOT_IMAGES_NAME, dir, &written, &boot.assembled.spec);
             record(dir, &b)?;
             fs::write(dir.join("manifest.json"), boot.manifest.to_json())
-                .map_err(|e| step_err("boot images", e.to_string()))?;
+                .map_err(|e| step_failed("boot images", Failure::of(e)))?;
             if let Some(values) = boot.values() {
                 fs::write(
                     dir.join("machineconfiguration.yaml"),
@@ -232,7 +237,7 @@ pub(super) fn container_images(
                         r = b.references.first().map_or("", String::as_str),
                     ),
                 )
-                .map_err(|e| step_err("boot images", e.to_string()))?;
+                .map_err(|e| step_failed("boot images", Failure::of(e)))?;
             }
             built = Some(b);
             Ok(())
@@ -242,10 +247,10 @@ pub(super) fn container_images(
             None => recorded(&dir)?,
         };
         let manifest = fs::read(dir.join("manifest.json"))
-            .map_err(|e| step_err("boot images", e.to_string()))
+            .map_err(|e| step_failed("boot images", Failure::of(e)))
             .and_then(|bytes| {
                 unbounded_api::boot_images::BootImagesManifest::parse(&bytes)
-                    .map_err(|e| step_err("boot images", e.to_string()))
+                    .map_err(|e| step_failed("boot images", Failure::of(e)))
             })?;
         Ok(((image, manifest), cached))
     })?;
@@ -260,7 +265,7 @@ pub(super) fn container_images(
         machine_configuration,
     };
     let text =
-        serde_json::to_string_pretty(&built).map_err(|e| step_err("images", e.to_string()))?;
-    fs::write(containers_path(), text).map_err(|e| step_err("images", e.to_string()))?;
+        serde_json::to_string_pretty(&built).map_err(|e| step_failed("images", Failure::of(e)))?;
+    fs::write(containers_path(), text).map_err(|e| step_failed("images", Failure::of(e)))?;
     Ok(built)
 }

@@ -17,6 +17,7 @@ use std::process::Command;
 
 use crate::cluster::{self, KUBERNETES_VERSION};
 use crate::containers::{BuiltContainers, ContainerError};
+use crate::failure::Failure;
 use crate::oci::{self, ImageSpec, Layer, LayerCompression, LayerFile};
 use cache::{Progress, cached_build, run_logged};
 use cargo::release_builds;
@@ -42,6 +43,15 @@ pub enum ImagesError {
         /// Why, with the tail of its output.
         message: String,
     },
+    /// A step failed on another error, which it keeps.
+    #[error("{step}: {source}")]
+    Failed {
+        /// Which step.
+        step: &'static str,
+        /// Why.
+        #[source]
+        source: Failure,
+    },
     /// The Kubernetes binaries could not be built or found.
     #[error(transparent)]
     Kubernetes(#[from] cluster::ClusterError),
@@ -58,6 +68,10 @@ fn step_err(step: &'static str, message: impl Into<String>) -> ImagesError {
         step,
         message: message.into(),
     }
+}
+
+fn step_failed(step: &'static str, source: Failure) -> ImagesError {
+    ImagesError::Failed { step, source }
 }
 
 /// The host OS boot image.
@@ -281,7 +295,7 @@ fn node_image_steps(
             )
         })?;
         let sha256 = fs::read_to_string(dir.join("node.tar.zst.sha256"))
-            .map_err(|e| step_err("node image", e.to_string()))?
+            .map_err(|e| step_failed("node image", Failure::of(e)))?
             .trim()
             .to_owned();
         Ok((
@@ -328,7 +342,7 @@ fn record_current(host: &HostImage, node: &NodeImage) -> Result<(), ImagesError>
         "kernel": host.kernel, "initrd": host.initrd,
         "node": node.archive, "nodeSha256": node.sha256,
     });
-    fs::write(current_path(), json.to_string()).map_err(|e| step_err("cache", e.to_string()))
+    fs::write(current_path(), json.to_string()).map_err(|e| step_failed("cache", Failure::of(e)))
 }
 
 /// The images the last `images` run built, without building anything (tests use them; the

@@ -8,6 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::cluster::LocalControlPlane;
+use crate::failure::Failure;
 
 /// The bootserver's (and the API server's, for the VMs) address on the provisioning bridge.
 pub const LAB_ADDRESS: &str = "10.99.0.1";
@@ -21,6 +22,9 @@ pub enum LabError {
     /// A step failed.
     #[error("{0}")]
     Step(String),
+    /// A step failed on another error, which it keeps.
+    #[error(transparent)]
+    Failed(#[from] Failure),
     /// A machine did not reach a stage in time.
     #[error(
         "{machine} did not reach {stage} within {seconds} s (last: {last}); console tail:\n{console}\n{logs}"
@@ -58,7 +62,7 @@ pub(crate) fn run_kubectl(
     args: &[&str],
     stdin: Option<&str>,
 ) -> Result<String, LabError> {
-    crate::cluster::run_kubectl(command, args, stdin).map_err(|e| step(e.to_string()))
+    crate::cluster::run_kubectl(command, args, stdin).map_err(|e| Failure::of(e).into())
 }
 
 /// A kubeconfig for a ServiceAccount of `unbounded-system`, with a token that does not
@@ -106,7 +110,7 @@ pub(crate) fn service_account_kubeconfig(
                     }
                     c.wait_with_output()
                 })
-                .map_err(|e| step(format!("base64: {e}")))?;
+                .map_err(|e| Failure::new("base64", e))?;
             break String::from_utf8_lossy(&out.stdout).into_owned();
         }
         if Instant::now() > deadline {

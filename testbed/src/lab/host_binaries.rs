@@ -4,11 +4,12 @@
 use std::fs;
 use std::path::Path;
 
-use super::base::{LAB_ADDRESS, LAB_API_PORT, LabError, kubectl, service_account_kubeconfig, step};
+use super::base::{LAB_ADDRESS, LAB_API_PORT, LabError, kubectl, service_account_kubeconfig};
 use super::{Components, LabOptions, write};
 use crate::appliance::BootArtifacts;
 use crate::bmc;
 use crate::cluster::LocalControlPlane;
+use crate::failure::Failure;
 use crate::images::Images;
 use crate::netns::{HostRoute, Netns};
 use crate::process::Process;
@@ -27,7 +28,7 @@ pub(super) fn start_host_binaries(
     // As the pods lab's appliance does: without it the API server cannot reach a kubelet.
     say("routed link host ↔ provisioning network (10.99.0.0/24)");
     let (host_cidr, ns_cidr, subnet) = crate::appliance::HOST_ROUTE;
-    let route = HostRoute::new(ns, host_cidr, ns_cidr, subnet).map_err(|e| step(e.to_string()))?;
+    let route = HostRoute::new(ns, host_cidr, ns_cidr, subnet).map_err(Failure::of)?;
     say("applying deploy/ (CRDs, policies, RBAC, Deployments)");
     kubectl(
         plane,
@@ -56,7 +57,7 @@ pub(super) fn start_host_binaries(
         )?,
     )?;
     let images_dir = options.dir.join("images");
-    fs::create_dir_all(&images_dir).map_err(|e| step(e.to_string()))?;
+    fs::create_dir_all(&images_dir).map_err(Failure::of)?;
     for (name, source) in [
         ("vmlinuz", &images.host.kernel),
         ("initrd.img", &images.host.initrd),
@@ -65,7 +66,7 @@ pub(super) fn start_host_binaries(
         let link = images_dir.join(name);
         let _ = fs::remove_file(&link);
         std::os::unix::fs::symlink(source, &link)
-            .map_err(|e| step(format!("linking {name}: {e}")))?;
+            .map_err(|e| Failure::new(format!("linking {name}"), e))?;
     }
 
     say(
@@ -98,7 +99,7 @@ pub(super) fn start_host_binaries(
         options.dir.join("bootserver.log"),
     )?;
     say("controller");
-    let metrics_port = bmc::free_port(false).map_err(|e| step(e.to_string()))?;
+    let metrics_port = bmc::free_port(false).map_err(Failure::of)?;
     let controller = Process::spawn(
         "controller",
         None,

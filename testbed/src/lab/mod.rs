@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use crate::appliance::{Appliance, ApplianceOptions, BootArtifacts};
 use crate::bmc::{self, Domain, DomainOptions, IpmiSim, Libvirtd, SushyEmulator};
 use crate::cluster::{KUBERNETES_VERSION, Lifetime, LocalControlPlane, PlaneOptions};
+use crate::failure::Failure;
 use crate::images::Images;
 use crate::netns::{HostRoute, LoopbackForward, Netns};
 use crate::process::Process;
@@ -154,7 +155,8 @@ pub struct Lab {
 pub const BRIDGE_CAPTURE: &str = "bridge.pcap";
 
 fn write(path: &Path, content: &str) -> Result<(), LabError> {
-    fs::write(path, content).map_err(|e| step(format!("writing {}: {e}", path.display())))
+    fs::write(path, content)
+        .map_err(|e| Failure::new(format!("writing {}", path.display()), e).into())
 }
 
 impl Lab {
@@ -164,16 +166,15 @@ impl Lab {
         images: &Images,
         say: &dyn Fn(&str),
     ) -> Result<Self, LabError> {
-        fs::create_dir_all(&options.dir)
-            .map_err(|e| step(format!("{}: {e}", options.dir.display())))?;
+        fs::create_dir_all(&options.dir).map_err(|e| Failure::new(options.dir.display(), e))?;
         say("provisioning network: namespace with bridge br0 (10.99.0.1/24)");
-        let ns = Netns::new("ubtb").map_err(|e| step(e.to_string()))?;
+        let ns = Netns::new("ubtb").map_err(Failure::of)?;
         for args in [
             &["link", "add", "br0", "type", "bridge"][..],
             &["addr", "add", "10.99.0.1/24", "dev", "br0"],
             &["link", "set", "br0", "up"],
         ] {
-            ns.ip(args).map_err(|e| step(e.to_string()))?;
+            ns.ip(args).map_err(Failure::of)?;
         }
         // Every boot's DHCP, scripts and credential exchange, from the first packet: the
         // first 2 KiB of each (images pass by, their heads only). `--immediate-mode`: each
@@ -218,7 +219,7 @@ impl Lab {
                 ..PlaneOptions::default()
             },
         )
-        .map_err(|e| step(e.to_string()))?;
+        .map_err(Failure::of)?;
         let api_port = plane
             .server_url()
             .rsplit(':')
@@ -231,7 +232,7 @@ impl Lab {
             LAB_API_PORT,
             &format!("127.0.0.1:{api_port}"),
         )
-        .map_err(|e| step(e.to_string()))?;
+        .map_err(Failure::of)?;
         let kubeconfig = plane.kubeconfig_path().to_path_buf();
 
         let (components, artifacts) = match options.mode {
@@ -261,9 +262,9 @@ impl Lab {
         say(
             "libvirtd and the BMC emulators on 10.99.0.1 (sushy-tools for Redfish, ipmi_sim for IPMI)",
         );
-        let libvirtd = Libvirtd::start(&ns).map_err(|e| step(e.to_string()))?;
+        let libvirtd = Libvirtd::start(&ns).map_err(Failure::of)?;
         let sushy = SushyEmulator::start_bound(Some(&ns), LAB_ADDRESS, BMC_USER, BMC_PASSWORD)
-            .map_err(|e| step(e.to_string()))?;
+            .map_err(Failure::of)?;
 
         say(&format!("{} VMs with their BMCs", options.machines));
         let pid = std::process::id();
@@ -292,7 +293,7 @@ impl Lab {
                     tpm: true,
                 },
             )
-            .map_err(|e| step(e.to_string()))?;
+            .map_err(Failure::of)?;
             let ipmi = match bmc {
                 BmcKind::Ipmi => Some(
                     // SOL shows the domain's serial console (`kubectl unbounded console`).
@@ -304,7 +305,7 @@ impl Lab {
                         BMC_PASSWORD,
                         &domain.console_path(),
                     )
-                    .map_err(|e| step(e.to_string()))?,
+                    .map_err(Failure::of)?,
                 ),
                 BmcKind::Redfish => None,
             };

@@ -5,9 +5,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::base::{LabError, kubectl, run_kubectl, step};
+use super::base::{LabError, kubectl, run_kubectl};
 use super::{Lab, write};
 use crate::appliance::PodsInfo;
+use crate::failure::Failure;
 
 impl crate::scenario::LabAccess for Lab {
     fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String, LabError> {
@@ -83,9 +84,9 @@ impl RunningLab {
     pub fn save(&self) -> Result<(), LabError> {
         let path = Self::state_path();
         if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent).map_err(|e| step(e.to_string()))?;
+            fs::create_dir_all(parent).map_err(Failure::of)?;
         }
-        let text = serde_json::to_string_pretty(self).map_err(|e| step(e.to_string()))?;
+        let text = serde_json::to_string_pretty(self).map_err(Failure::of)?;
         write(&path, &text)
     }
 }

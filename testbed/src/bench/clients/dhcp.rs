@@ -21,7 +21,7 @@ pub enum DhcpClientError {
     Io(#[from] std::io::Error),
     /// Encoding failed.
     #[error("encoding: {0}")]
-    Encode(String),
+    Encode(#[source] dhcproto::error::EncodeError),
     /// No answer after every attempt.
     #[error("no {0} after every attempt")]
     NoAnswer(&'static str),
@@ -200,9 +200,7 @@ impl Relay {
         attempts: u32,
         what: &'static str,
     ) -> Result<Message, DhcpClientError> {
-        let bytes = message
-            .to_vec()
-            .map_err(|e| DhcpClientError::Encode(e.to_string()))?;
+        let bytes = message.to_vec().map_err(DhcpClientError::Encode)?;
         for _ in 0..attempts {
             let (tx, rx) = oneshot::channel();
             self.waiting

@@ -33,6 +33,7 @@ use kube::runtime::watcher;
 use serde_json::Value;
 
 use crate::cluster::LocalControlPlane;
+use crate::failure::Failure;
 use layout::{Expected, Layout, LayoutError};
 use observe::{Progress, View};
 use probe::RequestCounts;
@@ -74,6 +75,9 @@ pub enum BenchError {
         /// Why it failed.
         source: kube::Error,
     },
+    /// A step failed on another error, which it keeps.
+    #[error(transparent)]
+    Failed(#[from] Failure),
     /// The controller could not be started or stopped early.
     #[error("{what}: {message}")]
     Controller {
@@ -170,10 +174,10 @@ pub async fn run(
     say: &(dyn Fn(String) + Sync),
 ) -> Result<Report, BenchError> {
     let layout = settings.layout.validate()?;
-    let client = plane.client().await.map_err(|e| BenchError::Controller {
-        what: "connecting to the control plane".into(),
-        message: e.to_string(),
-    })?;
+    let client = plane
+        .client()
+        .await
+        .map_err(|e| Failure::new("connecting to the control plane", e))?;
     let machines = resource("Machine", "machines");
     let configurations = resource("MachineConfiguration", "machineconfigurations");
     let versions = resource(
@@ -325,11 +329,8 @@ async fn create_all(
                 .as_str()
                 .unwrap_or_default()
                 .to_owned();
-            let object: DynamicObject =
-                serde_json::from_value(object).map_err(|e| BenchError::Controller {
-                    what: format!("building {name}"),
-                    message: e.to_string(),
-                })?;
+            let object: DynamicObject = serde_json::from_value(object)
+                .map_err(|e| Failure::new(format!("building {name}"), e))?;
             let mut attempt = 0;
             loop {
                 match api.create(&PostParams::default(), &object).await {
@@ -401,10 +402,7 @@ fn watch_into<V: Send + 'static>(
 async fn request_counts(client: &kube::Client) -> Result<RequestCounts, BenchError> {
     let request = http::Request::get("/metrics")
         .body(Vec::new())
-        .map_err(|e| BenchError::Controller {
-            what: "building the /metrics request".into(),
-            message: e.to_string(),
-        })?;
+        .map_err(|e| Failure::new("building the /metrics request", e))?;
     let text = client
         .request_text(request)
         .await
@@ -455,10 +453,7 @@ impl RunningController {
         });
         let pid = rx
             .recv()
-            .map_err(|e| BenchError::Controller {
-                what: "starting the controller".into(),
-                message: e.to_string(),
-            })?
+            .map_err(|e| Failure::new("starting the controller", e))?
             .map_err(io(format!("starting {}", settings.controller.display())))?;
         Ok(Self { pid })
     }

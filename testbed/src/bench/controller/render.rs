@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use super::probe::{self, RequestCounts};
 use super::{BenchError, Phase, Report};
+use crate::failure::Failure;
 
 const MIB: f64 = 1024.0;
 
@@ -153,10 +154,7 @@ fn resources(counts: &RequestCounts) -> String {
 /// Builds the controller in release mode with cargo and returns the binary's path.
 pub fn build_release_controller() -> Result<PathBuf, BenchError> {
     crate::images::host_build(&["unbounded-controller"], true)
-        .map_err(|e| BenchError::Controller {
-            what: "building the release controller".into(),
-            message: e.to_string(),
-        })?
+        .map_err(|e| Failure::new("building the release controller", e))?
         .into_iter()
         .next()
         .ok_or_else(|| BenchError::Controller {
