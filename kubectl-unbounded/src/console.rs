@@ -296,9 +296,7 @@ async fn open_sol(
         .stdout(Stdio::inherit())
         .stderr(Stdio::inherit());
     let mut interrupt = crate::interrupts().map_err(Error::Output)?;
-    let mut child = session
-        .spawn()
-        .map_err(|e| Error::Console(format!("running ipmitool (Debian package ipmitool): {e}")))?;
+    let mut child = session.spawn().map_err(Error::Ipmitool)?;
     // Held until the end: tokio's `wait` would close it, and ipmitool ends at end of input.
     let _input = child.stdin.take();
     let status = tokio::select! {

@@ -58,6 +58,9 @@ pub enum Error {
     /// Opening the console failed (never with a credential in the message).
     #[error("console: {0}")]
     Console(String),
+    /// ipmitool could not be started.
+    #[error("console: running ipmitool (Debian package ipmitool): {0}")]
+    Ipmitool(#[source] std::io::Error),
     /// Reading what a Redfish BMC advertises failed (never with a credential in the message).
     #[error("console: {0}")]
     Redfish(#[from] crate::redfish_console::RedfishError),

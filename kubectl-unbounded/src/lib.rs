@@ -14,7 +14,7 @@
 //!
 //! Decisions are pure functions over plain data ([`status::build`], [`render::render`],
 //! [`why::explain`], [`plan::plan`], [`progress`], [`complete::want`],
-//! [`redfish_console::decide`]); [`cluster`] and
+//! [`redfish_console::decide()`]); [`cluster`] and
 //! [`act`] do the I/O. See docs/kubectl-plugin.md.
 
 pub mod act;
