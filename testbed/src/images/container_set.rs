@@ -18,10 +18,12 @@ use crate::sbom;
 
 /// The code that writes the container images: part of their keys, so that a change to
 /// how an image is put together rebuilds it.
-pub(super) const IMAGE_WRITER: [&str; 3] = [
+pub(super) const IMAGE_WRITER: [&str; 5] = [
     include_str!("../oci.rs"),
     include_str!("../sbom.rs"),
-    include_str!("../containers.rs"),
+    include_str!("../containers/mod.rs"),
+    include_str!("../containers/contents.rs"),
+    include_str!("../containers/boot_images.rs"),
 ];
 
 pub(super) fn writer_key(key: Key) -> Key {

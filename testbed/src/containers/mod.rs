@@ -22,18 +22,25 @@
 //! (`/var/lib/unbounded/images/<version>/`), and a MachineConfiguration names one version's
 //! URLs and node image digest ([`BootImages::values`]). The set is stored as a plain
 //! (uncompressed) layer: it is zstd already.
+//!
+//! Where things are: this file holds the three images of our binaries ([`project_image`])
+//! and what a build records; `contents` reads what the recipe's output holds and the lock
+//! pins; `boot_images` puts the boot images image together ([`boot_images_image`]).
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use unbounded_api::boot_images::{
-    BootImageFile, BootImageRole, BootImagesManifest, ConfigurationValues, MANIFEST_FILE,
-    content_version,
-};
+use unbounded_api::boot_images::BootImagesManifest;
 
 use crate::failure::Failure;
 use crate::oci::{self, ImageSpec, Layer, LayerCompression, LayerFile, WrittenImage};
 use crate::sbom::{self, Package, Sbom};
+
+mod boot_images;
+mod contents;
+
+pub use boot_images::{BootImages, BootSet, boot_images_image};
+pub use contents::{ContentLine, Contents, parse_contents};
 
 /// Where the images are published, as `deploy/` names them.
 pub const REPOSITORY: &str = "docker.io/unbounded";
@@ -113,157 +120,6 @@ impl ProjectImage {
     /// `docker.io/unbounded/<name>:<version>`.
     pub fn reference(&self, version: &str) -> String {
         format!("{REPOSITORY}/{}:{version}", self.name)
-    }
-}
-
-/// A line of `contents.lock` or of the `contents.txt` the recipe writes: kind, name,
-/// version, SHA-256, origin (`-` for none).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ContentLine {
-    /// `deb` (a Debian package) or `file` (a file made from one).
-    pub kind: String,
-    /// The package or file name.
-    pub name: String,
-    /// The version, if any.
-    pub version: Option<String>,
-    /// The SHA-256, if any.
-    pub sha256: Option<String>,
-    /// Where a file comes from (`deb:<package>:<path>`, `bundle:<package>:<directory>`).
-    pub origin: Option<String>,
-}
-
-/// Parses the lock's format (comments with `#`, blank lines ignored).
-pub fn parse_contents(text: &str) -> Result<Vec<ContentLine>, String> {
-    let dash = |s: &str| (s != "-").then(|| s.to_owned());
-    text.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(|line| {
-            let words: Vec<&str> = line.split_whitespace().collect();
-            let [kind, name, version, sha256, origin] = words[..] else {
-                return Err(format!("expected 5 columns: {line:?}"));
-            };
-            if !matches!(kind, "deb" | "file") {
-                return Err(format!("unknown kind {kind:?}: {line:?}"));
-            }
-            Ok(ContentLine {
-                kind: kind.to_owned(),
-                name: name.to_owned(),
-                version: dash(version),
-                sha256: dash(sha256),
-                origin: dash(origin),
-            })
-        })
-        .collect()
-}
-
-/// The recipe's output: the files and what it used.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Contents {
-    /// Its directory.
-    pub dir: PathBuf,
-    /// `contents.txt`.
-    pub lines: Vec<ContentLine>,
-}
-
-impl Contents {
-    /// Reads a recipe output directory.
-    pub fn read(dir: &Path) -> Result<Self, ContainerError> {
-        let path = dir.join("contents.txt");
-        let text = std::fs::read_to_string(&path).map_err(|e| Failure::new(path.display(), e))?;
-        let lines = parse_contents(&text)
-            .map_err(|e| ContainerError::Input(format!("{}: {e}", path.display())))?;
-        Ok(Self {
-            dir: dir.to_owned(),
-            lines,
-        })
-    }
-
-    fn line(&self, kind: &str, name: &str) -> Result<&ContentLine, ContainerError> {
-        self.lines
-            .iter()
-            .find(|l| l.kind == kind && l.name == name)
-            .ok_or_else(|| ContainerError::Input(format!("the contents list no {kind} {name}")))
-    }
-
-    /// The `file` lines under `prefix` (such as `ipxe/`).
-    pub fn files_under<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = &'a ContentLine> {
-        self.lines
-            .iter()
-            .filter(move |l| l.kind == "file" && l.name.starts_with(prefix))
-    }
-
-    /// The SBOM keys of the packages a file comes from: `deb:<package>@<suite>` of an origin
-    /// `deb:<package>@<suite>:<path>` or `bundle:<package>@<suite>:<directory>`.
-    fn origin_keys(line: &ContentLine) -> Vec<String> {
-        let origin = line.origin.as_deref().unwrap_or_default();
-        let mut parts = origin.splitn(3, ':');
-        match (parts.next(), parts.next()) {
-            (Some("deb" | "bundle"), Some(package)) => vec![format!("deb:{package}")],
-            _ => Vec::new(),
-        }
-    }
-
-    /// An image file from the line `file <name>`, checked against the digest recorded.
-    fn image_file(
-        &self,
-        name: &str,
-        path_in_image: &str,
-    ) -> Result<(LayerFile, sbom::File), ContainerError> {
-        let line = self.line("file", name)?;
-        let source = self.dir.join(name);
-        let file = sbom::File::of_path(
-            path_in_image,
-            &source,
-            Self::origin_keys(line),
-            &format!("from {}", line.origin.as_deref().unwrap_or("?")),
-        )?;
-        if line.sha256.as_deref() != Some(file.sha256.as_str()) {
-            return Err(ContainerError::Input(format!(
-                "{}: sha256 {}, contents.txt says {:?}",
-                source.display(),
-                file.sha256,
-                line.sha256
-            )));
-        }
-        Ok((LayerFile::copy(path_in_image, source, 0o644), file))
-    }
-
-    /// The Debian packages behind `keys`, for an SBOM. A `deb` line's origin is
-    /// `<archive>/<suite>` (`debian/trixie`); its key `deb:<name>@<suite>`.
-    fn packages(&self, keys: &[String]) -> Vec<Package> {
-        self.lines
-            .iter()
-            .filter(|l| l.kind == "deb")
-            .filter_map(|line| {
-                let origin = line.origin.as_deref().unwrap_or_default();
-                let (archive, suite) = origin.split_once('/').unwrap_or(("debian", origin));
-                let key = format!("deb:{}@{suite}", line.name);
-                keys.contains(&key).then(|| {
-                    let version = line.version.clone().unwrap_or_default();
-                    // The purl names the release by its codename (`bookworm` of
-                    // `bookworm-security`).
-                    let codename = suite.split('-').next().unwrap_or(suite);
-                    Package {
-                        key,
-                        name: line.name.clone(),
-                        version: version.clone(),
-                        download: "NOASSERTION".into(),
-                        sha256: line.sha256.clone(),
-                        license: None,
-                        purl: Some(format!(
-                            "pkg:deb/debian/{}@{version}?arch=all&distro={codename}",
-                            line.name
-                        )),
-                        purpose: "LIBRARY",
-                        depends_on: Vec::new(),
-                        comment: Some(format!(
-                            "Debian binary package from {archive} {suite} (the checksum is the .deb's, as Debian's signed index lists it), pinned in images/containers/contents.lock"
-                        )),
-                    }
-                })
-            })
-            .collect()
     }
 }
 
@@ -381,179 +237,6 @@ pub fn project_image(
             ),
         },
         sbom,
-    })
-}
-
-/// A set of boot images as the image builder found it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BootSet {
-    /// The host OS kernel.
-    pub kernel: PathBuf,
-    /// The host OS initrd.
-    pub initrd: PathBuf,
-    /// The node image.
-    pub node: PathBuf,
-    /// What the host OS is (its recipe's `manifest.txt`), for the SBOM.
-    pub host_description: String,
-    /// What the node image is.
-    pub node_description: String,
-}
-
-/// The boot images image.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BootImages {
-    /// The image.
-    pub assembled: Assembled,
-    /// The set's manifest.
-    pub manifest: BootImagesManifest,
-}
-
-impl BootImages {
-    /// What a MachineConfiguration names to boot this set.
-    pub fn values(&self) -> Option<ConfigurationValues> {
-        self.manifest.configuration_values()
-    }
-}
-
-/// The boot images image: the set (and its manifest) as a plain layer, the installer (the
-/// bootserver binary) and the SBOM as a gzip layer.
-pub fn boot_images_image(
-    installer: &RustBinary,
-    set: &BootSet,
-    version: &str,
-    created: &str,
-) -> Result<BootImages, ContainerError> {
-    let parts: [(&str, BootImageRole, &Path, &str, &str); 3] = [
-        (
-            "vmlinuz",
-            BootImageRole::Kernel,
-            set.kernel.as_path(),
-            "package:unbounded-host-os",
-            "the host OS kernel (Debian's linux-image-amd64; images/host/build.sh)",
-        ),
-        (
-            "initrd.img",
-            BootImageRole::Initrd,
-            set.initrd.as_path(),
-            "package:unbounded-host-os",
-            "the host OS root file system as a zstd cpio (images/host/build.sh)",
-        ),
-        (
-            "node.tar.zst",
-            BootImageRole::NodeImage,
-            set.node.as_path(),
-            "package:unbounded-node-image",
-            "the node image (images/node/build.sh)",
-        ),
-    ];
-    let mut entries = Vec::new();
-    let mut sbom_files = Vec::new();
-    let mut set_layer = Vec::new();
-    for (name, role, source, package, origin) in parts {
-        let path = format!("{BOOT_IMAGES_DIR}/{name}");
-        let file = sbom::File::of_path(&path, source, vec![package.into()], origin)?;
-        let size = std::fs::metadata(source)
-            .map_err(|e| Failure::new(source.display(), e))?
-            .len();
-        entries.push(BootImageFile {
-            name: name.into(),
-            role,
-            size,
-            sha256: file.sha256.clone(),
-        });
-        set_layer.push(LayerFile::copy(path, source, 0o644));
-        sbom_files.push(file);
-    }
-    let manifest = BootImagesManifest {
-        version: content_version(&entries),
-        files: entries,
-        // The node image's kubelet: the testbed's release (images/node/build.sh).
-        kubernetes_version: Some(crate::cluster::KUBERNETES_VERSION.to_owned()),
-    };
-    manifest.validate().map_err(Failure::of)?;
-    let manifest_path = format!("{BOOT_IMAGES_DIR}/{MANIFEST_FILE}");
-    let manifest_bytes = manifest.to_json();
-    sbom_files.push(sbom::File::of_bytes(
-        &manifest_path,
-        &manifest_bytes,
-        Vec::new(),
-        "the set's manifest: each file's role, size and sha256 (what install-images verifies)",
-    ));
-    set_layer.push(LayerFile::bytes(manifest_path, manifest_bytes, 0o644));
-
-    let (bin_layer, bin_file) = installer.image_file()?;
-    sbom_files.push(bin_file);
-    let mut packages = installer.packages.clone();
-    for (key, name, description) in [
-        (
-            "package:unbounded-host-os",
-            "unbounded-host-os",
-            &set.host_description,
-        ),
-        (
-            "package:unbounded-node-image",
-            "unbounded-node-image",
-            &set.node_description,
-        ),
-    ] {
-        packages.push(Package {
-            key: key.into(),
-            name: name.into(),
-            version: manifest.version.clone(),
-            download: "NOASSERTION".into(),
-            sha256: None,
-            license: None,
-            purl: None,
-            purpose: "OPERATING-SYSTEM",
-            depends_on: Vec::new(),
-            comment: Some(description.clone()),
-        });
-    }
-    let sbom = Sbom {
-        name: format!("unbounded/{BOOT_IMAGES_NAME}"),
-        version: manifest.version.clone(),
-        files: sbom_files,
-        packages,
-    }
-    .to_spdx(created);
-    let entrypoint = [
-        format!("/usr/local/bin/{}", installer.package),
-        "install-images".into(),
-        "--from".into(),
-        BOOT_IMAGES_DIR.into(),
-        "--to".into(),
-        INSTALLED_IMAGES_DIR.into(),
-    ];
-    let spec = ImageSpec {
-        references: vec![
-            format!("{REPOSITORY}/{BOOT_IMAGES_NAME}:{}", manifest.version),
-            format!("{REPOSITORY}/{BOOT_IMAGES_NAME}:{version}"),
-        ],
-        layers: vec![
-            Layer {
-                files: vec![bin_layer, LayerFile::bytes(SBOM_PATH, sbom.clone(), 0o644)],
-                compression: LayerCompression::Gzip,
-                comment: "the installer (unbounded-bootserver) and the SBOM".into(),
-            },
-            Layer {
-                files: set_layer,
-                compression: LayerCompression::None,
-                comment: format!("boot images {} (compressed already)", manifest.version),
-            },
-        ],
-        entrypoint: entrypoint.to_vec(),
-        // It writes the node's hostPath; the Deployment drops every capability.
-        user: "0:0".into(),
-        env: Vec::new(),
-        labels: labels(
-            &format!("unbounded/{BOOT_IMAGES_NAME}"),
-            "Unbounded's host OS and node images, one versioned set, with their installer",
-            &manifest.version,
-        ),
-    };
-    Ok(BootImages {
-        assembled: Assembled { spec, sbom },
-        manifest,
     })
 }
 
@@ -856,9 +539,15 @@ mod tests {
             .collect();
         let mut named = Vec::new();
         for (file, text) in [
-            ("controller", include_str!("../../deploy/controller.yaml")),
-            ("bootserver", include_str!("../../deploy/bootserver.yaml")),
-            ("azure", include_str!("../../deploy/azure.yaml")),
+            (
+                "controller",
+                include_str!("../../../deploy/controller.yaml"),
+            ),
+            (
+                "bootserver",
+                include_str!("../../../deploy/bootserver.yaml"),
+            ),
+            ("azure", include_str!("../../../deploy/azure.yaml")),
         ] {
             for image in text
                 .lines()
@@ -894,7 +583,7 @@ mod tests {
         ] {
             assert!(parse_contents(bad).is_err(), "{bad}");
         }
-        let lock = include_str!("../../images/containers/contents.lock");
+        let lock = include_str!("../../../images/containers/contents.lock");
         let lines = parse_contents(lock).unwrap();
         let files: Vec<&str> = lines
             .iter()
