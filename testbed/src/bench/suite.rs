@@ -10,6 +10,10 @@ use super::report::Report;
 use super::{dhcp, http, peers, storm, tftp};
 use crate::bench::controller::probe;
 
+/// A bootserver binary to measure instead of building this checkout's (a before/after
+/// comparison: `UNBOUNDED_BENCH_BOOTSERVER=/path/to/unbounded-bootserver bench dhcp`).
+pub const OTHER_BOOTSERVER: &str = "UNBOUNDED_BENCH_BOOTSERVER";
+
 /// One benchmark.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Mode {
@@ -210,12 +214,25 @@ pub fn run_network(
     }
     say("installing the peers and clients that are missing (Debian packages)".into());
     peers::install().map_err(BedError::from)?;
-    say(format!(
-        "building our bootserver ({})",
-        if options.release { "release" } else { "debug" }
-    ));
-    let built = crate::images::host_build(&["unbounded-bootserver"], options.release)
-        .map_err(SuiteError::NotBuilt)?;
+    // Another build of the bootserver, for a before/after comparison on one machine (the
+    // harness and the peers stay this checkout's).
+    let built = match std::env::var_os(OTHER_BOOTSERVER) {
+        Some(path) => {
+            say(format!(
+                "measuring the bootserver at {} ({OTHER_BOOTSERVER})",
+                Path::new(&path).display()
+            ));
+            vec![PathBuf::from(path)]
+        }
+        None => {
+            say(format!(
+                "building our bootserver ({})",
+                if options.release { "release" } else { "debug" }
+            ));
+            crate::images::host_build(&["unbounded-bootserver"], options.release)
+                .map_err(SuiteError::NotBuilt)?
+        }
+    };
     let ours = built
         .first()
         .ok_or_else(|| SuiteError::Build("no binary".into()))?;
