@@ -13,7 +13,7 @@ use std::fmt::Debug;
 use std::time::Instant;
 
 use kube::api::{Api, Patch, PatchParams};
-use kube::{Client, Resource};
+use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use unbounded_api::well_known::field_managers;
@@ -117,14 +117,12 @@ impl RecordsCopies for MachineConfiguration {
 
 /// A status decided from one copy of an object, to write over that copy.
 #[derive(Debug)]
-pub(crate) struct OverCopy<'a, S> {
-    /// The object's name.
-    pub name: &'a str,
-    /// The `resourceVersion` of the copy as read (from the cache).
-    pub read_at: &'a str,
-    /// The copy the status is written over: the one read, or one this reconcile wrote
-    /// since (a configuration's `latestVersion`).
-    pub over: Option<&'a str>,
+pub(crate) struct OverCopy<'a, K, S> {
+    /// The copy the status was decided from (the cache's).
+    pub read: &'a K,
+    /// The `resourceVersion` of a copy this reconcile wrote itself since (a configuration's
+    /// `latestVersion`): the status is written over that one instead.
+    pub rewritten: Option<&'a str>,
     /// The fields the controller owns.
     pub status: &'a S,
 }
@@ -134,7 +132,7 @@ pub(crate) struct OverCopy<'a, S> {
 /// without the request. Once written, records the copies it replaced (the one read and
 /// the one written over) for the reconciles that may still read them from the cache.
 pub(crate) async fn apply_over_copy<K, S>(
-    write: OverCopy<'_, S>,
+    write: OverCopy<'_, K, S>,
     client: &Client,
     expectations: &Shared<Expectations>,
 ) -> Result<(), Error>
@@ -142,22 +140,20 @@ where
     K: RecordsCopies,
     S: Serialize + Debug,
 {
-    let OverCopy {
-        name,
-        read_at,
-        over,
-        status,
-    } = write;
-    if K::copies(&expectations.read()).is_superseded(name, read_at, Instant::now()) {
+    let name = write.read.name_any();
+    let read_at = write.read.resource_version();
+    let read_at = read_at.as_deref().unwrap_or_default();
+    if K::copies(&expectations.read()).is_superseded(&name, read_at, Instant::now()) {
         return Err(Error::Waiting(format!(
             "{} {name}: status already written over this copy",
             K::kind(&())
         )));
     }
+    let over = write.rewritten.unwrap_or(read_at);
     let mut written_over = vec![read_at];
-    written_over.extend(over.filter(|v| *v != read_at));
+    written_over.extend(Some(over).filter(|v| *v != read_at));
     tracing::debug!(kind = %K::kind(&()), %name, ?written_over, "writing status");
-    apply::<K, S>(client, name, over, status).await?;
-    K::copies_mut(&mut expectations.write()).wrote_over(name, &written_over, Instant::now());
+    apply::<K, S>(client, &name, Some(over), write.status).await?;
+    K::copies_mut(&mut expectations.write()).wrote_over(&name, &written_over, Instant::now());
     Ok(())
 }

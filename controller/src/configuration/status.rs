@@ -3,7 +3,6 @@
 //! applied when they differ (`write_status`, through [`crate::status_apply`]).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use serde::Serialize;
 use unbounded_api::condition;
@@ -194,16 +193,10 @@ pub(crate) async fn write_status(
     if unchanged(current, &wanted) {
         return Ok(());
     }
-    let read_at = configuration.resource_version();
-    apply_over_copy::<MachineConfiguration, _>(
-        OverCopy {
-            name: &configuration.name_any(),
-            read_at: read_at.as_deref().unwrap_or_default(),
-            over,
-            status: &wanted,
-        },
-        &ctx.client,
-        &ctx.expectations,
-    )
-    .await
+    let write = OverCopy {
+        read: configuration,
+        rewritten: over,
+        status: &wanted,
+    };
+    apply_over_copy(write, &ctx.client, &ctx.expectations).await
 }

@@ -124,18 +124,12 @@ pub(crate) async fn write_status(
     }
     // Written only over the Machine as read: a reconcile working from a stale copy must not
     // overwrite what a newer one recorded (the version is sticky).
-    let read_at = machine.resource_version();
-    apply_over_copy::<Machine, _>(
-        OverCopy {
-            name: &machine.name_any(),
-            read_at: read_at.as_deref().unwrap_or_default(),
-            over: read_at.as_deref(),
-            status: &wanted,
-        },
-        &ctx.client,
-        &ctx.expectations,
-    )
-    .await
+    let write = OverCopy {
+        read: machine,
+        rewritten: None,
+        status: &wanted,
+    };
+    apply_over_copy(write, &ctx.client, &ctx.expectations).await
 }
 
 /// The `Discovered` condition this Machine's every status write carries
