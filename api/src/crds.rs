@@ -34,8 +34,17 @@ pub fn all() -> Vec<CustomResourceDefinition> {
 
 /// Every CRD as `(file name, YAML)`, the file name being `<crd name>.yaml`.
 pub fn render_all() -> Result<Vec<(String, String)>, CrdError> {
-    all()
-        .into_iter()
+    render(all())
+}
+
+/// The Cluster API kinds' CRDs ([`crate::capi::crds`]) as `(file name, YAML)`: they go to
+/// `deploy/cluster-api/crds/`, installed with the Cluster API provider, not with Unbounded.
+pub fn render_cluster_api() -> Result<Vec<(String, String)>, CrdError> {
+    render(crate::capi::crds())
+}
+
+fn render(crds: Vec<CustomResourceDefinition>) -> Result<Vec<(String, String)>, CrdError> {
+    crds.into_iter()
         .map(|crd| {
             let name = crd.metadata.name.clone().unwrap_or_default();
             let yaml = serde_saphyr::to_string(&crd).map_err(|source| CrdError::Render {

@@ -12,6 +12,10 @@
 //! | [`MachinePool`] | `mp` | a scalable group of Machines, with rolling updates and remediation |
 //! | [`inventory::MachineInventory`] | `mi` | the hardware facts of the Machine of the same name |
 //!
+//! [`capi`] holds the Cluster API kinds (groups `infrastructure.cluster.x-k8s.io` and
+//! `bootstrap.cluster.x-k8s.io`): `UnboundedCluster`, `UnboundedMachine`, `UnboundedConfig`
+//! and their templates.
+//!
 //! Validation lives in the CRD schema as CEL rules (see each field's `x_kube` attribute), so
 //! `kubectl apply` rejects a bad object with a message that says what is wrong.
 
@@ -20,6 +24,7 @@
 
 pub mod agent;
 pub mod boot_images;
+pub mod capi;
 pub mod condition;
 pub mod configuration;
 pub mod crds;

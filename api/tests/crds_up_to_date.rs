@@ -33,3 +33,20 @@ fn the_reference_page_matches_the_types() {
         path.display()
     );
 }
+
+#[test]
+fn checked_in_cluster_api_crds_match_the_types() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/cluster-api/crds");
+    let rendered = unbounded_api::crds::render_cluster_api().expect("render CRDs");
+    assert_eq!(rendered.len(), 6);
+    for (name, yaml) in rendered {
+        let path = dir.join(&name);
+        let on_disk =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(
+            on_disk == yaml,
+            "{} is out of date: run `cargo run -p unbounded-api --bin crdgen`",
+            path.display()
+        );
+    }
+}
