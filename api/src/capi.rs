@@ -393,6 +393,62 @@ pub fn crds()
     crds
 }
 
+/// Why no configuration version runs a Cluster API Machine's Kubernetes version.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "no version of MachineConfiguration {configuration} runs Kubernetes {kubernetes} (its versions run: {available})"
+)]
+pub struct NoVersionForKubernetes {
+    /// The configuration.
+    pub configuration: String,
+    /// The Cluster API Machine's `spec.version`.
+    pub kubernetes: String,
+    /// What its versions run, newest first (`v3: v1.35.4`), or `none`.
+    pub available: String,
+}
+
+/// The version of `configuration` an `UnboundedConfig` without a pinned version runs for a
+/// Cluster API Machine of Kubernetes `kubernetes` (its `spec.version`): the newest version
+/// whose template names that Kubernetes version (a leading `v` optional on either side). A
+/// version that names none is never chosen: Cluster API says which Kubernetes a Machine
+/// runs, and a default could be another.
+pub fn version_for_kubernetes(
+    versions: &[crate::MachineConfigurationVersion],
+    configuration: &str,
+    kubernetes: &str,
+) -> Result<i64, NoVersionForKubernetes> {
+    let wanted = kubernetes.trim_start_matches('v');
+    let mut own: Vec<_> = versions
+        .iter()
+        .filter(|v| v.spec.configuration_name == configuration)
+        .map(|v| {
+            let runs = v
+                .spec
+                .template
+                .kubernetes
+                .as_ref()
+                .and_then(|k| k.version.as_deref());
+            (v.spec.version, runs)
+        })
+        .collect();
+    own.sort_by_key(|(number, _)| std::cmp::Reverse(*number));
+    own.iter()
+        .find(|(_, runs)| runs.is_some_and(|r| r.trim_start_matches('v') == wanted))
+        .map(|(number, _)| *number)
+        .ok_or_else(|| NoVersionForKubernetes {
+            configuration: configuration.to_owned(),
+            kubernetes: kubernetes.to_owned(),
+            available: if own.is_empty() {
+                "none".to_owned()
+            } else {
+                own.iter()
+                    .map(|(n, runs)| format!("v{n}: {}", runs.unwrap_or("no Kubernetes version")))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -464,5 +520,51 @@ mod tests {
             Some(true)
         );
         assert_eq!(status.addresses[0].type_, "InternalIP");
+    }
+
+    fn version(
+        configuration: &str,
+        number: i64,
+        kubernetes: Option<&str>,
+    ) -> crate::MachineConfigurationVersion {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "unbounded-cloud.io/v1alpha1",
+            "kind": "MachineConfigurationVersion",
+            "metadata": {"name": format!("{configuration}-v{number}")},
+            "spec": {
+                "configurationName": configuration,
+                "version": number,
+                "template": kubernetes.map_or(serde_json::json!({}), |k| serde_json::json!({"kubernetes": {"version": k}})),
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_machine_runs_the_newest_version_of_its_kubernetes() {
+        let versions = [
+            version("workers", 1, Some("v1.34.2")),
+            version("workers", 2, Some("v1.35.4")),
+            version("workers", 3, Some("v1.35.4")),
+            version("workers", 4, Some("v1.36.0")),
+            version("workers", 5, None),
+            version("others", 9, Some("v1.35.4")),
+        ];
+        let pick = |k: &str| version_for_kubernetes(&versions, "workers", k);
+        assert_eq!(pick("v1.35.4"), Ok(3));
+        assert_eq!(pick("1.35.4"), Ok(3));
+        assert_eq!(pick("v1.34.2"), Ok(1));
+        assert_eq!(pick("v1.36.0"), Ok(4));
+        let missing = pick("v1.33.0").unwrap_err();
+        assert_eq!(
+            missing.to_string(),
+            "no version of MachineConfiguration workers runs Kubernetes v1.33.0 (its versions run: v5: no Kubernetes version, v4: v1.36.0, v3: v1.35.4, v2: v1.35.4, v1: v1.34.2)"
+        );
+        assert_eq!(
+            version_for_kubernetes(&versions, "absent", "v1.35.4")
+                .unwrap_err()
+                .available,
+            "none"
+        );
     }
 }
