@@ -15,9 +15,10 @@ use reqwest::header::{HeaderMap, LOCATION, RETRY_AFTER};
 use reqwest::{Method, Url};
 use serde_json::Value;
 
-use crate::error::{ArmError, error_parts, transport_message};
+use crate::error::{ArmError, error_parts};
 use crate::lro::{self, Follow, Progress};
 use crate::retry::{self, Decision, RetryPolicy};
+use unbounded_runtime::error_text::with_causes;
 
 /// A credential that gets tokens for Azure Resource Manager.
 pub type Credential = Arc<dyn TokenCredential>;
@@ -376,7 +377,7 @@ impl ArmClient {
                 Err(source) => {
                     match retry::decide_transport(&self.retry, attempt, retry::jitter()) {
                         Decision::RetryAfter(wait) => {
-                            let message = transport_message(&source);
+                            let message = with_causes(&source);
                             tracing::info!(action, attempt, %message, wait_ms = wait.as_millis() as u64, "Azure unreachable; retrying");
                             tokio::time::sleep(wait).await;
                             attempt += 1;

@@ -67,7 +67,7 @@ pub enum ArmError {
         message: String,
     },
     /// No connection or no complete answer, after the retries.
-    #[error("{action}: Azure Resource Manager is unavailable: {}", transport_message(.source))]
+    #[error("{action}: Azure Resource Manager is unavailable: {}", unbounded_runtime::error_text::with_causes(.source))]
     Unreachable {
         /// What was being done.
         action: String,
@@ -222,18 +222,6 @@ impl ArmError {
     pub fn is_not_found(&self) -> bool {
         matches!(self, Self::Azure { status: 404, .. })
     }
-}
-
-/// An HTTP client's error and its causes on one line (reqwest's own text says only "error
-/// sending request"; the causes say whether the connection was refused or timed out).
-pub(crate) fn transport_message(error: &reqwest::Error) -> String {
-    let mut message = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(s) = source {
-        message = format!("{message}: {s}");
-        source = s.source();
-    }
-    message
 }
 
 /// Azure's `{code, message}` from an error body: ARM's `{"error": {...}}` or a bare

@@ -12,8 +12,10 @@
 //! - [`handler`]: claiming, running and finishing the MachineOperations routed to an agent or
 //!   a provider;
 //! - [`tokens`]: minting an agent's ServiceAccount token and kubelet's bootstrap token;
-//! - [`inventory`]: folding one source's read into a Machine's `MachineInventory`.
+//! - [`inventory`]: folding one source's read into a Machine's `MachineInventory`;
+//! - [`error_text`]: an error and its causes on one line, for messages.
 
+pub mod error_text;
 pub mod handler;
 pub mod inventory;
 pub mod leader;

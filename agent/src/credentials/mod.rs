@@ -37,7 +37,7 @@ use crate::identity::Identity;
 #[derive(Debug, thiserror::Error)]
 pub enum CredentialError {
     /// The bootserver could not be reached.
-    #[error("asking the bootserver at {bootserver} for credentials: {}", with_causes(&**.source))]
+    #[error("asking the bootserver at {bootserver} for credentials: {}", unbounded_runtime::error_text::with_causes(&**.source))]
     Unreachable {
         /// The bootserver's base URL.
         bootserver: String,
@@ -212,20 +212,6 @@ pub fn classify(status: u16, retry_after: Option<&str>, proof: ProofKind) -> Ver
         401 | 403 if proof == ProofKind::Nonce => Verdict::Spent,
         _ => Verdict::Fatal,
     }
-}
-
-/// An error and its causes on one line (reqwest's own text says only "error sending
-/// request"; the cause says whether it was a refused connection or a certificate that is
-/// not the pinned one). No request carries a secret in its URL.
-fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(inner) = cause {
-        text.push_str(": ");
-        text.push_str(&inner.to_string());
-        cause = inner.source();
-    }
-    text
 }
 
 /// How to authenticate a credential request.

@@ -16,7 +16,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 #[derive(Debug, thiserror::Error)]
 pub enum RedfishError {
     /// No connection or no answer.
-    #[error("the Redfish BMC {bmc} is unreachable: {}", with_causes(.source))]
+    #[error("the Redfish BMC {bmc} is unreachable: {}", unbounded_runtime::error_text::with_causes(.source))]
     Unreachable {
         /// The BMC (scheme, host, port).
         bmc: String,
@@ -77,18 +77,6 @@ pub enum RedfishError {
         #[source]
         source: unbounded_pxe::power::redfish::ClientError,
     },
-}
-
-/// An HTTP client's error and its causes on one line: reqwest's own text says only "error
-/// sending request"; the causes say whether the connection was refused or timed out.
-fn with_causes(error: &reqwest::Error) -> String {
-    let mut message = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(s) = source {
-        message = format!("{message}: {s}");
-        source = s.source();
-    }
-    message
 }
 
 /// Where a Redfish BMC is and how to talk to it.

@@ -296,15 +296,9 @@ impl RedfishBmc {
                 seconds: self.timeout.as_secs().max(1),
             }
         } else {
-            let mut message = error.to_string();
-            let mut source = std::error::Error::source(error);
-            while let Some(s) = source {
-                message = format!("{message}: {s}");
-                source = s.source();
-            }
             PowerError::Unreachable {
                 bmc: self.name.clone(),
-                message,
+                message: unbounded_runtime::error_text::with_causes(error),
             }
         }
     }
