@@ -2,7 +2,9 @@
 //! ([`UnboundedMachine`], [`UnboundedMachineTemplate`], [`UnboundedCluster`],
 //! [`UnboundedClusterTemplate`], group `infrastructure.cluster.x-k8s.io`) and as a bootstrap
 //! provider ([`UnboundedConfig`], [`UnboundedConfigTemplate`], group
-//! `bootstrap.cluster.x-k8s.io`). Every kind is namespaced, and its CRD carries the label
+//! `bootstrap.cluster.x-k8s.io`), and the control plane it joins
+//! ([`UnboundedControlPlane`], [`UnboundedControlPlaneTemplate`], group
+//! `controlplane.cluster.x-k8s.io`: a control plane that already runs). Every kind is namespaced, and its CRD carries the label
 //! [`CONTRACT_LABEL`] = [`API_VERSION`] that tells the Cluster API controllers which of our
 //! versions speaks their contract.
 //!
@@ -28,6 +30,8 @@ pub const CONTRACT_LABEL: &str = "cluster.x-k8s.io/v1beta2";
 pub const API_VERSION: &str = "v1alpha1";
 /// The infrastructure provider's API group.
 pub const INFRASTRUCTURE_GROUP: &str = "infrastructure.cluster.x-k8s.io";
+/// The control plane provider's API group.
+pub const CONTROL_PLANE_GROUP: &str = "controlplane.cluster.x-k8s.io";
 /// The bootstrap provider's API group.
 pub const BOOTSTRAP_GROUP: &str = "bootstrap.cluster.x-k8s.io";
 /// The annotation that pauses reconciliation of one object (Cluster API's).
@@ -280,6 +284,104 @@ pub struct UnboundedClusterTemplateResource {
     pub spec: UnboundedClusterSpec,
 }
 
+/// The control plane of a Cluster whose machines Unbounded provides: the Kubernetes control
+/// plane that already runs (the appliance's, or any whose API server the agents join), not
+/// one made of Machines. It is initialized once Cluster API can reach it: its
+/// `<cluster>-kubeconfig` Secret exists.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "controlplane.cluster.x-k8s.io",
+    version = "v1alpha1",
+    kind = "UnboundedControlPlane",
+    namespaced,
+    category = "cluster-api",
+    status = "UnboundedControlPlaneStatus",
+    derive = "PartialEq",
+    doc = "The Kubernetes control plane a Cluster's Unbounded machines join: one that already runs (no Machines are made for it). Initialized once its <cluster>-kubeconfig Secret exists.",
+    printcolumn(
+        name = "Cluster",
+        type_ = "string",
+        json_path = ".metadata.labels.cluster\\.x-k8s\\.io/cluster-name"
+    ),
+    printcolumn(
+        name = "Endpoint",
+        type_ = "string",
+        json_path = ".spec.controlPlaneEndpoint.host"
+    ),
+    printcolumn(
+        name = "Initialized",
+        type_ = "boolean",
+        json_path = ".status.initialization.controlPlaneInitialized"
+    ),
+    printcolumn(name = "Version", type_ = "string", json_path = ".status.version"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct UnboundedControlPlaneSpec {
+    /// Where the API server is reached (the contract's `controlPlaneEndpoint`).
+    pub control_plane_endpoint: ApiEndpoint,
+    /// The Kubernetes version the control plane runs, as ClusterClass topologies set it;
+    /// informational (the control plane is not upgraded from here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+}
+
+/// Observed state of an `UnboundedControlPlane`, in the terms of the contract.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UnboundedControlPlaneStatus {
+    /// The contract's initialization.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initialization: Option<ControlPlaneInitialization>,
+    /// The version the API server reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// `Available`, `Paused`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// The contract's `status.initialization` of a control plane object.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ControlPlaneInitialization {
+    /// The control plane accepts requests and Cluster API can reach it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_initialized: Option<bool>,
+}
+
+/// What `UnboundedControlPlane`s of a ClusterClass are made from.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "controlplane.cluster.x-k8s.io",
+    version = "v1alpha1",
+    kind = "UnboundedControlPlaneTemplate",
+    namespaced,
+    category = "cluster-api",
+    derive = "PartialEq",
+    doc = "The template a ClusterClass stamps UnboundedControlPlanes from."
+)]
+#[serde(rename_all = "camelCase")]
+pub struct UnboundedControlPlaneTemplateSpec {
+    /// The control planes' spec.
+    pub template: UnboundedControlPlaneTemplateResource,
+}
+
+/// `spec.template` of an `UnboundedControlPlaneTemplate`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct UnboundedControlPlaneTemplateResource {
+    /// Labels and annotations for the objects made from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<crate::TemplateMetadata>,
+    /// The spec every `UnboundedControlPlane` made from it gets.
+    pub spec: UnboundedControlPlaneSpec,
+}
+
 /// What one Cluster API Machine's agent runs: the bootstrap provider's object.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
@@ -381,6 +483,8 @@ pub fn crds()
         UnboundedClusterTemplate::crd(),
         UnboundedMachine::crd(),
         UnboundedMachineTemplate::crd(),
+        UnboundedControlPlane::crd(),
+        UnboundedControlPlaneTemplate::crd(),
         UnboundedConfig::crd(),
         UnboundedConfigTemplate::crd(),
     ];
@@ -463,6 +567,8 @@ mod tests {
             "unboundedclustertemplates.infrastructure.cluster.x-k8s.io",
             "unboundedmachines.infrastructure.cluster.x-k8s.io",
             "unboundedmachinetemplates.infrastructure.cluster.x-k8s.io",
+            "unboundedcontrolplanes.controlplane.cluster.x-k8s.io",
+            "unboundedcontrolplanetemplates.controlplane.cluster.x-k8s.io",
             "unboundedconfigs.bootstrap.cluster.x-k8s.io",
             "unboundedconfigtemplates.bootstrap.cluster.x-k8s.io",
         ];

@@ -19,6 +19,11 @@ pub mod labels {
     /// On a Machine that discovery created: [`super::discovery::WAITING`] until an operator
     /// or a pool claims it, then [`super::discovery::CLAIMED`].
     pub const DISCOVERY: &str = "unbounded-cloud.io/discovery";
+    /// On a PXE Machine a Cluster API `UnboundedMachine` claimed, or an Azure Machine one
+    /// created: that UnboundedMachine's UID (a label, so that the claim is one field two
+    /// claimants conflict on, and so that the owner finds its Machine by selector; a
+    /// cluster-scoped Machine cannot have a namespaced owner reference).
+    pub const CAPI_MACHINE: &str = "unbounded-cloud.io/capi-machine";
 }
 
 /// The values of [`labels::DISCOVERY`], and the rule every component applies to them.
@@ -89,6 +94,9 @@ pub mod annotations {
     /// records the value it answered in the MachineInventory's `reads` (one per source), so
     /// the annotation stays, a restart repeats nothing and a new value asks again.
     pub const REINSPECT: &str = "unbounded-cloud.io/reinspect";
+    /// On a Machine with the [`super::labels::CAPI_MACHINE`] label: `<namespace>/<name>` of
+    /// the `UnboundedMachine` it stands for, for people and for the watch that wakes it.
+    pub const CAPI_MACHINE: &str = "unbounded-cloud.io/capi-machine";
 }
 
 /// Finalizers.
@@ -105,6 +113,9 @@ pub mod finalizers {
     /// On a MachinePool: the controller releases (pxe) or deletes (azure, manual) its
     /// Machines before letting go.
     pub const POOL: &str = "unbounded-cloud.io/pool";
+    /// On an `UnboundedMachine`: the controller releases (pxe, wiped) or deletes (azure) its
+    /// Machine before letting go.
+    pub const CAPI_MACHINE: &str = "unboundedmachine.infrastructure.cluster.x-k8s.io";
 
     /// The finalizers by which providers hold a Machine until its infrastructure is released.
     pub const PROVIDERS: [&str; 2] = [PXE_PROVIDER, AZURE_PROVIDER];
@@ -274,6 +285,13 @@ pub mod field_managers {
     /// claiming one Machine conflict on its `unbounded-cloud.io/pool` label.
     pub fn pool(name: &str) -> String {
         format!("unbounded-pool-{name}")
+    }
+
+    /// A Cluster API `UnboundedMachine`'s own field manager (by UID), with which it claims a
+    /// PXE Machine: two claimants conflict on the Machine's
+    /// [`super::labels::CAPI_MACHINE`] label.
+    pub fn capi_machine(uid: &str) -> String {
+        format!("unbounded-capi-{uid}")
     }
 }
 

@@ -72,6 +72,8 @@ fn the_contract_finds_every_kind_by_its_crd_name_and_label() {
             "unboundedclustertemplates.infrastructure.cluster.x-k8s.io Namespaced",
             "unboundedconfigs.bootstrap.cluster.x-k8s.io Namespaced",
             "unboundedconfigtemplates.bootstrap.cluster.x-k8s.io Namespaced",
+            "unboundedcontrolplanes.controlplane.cluster.x-k8s.io Namespaced",
+            "unboundedcontrolplanetemplates.controlplane.cluster.x-k8s.io Namespaced",
             "unboundedmachines.infrastructure.cluster.x-k8s.io Namespaced",
             "unboundedmachinetemplates.infrastructure.cluster.x-k8s.io Namespaced",
         ]
@@ -107,6 +109,10 @@ fn each_rule_refuses_what_it_is_for() {
             "controlPlaneEndpoint.port must be between 1 and 65535",
         ),
         (
+            "apiVersion: controlplane.cluster.x-k8s.io/v1alpha1\nkind: UnboundedControlPlane\nmetadata: {name: cp, namespace: default}\nspec: {controlPlaneEndpoint: {host: '', port: 6443}}\n".to_owned(),
+            "controlPlaneEndpoint.host must be 1 to 512 characters",
+        ),
+        (
             "apiVersion: bootstrap.cluster.x-k8s.io/v1alpha1\nkind: UnboundedConfig\nmetadata: {name: b, namespace: default}\nspec: {configurationRef: {name: workers, version: 0}}\n".to_owned(),
             "configurationRef.version must be 1 or more",
         ),
@@ -125,6 +131,7 @@ fn each_rule_refuses_what_it_is_for() {
         "apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1\nkind: UnboundedMachineTemplate\nmetadata: {name: t, namespace: default}\nspec: {template: {spec: {provider: pxe, pxe: {inventorySelector: {}}}}}\n".to_owned(),
         "apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1\nkind: UnboundedCluster\nmetadata: {name: c, namespace: default}\nspec: {controlPlaneEndpoint: {host: api.example, port: 6443}}\n".to_owned(),
         "apiVersion: bootstrap.cluster.x-k8s.io/v1alpha1\nkind: UnboundedConfigTemplate\nmetadata: {name: b, namespace: default}\nspec: {template: {spec: {configurationRef: {name: workers}}}}\n".to_owned(),
+        "apiVersion: controlplane.cluster.x-k8s.io/v1alpha1\nkind: UnboundedControlPlane\nmetadata: {name: cp, namespace: default}\nspec: {controlPlaneEndpoint: {host: 10.99.0.1, port: 6443}, version: v1.35.4}\n".to_owned(),
     ];
     for yaml in accepted {
         let answer = create(&yaml);

@@ -41,6 +41,8 @@ pub struct Settings {
     pub recount: RecountTiming,
     /// How events are queued and published.
     pub events: EventSettings,
+    /// Run the Cluster API provider's controllers ([`crate::capi`]).
+    pub cluster_api: bool,
 }
 
 impl Default for Settings {
@@ -57,6 +59,7 @@ impl Default for Settings {
                 max_wait: Duration::from_secs(10),
             },
             events: EventSettings::default(),
+            cluster_api: false,
         }
     }
 }

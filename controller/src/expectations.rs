@@ -107,6 +107,8 @@ pub enum MemberChange {
 pub struct ObservedMachine<'a> {
     /// The `unbounded-cloud.io/pool` label.
     pub pool: Option<&'a str>,
+    /// The `unbounded-cloud.io/capi-machine` label (the claiming UnboundedMachine's UID).
+    pub capi: Option<&'a str>,
     /// Being deleted.
     pub deleting: bool,
     /// The `unbounded-cloud.io/repave` annotation.
@@ -116,7 +118,8 @@ pub struct ObservedMachine<'a> {
 }
 
 /// Changes to Machines that their owners made and the watch has not shown yet, by
-/// `(machine, owner)`; an owner is `pool/<name>` or `configuration/<name>`.
+/// `(machine, owner)`; an owner is `pool/<name>`, `configuration/<name>` or `capi/<uid>` (a
+/// Cluster API UnboundedMachine).
 #[derive(Debug, Default)]
 pub struct MemberExpectations {
     pending: BTreeMap<(String, String), (MemberChange, Instant)>,
@@ -164,8 +167,8 @@ impl MemberExpectations {
             .filter(|((_, owner), (change, _))| match seen {
                 None => true,
                 Some(seen) => match change {
-                    MemberChange::Joined => owner.strip_prefix("pool/") == seen.pool,
-                    MemberChange::Left => owner.strip_prefix("pool/") != seen.pool,
+                    MemberChange::Joined => holds(owner, seen),
+                    MemberChange::Left => !holds(owner, seen),
                     MemberChange::Deleting => seen.deleting,
                     MemberChange::RepaveRequested(value) => {
                         seen.repave == Some(value.as_str()) || seen.repaving == Some(value.as_str())
@@ -206,6 +209,15 @@ impl MemberExpectations {
     pub fn expire(&mut self, now: Instant) {
         self.pending
             .retain(|_, (_, at)| now.saturating_duration_since(*at) < EXPECTATION_TTL);
+    }
+}
+
+/// Whether the Machine as seen belongs to `owner`: `pool/<name>` by its pool label,
+/// `capi/<uid>` by its Cluster API claim label.
+fn holds(owner: &str, seen: ObservedMachine<'_>) -> bool {
+    match owner.strip_prefix("capi/") {
+        Some(uid) => seen.capi == Some(uid),
+        None => owner.strip_prefix("pool/") == seen.pool,
     }
 }
 
@@ -444,6 +456,7 @@ mod tests {
         let at = |s: u64| start + Duration::from_secs(s);
         let seen = |pool: Option<&'static str>, repave: Option<&'static str>| ObservedMachine {
             pool,
+            capi: None,
             deleting: false,
             repave,
             repaving: None,
@@ -492,6 +505,37 @@ mod tests {
         assert!(!e.joining("m1", at(1)));
     }
 
+    /// A Cluster API claim is seen by its claim label (the UID), not the pool label, and a
+    /// pool's claim of the same Machine does not meet it.
+    #[test]
+    fn a_cluster_api_claim_is_seen_by_its_label() {
+        let now = Instant::now();
+        let seen = |pool: Option<&'static str>, capi: Option<&'static str>| ObservedMachine {
+            pool,
+            capi,
+            deleting: false,
+            repave: None,
+            repaving: None,
+        };
+        let mut e = MemberExpectations::default();
+        e.expect("capi/u1", "m1", MemberChange::Joined, now);
+        e.observe("m1", Some(seen(Some("u1"), None)));
+        assert_eq!(
+            e.pending_for("capi/u1", now),
+            1,
+            "a pool named u1 is not the claim"
+        );
+        e.observe("m1", Some(seen(None, Some("u2"))));
+        assert_eq!(e.pending_for("capi/u1", now), 1, "another claimant's label");
+        e.observe("m1", Some(seen(None, Some("u1"))));
+        assert_eq!(e.pending_for("capi/u1", now), 0);
+        e.expect("capi/u1", "m1", MemberChange::Left, now);
+        e.observe("m1", Some(seen(None, Some("u1"))));
+        assert_eq!(e.pending_for("capi/u1", now), 1, "still claimed");
+        e.observe("m1", Some(seen(None, None)));
+        assert_eq!(e.pending_for("capi/u1", now), 0, "released");
+    }
+
     fn api_error(code: u16) -> kube::Error {
         kube::Error::Api(Box::new(kube::core::Status {
             code,
@@ -510,6 +554,7 @@ mod tests {
     fn seen_repave(value: &str) -> ObservedMachine<'_> {
         ObservedMachine {
             pool: Some("p"),
+            capi: None,
             deleting: false,
             repave: Some(value),
             repaving: None,

@@ -20,6 +20,7 @@
 pub mod agent_access;
 pub mod api_limits;
 pub mod apply;
+pub mod capi;
 pub mod configuration;
 pub mod context;
 pub mod dispatch;

@@ -69,6 +69,11 @@ struct Flags {
     /// Events that may wait to be published.
     #[arg(long, default_value_t = EventSettings::default().queue)]
     event_queue: usize,
+    /// Also act as a Cluster API infrastructure and bootstrap provider (UnboundedMachines,
+    /// UnboundedConfigs, UnboundedClusters): needs Cluster API's CRDs and ours
+    /// (deploy/cluster-api). See docs/cluster-api.md.
+    #[arg(long, env = "UNBOUNDED_CLUSTER_API")]
+    cluster_api: bool,
 }
 
 #[tokio::main]
@@ -130,6 +135,7 @@ async fn main() -> anyhow::Result<()> {
             queue: flags.event_queue,
             ..EventSettings::default()
         },
+        cluster_api: flags.cluster_api,
         ..Settings::default()
     };
 

@@ -77,12 +77,19 @@ pub async fn run(
     let (configuration_tx, configuration_rx) = work_queue::<ObjectRef<MachineConfiguration>>();
     let (access_tx, access_rx) = work_queue::<ObjectRef<Machine>>();
     let (pool_tx, pool_rx) = work_queue::<ObjectRef<MachinePool>>();
+    let (capi_tx, capi_rx) = if settings.cluster_api {
+        let (tx, rx) = work_queue::<ObjectRef<unbounded_api::capi::UnboundedMachine>>();
+        (Some(tx), Some(rx))
+    } else {
+        (None, None)
+    };
     let triggers = Triggers {
         access: access_tx.clone(),
         pools: pool_tx.clone(),
         machines: machine_tx.clone(),
         configurations: configuration_tx.clone(),
         operations: operation_tx.clone(),
+        capi_machines: capi_tx,
         recount: Shared::new(PendingRecounts::default()),
         live: Arc::new(AtomicBool::new(false)),
         machines_live: Arc::new(AtomicBool::new(false)),
@@ -265,9 +272,16 @@ pub async fn run(
         .for_each(|_| future::ready(()));
 
     let phase_gauge = count_phases(machine_index, metrics);
+    let cluster_api = async move {
+        match capi_rx {
+            Some(rx) => crate::capi::run(ctx, rx, shutdown).await,
+            None => future::pending().await,
+        }
+    };
 
     tokio::select! {
         _ = future::join5(machine_controller, configuration_controller, operation_controller, access_controller, pool_controller) => {},
+        () = cluster_api => {},
         _ = phase_gauge => {},
         _ = recounts => {},
     }

@@ -24,6 +24,7 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
+use unbounded_api::capi::UnboundedMachine;
 use unbounded_api::well_known::annotations;
 use unbounded_api::{
     Machine, MachineConfiguration, MachineConfigurationVersion, MachineOperation, MachinePool,
@@ -168,6 +169,8 @@ pub struct Triggers {
     pub access: WorkSender<ObjectRef<Machine>>,
     /// MachinePools to reconcile.
     pub pools: WorkSender<ObjectRef<MachinePool>>,
+    /// Cluster API UnboundedMachines whose Machine changed (with `--cluster-api`).
+    pub capi_machines: Option<WorkSender<ObjectRef<UnboundedMachine>>>,
     /// Configurations to recount, sent on in batches ([`crate::recount`]).
     pub recount: Shared<PendingRecounts>,
     /// Set once every store is complete.
@@ -281,9 +284,15 @@ impl Triggers {
         lookups: Lookups,
         expectations: Shared<Expectations>,
     ) -> impl FnMut(Seen<'_, Machine>) + Send + 'static {
+        let capi = self.capi_machines.clone();
         self.handler(
             lookups.machines.clone(),
-            move |seen| observe_members(&expectations, seen),
+            move |seen| {
+                observe_members(&expectations, seen);
+                if let Some(tx) = &capi {
+                    wake_capi_machine(tx, seen);
+                }
+            },
             move |change| lookups.after_machine(change),
         )
     }
@@ -370,6 +379,22 @@ impl Triggers {
     }
 }
 
+/// Sends the UnboundedMachine a changed Machine stands for (its
+/// `unbounded-cloud.io/capi-machine` annotation, `<namespace>/<name>`).
+fn wake_capi_machine(tx: &WorkSender<ObjectRef<UnboundedMachine>>, seen: &Seen<'_, Machine>) {
+    let machine = match seen {
+        Seen::Applied(m) | Seen::Deleted(m) => m,
+        Seen::Listed(_) => return,
+    };
+    if let Some((namespace, name)) = machine
+        .annotations()
+        .get(annotations::CAPI_MACHINE)
+        .and_then(|v| v.split_once('/'))
+    {
+        tx.send(ObjectRef::new(name).within(namespace));
+    }
+}
+
 /// Marks the owners' expected changes of a Machine as seen; a deleted one's status writes
 /// are forgotten.
 fn observe_members(expectations: &Shared<Expectations>, seen: &Seen<'_, Machine>) {
@@ -383,6 +408,10 @@ fn observe_members(expectations: &Shared<Expectations>, seen: &Seen<'_, Machine>
                     pool: m
                         .labels()
                         .get(unbounded_api::well_known::labels::POOL)
+                        .map(String::as_str),
+                    capi: m
+                        .labels()
+                        .get(unbounded_api::well_known::labels::CAPI_MACHINE)
                         .map(String::as_str),
                     deleting: m.metadata.deletion_timestamp.is_some(),
                     repave: a.get(annotations::REPAVE).map(String::as_str),
@@ -416,6 +445,7 @@ mod tests {
             operations: work_queue().0,
             access: work_queue().0,
             pools: work_queue().0,
+            capi_machines: None,
             recount: Shared::new(PendingRecounts::default()),
             live: Arc::new(AtomicBool::new(true)),
             machines_live: Arc::new(AtomicBool::new(true)),

@@ -42,6 +42,10 @@ pub const NIC_SPEED: &str = "hardware.unbounded-cloud.io/nic-speed";
 pub const VENDOR: &str = "hardware.unbounded-cloud.io/vendor";
 /// Product label.
 pub const PRODUCT: &str = "hardware.unbounded-cloud.io/product";
+/// The switch the machine's network-boot interface is cabled to, by its LLDP system name
+/// (else its chassis ID): the failure domain a Cluster API Machine on it reports when the
+/// Machine has no `topology.kubernetes.io/zone` label.
+pub const SWITCH: &str = "hardware.unbounded-cloud.io/switch";
 /// `"true"` while the in-band report contradicts the BMC ([`super::disputes`]): no hardware
 /// requirement admits the Machine and no pool claims it.
 pub const DISPUTED: &str = "hardware.unbounded-cloud.io/disputed";
@@ -90,6 +94,21 @@ pub fn hardware_labels(spec: &MachineInventorySpec) -> BTreeMap<String, String> 
                 .filter(|s| *s > 0)
                 .max()
                 .map(|s| s.to_string()),
+        );
+        // The boot interface's neighbour, else the first linked interface's.
+        let neighbour = nics
+            .interfaces
+            .iter()
+            .filter(|n| n.pxe_booted)
+            .chain(nics.interfaces.iter().filter(|n| n.link))
+            .find_map(|n| n.lldp.as_ref());
+        put(
+            SWITCH,
+            neighbour.map(|l| {
+                l.system_name
+                    .clone()
+                    .unwrap_or_else(|| l.chassis_id.clone())
+            }),
         );
     }
     if let Some(system) = &spec.system {
@@ -250,6 +269,7 @@ pub fn hardware_label_patch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::inventory::LldpNeighbour;
     use crate::inventory::validate::tests::good;
 
     #[test]
@@ -272,6 +292,37 @@ mod tests {
     }
 
     #[test]
+    fn the_switch_is_the_boot_interfaces_neighbour() {
+        let mut spec = good();
+        let neighbour = |system: Option<&str>, chassis: &str| LldpNeighbour {
+            chassis_id: chassis.into(),
+            port_id: "Ethernet1/12".into(),
+            system_name: system.map(str::to_owned),
+            port_description: None,
+        };
+        let nics = &mut spec.nics.as_mut().unwrap().interfaces;
+        let mut second = nics[0].clone();
+        second.name = "eno2".into();
+        second.pxe_booted = true;
+        second.link = false;
+        second.lldp = Some(neighbour(Some("leaf r12/1"), "aa:bb"));
+        nics[0].pxe_booted = false;
+        nics[0].lldp = Some(neighbour(None, "52:54:00:00:00:99"));
+        nics.push(second);
+        assert_eq!(
+            hardware_labels(&spec).get(SWITCH).map(String::as_str),
+            Some("leaf-r12-1")
+        );
+        let nics = &mut spec.nics.as_mut().unwrap().interfaces;
+        nics.pop();
+        // No boot interface with a neighbour: the first linked one's, by chassis ID.
+        assert_eq!(
+            hardware_labels(&spec).get(SWITCH).map(String::as_str),
+            Some("52-54-00-00-00-99")
+        );
+    }
+
+    #[test]
     fn labels_absent_when_the_inventory_does_not_tell() {
         let mut spec = good();
         spec.pci.as_mut().unwrap().devices[0].accelerator = false;
@@ -283,6 +334,7 @@ mod tests {
         assert!(!labels.contains_key(ACCELERATOR));
         assert!(!labels.contains_key(NIC_SPEED));
         assert!(!labels.contains_key(PRODUCT));
+        assert!(!labels.contains_key(SWITCH));
         assert!(hardware_labels(&MachineInventorySpec::default()).is_empty());
     }
 

@@ -158,10 +158,19 @@ pub async fn claim(pool: &MachinePool, machine: &Machine, ctx: &Context) -> Resu
         }
         Err(e) => return Err(kube_err(format!("claiming Machine {name}"))(e)),
     }
-    // A discovered Machine is the pool's now: it stops waiting (a merge patch, not part of
-    // the apply above: discovery owns that label, and an apply of another value would
-    // conflict). Should this fail, [`sync`] flips it at the pool's next pass.
+    after_claim(machine, owner_key(&pool.name_any()), ctx).await?;
+    Ok(true)
+}
+
+/// What follows a claim, a pool's or a Cluster API UnboundedMachine's (`owner`: the
+/// expectations' key): a discovered Machine stops waiting (a merge patch, not part of the
+/// claim's apply: discovery owns that label, and an apply of another value would
+/// conflict; should this fail, a pool's [`sync`] flips it at its next pass), and one found
+/// powered off is repaved with a `pxeBoot`, so that it boots into its new configuration.
+pub async fn after_claim(machine: &Machine, owner: String, ctx: &Context) -> Result<(), Error> {
+    let name = machine.name_any();
     if let Some(patch) = claimed_discovery_patch(machine) {
+        let api: Api<Machine> = Api::all(ctx.client.clone());
         api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(kube_err(format!(
@@ -170,9 +179,16 @@ pub async fn claim(pool: &MachinePool, machine: &Machine, ctx: &Context) -> Resu
     }
     let powered_off = machine.status.as_ref().and_then(|s| s.power) == Some(PowerState::Off);
     if powered_off {
-        request_repave(pool, &name, Some(operations::PXE_BOOT), ctx).await?;
+        repave::request(
+            ctx,
+            owner,
+            &name,
+            Some(operations::PXE_BOOT),
+            Timestamp::now(),
+        )
+        .await?;
     }
-    Ok(true)
+    Ok(())
 }
 
 /// The merge patch that marks a discovered Machine claimed (label
@@ -208,20 +224,7 @@ pub async fn release(pool: &MachinePool, machine: &Machine, ctx: &Context) -> Re
             annotation_patch.insert(key, Value::Null);
         }
     }
-    annotation_patch.insert(annotations::CLAIMED_AT.to_owned(), Value::Null);
-    annotation_patch.insert(
-        annotations::REPAVE.to_owned(),
-        json!(repave::format_time(now)),
-    );
-    // The repave's power-off waits for the agent's wipe, as a deletion's does.
-    annotation_patch.insert(
-        annotations::RELEASE.to_owned(),
-        json!(repave::format_time(now)),
-    );
-    annotation_patch.insert(
-        annotations::REPAVE_THEN.to_owned(),
-        json!(operations::POWER_OFF),
-    );
+    annotation_patch.extend(release_marks(now));
     let owners: Vec<&OwnerReference> = machine
         .owner_references()
         .iter()
@@ -255,6 +258,29 @@ pub async fn release(pool: &MachinePool, machine: &Machine, ctx: &Context) -> Re
         Err(e) if is_not_found(&e) => Ok(()),
         Err(e) => Err(kube_err(format!("releasing Machine {name}"))(e)),
     }
+}
+
+/// The annotations that release a claimed PXE Machine, a pool's or a Cluster API
+/// UnboundedMachine's: its claim time gone, a repave followed by `powerOff` requested and
+/// marked as a release, so that the power-off waits for the agent's wipe (the gate of a
+/// deletion, [`crate::repave::act::drain_and_delete`]) and no one claims it meanwhile
+/// ([`crate::pool::gather::is_free`] refuses a Machine with a repave pending).
+pub fn release_marks(now: Timestamp) -> serde_json::Map<String, Value> {
+    let mut marks = serde_json::Map::new();
+    marks.insert(annotations::CLAIMED_AT.to_owned(), Value::Null);
+    marks.insert(
+        annotations::REPAVE.to_owned(),
+        json!(repave::format_time(now)),
+    );
+    marks.insert(
+        annotations::RELEASE.to_owned(),
+        json!(repave::format_time(now)),
+    );
+    marks.insert(
+        annotations::REPAVE_THEN.to_owned(),
+        json!(operations::POWER_OFF),
+    );
+    marks
 }
 
 /// Deletes a Machine (its finalizer drains it and the provider releases its VM).

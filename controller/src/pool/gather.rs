@@ -129,13 +129,14 @@ pub fn gather(pool: &MachinePool, ctx: &Context, now: Timestamp) -> Gathered {
     }
 }
 
-/// Whether a Machine is free for a pool to claim: a PXE Machine in no pool, with no
-/// controlling owner, not being deleted, released (a release's drain pending) or claimed
+/// Whether a Machine is free for a pool or a Cluster API UnboundedMachine to claim: a PXE
+/// Machine in no pool, claimed by no UnboundedMachine, with no controlling owner, not being deleted, released (a release's drain pending) or claimed
 /// right now.
 pub fn is_free(machine: &Machine) -> bool {
     let annotations = machine.annotations();
     machine.spec.provider == MachineProvider::Pxe
         && !machine.labels().contains_key(labels::POOL)
+        && !machine.labels().contains_key(labels::CAPI_MACHINE)
         && !machine
             .owner_references()
             .iter()
@@ -147,7 +148,7 @@ pub fn is_free(machine: &Machine) -> bool {
 /// The free PXE Machines a selector matches and whose hardware labels meet the pool's
 /// requirements, best first: those whose infrastructure is up and powered on (booted,
 /// waiting for a configuration), then by name.
-fn free_inventory(
+pub fn free_inventory(
     ctx: &Context,
     selector: &LabelSelector,
     requirements: Option<&unbounded_api::inventory::HardwareRequirements>,
