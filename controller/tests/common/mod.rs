@@ -30,8 +30,19 @@ pub fn start_controller() {
     CONTROLLER.get_or_init(|| Mutex::new(Some(spawn_controller())));
 }
 
+/// Starts the controller binary once for this test binary with `extra` flags (such as
+/// `--cluster-api`).
+pub fn start_controller_with(extra: &'static [&'static str]) {
+    CONTROLLER.get_or_init(|| Mutex::new(Some(spawn_controller_with(extra))));
+}
+
 /// Starts a controller process tied to a thread that lives as long as the test binary.
 pub fn spawn_controller() -> Child {
+    spawn_controller_with(&[])
+}
+
+/// [`spawn_controller`] with `extra` flags.
+pub fn spawn_controller_with(extra: &'static [&'static str]) -> Child {
     let cp = control_plane();
     let kubeconfig = cp.kubeconfig_path().to_path_buf();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -52,6 +63,7 @@ pub fn spawn_controller() -> Child {
                 "--drain-timeout-seconds",
                 "120",
             ])
+            .args(extra)
             .env("KUBECONFIG", &kubeconfig)
             .env("RUST_LOG", "info,unbounded_controller=debug")
             .stdout(stdout)

@@ -1,0 +1,606 @@
+//! Unbounded as a Cluster API provider, with Cluster API's real core controller (v1.13,
+//! built from its Go module) and our controller binary (`--cluster-api`) against the real
+//! control plane: a Cluster whose MachineDeployment of two claims PXE Machines from the
+//! inventory until both Cluster API Machines run with a `nodeRef` (`clusterctl describe
+//! cluster` shows them Ready), scaling to one releases one machine (drained, powered off,
+//! free again), a new Kubernetes version rolls the deployment onto a new configuration
+//! version, and a MachineHealthCheck replaces a Machine whose Node went unready.
+//!
+//! What stands in for the hardware is the PXE provider's and the kubelet's writes (a
+//! provider ID, power on, `InfrastructureReady`, a Node with the provider ID); the
+//! scenario `capi` does the same with VMs.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::rollout::{StandInPower, kubectl};
+use common::*;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use unbounded_api::capi::UnboundedMachine;
+use unbounded_api::well_known::{annotations, field_managers, labels};
+use unbounded_api::{Machine, MachineOperation};
+use unbounded_testbed::cluster::{ClusterApiBinaries, CoreManager};
+
+const CLUSTER_API: &[&str] = &["--cluster-api"];
+
+fn capi(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", kind),
+        plural,
+    )
+}
+
+/// The core manager, once for this test binary.
+fn core_manager() -> &'static Mutex<CoreManager> {
+    static MANAGER: std::sync::OnceLock<Mutex<CoreManager>> = std::sync::OnceLock::new();
+    MANAGER.get_or_init(|| {
+        Mutex::new(CoreManager::start(control_plane()).expect("Cluster API core manager"))
+    })
+}
+
+/// Reports a Node's conditions as its kubelet does: Ready (or not) and no pressure (Cluster
+/// API's NodeHealthy waits for all four).
+async fn report_node(client: &Client, name: &str, ready: bool) -> Result<Node, kube::Error> {
+    let now = k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let condition = |type_: &str, status: bool, reason: &str| {
+        json!({"type": type_, "status": if status { "True" } else { "False" }, "reason": reason,
+               "message": "stand-in kubelet", "lastHeartbeatTime": now, "lastTransitionTime": now})
+    };
+    let patch = json!({"status": {"conditions": [
+        condition("Ready", ready, "KubeletReady"),
+        condition("MemoryPressure", false, "KubeletHasSufficientMemory"),
+        condition("DiskPressure", false, "KubeletHasNoDiskPressure"),
+        condition("PIDPressure", false, "KubeletHasSufficientPID"),
+    ]}});
+    Api::<Node>::all(client.clone())
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+}
+
+/// Plays the PXE provider and the kubelets of an inventory (label `inv=<group>`): a
+/// claimed Machine gets its provider ID, is powered on with its infrastructure ready, and
+/// once the controller has recorded its configuration its Node registers, Ready, with the
+/// provider ID; Nodes report Ready every few seconds unless set down. A released Machine
+/// (no claim label) registers nothing. Stops when dropped.
+struct StandInHardware {
+    task: tokio::task::JoinHandle<()>,
+    down: Arc<Mutex<BTreeSet<String>>>,
+}
+
+impl StandInHardware {
+    fn start(client: &Client, group: &str) -> Self {
+        let client = client.clone();
+        let selector = format!("inv={group}");
+        let down = Arc::new(Mutex::new(BTreeSet::new()));
+        let down2 = down.clone();
+        let task = tokio::spawn(async move {
+            let machines: Api<Machine> = Api::all(client.clone());
+            let nodes: Api<Node> = Api::all(client.clone());
+            let mut beat = std::time::Instant::now();
+            loop {
+                let list = machines
+                    .list(&ListParams::default().labels(&selector))
+                    .await;
+                for m in list.map(|l| l.items).unwrap_or_default() {
+                    let name = m.name_any();
+                    let claimed = m.labels().contains_key(labels::CAPI_MACHINE);
+                    if !claimed || m.metadata.deletion_timestamp.is_some() {
+                        continue;
+                    }
+                    let mac = m
+                        .spec
+                        .pxe
+                        .as_ref()
+                        .map(|p| p.mac_addresses[0].clone())
+                        .unwrap();
+                    let id = format!("pxe://{mac}");
+                    if m.spec.provider_id.is_none() {
+                        let _ = machines
+                            .patch(
+                                &name,
+                                &PatchParams::default(),
+                                &Patch::Merge(json!({"spec": {"providerID": id}})),
+                            )
+                            .await;
+                        continue;
+                    }
+                    let status = m.status.clone().unwrap_or_default();
+                    if status.power != Some(unbounded_api::PowerState::On) {
+                        let body = json!({
+                            "apiVersion": "unbounded-cloud.io/v1alpha1", "kind": "Machine",
+                            "metadata": {"name": name},
+                            "status": {"power": "On", "conditions": [{
+                                "type": "InfrastructureReady", "status": "True", "reason": "PoweredOn",
+                                "message": "", "lastTransitionTime": "2026-11-29T10:00:00Z"}]},
+                        });
+                        let _ = machines
+                            .patch_status(
+                                &name,
+                                &PatchParams::apply(field_managers::PXE_PROVIDER).force(),
+                                &Patch::Apply(&body),
+                            )
+                            .await;
+                        continue;
+                    }
+                    if status.configuration.is_some()
+                        && matches!(nodes.get_opt(&name).await, Ok(None))
+                    {
+                        let node: Node = serde_json::from_value(json!({
+                            "apiVersion": "v1", "kind": "Node",
+                            "metadata": {"name": name}, "spec": {"providerID": id},
+                        }))
+                        .unwrap();
+                        if nodes.create(&PostParams::default(), &node).await.is_ok() {
+                            down2.lock().unwrap().remove(&name);
+                            let _ = report_node(&client, &name, true).await;
+                        }
+                    }
+                }
+                if beat.elapsed() > Duration::from_secs(5) {
+                    beat = std::time::Instant::now();
+                    let up: Vec<String> = nodes
+                        .list(&ListParams::default())
+                        .await
+                        .map(|l| l.items.iter().map(|n| n.name_any()).collect())
+                        .unwrap_or_default();
+                    for name in up.iter().filter(|n| {
+                        n.starts_with(&format!("{}-", selector.trim_start_matches("inv=")))
+                    }) {
+                        if !down2.lock().unwrap().contains(name) {
+                            let _ = report_node(&client, name, true).await;
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        });
+        Self { task, down }
+    }
+
+    /// The kubelet of `name` stops: its Node goes NotReady and stays so.
+    async fn stop_kubelet(&self, client: &Client, name: &str) {
+        self.down.lock().unwrap().insert(name.to_owned());
+        report_node(client, name, false).await.unwrap();
+    }
+}
+
+impl Drop for StandInHardware {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn inventory(group: &str, count: usize, mac_base: u8) -> String {
+    (0..count)
+        .map(|i| {
+            format!(
+                "apiVersion: unbounded-cloud.io/v1alpha1\nkind: Machine\nmetadata: {{name: {group}-{i}, labels: {{inv: {group}}}}}\nspec:\n  provider: pxe\n  pxe: {{macAddresses: [\"52:54:00:{mac_base:02x}:00:{i:02x}\"]}}\n---\n"
+            )
+        })
+        .collect()
+}
+
+/// The Cluster `name` in `namespace`, with our control plane, infrastructure and a
+/// MachineDeployment `md` of `replicas` over inventory `group`, at Kubernetes `version`.
+fn cluster(namespace: &str, name: &str, group: &str, replicas: u32, version: &str) -> String {
+    let server = control_plane().server_url().to_owned();
+    let url = url_host_port(&server);
+    let kubeconfig = std::fs::read_to_string(control_plane().kubeconfig_path()).unwrap();
+    // A JSON string is a YAML scalar.
+    let kubeconfig = serde_json::to_string(&kubeconfig).unwrap();
+    format!(
+        r#"apiVersion: v1
+kind: Namespace
+metadata: {{name: {namespace}}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: {name}-kubeconfig, namespace: {namespace}, labels: {{cluster.x-k8s.io/cluster-name: {name}}}}}
+type: cluster.x-k8s.io/secret
+stringData: {{value: {kubeconfig}}}
+---
+apiVersion: controlplane.cluster.x-k8s.io/v1alpha1
+kind: UnboundedControlPlane
+metadata: {{name: {name}, namespace: {namespace}, labels: {{cluster.x-k8s.io/cluster-name: {name}}}}}
+spec: {{controlPlaneEndpoint: {{host: "{host}", port: {port}}}}}
+---
+apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
+kind: UnboundedCluster
+metadata: {{name: {name}, namespace: {namespace}, labels: {{cluster.x-k8s.io/cluster-name: {name}}}}}
+spec: {{controlPlaneEndpoint: {{host: "{host}", port: {port}}}}}
+---
+apiVersion: cluster.x-k8s.io/v1beta2
+kind: Cluster
+metadata: {{name: {name}, namespace: {namespace}}}
+spec:
+  controlPlaneRef: {{apiGroup: controlplane.cluster.x-k8s.io, kind: UnboundedControlPlane, name: {name}}}
+  infrastructureRef: {{apiGroup: infrastructure.cluster.x-k8s.io, kind: UnboundedCluster, name: {name}}}
+---
+apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
+kind: UnboundedMachineTemplate
+metadata: {{name: {name}-pxe, namespace: {namespace}}}
+spec: {{template: {{spec: {{provider: pxe, pxe: {{inventorySelector: {{matchLabels: {{inv: {group}}}}}}}}}}}}}
+---
+apiVersion: bootstrap.cluster.x-k8s.io/v1alpha1
+kind: UnboundedConfigTemplate
+metadata: {{name: {name}-workers, namespace: {namespace}}}
+spec: {{template: {{spec: {{configurationRef: {{name: {name}-workers}}}}}}}}
+---
+apiVersion: cluster.x-k8s.io/v1beta2
+kind: MachineDeployment
+metadata: {{name: md, namespace: {namespace}, labels: {{cluster.x-k8s.io/cluster-name: {name}}}}}
+spec:
+  clusterName: {name}
+  replicas: {replicas}
+  selector: {{matchLabels: {{cluster.x-k8s.io/cluster-name: {name}, cluster.x-k8s.io/deployment-name: md}}}}
+  rollout: {{strategy: {{type: RollingUpdate, rollingUpdate: {{maxSurge: 1, maxUnavailable: 0}}}}}}
+  template:
+    metadata: {{labels: {{cluster.x-k8s.io/cluster-name: {name}, cluster.x-k8s.io/deployment-name: md}}}}
+    spec:
+      clusterName: {name}
+      version: {version}
+      bootstrap: {{configRef: {{apiGroup: bootstrap.cluster.x-k8s.io, kind: UnboundedConfigTemplate, name: {name}-workers}}}}
+      infrastructureRef: {{apiGroup: infrastructure.cluster.x-k8s.io, kind: UnboundedMachineTemplate, name: {name}-pxe}}
+"#,
+        host = url.0,
+        port = url.1,
+    )
+}
+
+fn url_host_port(url: &str) -> (String, u16) {
+    let rest = url.trim_start_matches("https://");
+    let (host, port) = rest.rsplit_once(':').unwrap();
+    (host.to_owned(), port.trim_end_matches('/').parse().unwrap())
+}
+
+/// The Cluster API Machines of deployment `md` in `namespace`.
+async fn capi_machines(client: &Client, namespace: &str) -> Vec<DynamicObject> {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), namespace, &capi("Machine", "machines"));
+    let mut items = api
+        .list(&ListParams::default().labels("cluster.x-k8s.io/deployment-name=md"))
+        .await
+        .unwrap()
+        .items;
+    items.sort_by_key(|m| m.name_any());
+    items
+}
+
+fn text<'a>(object: &'a DynamicObject, pointer: &str) -> Option<&'a str> {
+    object.data.pointer(pointer).and_then(Value::as_str)
+}
+
+/// `(name, phase, nodeRef, providerID)` of each Cluster API Machine.
+fn summary(machines: &[DynamicObject]) -> Vec<(String, String, String, String)> {
+    machines
+        .iter()
+        .map(|m| {
+            (
+                m.name_any(),
+                text(m, "/status/phase").unwrap_or("").to_owned(),
+                text(m, "/status/nodeRef/name").unwrap_or("").to_owned(),
+                text(m, "/spec/providerID").unwrap_or("").to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Waits until deployment `md` has exactly `count` Machines, each Running with a nodeRef,
+/// none being deleted.
+async fn wait_running(client: &Client, namespace: &str, count: usize) -> Vec<DynamicObject> {
+    let mut last = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(240);
+    loop {
+        let machines = capi_machines(client, namespace).await;
+        let running = machines.iter().all(|m| {
+            text(m, "/status/phase") == Some("Running")
+                && text(m, "/status/nodeRef/name").is_some()
+                && m.metadata.deletion_timestamp.is_none()
+        });
+        if machines.len() == count && running {
+            return machines;
+        }
+        let now = summary(&machines);
+        if now != last {
+            eprintln!("waiting for {count} Running: {now:?}");
+            last = now;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {count} Running Cluster API Machines in {namespace}: {last:?}\ncore manager log: {}",
+            core_manager().lock().unwrap().log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The Unbounded Machines each Cluster API Machine stands for, by provider ID.
+async fn claimed_by_provider_id(client: &Client, group: &str) -> BTreeMap<String, Machine> {
+    Api::<Machine>::all(client.clone())
+        .list(&ListParams::default().labels(&format!("inv={group},{}", labels::CAPI_MACHINE)))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|m| Some((m.spec.provider_id.clone()?, m)))
+        .collect()
+}
+
+async fn add_version(client: &Client, configuration: &str, kubernetes: &str) {
+    set_template(
+        client,
+        configuration,
+        json!({"boot": {"kernelURL": "k", "initrdURL": "initrd"}, "kubernetes": {"version": kubernetes}}),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_machine_deployment_claims_runs_scales_down_rolls_and_is_remediated() {
+    // Started before the controller (blocking: a few seconds until it is ready).
+    tokio::task::spawn_blocking(|| {
+        core_manager();
+    })
+    .await
+    .unwrap();
+    start_controller_with(CLUSTER_API);
+    let client = client().await;
+    let (namespace, group) = ("capi-md", "capi-md");
+    kubectl(&["apply", "-f", "-"], Some(&inventory(group, 3, 0xc0)));
+    create_configuration(
+        &client,
+        "c1-workers",
+        json!({"template": {"boot": {"kernelURL": "k", "initrdURL": "initrd"}, "kubernetes": {"version": "v1.35.3"}}}),
+    )
+    .await;
+    wait_for("c1-workers v1", || async {
+        version(&client, "c1-workers-v1").await
+    })
+    .await;
+    let hardware = StandInHardware::start(&client, group);
+    let _power = StandInPower::start(&client, Arc::new(Mutex::new(BTreeSet::new())));
+    kubectl(
+        &["apply", "-f", "-"],
+        Some(&cluster(namespace, "c1", group, 2, "v1.35.3")),
+    );
+
+    // Two Cluster API Machines, each on its own PXE Machine, Running with a nodeRef.
+    let running = wait_running(&client, namespace, 2).await;
+    let claimed = claimed_by_provider_id(&client, group).await;
+    let ids: BTreeSet<_> = running
+        .iter()
+        .map(|m| text(m, "/spec/providerID").unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        ids.len(),
+        2,
+        "two distinct provider IDs: {:?}",
+        summary(&running)
+    );
+    for id in &ids {
+        let m = claimed
+            .get(id)
+            .unwrap_or_else(|| panic!("no claimed Machine has {id}: {:?}", claimed.keys()));
+        let reference = m.spec.configuration_ref.as_ref().unwrap();
+        assert_eq!(
+            (reference.name.as_str(), reference.version),
+            ("c1-workers", Some(1))
+        );
+        assert_eq!(
+            m.labels()
+                .get("cluster.x-k8s.io/cluster-name")
+                .map(String::as_str),
+            Some("c1")
+        );
+        assert!(
+            m.annotations()
+                .get(annotations::CAPI_MACHINE)
+                .unwrap()
+                .starts_with("capi-md/")
+        );
+    }
+    let infra: Vec<UnboundedMachine> =
+        Api::<UnboundedMachine>::namespaced(client.clone(), namespace)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items;
+    for um in &infra {
+        let status = um.status.as_ref().unwrap();
+        assert_eq!(
+            status.initialization.as_ref().unwrap().provisioned,
+            Some(true),
+            "{}",
+            um.name_any()
+        );
+        assert!(
+            status.addresses.iter().any(|a| a.type_ == "Hostname"),
+            "{:?}",
+            status.addresses
+        );
+        assert!(
+            um.finalizers()
+                .iter()
+                .any(|f| f == "unboundedmachine.infrastructure.cluster.x-k8s.io")
+        );
+    }
+    // Cluster API finds them Ready (the Node healthy), and `clusterctl describe cluster`
+    // shows them so.
+    wait_for("both Machines Ready", || async {
+        let machines = capi_machines(&client, namespace).await;
+        machines
+            .iter()
+            .all(|m| {
+                m.data["status"]["conditions"].as_array().is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                })
+            })
+            .then_some(())
+    })
+    .await;
+    let binaries = ClusterApiBinaries::ensure().unwrap();
+    let described = std::process::Command::new(&binaries.clusterctl)
+        .args([
+            "describe",
+            "cluster",
+            "c1",
+            "-n",
+            namespace,
+            "--grouping=false",
+            "--kubeconfig",
+        ])
+        .arg(control_plane().kubeconfig_path())
+        .output()
+        .unwrap();
+    let described_text = String::from_utf8_lossy(&described.stdout);
+    assert!(
+        described.status.success(),
+        "{described_text}{}",
+        String::from_utf8_lossy(&described.stderr)
+    );
+    for m in &running {
+        let line = described_text
+            .lines()
+            .find(|l| l.contains(&m.name_any()))
+            .unwrap_or_else(|| panic!("{} not in:\n{described_text}", m.name_any()));
+        assert!(
+            line.contains("True"),
+            "{} is not Ready in:\n{described_text}",
+            m.name_any()
+        );
+    }
+
+    // Scale to one: one machine goes back to the inventory, drained and powered off.
+    kubectl(
+        &[
+            "scale",
+            "-n",
+            namespace,
+            "machinedeployment/md",
+            "--replicas=1",
+        ],
+        None,
+    );
+    let kept = wait_running(&client, namespace, 1).await;
+    let kept_id = text(&kept[0], "/spec/providerID").unwrap().to_owned();
+    let released_id = ids.iter().find(|id| **id != kept_id).unwrap().clone();
+    let released = claimed[&released_id].name_any();
+    let m = wait_for(&format!("{released} back in the inventory"), || async {
+        let m = machine(&client, &released).await;
+        let node = Api::<Node>::all(client.clone())
+            .get_opt(&released)
+            .await
+            .unwrap();
+        let done = node.is_none()
+            && !m.labels().contains_key(labels::CAPI_MACHINE)
+            && !m.annotations().contains_key(annotations::REPAVE);
+        done.then_some(m)
+    })
+    .await;
+    assert!(
+        m.spec.configuration_ref.is_none(),
+        "{:?}",
+        m.spec.configuration_ref
+    );
+    assert!(!m.annotations().contains_key(annotations::CAPI_MACHINE));
+    let power_off = Api::<MachineOperation>::all(client.clone())
+        .list(&ListParams::default().labels(&format!("{}={released}", labels::MACHINE)))
+        .await
+        .unwrap()
+        .items;
+    assert!(
+        power_off
+            .iter()
+            .any(|o| o.spec.operation_name == "powerOff"),
+        "a powerOff operation for {released}"
+    );
+
+    // A new Kubernetes version: a new configuration version, and the deployment rolls onto
+    // it one Machine at a time (surge one, never below one Running).
+    add_version(&client, "c1-workers", "v1.35.4").await;
+    wait_for("c1-workers v2", || async {
+        version(&client, "c1-workers-v2").await
+    })
+    .await;
+    kubectl(
+        &[
+            "patch",
+            "-n",
+            namespace,
+            "machinedeployment/md",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"template":{"spec":{"version":"v1.35.4"}}}}"#,
+        ],
+        None,
+    );
+    let rolled = wait_for("the deployment on v1.35.4", || async {
+        let machines = capi_machines(&client, namespace).await;
+        let ok = machines.len() == 1
+            && machines.iter().all(|m| {
+                text(m, "/spec/version") == Some("v1.35.4")
+                    && text(m, "/status/phase") == Some("Running")
+                    && m.metadata.deletion_timestamp.is_none()
+            });
+        ok.then_some(machines)
+    })
+    .await;
+    let rolled_id = text(&rolled[0], "/spec/providerID").unwrap().to_owned();
+    assert_ne!(rolled_id, kept_id, "a new Machine, not the old one changed");
+    let on_v2 = claimed_by_provider_id(&client, group).await;
+    let reference = on_v2[&rolled_id].spec.configuration_ref.clone().unwrap();
+    assert_eq!(
+        reference.version,
+        Some(2),
+        "the version whose Kubernetes is v1.35.4"
+    );
+
+    // A MachineHealthCheck: the Machine whose kubelet stops is deleted by Cluster API,
+    // released by us, and replaced from the inventory.
+    kubectl(
+        &["apply", "-f", "-"],
+        Some(&format!(
+            r#"apiVersion: cluster.x-k8s.io/v1beta2
+kind: MachineHealthCheck
+metadata: {{name: md-health, namespace: {namespace}}}
+spec:
+  clusterName: c1
+  selector: {{matchLabels: {{cluster.x-k8s.io/deployment-name: md}}}}
+  checks:
+    unhealthyNodeConditions:
+      - {{type: Ready, status: "False", timeoutSeconds: 5}}
+      - {{type: Ready, status: Unknown, timeoutSeconds: 5}}
+"#
+        )),
+    );
+    let sick = on_v2[&rolled_id].name_any();
+    hardware.stop_kubelet(&client, &sick).await;
+    let replaced = wait_for("the unhealthy Machine replaced", || async {
+        let machines = capi_machines(&client, namespace).await;
+        let ok = machines.len() == 1
+            && text(&machines[0], "/spec/providerID").is_some_and(|id| id != rolled_id)
+            && text(&machines[0], "/status/phase") == Some("Running");
+        ok.then_some(machines)
+    })
+    .await;
+    wait_for(&format!("{sick} released"), || async {
+        let m = machine(&client, &sick).await;
+        (!m.labels().contains_key(labels::CAPI_MACHINE)).then_some(())
+    })
+    .await;
+    eprintln!("remediated: {:?}", summary(&replaced));
+}
