@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use cli::bench::{bench_client, run_bench};
-use cli::cluster::{cluster_down, cluster_up, kubernetes_binaries};
+use cli::cluster::{cluster_api_binaries, cluster_down, cluster_up, kubernetes_binaries};
 use cli::images::build_images;
 use cli::lab::{UpOptions, down, serve, up};
 use cli::scenario::run_scenario;
@@ -65,6 +65,9 @@ enum Commands {
     },
     /// Build (once, cached) or locate the Kubernetes binaries and print their paths.
     KubernetesBinaries,
+    /// Build (once, cached) or locate Cluster API's core manager and clusterctl and print
+    /// their paths, then those of the module's manifests (`config/`) and `metadata.yaml`.
+    ClusterApiBinaries,
     /// Build (or find cached) the host OS boot image, the node image and, with
     /// `--containers`, the container images (controller, bootserver, Azure provider, boot
     /// images; OCI layouts with SBOMs); prints what was built.
@@ -253,6 +256,7 @@ fn main() -> ExitCode {
             command: ClusterCommand::Down,
         } => cluster_down(),
         Commands::KubernetesBinaries => kubernetes_binaries(),
+        Commands::ClusterApiBinaries => cluster_api_binaries(),
         Commands::Images {
             containers,
             kubelet,

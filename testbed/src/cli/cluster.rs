@@ -1,4 +1,5 @@
-//! `cluster up|down` and `kubernetes-binaries`: the local control plane alone.
+//! `cluster up|down`, `kubernetes-binaries` and `cluster-api-binaries`: the local control
+//! plane alone, and what it and Cluster API's core manager run.
 
 use unbounded_testbed::cluster::{self, ClusterError, KUBERNETES_VERSION};
 use unbounded_testbed::setup;
@@ -63,6 +64,19 @@ pub(crate) fn kubernetes_binaries() -> Result<(), CliError> {
         &binaries.kubectl,
         &binaries.kubelet,
         &binaries.etcd,
+    ] {
+        println!("{}", path.display());
+    }
+    Ok(())
+}
+
+pub(crate) fn cluster_api_binaries() -> Result<(), CliError> {
+    let binaries = cluster::ClusterApiBinaries::ensure()?;
+    for path in [
+        &binaries.manager,
+        &binaries.clusterctl,
+        &binaries.config,
+        &binaries.metadata,
     ] {
         println!("{}", path.display());
     }

@@ -1,6 +1,7 @@
 //! The Kubernetes binaries: built from Kubernetes' own Go modules at [`KUBERNETES_VERSION`]
 //! (`testbed/scripts/build-kubernetes.sh`) and cached, or taken from [`BIN_DIR_ENV`].
 
+use std::ffi::OsStr;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -84,45 +85,66 @@ pub fn kubelet_of(version: &str) -> Result<PathBuf, ClusterError> {
     Ok(dir.join("kubelet"))
 }
 
-/// Builds `wanted` of Kubernetes `version` into `out` unless they are there. Holds a lock file
-/// so that test binaries started together build once.
+/// Builds `wanted` of Kubernetes `version` into `out` unless they are there.
 fn build_kubernetes(version: &str, out: &Path, wanted: &[&str]) -> Result<(), ClusterError> {
     if wanted.iter().all(|b| out.join(b).is_file()) {
         return Ok(());
     }
-    find_program(
-        "go",
-        "install the Go toolchain (it builds Kubernetes from its Go modules)",
-    )?;
-    find_program("flock", "install util-linux")?;
     let parent = out.parent().unwrap_or(Path::new("/tmp"));
-    fs::create_dir_all(parent).map_err(io_err(format!("creating {}", parent.display())))?;
-    let lock = parent.join(format!("kubernetes-{version}.lock"));
     eprintln!(
         "testbed: building Kubernetes {version} ({}) into {} (first time only: ~10 min on 2 cores for all of them)",
         wanted.join(", "),
         out.display()
     );
+    let mut args: Vec<&OsStr> = vec![OsStr::new(version), out.as_os_str()];
+    args.extend(wanted.iter().map(OsStr::new));
+    run_build_script(
+        BUILD_SCRIPT,
+        "Kubernetes",
+        version,
+        &parent.join(format!("kubernetes-{version}.lock")),
+        &args,
+    )
+}
+
+/// Runs a build `script` (passed to bash on its standard input, its output on ours) with
+/// `args`, holding the lock file `lock` so that test binaries started together build once.
+/// `project` and `version` name what is built in the error.
+pub(super) fn run_build_script(
+    script: &str,
+    project: &str,
+    version: &str,
+    lock: &Path,
+    args: &[&OsStr],
+) -> Result<(), ClusterError> {
+    find_program(
+        "go",
+        &format!("install the Go toolchain (it builds {project} from its Go modules)"),
+    )?;
+    find_program("flock", "install util-linux")?;
+    if let Some(parent) = lock.parent() {
+        fs::create_dir_all(parent).map_err(io_err(format!("creating {}", parent.display())))?;
+    }
     let mut child = Command::new("flock")
-        .arg(&lock)
-        .args(["bash", "-s", version])
-        .arg(out)
-        .args(wanted)
+        .arg(lock)
+        .args(["bash", "-s"])
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::inherit())
         .stderr(Stdio::inherit())
         .spawn()
-        .map_err(io_err("starting the Kubernetes build"))?;
+        .map_err(io_err(format!("starting the {project} build")))?;
     if let Some(mut stdin) = child.stdin.take() {
         stdin
-            .write_all(BUILD_SCRIPT.as_bytes())
+            .write_all(script.as_bytes())
             .map_err(io_err("passing the build script"))?;
     }
     let status = child
         .wait()
-        .map_err(io_err("waiting for the Kubernetes build"))?;
+        .map_err(io_err(format!("waiting for the {project} build")))?;
     if !status.success() {
         return Err(ClusterError::Build {
+            project: project.to_owned(),
             version: version.to_owned(),
             status: status.to_string(),
         });

@@ -10,6 +10,9 @@
 //! [`KUBERNETES_VERSION`] by `testbed/scripts/build-kubernetes.sh` and cached under
 //! `~/.cache/unbounded/kubernetes-<version>/`; set `UNBOUNDED_KUBERNETES_BIN_DIR` to use
 //! binaries of your own instead.
+//!
+//! Cluster API's core manager runs beside it in tests ([`CoreManager`], [`cluster_api`]),
+//! built from Cluster API's Go module at [`CLUSTER_API_VERSION`] and cached the same way.
 
 use std::fs;
 use std::io::Write;
@@ -39,9 +42,11 @@ pub enum ClusterError {
         /// How to get it.
         hint: String,
     },
-    /// Building the Kubernetes binaries failed.
-    #[error("building Kubernetes {version} failed (exit status {status}); see the output above")]
+    /// Building the Kubernetes (or Cluster API) binaries failed.
+    #[error("building {project} {version} failed (exit status {status}); see the output above")]
     Build {
+        /// What was being built: Kubernetes, Cluster API.
+        project: String,
         /// The version being built.
         version: String,
         /// Exit status of the build script.
@@ -427,12 +432,14 @@ pub async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client, Cluster
 
 mod binaries;
 mod boot;
+pub mod cluster_api;
 mod detached;
 mod pki;
 pub use pki::{ServerPki, ca_and_server, pkcs8_der, self_signed_server};
 
 pub use binaries::{Binaries, find_program, kubelet_of};
 use boot::new_data_dir;
+pub use cluster_api::{CLUSTER_API_VERSION, ClusterApiBinaries, CoreManager};
 pub use detached::{DetachedState, detached_state_path, start_detached, stop_detached};
 
 #[cfg(test)]
