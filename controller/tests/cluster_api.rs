@@ -77,6 +77,8 @@ async fn report_node(client: &Client, name: &str, ready: bool) -> Result<Node, k
 struct StandInHardware {
     task: tokio::task::JoinHandle<()>,
     down: Arc<Mutex<BTreeSet<String>>>,
+    /// Machines whose BMC does not answer: powered off, `InfrastructureReady` false.
+    bmc_down: Arc<Mutex<BTreeSet<String>>>,
 }
 
 impl StandInHardware {
@@ -85,6 +87,8 @@ impl StandInHardware {
         let selector = format!("inv={group}");
         let down = Arc::new(Mutex::new(BTreeSet::new()));
         let down2 = down.clone();
+        let bmc_down = Arc::new(Mutex::new(BTreeSet::new()));
+        let bmc_down2 = bmc_down.clone();
         let task = tokio::spawn(async move {
             let machines: Api<Machine> = Api::all(client.clone());
             let nodes: Api<Node> = Api::all(client.clone());
@@ -117,7 +121,38 @@ impl StandInHardware {
                         continue;
                     }
                     let status = m.status.clone().unwrap_or_default();
-                    if status.power != Some(unbounded_api::PowerState::On) {
+                    let failing = bmc_down2.lock().unwrap().contains(&name);
+                    let infrastructure_ready = status
+                        .conditions
+                        .iter()
+                        .any(|c| c.type_ == "InfrastructureReady" && c.status == "True");
+                    let reported_failing = status
+                        .conditions
+                        .iter()
+                        .any(|c| c.type_ == "InfrastructureReady" && c.reason == "BmcUnreachable");
+                    if failing && !reported_failing {
+                        let body = json!({
+                            "apiVersion": "unbounded-cloud.io/v1alpha1", "kind": "Machine",
+                            "metadata": {"name": name},
+                            "status": {"power": "Off", "conditions": [{
+                                "type": "InfrastructureReady", "status": "False", "reason": "BmcUnreachable",
+                                "message": "BMC 10.0.0.9: connection refused (retrying)",
+                                "lastTransitionTime": "2026-11-29T10:00:00Z"}]},
+                        });
+                        let _ = machines
+                            .patch_status(
+                                &name,
+                                &PatchParams::apply(field_managers::PXE_PROVIDER).force(),
+                                &Patch::Apply(&body),
+                            )
+                            .await;
+                        continue;
+                    }
+                    if failing {
+                        continue;
+                    }
+                    if status.power != Some(unbounded_api::PowerState::On) || !infrastructure_ready
+                    {
                         let body = json!({
                             "apiVersion": "unbounded-cloud.io/v1alpha1", "kind": "Machine",
                             "metadata": {"name": name},
@@ -166,7 +201,21 @@ impl StandInHardware {
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
         });
-        Self { task, down }
+        Self {
+            task,
+            down,
+            bmc_down,
+        }
+    }
+
+    /// The BMC of `name` stops answering (`down`), or answers again.
+    fn set_bmc_down(&self, name: &str, down: bool) {
+        let mut set = self.bmc_down.lock().unwrap();
+        if down {
+            set.insert(name.to_owned());
+        } else {
+            set.remove(name);
+        }
     }
 
     /// The kubelet of `name` stops: its Node goes NotReady and stays so.
@@ -192,9 +241,45 @@ fn inventory(group: &str, count: usize, mac_base: u8) -> String {
         .collect()
 }
 
-/// The Cluster `name` in `namespace`, with our control plane, infrastructure and a
-/// MachineDeployment `md` of `replicas` over inventory `group`, at Kubernetes `version`.
+/// The Cluster `name` in `namespace` ([`infrastructure`]) with a MachineDeployment `md` of
+/// `replicas` over inventory `group`, at Kubernetes `version`.
 fn cluster(namespace: &str, name: &str, group: &str, replicas: u32, version: &str) -> String {
+    infrastructure(namespace, name, group) + &deployment(namespace, name, "md", replicas, version)
+}
+
+/// MachineDeployment `deployment` of Cluster `name` (its templates from [`infrastructure`]).
+fn deployment(
+    namespace: &str,
+    name: &str,
+    deployment: &str,
+    replicas: u32,
+    version: &str,
+) -> String {
+    format!(
+        r#"---
+apiVersion: cluster.x-k8s.io/v1beta2
+kind: MachineDeployment
+metadata: {{name: {deployment}, namespace: {namespace}, labels: {{cluster.x-k8s.io/cluster-name: {name}}}}}
+spec:
+  clusterName: {name}
+  replicas: {replicas}
+  selector: {{matchLabels: {{cluster.x-k8s.io/cluster-name: {name}, cluster.x-k8s.io/deployment-name: {deployment}}}}}
+  rollout: {{strategy: {{type: RollingUpdate, rollingUpdate: {{maxSurge: 1, maxUnavailable: 0}}}}}}
+  template:
+    metadata: {{labels: {{cluster.x-k8s.io/cluster-name: {name}, cluster.x-k8s.io/deployment-name: {deployment}}}}}
+    spec:
+      clusterName: {name}
+      version: {version}
+      bootstrap: {{configRef: {{apiGroup: bootstrap.cluster.x-k8s.io, kind: UnboundedConfigTemplate, name: {name}-workers}}}}
+      infrastructureRef: {{apiGroup: infrastructure.cluster.x-k8s.io, kind: UnboundedMachineTemplate, name: {name}-pxe}}
+"#
+    )
+}
+
+/// The Cluster `name` in `namespace`: its kubeconfig Secret, our control plane and
+/// infrastructure, and the templates that claim from inventory `group` and run
+/// configuration `<name>-workers`.
+fn infrastructure(namespace: &str, name: &str, group: &str) -> String {
     let server = control_plane().server_url().to_owned();
     let url = url_host_port(&server);
     let kubeconfig = std::fs::read_to_string(control_plane().kubeconfig_path()).unwrap();
@@ -237,22 +322,6 @@ apiVersion: bootstrap.cluster.x-k8s.io/v1alpha1
 kind: UnboundedConfigTemplate
 metadata: {{name: {name}-workers, namespace: {namespace}}}
 spec: {{template: {{spec: {{configurationRef: {{name: {name}-workers}}}}}}}}
----
-apiVersion: cluster.x-k8s.io/v1beta2
-kind: MachineDeployment
-metadata: {{name: md, namespace: {namespace}, labels: {{cluster.x-k8s.io/cluster-name: {name}}}}}
-spec:
-  clusterName: {name}
-  replicas: {replicas}
-  selector: {{matchLabels: {{cluster.x-k8s.io/cluster-name: {name}, cluster.x-k8s.io/deployment-name: md}}}}
-  rollout: {{strategy: {{type: RollingUpdate, rollingUpdate: {{maxSurge: 1, maxUnavailable: 0}}}}}}
-  template:
-    metadata: {{labels: {{cluster.x-k8s.io/cluster-name: {name}, cluster.x-k8s.io/deployment-name: md}}}}
-    spec:
-      clusterName: {name}
-      version: {version}
-      bootstrap: {{configRef: {{apiGroup: bootstrap.cluster.x-k8s.io, kind: UnboundedConfigTemplate, name: {name}-workers}}}}
-      infrastructureRef: {{apiGroup: infrastructure.cluster.x-k8s.io, kind: UnboundedMachineTemplate, name: {name}-pxe}}
 "#,
         host = url.0,
         port = url.1,
@@ -267,10 +336,22 @@ fn url_host_port(url: &str) -> (String, u16) {
 
 /// The Cluster API Machines of deployment `md` in `namespace`.
 async fn capi_machines(client: &Client, namespace: &str) -> Vec<DynamicObject> {
+    capi_machines_of(client, namespace, "md").await
+}
+
+/// The Cluster API Machines of `deployment` in `namespace`.
+async fn capi_machines_of(
+    client: &Client,
+    namespace: &str,
+    deployment: &str,
+) -> Vec<DynamicObject> {
     let api: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), namespace, &capi("Machine", "machines"));
     let mut items = api
-        .list(&ListParams::default().labels("cluster.x-k8s.io/deployment-name=md"))
+        .list(
+            &ListParams::default()
+                .labels(&format!("cluster.x-k8s.io/deployment-name={deployment}")),
+        )
         .await
         .unwrap()
         .items;
@@ -297,33 +378,54 @@ fn summary(machines: &[DynamicObject]) -> Vec<(String, String, String, String)> 
         .collect()
 }
 
-/// Waits until deployment `md` has exactly `count` Machines, each Running with a nodeRef,
-/// none being deleted.
-async fn wait_running(client: &Client, namespace: &str, count: usize) -> Vec<DynamicObject> {
+/// Waits until `decide` finds what it waits for in the Machines of `deployment`, printing
+/// their summary as it changes, and on timeout the core manager's log.
+async fn wait_capi<T>(
+    client: &Client,
+    namespace: &str,
+    deployment: &str,
+    what: &str,
+    decide: impl Fn(&[DynamicObject]) -> Option<T>,
+) -> T {
     let mut last = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(240);
     loop {
-        let machines = capi_machines(client, namespace).await;
-        let running = machines.iter().all(|m| {
-            text(m, "/status/phase") == Some("Running")
-                && text(m, "/status/nodeRef/name").is_some()
-                && m.metadata.deletion_timestamp.is_none()
-        });
-        if machines.len() == count && running {
-            return machines;
+        let machines = capi_machines_of(client, namespace, deployment).await;
+        if let Some(found) = decide(&machines) {
+            return found;
         }
         let now = summary(&machines);
         if now != last {
-            eprintln!("waiting for {count} Running: {now:?}");
+            eprintln!("{namespace}/{deployment}: waiting for {what}: {now:?}");
             last = now;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "timed out waiting for {count} Running Cluster API Machines in {namespace}: {last:?}\ncore manager log: {}",
+            "timed out waiting for {what} in {namespace}/{deployment}: {last:?}\ncore manager log: {}",
             core_manager().lock().unwrap().log_tail(40)
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// Waits until deployment `md` has exactly `count` Machines, each Running with a nodeRef,
+/// none being deleted.
+async fn wait_running(client: &Client, namespace: &str, count: usize) -> Vec<DynamicObject> {
+    wait_capi(
+        client,
+        namespace,
+        "md",
+        &format!("{count} Running"),
+        |machines| {
+            let running = machines.iter().all(|m| {
+                text(m, "/status/phase") == Some("Running")
+                    && text(m, "/status/nodeRef/name").is_some()
+                    && m.metadata.deletion_timestamp.is_none()
+            });
+            (machines.len() == count && running).then(|| machines.to_vec())
+        },
+    )
+    .await
 }
 
 /// The Unbounded Machines each Cluster API Machine stands for, by provider ID.
@@ -548,16 +650,21 @@ async fn a_machine_deployment_claims_runs_scales_down_rolls_and_is_remediated() 
         ],
         None,
     );
-    let rolled = wait_for("the deployment on v1.35.4", || async {
-        let machines = capi_machines(&client, namespace).await;
-        let ok = machines.len() == 1
-            && machines.iter().all(|m| {
-                text(m, "/spec/version") == Some("v1.35.4")
-                    && text(m, "/status/phase") == Some("Running")
-                    && m.metadata.deletion_timestamp.is_none()
-            });
-        ok.then_some(machines)
-    })
+    let rolled = wait_capi(
+        &client,
+        namespace,
+        "md",
+        "the deployment on v1.35.4",
+        |machines| {
+            let ok = machines.len() == 1
+                && machines.iter().all(|m| {
+                    text(m, "/spec/version") == Some("v1.35.4")
+                        && text(m, "/status/phase") == Some("Running")
+                        && m.metadata.deletion_timestamp.is_none()
+                });
+            ok.then(|| machines.to_vec())
+        },
+    )
     .await;
     let rolled_id = text(&rolled[0], "/spec/providerID").unwrap().to_owned();
     assert_ne!(rolled_id, kept_id, "a new Machine, not the old one changed");
@@ -588,19 +695,386 @@ spec:
         )),
     );
     let sick = on_v2[&rolled_id].name_any();
+    let sick_claim = on_v2[&rolled_id].labels()[labels::CAPI_MACHINE].clone();
+    let power_offs = |ops: &[MachineOperation]| {
+        ops.iter()
+            .filter(|o| o.spec.operation_name == "powerOff")
+            .count()
+    };
+    let operations_of = |name: String| {
+        let client = client.clone();
+        async move {
+            Api::<MachineOperation>::all(client)
+                .list(&ListParams::default().labels(&format!("{}={name}", labels::MACHINE)))
+                .await
+                .unwrap()
+                .items
+        }
+    };
+    let powered_off_before = power_offs(&operations_of(sick.clone()).await);
     hardware.stop_kubelet(&client, &sick).await;
-    let replaced = wait_for("the unhealthy Machine replaced", || async {
-        let machines = capi_machines(&client, namespace).await;
-        let ok = machines.len() == 1
-            && text(&machines[0], "/spec/providerID").is_some_and(|id| id != rolled_id)
-            && text(&machines[0], "/status/phase") == Some("Running");
-        ok.then_some(machines)
-    })
+    let rolled_name = rolled[0].name_any();
+    // A new Cluster API Machine runs; it may be on the same hardware, once that was
+    // released, wiped and powered off (it is free again then), never before.
+    let replaced = wait_capi(
+        &client,
+        namespace,
+        "md",
+        "the unhealthy Machine replaced",
+        |machines| {
+            let ok = machines.len() == 1
+                && machines[0].name_any() != rolled_name
+                && text(&machines[0], "/status/phase") == Some("Running");
+            ok.then(|| machines.to_vec())
+        },
+    )
     .await;
-    wait_for(&format!("{sick} released"), || async {
-        let m = machine(&client, &sick).await;
-        (!m.labels().contains_key(labels::CAPI_MACHINE)).then_some(())
-    })
-    .await;
+    let released = power_offs(&operations_of(sick.clone()).await);
+    assert!(
+        released > powered_off_before,
+        "{sick} was released (powered off) before it could serve again"
+    );
+    let now = claimed_by_provider_id(&client, group).await;
+    let replacement = &now[text(&replaced[0], "/spec/providerID").unwrap()];
+    assert_ne!(
+        replacement.labels()[labels::CAPI_MACHINE],
+        sick_claim,
+        "claimed anew, by the new UnboundedMachine"
+    );
     eprintln!("remediated: {:?}", summary(&replaced));
+}
+
+/// The UnboundedMachines of `namespace`.
+async fn infrastructure_machines(client: &Client, namespace: &str) -> Vec<UnboundedMachine> {
+    Api::<UnboundedMachine>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+}
+
+fn condition_of<'a>(
+    um: &'a UnboundedMachine,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    um.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+}
+
+#[tokio::test]
+async fn a_failing_bmc_is_a_condition_and_a_host_gone_underneath_never_wedges_deletion() {
+    tokio::task::spawn_blocking(|| {
+        core_manager();
+    })
+    .await
+    .unwrap();
+    start_controller_with(CLUSTER_API);
+    let client = client().await;
+    let (namespace, group) = ("capi-gone", "capi-gone");
+    kubectl(&["apply", "-f", "-"], Some(&inventory(group, 2, 0xc1)));
+    create_configuration(
+        &client,
+        "c2-workers",
+        json!({"template": {"boot": {"kernelURL": "k", "initrdURL": "initrd"}, "kubernetes": {"version": "v1.35.3"}}}),
+    )
+    .await;
+    wait_for("c2-workers v1", || async {
+        version(&client, "c2-workers-v1").await
+    })
+    .await;
+    let hardware = StandInHardware::start(&client, group);
+    let _power = StandInPower::start(&client, Arc::new(Mutex::new(BTreeSet::new())));
+    for i in 0..2 {
+        hardware.set_bmc_down(&format!("{group}-{i}"), true);
+    }
+    kubectl(
+        &["apply", "-f", "-"],
+        Some(&cluster(namespace, "c2", group, 1, "v1.35.3")),
+    );
+
+    // The BMC fails: a reason on Ready, mirrored by Cluster API, never a failure.
+    let failing = wait_for("Ready false for the BMC", || async {
+        let all = infrastructure_machines(&client, namespace).await;
+        let um = all.into_iter().next()?;
+        let ready = condition_of(&um, "Ready")?;
+        (ready.status == "False" && ready.message.contains("BmcUnreachable")).then_some(um)
+    })
+    .await;
+    let ready = condition_of(&failing, "Ready").unwrap();
+    assert_eq!(ready.reason, "Provisioning", "{ready:?}");
+    assert_eq!(
+        condition_of(&failing, "MachineClaimed").unwrap().status,
+        "True"
+    );
+    let mirrored = wait_for("Cluster API mirrors it", || async {
+        let machines = capi_machines(&client, namespace).await;
+        let m = machines.into_iter().next()?;
+        let conditions = m.data["status"]["conditions"].as_array()?.clone();
+        conditions
+            .into_iter()
+            .find(|c| {
+                c["type"] == "InfrastructureReady"
+                    && c["message"]
+                        .as_str()
+                        .is_some_and(|t| t.contains("BmcUnreachable"))
+            })
+            .map(|c| (m, c))
+    })
+    .await;
+    assert_eq!(mirrored.1["status"], "False", "{:?}", mirrored.1);
+    assert_ne!(text(&mirrored.0, "/status/phase"), Some("Failed"));
+    // Held for a while: still retried, never terminal.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let still = &capi_machines(&client, namespace).await[0];
+    assert_eq!(
+        text(still, "/status/phase"),
+        Some("Provisioning"),
+        "{:?}",
+        still.data["status"]
+    );
+    assert!(
+        still
+            .data
+            .pointer("/status/deprecated/v1beta1/failureReason")
+            .is_none()
+    );
+    // The BMC answers again: provisioned, and Running.
+    for i in 0..2 {
+        hardware.set_bmc_down(&format!("{group}-{i}"), false);
+    }
+    let running = wait_running(&client, namespace, 1).await;
+    let id = text(&running[0], "/spec/providerID").unwrap().to_owned();
+    let host = claimed_by_provider_id(&client, group).await[&id].name_any();
+
+    // The host is deleted underneath: the UnboundedMachine says so, claims nothing else...
+    kubectl(
+        &[
+            "delete",
+            "machines.unbounded-cloud.io",
+            &host,
+            "--wait=true",
+            "--timeout=120s",
+        ],
+        None,
+    );
+    let gone = wait_for("MachineClaimed false: gone", || async {
+        let um = infrastructure_machines(&client, namespace)
+            .await
+            .into_iter()
+            .next()?;
+        let c = condition_of(&um, "MachineClaimed")?;
+        (c.status == "False" && c.reason == "MachineGone").then_some(um)
+    })
+    .await;
+    assert_eq!(gone.spec.provider_id.as_deref(), Some(id.as_str()));
+    let other = machine(
+        &client,
+        &format!("{group}-{}", if host.ends_with('0') { 1 } else { 0 }),
+    )
+    .await;
+    assert!(
+        !other.labels().contains_key(labels::CAPI_MACHINE),
+        "no second claim behind Cluster API's back"
+    );
+    // ...and its deletion does not wait for a host that is not there.
+    kubectl(
+        &[
+            "scale",
+            "-n",
+            namespace,
+            "machinedeployment/md",
+            "--replicas=0",
+        ],
+        None,
+    );
+    wait_for(
+        "every Cluster API Machine and UnboundedMachine gone",
+        || async {
+            let none = capi_machines(&client, namespace).await.is_empty()
+                && infrastructure_machines(&client, namespace).await.is_empty();
+            none.then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn two_deployments_and_a_pool_racing_for_one_inventory_never_claim_a_machine_twice() {
+    tokio::task::spawn_blocking(|| {
+        core_manager();
+    })
+    .await
+    .unwrap();
+    start_controller_with(CLUSTER_API);
+    let client = client().await;
+    let (namespace, group) = ("capi-race", "capi-race");
+    kubectl(&["apply", "-f", "-"], Some(&inventory(group, 5, 0xc2)));
+    create_configuration(
+        &client,
+        "c3-workers",
+        json!({"template": {"boot": {"kernelURL": "k", "initrdURL": "initrd"}, "kubernetes": {"version": "v1.35.3"}}}),
+    )
+    .await;
+    wait_for("c3-workers v1", || async {
+        version(&client, "c3-workers-v1").await
+    })
+    .await;
+    let _hardware = StandInHardware::start(&client, group);
+    let _power = StandInPower::start(&client, Arc::new(Mutex::new(BTreeSet::new())));
+    let pool = |replicas: u32| {
+        format!(
+            "---\napiVersion: unbounded-cloud.io/v1alpha1\nkind: MachinePool\nmetadata: {{name: capi-race-pool}}\nspec:\n  replicas: {replicas}\n  template:\n    spec:\n      provider: pxe\n      pxe: {{inventorySelector: {{matchLabels: {{inv: {group}}}}}}}\n      configurationRef: {{name: c3-workers}}\n"
+        )
+    };
+
+    // Every claim as the API server holds it: no Machine in a pool and claimed by an
+    // UnboundedMachine, and no two UnboundedMachines standing for one Machine.
+    let check = || async {
+        let machines = Api::<Machine>::all(client.clone())
+            .list(&ListParams::default().labels(&format!("inv={group}")))
+            .await
+            .unwrap()
+            .items;
+        let infra = infrastructure_machines(&client, namespace).await;
+        let mut by_machine: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for um in &infra {
+            if let Some(r) = um.status.as_ref().and_then(|s| s.machine_ref.as_ref()) {
+                by_machine
+                    .entry(r.name.clone())
+                    .or_default()
+                    .push(um.name_any());
+            }
+        }
+        for (machine, claimants) in &by_machine {
+            assert_eq!(claimants.len(), 1, "{machine} stands for {claimants:?}");
+        }
+        let mut claimed = 0;
+        for m in &machines {
+            let in_pool = m.labels().contains_key(labels::POOL);
+            let uid = m.labels().get(labels::CAPI_MACHINE);
+            assert!(
+                !(in_pool && uid.is_some()),
+                "{} is in a pool and claimed by {uid:?}",
+                m.name_any()
+            );
+            if let Some(uid) = uid {
+                let owner = infra
+                    .iter()
+                    .find(|um| um.metadata.uid.as_ref() == Some(uid));
+                // The UnboundedMachine may be deleted already (a release in progress keeps
+                // no label): a label names a live claimant or none.
+                if let Some(r) = owner.and_then(|um| um.status.as_ref()?.machine_ref.as_ref()) {
+                    assert_eq!(r.name, m.name_any(), "claim label and machineRef disagree");
+                }
+            }
+            claimed += usize::from(in_pool || uid.is_some());
+        }
+        claimed
+    };
+    for round in 0..3 {
+        kubectl(
+            &["apply", "-f", "-"],
+            Some(
+                &(if round == 0 {
+                    infrastructure(namespace, "c3", group)
+                } else {
+                    String::new()
+                } + &deployment(namespace, "c3", "md-a", 3, "v1.35.3")
+                    + &deployment(namespace, "c3", "md-b", 3, "v1.35.3")
+                    + &pool(2)),
+            ),
+        );
+        // Eight wanted, five there: all five claimed, each once.
+        let deadline = std::time::Instant::now() + Duration::from_secs(180);
+        loop {
+            let claimed = check().await;
+            let standing = infrastructure_machines(&client, namespace)
+                .await
+                .iter()
+                .filter(|um| {
+                    um.status
+                        .as_ref()
+                        .and_then(|s| s.machine_ref.as_ref())
+                        .is_some()
+                })
+                .count();
+            let pooled = Api::<Machine>::all(client.clone())
+                .list(&ListParams::default().labels(&format!("inv={group},{}", labels::POOL)))
+                .await
+                .unwrap()
+                .items
+                .len();
+            if claimed == 5 && standing + pooled == 5 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: {claimed} claimed, {standing} UnboundedMachines and {pooled} pool members hold one"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // The UnboundedMachines left over (six wanted by the deployments) say why.
+        wait_for(
+            &format!("round {round}: the ones left over say NoFreeMachine"),
+            || async {
+                let infra = infrastructure_machines(&client, namespace).await;
+                let left: Vec<_> = infra
+                    .iter()
+                    .filter(|um| {
+                        um.status
+                            .as_ref()
+                            .and_then(|s| s.machine_ref.as_ref())
+                            .is_none()
+                    })
+                    .collect();
+                let all_say = left.iter().all(|um| {
+                    condition_of(um, "MachineClaimed").is_some_and(|c| c.reason == "NoFreeMachine")
+                });
+                (infra.len() == 6 && !left.is_empty() && all_say).then_some(())
+            },
+        )
+        .await;
+        check().await;
+        // Everyone lets go; every Machine comes back free.
+        kubectl(
+            &[
+                "scale",
+                "-n",
+                namespace,
+                "machinedeployment/md-a",
+                "machinedeployment/md-b",
+                "--replicas=0",
+            ],
+            None,
+        );
+        kubectl(
+            &[
+                "scale",
+                "machinepools.unbounded-cloud.io/capi-race-pool",
+                "--replicas=0",
+            ],
+            None,
+        );
+        wait_for(
+            &format!("round {round}: every Machine free again"),
+            || async {
+                let machines = Api::<Machine>::all(client.clone())
+                    .list(&ListParams::default().labels(&format!("inv={group}")))
+                    .await
+                    .unwrap()
+                    .items;
+                let free = machines.iter().all(|m| {
+                    !m.labels().contains_key(labels::POOL)
+                        && !m.labels().contains_key(labels::CAPI_MACHINE)
+                        && !m.annotations().contains_key(annotations::REPAVE)
+                });
+                (free && infrastructure_machines(&client, namespace).await.is_empty()).then_some(())
+            },
+        )
+        .await;
+        check().await;
+    }
 }
