@@ -51,7 +51,9 @@ impl Error {
 
     /// Whether this is only a wait, not a failure. Adding or removing a finalizer from a
     /// copy of the object that was already stale is refused (the JSON patch's test, or the
-    /// resourceVersion): the next reconcile works from the newer copy.
+    /// resourceVersion): the next reconcile works from the newer copy. Removing the
+    /// finalizer of an object that is gone already (a second reconcile of its deletion) is
+    /// done, not failed.
     pub fn is_waiting(&self) -> bool {
         use kube::runtime::finalizer::Error as F;
         let stale =
@@ -60,7 +62,8 @@ impl Error {
             Self::Waiting(_) => true,
             Self::Finalizer(inner) => match inner.as_ref() {
                 F::CleanupFailed(Error::Waiting(_)) | F::ApplyFailed(Error::Waiting(_)) => true,
-                F::AddFinalizer(e) | F::RemoveFinalizer(e) => stale(e),
+                F::AddFinalizer(e) => stale(e),
+                F::RemoveFinalizer(e) => stale(e) || is_not_found(e),
                 _ => false,
             },
             _ => false,
@@ -77,4 +80,30 @@ pub fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error 
 /// Whether a kube error is the API server's 404.
 pub fn is_not_found(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(status) if status.code == 404)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::finalizer::Error as F;
+
+    fn api(code: u16) -> kube::Error {
+        kube::Error::Api(Box::new(kube::core::Status {
+            code,
+            ..Default::default()
+        }))
+    }
+
+    #[test]
+    fn finalizer_races_are_waits_and_other_errors_are_not() {
+        let finalizer = |e: F<Error>| Error::Finalizer(Box::new(e));
+        assert!(
+            finalizer(F::RemoveFinalizer(api(404))).is_waiting(),
+            "gone already"
+        );
+        assert!(finalizer(F::RemoveFinalizer(api(409))).is_waiting());
+        assert!(finalizer(F::AddFinalizer(api(422))).is_waiting());
+        assert!(!finalizer(F::AddFinalizer(api(404))).is_waiting());
+        assert!(!finalizer(F::RemoveFinalizer(api(500))).is_waiting());
+    }
 }

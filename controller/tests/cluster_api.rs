@@ -32,6 +32,8 @@ use unbounded_api::{Machine, MachineOperation};
 use unbounded_testbed::cluster::{ClusterApiBinaries, CoreManager};
 
 const CLUSTER_API: &[&str] = &["--cluster-api"];
+/// The controller runs under deploy/'s RBAC and the Cluster API component's.
+const CONTROLLER_RBAC: &[&str] = &["rbac/controller.yaml", "cluster-api/rbac/controller.yaml"];
 
 fn capi(kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(
@@ -457,7 +459,7 @@ async fn a_machine_deployment_claims_runs_scales_down_rolls_and_is_remediated() 
     })
     .await
     .unwrap();
-    start_controller_with(CLUSTER_API);
+    start_controller_as_service_account(CLUSTER_API, CONTROLLER_RBAC);
     let client = client().await;
     let (namespace, group) = ("capi-md", "capi-md");
     kubectl(&["apply", "-f", "-"], Some(&inventory(group, 3, 0xc0)));
@@ -771,7 +773,7 @@ async fn a_failing_bmc_is_a_condition_and_a_host_gone_underneath_never_wedges_de
     })
     .await
     .unwrap();
-    start_controller_with(CLUSTER_API);
+    start_controller_as_service_account(CLUSTER_API, CONTROLLER_RBAC);
     let client = client().await;
     let (namespace, group) = ("capi-gone", "capi-gone");
     kubectl(&["apply", "-f", "-"], Some(&inventory(group, 2, 0xc1)));
@@ -908,7 +910,7 @@ async fn two_deployments_and_a_pool_racing_for_one_inventory_never_claim_a_machi
     })
     .await
     .unwrap();
-    start_controller_with(CLUSTER_API);
+    start_controller_as_service_account(CLUSTER_API, CONTROLLER_RBAC);
     let client = client().await;
     let (namespace, group) = ("capi-race", "capi-race");
     kubectl(&["apply", "-f", "-"], Some(&inventory(group, 5, 0xc2)));
@@ -1077,4 +1079,115 @@ async fn two_deployments_and_a_pool_racing_for_one_inventory_never_claim_a_machi
         .await;
         check().await;
     }
+}
+
+/// `docs/cluster-api.md`'s install: clusterctl reads the repository
+/// `scripts/cluster-api-repository` writes (each provider's components and metadata, at
+/// the workspace's version) and what it makes of them applies; and the kustomize component
+/// turns the provider on in the controller's Deployment.
+#[test]
+fn clusterctl_reads_our_providers_and_the_component_turns_the_provider_on() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = tempfile::tempdir().unwrap();
+    let written = std::process::Command::new(root.join("scripts/cluster-api-repository"))
+        .arg(out.path())
+        .output()
+        .unwrap();
+    assert!(
+        written.status.success(),
+        "{}",
+        String::from_utf8_lossy(&written.stderr)
+    );
+    let binaries = ClusterApiBinaries::ensure().unwrap();
+    let version = format!("unbounded:v{}", env!("CARGO_PKG_VERSION"));
+    for (flag, provider, kinds) in [
+        (
+            "--infrastructure",
+            "infrastructure-unbounded",
+            &[
+                "UnboundedMachine",
+                "UnboundedMachineTemplate",
+                "UnboundedCluster",
+                "UnboundedClusterTemplate",
+            ][..],
+        ),
+        (
+            "--bootstrap",
+            "bootstrap-unbounded",
+            &["UnboundedConfig", "UnboundedConfigTemplate"][..],
+        ),
+        (
+            "--control-plane",
+            "control-plane-unbounded",
+            &["UnboundedControlPlane", "UnboundedControlPlaneTemplate"][..],
+        ),
+    ] {
+        let generated = std::process::Command::new(&binaries.clusterctl)
+            .args(["generate", "provider", flag, &version, "--config"])
+            .arg(out.path().join("clusterctl.yaml"))
+            .output()
+            .unwrap();
+        let components = String::from_utf8_lossy(&generated.stdout).into_owned();
+        assert!(
+            generated.status.success(),
+            "clusterctl {flag}: {}",
+            String::from_utf8_lossy(&generated.stderr)
+        );
+        assert!(
+            components.contains(&format!("cluster.x-k8s.io/provider: {provider}")),
+            "{components}"
+        );
+        for kind in kinds {
+            assert!(
+                components.contains(&format!("kind: {kind}\n")),
+                "{provider} lacks {kind}"
+            );
+        }
+        control_plane()
+            .kubectl_with_input(
+                &["apply", "--server-side", "--dry-run=server", "-f", "-"],
+                Some(&components),
+            )
+            .unwrap_or_else(|e| panic!("{provider}'s components do not apply: {e}"));
+    }
+    // Kustomize takes only relative paths to a base.
+    let overlay = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let relative = |to: &str| relative_path(overlay.path(), &root.join(to));
+    std::fs::write(
+        overlay.path().join("kustomization.yaml"),
+        format!(
+            "resources: [{}]\ncomponents: [{}]\n",
+            relative("deploy"),
+            relative("deploy/cluster-api")
+        ),
+    )
+    .unwrap();
+    let rendered = control_plane()
+        .kubectl_with_input(&["kustomize", &overlay.path().display().to_string()], None)
+        .unwrap();
+    let controller = rendered
+        .split("\n---\n")
+        .find(|d| d.contains("kind: Deployment") && d.contains("name: unbounded-controller\n"))
+        .expect("the controller's Deployment");
+    assert!(controller.contains("UNBOUNDED_CLUSTER_API"), "{controller}");
+    assert!(rendered.contains("cluster.x-k8s.io/aggregate-to-manager: \"true\""));
+    assert!(rendered.contains("name: unboundedmachines.infrastructure.cluster.x-k8s.io"));
+}
+
+/// `to` as a path relative to the directory `from` (both made absolute).
+fn relative_path(from: &std::path::Path, to: &std::path::Path) -> String {
+    let (from, to) = (from.canonicalize().unwrap(), to.canonicalize().unwrap());
+    let common = from
+        .components()
+        .zip(to.components())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let ups = from.components().count() - common;
+    let mut parts: Vec<String> = vec!["..".to_owned(); ups];
+    parts.extend(
+        to.components()
+            .skip(common)
+            .map(|c| c.as_os_str().to_string_lossy().into_owned()),
+    );
+    parts.join("/")
 }

@@ -43,8 +43,51 @@ pub fn spawn_controller() -> Child {
 
 /// [`spawn_controller`] with `extra` flags.
 pub fn spawn_controller_with(extra: &'static [&'static str]) -> Child {
-    let cp = control_plane();
-    let kubeconfig = cp.kubeconfig_path().to_path_buf();
+    spawn_controller_from(extra, control_plane().kubeconfig_path().to_path_buf())
+}
+
+/// Starts the controller once for this test binary as its ServiceAccount
+/// (`unbounded-system/unbounded-controller`, by impersonation) under `rbac` (the files of
+/// deploy/ that grant it, applied first): what it may not do fails as in a real cluster.
+pub fn start_controller_as_service_account(extra: &'static [&'static str], rbac: &[&str]) {
+    CONTROLLER.get_or_init(|| {
+        let cp = control_plane();
+        for namespace in ["unbounded-system", "unbounded-machines"] {
+            cp.kubectl_with_input(
+                &["apply", "-f", "-"],
+                Some(&format!(
+                    "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {namespace}}}\n"
+                )),
+            )
+            .unwrap();
+        }
+        let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+        for file in rbac {
+            let path = deploy.join(file);
+            cp.kubectl_with_input(&["apply", "-f", &path.display().to_string()], None)
+                .unwrap_or_else(|e| panic!("applying {}: {e}", path.display()));
+        }
+        let mut kubeconfig =
+            kube::config::Kubeconfig::read_from(cp.kubeconfig_path()).expect("admin kubeconfig");
+        for user in &mut kubeconfig.auth_infos {
+            if let Some(auth) = user.auth_info.as_mut() {
+                auth.impersonate =
+                    Some("system:serviceaccount:unbounded-system:unbounded-controller".into());
+                auth.impersonate_groups = Some(vec![
+                    "system:serviceaccounts".into(),
+                    "system:serviceaccounts:unbounded-system".into(),
+                    "system:authenticated".into(),
+                ]);
+            }
+        }
+        let path = cp.data_dir().join("controller-service-account.kubeconfig");
+        // JSON is YAML.
+        std::fs::write(&path, serde_json::to_vec(&kubeconfig).unwrap()).unwrap();
+        Mutex::new(Some(spawn_controller_from(extra, path)))
+    });
+}
+
+fn spawn_controller_from(extra: &'static [&'static str], kubeconfig: std::path::PathBuf) -> Child {
     let (tx, rx) = std::sync::mpsc::channel();
     // Its log (tracing writes to stdout) goes to $UNBOUNDED_TEST_CONTROLLER_LOG when set.
     let log = std::env::var_os("UNBOUNDED_TEST_CONTROLLER_LOG");
