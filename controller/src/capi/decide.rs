@@ -786,4 +786,97 @@ mod tests {
         let names: Vec<_> = failure_domains(&all).into_iter().map(|d| d.name).collect();
         assert_eq!(names, ["leaf-2", "r1"]);
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// One pass's facts, drawn: which Machine the cache shows (none, one without a
+        /// provider ID, one powered on and ready, one whose BMC fails), and the rest.
+        #[derive(Debug, Clone)]
+        struct Drawn {
+            paused: bool,
+            has_owner: bool,
+            bootstrap: u8,
+            claimed: u8,
+            provider_id: bool,
+            creates: bool,
+        }
+
+        fn drawn() -> impl Strategy<Value = Drawn> {
+            (
+                any::<bool>(),
+                any::<bool>(),
+                0u8..3,
+                0u8..4,
+                any::<bool>(),
+                any::<bool>(),
+            )
+                .prop_map(
+                    |(paused, has_owner, bootstrap, claimed, provider_id, creates)| Drawn {
+                        paused,
+                        has_owner,
+                        bootstrap,
+                        claimed,
+                        provider_id,
+                        creates,
+                    },
+                )
+        }
+
+        proptest! {
+            /// Whatever a pass sees, an UnboundedMachine that holds a Machine, or held one
+            /// (its provider ID is set), never claims or creates another; a paused one
+            /// does nothing; and once provisioned it stays provisioned whatever follows.
+            #[test]
+            fn never_a_second_machine_and_provisioned_is_one_way(passes in proptest::collection::vec(drawn(), 1..12)) {
+                let r = reference(Some(1));
+                let machines = [
+                    machine(None, None, None),
+                    machine(Some("pxe://52:54:00:00:00:01"), Some("On"), Some(("True", "Ready"))),
+                    machine(Some("pxe://52:54:00:00:00:01"), Some("Off"), Some(("False", "BmcUnreachable"))),
+                ];
+                let mut status: Option<UnboundedMachineStatus> = None;
+                let mut was_provisioned = false;
+                for d in passes {
+                    let bootstrap = match d.bootstrap {
+                        0 => Bootstrap::NotYet,
+                        1 => Bootstrap::Invalid("cloud-config"),
+                        _ => Bootstrap::Ready(&r),
+                    };
+                    let claimed = match d.claimed {
+                        0 => None,
+                        n => Some(&machines[usize::from(n) - 1]),
+                    };
+                    let facts = MachineFacts {
+                        paused: d.paused,
+                        has_owner: d.has_owner,
+                        bootstrap,
+                        claimed,
+                        provider_id: d.provider_id.then_some("pxe://52:54:00:00:00:01"),
+                        creates: d.creates,
+                    };
+                    let step = next_step(&facts);
+                    if claimed.is_some() || facts.provider_id.is_some() {
+                        prop_assert!(!matches!(step, Step::Claim(_) | Step::Create(_)), "{step:?} for {d:?}");
+                    }
+                    if d.paused {
+                        prop_assert_eq!(&step, &Step::Paused);
+                    }
+                    if matches!(step, Step::Claim(_) | Step::Create(_)) {
+                        prop_assert!(d.has_owner && matches!(bootstrap, Bootstrap::Ready(_)));
+                    }
+                    let next = machine_status(&facts, status.as_ref(), None, Some(1));
+                    let provisioned = next.initialization.as_ref().and_then(|i| i.provisioned).unwrap_or(false);
+                    if !d.paused {
+                        prop_assert!(provisioned || !was_provisioned, "provisioned went back for {d:?}");
+                        was_provisioned = provisioned;
+                        // Ready says provisioned, and only that.
+                        prop_assert_eq!(condition::is_true(&next.conditions, conditions::READY), provisioned);
+                    }
+                    status = Some(next);
+                }
+            }
+        }
+    }
 }
