@@ -1191,3 +1191,94 @@ fn relative_path(from: &std::path::Path, to: &std::path::Path) -> String {
     );
     parts.join("/")
 }
+
+/// An Azure UnboundedMachine creates its Machine (named `<namespace>-<name>`, the claim
+/// label and the configuration on it), waits for the provider's ID without failing, and its
+/// deletion deletes the Machine and waits until it is gone.
+#[tokio::test]
+async fn an_azure_unbounded_machine_creates_its_machine_and_deletes_it() {
+    tokio::task::spawn_blocking(|| {
+        core_manager();
+    })
+    .await
+    .unwrap();
+    start_controller_as_service_account(CLUSTER_API, CONTROLLER_RBAC);
+    let client = client().await;
+    let namespace = "capi-azure";
+    create_configuration(
+        &client,
+        "c4-workers",
+        json!({"template": {"boot": {"kernelURL": "k", "initrdURL": "initrd"}, "kubernetes": {"version": "v1.35.3"}}}),
+    )
+    .await;
+    wait_for("c4-workers v1", || async {
+        version(&client, "c4-workers-v1").await
+    })
+    .await;
+    let azure = r#"{provider: azure, azure: {subscriptionID: 00000000-0000-0000-0000-000000000000, resourceGroup: rg-nodes, location: westeurope, vmSize: Standard_D4s_v5, image: {publisher: Debian, offer: debian-12, sku: 12-gen2}, subnetID: /subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/rg/providers/Microsoft.Network/virtualNetworks/v/subnets/nodes, sshPublicKey: ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKq7bqZ9sS0Wm7mFsJkZq0QJtqgS3D6p2mW1Zl3f7cuA ops@example, credentialsSecretRef: {namespace: unbounded-system, name: azure-sp}}}"#;
+    // The Cluster's infrastructure as for PXE, with the machine template made Azure.
+    let objects = infrastructure(namespace, "c4", "none")
+        .replace(
+            "spec: {template: {spec: {provider: pxe, pxe: {inventorySelector: {matchLabels: {inv: none}}}}}}",
+            &format!("spec: {{template: {{spec: {azure}}}}}"),
+        )
+        + &deployment(namespace, "c4", "md", 1, "v1.35.3");
+    assert!(
+        objects.contains("provider: azure"),
+        "the template was not replaced:\n{objects}"
+    );
+    kubectl(&["apply", "-f", "-"], Some(&objects));
+    let um = wait_for("the UnboundedMachine's Machine created", || async {
+        let um = infrastructure_machines(&client, namespace)
+            .await
+            .into_iter()
+            .next()?;
+        let ready = condition_of(&um, "Ready")?;
+        (ready.reason == "WaitingForProviderID").then_some(um)
+    })
+    .await;
+    let name = format!("{namespace}-{}", um.name_any());
+    let created = machine(&client, &name).await;
+    assert_eq!(created.spec.provider, unbounded_api::MachineProvider::Azure);
+    assert_eq!(
+        created.labels().get(labels::CAPI_MACHINE),
+        um.metadata.uid.as_ref()
+    );
+    let reference = created.spec.configuration_ref.clone().unwrap();
+    assert_eq!(
+        (reference.name.as_str(), reference.version),
+        ("c4-workers", Some(1))
+    );
+    assert_eq!(
+        created
+            .spec
+            .azure
+            .as_ref()
+            .map(|a| a.resource_group.as_str()),
+        Some("rg-nodes")
+    );
+    // Waiting is not failing: the Cluster API Machine stays Provisioning.
+    let capi_machine = &capi_machines(&client, namespace).await[0];
+    assert_eq!(text(capi_machine, "/status/phase"), Some("Provisioning"));
+
+    kubectl(
+        &[
+            "scale",
+            "-n",
+            namespace,
+            "machinedeployment/md",
+            "--replicas=0",
+        ],
+        None,
+    );
+    wait_for("the Machine and the UnboundedMachine gone", || async {
+        let gone = Api::<Machine>::all(client.clone())
+            .get_opt(&name)
+            .await
+            .unwrap()
+            .is_none()
+            && infrastructure_machines(&client, namespace).await.is_empty();
+        gone.then_some(())
+    })
+    .await;
+}
