@@ -410,7 +410,16 @@ pub fn read_bootstrap_data(
         configuration_ref: ConfigurationRef,
     }
     let data: Data = serde_json::from_slice(value.unwrap_or_default())
-        .map_err(|e| format!("the bootstrap data is not a configuration reference: {e}"))?;
+        // Where, not what: serde's message can quote the data, and a Secret's content
+        // never goes into a condition.
+        .map_err(|e| {
+            format!(
+                "the bootstrap data is not a configuration reference ({:?} error at line {}, column {})",
+                e.classify(),
+                e.line(),
+                e.column()
+            )
+        })?;
     match data.configuration_ref.version {
         Some(_) => Ok(data.configuration_ref),
         None => Err("the bootstrap data's configuration reference has no version".to_owned()),
@@ -767,6 +776,15 @@ mod tests {
             .contains("no version")
         );
         assert!(read(None, None).unwrap_err().contains("unset"));
+        let quoted = read(
+            Some("unbounded"),
+            Some(r#""token-abcdef.0123456789abcdef""#),
+        )
+        .unwrap_err();
+        assert!(
+            !quoted.contains("abcdef"),
+            "the data is never quoted: {quoted}"
+        );
     }
 
     #[test]
