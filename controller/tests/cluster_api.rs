@@ -451,9 +451,10 @@ async fn add_version(client: &Client, configuration: &str, kubernetes: &str) {
     .await;
 }
 
-#[tokio::test]
-async fn a_machine_deployment_claims_runs_scales_down_rolls_and_is_remediated() {
-    // Started before the controller (blocking: a few seconds until it is ready).
+/// What every test starts from: Cluster API's manager and our controller running (the
+/// manager first: a few seconds, blocking), `count` PXE Machines of inventory `group`, and
+/// configuration `configuration` whose version 1 runs Kubernetes v1.35.3.
+async fn begin(group: &str, count: usize, mac_base: u8, configuration: &str) -> Client {
     tokio::task::spawn_blocking(|| {
         core_manager();
     })
@@ -461,18 +462,29 @@ async fn a_machine_deployment_claims_runs_scales_down_rolls_and_is_remediated() 
     .unwrap();
     start_controller_as_service_account(CLUSTER_API, CONTROLLER_RBAC);
     let client = client().await;
-    let (namespace, group) = ("capi-md", "capi-md");
-    kubectl(&["apply", "-f", "-"], Some(&inventory(group, 3, 0xc0)));
+    if count > 0 {
+        kubectl(
+            &["apply", "-f", "-"],
+            Some(&inventory(group, count, mac_base)),
+        );
+    }
     create_configuration(
         &client,
-        "c1-workers",
+        configuration,
         json!({"template": {"boot": {"kernelURL": "k", "initrdURL": "initrd"}, "kubernetes": {"version": "v1.35.3"}}}),
     )
     .await;
-    wait_for("c1-workers v1", || async {
-        version(&client, "c1-workers-v1").await
+    wait_for(&format!("{configuration} v1"), || async {
+        version(&client, &format!("{configuration}-v1")).await
     })
     .await;
+    client
+}
+
+#[tokio::test]
+async fn a_machine_deployment_claims_runs_scales_down_rolls_and_is_remediated() {
+    let (namespace, group) = ("capi-md", "capi-md");
+    let client = begin(group, 3, 0xc0, "c1-workers").await;
     let hardware = StandInHardware::start(&client, group);
     let _power = StandInPower::start(&client, Arc::new(Mutex::new(BTreeSet::new())));
     kubectl(
@@ -768,25 +780,8 @@ fn condition_of<'a>(
 
 #[tokio::test]
 async fn a_failing_bmc_is_a_condition_and_a_host_gone_underneath_never_wedges_deletion() {
-    tokio::task::spawn_blocking(|| {
-        core_manager();
-    })
-    .await
-    .unwrap();
-    start_controller_as_service_account(CLUSTER_API, CONTROLLER_RBAC);
-    let client = client().await;
     let (namespace, group) = ("capi-gone", "capi-gone");
-    kubectl(&["apply", "-f", "-"], Some(&inventory(group, 2, 0xc1)));
-    create_configuration(
-        &client,
-        "c2-workers",
-        json!({"template": {"boot": {"kernelURL": "k", "initrdURL": "initrd"}, "kubernetes": {"version": "v1.35.3"}}}),
-    )
-    .await;
-    wait_for("c2-workers v1", || async {
-        version(&client, "c2-workers-v1").await
-    })
-    .await;
+    let client = begin(group, 2, 0xc1, "c2-workers").await;
     let hardware = StandInHardware::start(&client, group);
     let _power = StandInPower::start(&client, Arc::new(Mutex::new(BTreeSet::new())));
     for i in 0..2 {
@@ -905,25 +900,8 @@ async fn a_failing_bmc_is_a_condition_and_a_host_gone_underneath_never_wedges_de
 
 #[tokio::test]
 async fn two_deployments_and_a_pool_racing_for_one_inventory_never_claim_a_machine_twice() {
-    tokio::task::spawn_blocking(|| {
-        core_manager();
-    })
-    .await
-    .unwrap();
-    start_controller_as_service_account(CLUSTER_API, CONTROLLER_RBAC);
-    let client = client().await;
     let (namespace, group) = ("capi-race", "capi-race");
-    kubectl(&["apply", "-f", "-"], Some(&inventory(group, 5, 0xc2)));
-    create_configuration(
-        &client,
-        "c3-workers",
-        json!({"template": {"boot": {"kernelURL": "k", "initrdURL": "initrd"}, "kubernetes": {"version": "v1.35.3"}}}),
-    )
-    .await;
-    wait_for("c3-workers v1", || async {
-        version(&client, "c3-workers-v1").await
-    })
-    .await;
+    let client = begin(group, 5, 0xc2, "c3-workers").await;
     let _hardware = StandInHardware::start(&client, group);
     let _power = StandInPower::start(&client, Arc::new(Mutex::new(BTreeSet::new())));
     let pool = |replicas: u32| {
@@ -1197,24 +1175,8 @@ fn relative_path(from: &std::path::Path, to: &std::path::Path) -> String {
 /// deletion deletes the Machine and waits until it is gone.
 #[tokio::test]
 async fn an_azure_unbounded_machine_creates_its_machine_and_deletes_it() {
-    tokio::task::spawn_blocking(|| {
-        core_manager();
-    })
-    .await
-    .unwrap();
-    start_controller_as_service_account(CLUSTER_API, CONTROLLER_RBAC);
-    let client = client().await;
     let namespace = "capi-azure";
-    create_configuration(
-        &client,
-        "c4-workers",
-        json!({"template": {"boot": {"kernelURL": "k", "initrdURL": "initrd"}, "kubernetes": {"version": "v1.35.3"}}}),
-    )
-    .await;
-    wait_for("c4-workers v1", || async {
-        version(&client, "c4-workers-v1").await
-    })
-    .await;
+    let client = begin("none", 0, 0, "c4-workers").await;
     let azure = r#"{provider: azure, azure: {subscriptionID: 00000000-0000-0000-0000-000000000000, resourceGroup: rg-nodes, location: westeurope, vmSize: Standard_D4s_v5, image: {publisher: Debian, offer: debian-12, sku: 12-gen2}, subnetID: /subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/rg/providers/Microsoft.Network/virtualNetworks/v/subnets/nodes, sshPublicKey: ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKq7bqZ9sS0Wm7mFsJkZq0QJtqgS3D6p2mW1Zl3f7cuA ops@example, credentialsSecretRef: {namespace: unbounded-system, name: azure-sp}}}"#;
     // The Cluster's infrastructure as for PXE, with the machine template made Azure.
     let objects = infrastructure(namespace, "c4", "none")

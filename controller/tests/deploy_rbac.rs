@@ -10,15 +10,10 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use common::{client, control_plane, create_machine};
+use common::{apply_deploy_rbac, client, control_plane, create_machine};
 use serde_json::json;
 use unbounded_api::agent::AgentAccess;
 use unbounded_controller::agent_access::apply_access;
-
-const DEPLOY_RBAC: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../deploy/rbac/controller.yaml"
-);
 
 async fn as_controller() -> kube::Client {
     let mut config = kube::Config::from_custom_kubeconfig(
@@ -39,18 +34,7 @@ async fn as_controller() -> kube::Client {
 
 #[tokio::test]
 async fn the_controllers_role_holds_every_grant_it_gives_an_agent() {
-    let cp = control_plane();
-    for namespace in ["unbounded-system", "unbounded-machines"] {
-        cp.kubectl_with_input(
-            &["apply", "-f", "-"],
-            Some(&format!(
-                "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {namespace}}}\n"
-            )),
-        )
-        .unwrap();
-    }
-    cp.kubectl_with_input(&["apply", "-f", DEPLOY_RBAC], None)
-        .unwrap_or_else(|e| panic!("applying {DEPLOY_RBAC}: {e}"));
+    apply_deploy_rbac(&["rbac/controller.yaml"]);
 
     let admin = client().await;
     let machine = create_machine(&admin, "rbac-grants", json!({}), json!({})).await;

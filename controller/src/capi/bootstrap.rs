@@ -56,16 +56,9 @@ pub async fn reconcile(object: Arc<UnboundedConfig>, ctx: Arc<Context>) -> Resul
             new_condition(type_, ok, reason, message, generation),
         );
     };
-    set(
-        &mut status,
-        conditions::PAUSED,
-        paused,
-        if paused {
-            reasons::PAUSED
-        } else {
-            reasons::NOT_PAUSED
-        },
-        String::new(),
+    condition::set(
+        &mut status.conditions,
+        decide::paused_condition(paused, generation),
     );
     let secret_made = status.data_secret_name.is_some();
     let action = match (&owner, paused || secret_made) {

@@ -29,17 +29,7 @@ pub async fn reconcile(object: Arc<UnboundedCluster>, ctx: Arc<Context>) -> Resu
     .await?;
     condition::set(
         &mut status.conditions,
-        new_condition(
-            conditions::PAUSED,
-            paused,
-            if paused {
-                reasons::PAUSED
-            } else {
-                reasons::NOT_PAUSED
-            },
-            "",
-            generation,
-        ),
+        decide::paused_condition(paused, generation),
     );
     if !paused {
         let endpoint = object.spec.control_plane_endpoint.is_some();

@@ -14,7 +14,7 @@ use kube::runtime::controller::Action;
 use unbounded_api::capi::{ControlPlaneInitialization, UnboundedControlPlane};
 use unbounded_api::condition::{self, new_condition};
 
-use super::decide::conditions::{self, reasons};
+use super::decide::{self, conditions, conditions::reasons};
 use super::objects;
 use crate::context::Context;
 use crate::error::{Error, kube_err};
@@ -48,17 +48,7 @@ pub async fn reconcile(
     let paused = objects::is_paused(&ctx.client, &object.metadata, cluster.as_deref()).await?;
     condition::set(
         &mut status.conditions,
-        new_condition(
-            conditions::PAUSED,
-            paused,
-            if paused {
-                reasons::PAUSED
-            } else {
-                reasons::NOT_PAUSED
-            },
-            "",
-            generation,
-        ),
+        decide::paused_condition(paused, generation),
     );
     let mut action = Action::requeue(ctx.settings.resync);
     if !paused {

@@ -157,6 +157,28 @@ pub fn failure_domain(labels: &BTreeMap<String, String>) -> Option<String> {
         .cloned()
 }
 
+/// The `Paused` condition every kind reports (`cluster.x-k8s.io/paused`, or the Cluster's
+/// `spec.paused`).
+pub fn paused_condition(paused: bool, generation: Option<i64>) -> Condition {
+    if paused {
+        new_condition(
+            conditions::PAUSED,
+            true,
+            reasons::PAUSED,
+            "reconciliation is paused",
+            generation,
+        )
+    } else {
+        new_condition(
+            conditions::PAUSED,
+            false,
+            reasons::NOT_PAUSED,
+            "",
+            generation,
+        )
+    }
+}
+
 /// Whether a claimed Machine is provisioned in the contract's sense: it has its provider
 /// ID, is powered on and its infrastructure is ready (the bootstrap, our agent, can run).
 fn is_provisioned(machine: &Machine) -> bool {
@@ -189,17 +211,9 @@ pub fn machine_status(
     let set = |list: &mut Vec<Condition>, type_: &str, ok: bool, reason: &str, message: String| {
         condition::set(list, new_condition(type_, ok, reason, message, generation));
     };
-    let (paused_reason, paused_message) = if facts.paused {
-        (reasons::PAUSED, "reconciliation is paused".to_owned())
-    } else {
-        (reasons::NOT_PAUSED, String::new())
-    };
-    set(
+    condition::set(
         &mut status.conditions,
-        conditions::PAUSED,
-        facts.paused,
-        paused_reason,
-        paused_message,
+        paused_condition(facts.paused, generation),
     );
     if facts.paused {
         return status;

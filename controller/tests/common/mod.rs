@@ -30,12 +30,6 @@ pub fn start_controller() {
     CONTROLLER.get_or_init(|| Mutex::new(Some(spawn_controller())));
 }
 
-/// Starts the controller binary once for this test binary with `extra` flags (such as
-/// `--cluster-api`).
-pub fn start_controller_with(extra: &'static [&'static str]) {
-    CONTROLLER.get_or_init(|| Mutex::new(Some(spawn_controller_with(extra))));
-}
-
 /// Starts a controller process tied to a thread that lives as long as the test binary.
 pub fn spawn_controller() -> Child {
     spawn_controller_with(&[])
@@ -51,22 +45,8 @@ pub fn spawn_controller_with(extra: &'static [&'static str]) -> Child {
 /// deploy/ that grant it, applied first): what it may not do fails as in a real cluster.
 pub fn start_controller_as_service_account(extra: &'static [&'static str], rbac: &[&str]) {
     CONTROLLER.get_or_init(|| {
+        apply_deploy_rbac(rbac);
         let cp = control_plane();
-        for namespace in ["unbounded-system", "unbounded-machines"] {
-            cp.kubectl_with_input(
-                &["apply", "-f", "-"],
-                Some(&format!(
-                    "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {namespace}}}\n"
-                )),
-            )
-            .unwrap();
-        }
-        let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
-        for file in rbac {
-            let path = deploy.join(file);
-            cp.kubectl_with_input(&["apply", "-f", &path.display().to_string()], None)
-                .unwrap_or_else(|e| panic!("applying {}: {e}", path.display()));
-        }
         let mut kubeconfig =
             kube::config::Kubeconfig::read_from(cp.kubeconfig_path()).expect("admin kubeconfig");
         for user in &mut kubeconfig.auth_infos {
@@ -85,6 +65,27 @@ pub fn start_controller_as_service_account(extra: &'static [&'static str], rbac:
         std::fs::write(&path, serde_json::to_vec(&kubeconfig).unwrap()).unwrap();
         Mutex::new(Some(spawn_controller_from(extra, path)))
     });
+}
+
+/// Applies `files` of deploy/ (RBAC: the controller's ServiceAccount and roles) with the
+/// namespaces they name.
+pub fn apply_deploy_rbac(files: &[&str]) {
+    let cp = control_plane();
+    for namespace in ["unbounded-system", "unbounded-machines"] {
+        cp.kubectl_with_input(
+            &["apply", "-f", "-"],
+            Some(&format!(
+                "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {namespace}}}\n"
+            )),
+        )
+        .unwrap();
+    }
+    let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    for file in files {
+        let path = deploy.join(file);
+        cp.kubectl_with_input(&["apply", "-f", &path.display().to_string()], None)
+            .unwrap_or_else(|e| panic!("applying {}: {e}", path.display()));
+    }
 }
 
 fn spawn_controller_from(extra: &'static [&'static str], kubeconfig: std::path::PathBuf) -> Child {
