@@ -50,6 +50,13 @@ pub(crate) fn up(options: UpOptions) -> Result<(), CliError> {
     images::build(&images::Options {
         containers: !host_binaries,
     })?;
+    // `scenario capi` runs Cluster API's core manager against the lab: built once, cached
+    // (docs/cluster-api.md).
+    eprintln!(
+        "testbed: Cluster API {} (core manager, clusterctl)",
+        cluster::CLUSTER_API_VERSION
+    );
+    cluster::ClusterApiBinaries::ensure()?;
     eprintln!("testbed: building the controller and the bootserver");
     let binaries = images::host_build(&["unbounded-controller", "unbounded-bootserver"], false)?;
     let (Some(controller), Some(bootserver)) = (binaries.first(), binaries.get(1)) else {
