@@ -28,6 +28,7 @@
 //! | [`config`] | assembles the validated [`config::Settings`] from each room's own settings (each room's `settings` module converts its section by `TryFrom`; [`setting`] is their error) |
 //! | [`backend`], [`kube_backend`] | what the bootserver knows about machines: the file's machines ([`backend::standalone`]) or the cluster's Machines, in memory |
 //! | [`dhcp`] | DHCP and ProxyDHCP: wire → decision (a chain of steps) → durable commit → reply |
+//! | [`dhcp6`] | DHCPv6 (issue 42, begun): which Machine a v6 client is |
 //! | [`leases`] | the address book (one owner per address) and its durable log |
 //! | [`boot`] | which boot file and which iPXE script a client gets |
 //! | [`tftp`], [`http`], [`files`] | TFTP and HTTP: iPXE builds, scripts, images, the agent's routes |
@@ -42,6 +43,7 @@ pub mod boot_images;
 pub mod config;
 pub mod credentials;
 pub mod dhcp;
+pub mod dhcp6;
 pub mod discovery;
 pub mod discovery_writes;
 pub mod files;
