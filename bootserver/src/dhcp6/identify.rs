@@ -87,6 +87,30 @@ fn split_u16(bytes: &[u8]) -> Option<(u16, &[u8])> {
     Some((u16::from_be_bytes([head[0], head[1]]), rest))
 }
 
+/// The OVMF Solicit captured on the testbed, for the v6 tests ([`tests`]).
+#[cfg(test)]
+pub(crate) mod tests_fixture {
+    /// The first Solicit Debian bookworm's OVMF (edk2 2022.11) sent from PXEv6 on the
+    /// testbed, UDP payload as captured: DUID-LLT of the NIC, IA_NA, ORO 59/60/23/16,
+    /// NII (62), architecture 7 (61), vendor class `PXEClient:Arch:00007:UNDI:003000`.
+    const OVMF_SOLICIT: &str = "01096839 0001000e 0001000131e516f752540066 0001 0008 0002 0000 0003 000c feff f776 ffffffff ffffffff 0006 0008 003b003c00170010 003e 0003 010300 003d 0002 0007 0010 0026 00000157 0020 5058 45436c69656e743a417263683a30303030373a554e44493a303033303030";
+
+    /// Its bytes.
+    pub(crate) fn ovmf_solicit() -> Vec<u8> {
+        hex(OVMF_SOLICIT)
+    }
+
+    /// Bytes from hex digits (anything else ignored).
+    #[allow(clippy::unwrap_used)]
+    pub(crate) fn hex(s: &str) -> Vec<u8> {
+        let digits: String = s.chars().filter(char::is_ascii_hexdigit).collect();
+        (0..digits.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&digits[i..i + 2], 16).unwrap())
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -96,22 +120,11 @@ mod tests {
 
     const OVMF_MAC: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x66, 0x00, 0x01]);
 
-    /// The first Solicit Debian bookworm's OVMF (edk2 2022.11) sent from PXEv6 on the
-    /// testbed, UDP payload as captured: DUID-LLT of the NIC, IA_NA, ORO 59/60/23/16,
-    /// NII (62), architecture 7 (61), vendor class `PXEClient:Arch:00007:UNDI:003000`.
-    const OVMF_SOLICIT: &str = "01096839 0001000e 0001000131e516f752540066 0001 0008 0002 0000 0003 000c feff f776 ffffffff ffffffff 0006 0008 003b003c00170010 003e 0003 010300 003d 0002 0007 0010 0026 00000157 0020 5058 45436c69656e743a417263683a30303030373a554e44493a303033303030";
-
-    fn hex(s: &str) -> Vec<u8> {
-        let digits: String = s.chars().filter(char::is_ascii_hexdigit).collect();
-        (0..digits.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&digits[i..i + 2], 16).unwrap())
-            .collect()
-    }
+    use super::tests_fixture::{hex, ovmf_solicit};
 
     #[test]
     fn ovmf_pxev6_is_known_by_its_duid_and_by_its_link_local_address() {
-        let message = Message::decode(&mut Decoder::new(&hex(OVMF_SOLICIT))).unwrap();
+        let message = Message::decode(&mut Decoder::new(&ovmf_solicit())).unwrap();
         let duid = message
             .opts()
             .iter()
