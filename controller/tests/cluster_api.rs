@@ -534,6 +534,7 @@ async fn a_machine_deployment_claims_runs_scales_down_rolls_and_is_remediated() 
             .unwrap()
             .items;
     for um in &infra {
+        wait_event(&client, &um.name_any(), "Claimed").await;
         let status = um.status.as_ref().unwrap();
         assert_eq!(
             status.initialization.as_ref().unwrap().provisioned,
@@ -614,6 +615,12 @@ async fn a_machine_deployment_claims_runs_scales_down_rolls_and_is_remediated() 
     let kept_id = text(&kept[0], "/spec/providerID").unwrap().to_owned();
     let released_id = ids.iter().find(|id| **id != kept_id).unwrap().clone();
     let released = claimed[&released_id].name_any();
+    let released_by = claimed[&released_id].annotations()[annotations::CAPI_MACHINE]
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    wait_event(&client, &released_by, "Released").await;
     let m = wait_for(&format!("{released} back in the inventory"), || async {
         let m = machine(&client, &released).await;
         let node = Api::<Node>::all(client.clone())

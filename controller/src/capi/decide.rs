@@ -46,6 +46,8 @@ pub mod conditions {
         pub const NO_FREE_MACHINE: &str = "NoFreeMachine";
         /// The Machine is claimed (pxe) or created (azure).
         pub const CLAIMED: &str = "Claimed";
+        /// The Machine is released to the inventory (an Event).
+        pub const RELEASED: &str = "Released";
         /// The Machine is being created (azure).
         pub const CREATING: &str = "Creating";
         /// The Machine has no provider ID yet.

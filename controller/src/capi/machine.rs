@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
@@ -201,6 +202,18 @@ async fn claim(
         if claim_one(object, machine, reference, cluster, ctx).await? {
             pool::act::after_claim(machine, owner_key(&uid(object)), ctx).await?;
             tracing::info!(machine = %machine.name_any(), "claimed");
+            ctx.event(
+                object,
+                EventType::Normal,
+                reasons::CLAIMED,
+                format!(
+                    "claimed Machine {} for {} v{}",
+                    machine.name_any(),
+                    reference.name,
+                    reference.version.unwrap_or_default()
+                ),
+            )
+            .await;
             return Ok(None);
         }
     }
@@ -432,6 +445,13 @@ async fn release(object: &UnboundedMachine, machine: &Machine, ctx: &Context) ->
     match released {
         Ok(_) => {
             tracing::info!(machine = %name, "released: wiped and powered off before it is free again");
+            ctx.event(
+                object,
+                EventType::Normal,
+                reasons::RELEASED,
+                format!("released Machine {name}: drained, wiped and powered off before it is free again"),
+            )
+            .await;
             Ok(())
         }
         Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::Waiting(format!(
