@@ -12,6 +12,7 @@ use unbounded_api::capi::{
 };
 use unbounded_api::condition::{self, new_condition};
 use unbounded_api::inventory::labels::SWITCH;
+use unbounded_api::well_known::annotations;
 use unbounded_api::well_known::conditions::INFRASTRUCTURE_READY;
 use unbounded_api::{ConfigurationRef, Machine, MachineConfigurationVersion, PowerState};
 
@@ -182,7 +183,11 @@ pub fn paused_condition(paused: bool, generation: Option<i64>) -> Condition {
 }
 
 /// Whether a claimed Machine is provisioned in the contract's sense: it has its provider
-/// ID, is powered on and its infrastructure is ready (the bootstrap, our agent, can run).
+/// ID, is powered on, its infrastructure is ready (the bootstrap, our agent, can run), and
+/// it runs what its claim names ([`runs_its_claim`]). A warm machine claimed while it runs
+/// another version keeps that version's Node until its repave replaces it: reported
+/// provisioned before, Cluster API would take that Node (found by provider ID) as this
+/// Machine's, Running and Ready with the wrong version.
 fn is_provisioned(machine: &Machine) -> bool {
     let status = machine.status.as_ref();
     machine.spec.provider_id.is_some()
@@ -190,6 +195,42 @@ fn is_provisioned(machine: &Machine) -> bool {
             s.power == Some(PowerState::On)
                 && condition::is_true(&s.conditions, INFRASTRUCTURE_READY)
         })
+        && runs_its_claim(machine)
+}
+
+/// Whether a Machine records the configuration its `configurationRef` names (that version,
+/// when it names one) with no repave requested or under way (`unbounded-cloud.io/repave`,
+/// `unbounded-cloud.io/repaving`: its Node is not yet the one of that version).
+pub fn runs_its_claim(machine: &Machine) -> bool {
+    let recorded = machine
+        .status
+        .as_ref()
+        .and_then(|s| s.configuration.as_ref());
+    let names_it = match (recorded, machine.spec.configuration_ref.as_ref()) {
+        (Some(recorded), Some(wanted)) => {
+            recorded.name == wanted.name && wanted.version.is_none_or(|v| v == recorded.version)
+        }
+        _ => false,
+    };
+    let marks = machine.metadata.annotations.as_ref();
+    names_it
+        && !marks.is_some_and(|a| {
+            a.contains_key(annotations::REPAVE) || a.contains_key(annotations::REPAVING)
+        })
+}
+
+/// Whether a Machine just claimed for `reference` must be repaved onto it: it is not
+/// powered off and records another configuration or version. (A powered-off one is booted
+/// onto it by the claim, [`crate::pool::act::after_claim`]; one that records none gets its
+/// first from the claim.) Under an `OnDelete` configuration nothing else would move it, and
+/// under any strategy it must not serve its Cluster API Machine with the other version.
+pub fn repave_on_claim(machine: &Machine, reference: &ConfigurationRef) -> bool {
+    let status = machine.status.as_ref();
+    let off = status.and_then(|s| s.power) == Some(PowerState::Off);
+    let recorded = status.and_then(|s| s.configuration.as_ref());
+    !off && recorded.is_some_and(|r| {
+        r.name != reference.name || reference.version.is_some_and(|v| v != r.version)
+    })
 }
 
 /// The status an `UnboundedMachine` reports, from what it sees and what it reported last.
@@ -480,7 +521,10 @@ mod tests {
                 "lastTransitionTime": "2026-11-29T10:00:00Z"
             }]);
         }
-        let mut spec = json!({"provider": "pxe", "pxe": {"macAddresses": ["52:54:00:00:00:01"]}});
+        // Claimed for version 3 of `workers`, which it records (see `runs_its_claim`).
+        status["configuration"] = json!({"name": "workers", "version": 3});
+        let mut spec = json!({"provider": "pxe", "pxe": {"macAddresses": ["52:54:00:00:00:01"]},
+                              "configurationRef": {"name": "workers", "version": 3}});
         if let Some(id) = provider_id {
             spec["providerID"] = json!(id);
         }
@@ -675,6 +719,59 @@ mod tests {
             (claimed.status.as_str(), claimed.reason.as_str()),
             ("False", reasons::MACHINE_GONE)
         );
+    }
+
+    #[test]
+    fn provisioned_only_once_the_machine_runs_its_claim() {
+        let r = reference(Some(3));
+        let id = Some("pxe://52:54:00:00:00:01");
+        let up = || {
+            machine(
+                Some("pxe://52:54:00:00:00:01"),
+                Some("On"),
+                Some(("True", "Ready")),
+            )
+        };
+        let provisioned = |m: &Machine| {
+            machine_status(
+                &facts(Some(m), Bootstrap::Ready(&r), id),
+                None,
+                None,
+                Some(1),
+            )
+            .initialization
+            .and_then(|i| i.provisioned)
+            .unwrap_or(false)
+        };
+        assert!(provisioned(&up()));
+        // A warm machine claimed while it runs version 2: its Node is version 2's.
+        let mut other = up();
+        other.status.as_mut().unwrap().configuration = Some(unbounded_api::ResolvedConfiguration {
+            name: "workers".into(),
+            version: 2,
+        });
+        assert!(!provisioned(&other));
+        assert!(repave_on_claim(&other, &r));
+        // Its repave requested, then under way: not yet.
+        for mark in [annotations::REPAVE, annotations::REPAVING] {
+            let mut repaving = up();
+            repaving.metadata.annotations =
+                Some([(mark.to_owned(), "2026-11-29T10:00:00Z".to_owned())].into());
+            assert!(!provisioned(&repaving), "{mark}");
+        }
+        // Nothing recorded yet (never booted): not yet, and no repave (its first boot is).
+        let mut fresh = up();
+        fresh.status.as_mut().unwrap().configuration = None;
+        assert!(!provisioned(&fresh));
+        assert!(!repave_on_claim(&fresh, &r));
+        // Powered off on another version: the claim's boot repaves it, not a repave here.
+        let mut off = other.clone();
+        off.status.as_mut().unwrap().power = Some(PowerState::Off);
+        assert!(!repave_on_claim(&off, &r));
+        // The same version: nothing to repave.
+        assert!(!repave_on_claim(&up(), &r));
+        assert!(repave_on_claim(&up(), &reference(Some(4))));
+        assert!(!repave_on_claim(&up(), &reference(None)));
     }
 
     #[test]

@@ -201,6 +201,18 @@ async fn claim(
     for machine in free.iter().take(CLAIM_ATTEMPTS) {
         if claim_one(object, machine, reference, cluster, ctx).await? {
             pool::act::after_claim(machine, owner_key(&uid(object)), ctx).await?;
+            if decide::repave_on_claim(machine, reference) {
+                // Warm, on another version: repaved onto the claimed one (its Node drained
+                // and deleted, the agent paves it), provisioned only then.
+                crate::repave::request(
+                    ctx,
+                    owner_key(&uid(object)),
+                    &machine.name_any(),
+                    None,
+                    Timestamp::now(),
+                )
+                .await?;
+            }
             tracing::info!(machine = %machine.name_any(), "claimed");
             ctx.event(
                 object,
