@@ -37,7 +37,7 @@ pub struct KubeletFigures {
 /// The node image of [`OTHER_VERSION`], served by the lab's bootserver from `images_dir` as
 /// `kubelet-<version>/node.tar.zst`; returns its URL (relative: the agent resolves it
 /// against its bootserver) and the image.
-fn serve_other_image(images_dir: &Path) -> Result<(String, NodeImage), LabError> {
+pub(crate) fn serve_other_image(images_dir: &Path) -> Result<(String, NodeImage), LabError> {
     let node = images::node_image_for(OTHER_VERSION).map_err(Failure::of)?;
     let dir_name = format!("kubelet-{OTHER_VERSION}");
     let dir = images_dir.join(&dir_name);

@@ -9,6 +9,7 @@ pub mod appliance_scenarios;
 pub mod bench;
 pub mod bmc;
 pub mod boot_artifacts;
+pub mod capi_scenario;
 pub mod cluster;
 pub mod containers;
 pub mod discovery_scenario;

@@ -206,6 +206,12 @@ pub(crate) enum ScenarioName {
     /// modules the first time), each Node's kubelet checked, then back by pinning (a lab
     /// started with `up --host-binaries`).
     Kubelet,
+    /// Unbounded as a Cluster API provider on the lab's VMs (`up --machines 3`): the provider
+    /// turned on, Cluster API's core manager on the host, a MachineDeployment of 2 claims
+    /// machines to Running (`clusterctl describe`), scales to 1 (a release), rolls one
+    /// machine at a time onto another Kubernetes release (v1.34.4), a MachineHealthCheck
+    /// replaces a machine shut down; then everything released and booted again.
+    Capi,
 }
 
 fn main() -> ExitCode {

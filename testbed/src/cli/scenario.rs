@@ -92,6 +92,20 @@ pub(crate) fn run_scenario(name: ScenarioName, onto_disks: bool) -> Result<(), C
                     say(&format!("kubelet: {what}: {}", line.join(", ")));
                 }
             }),
+            ScenarioName::Capi => {
+                use unbounded_testbed::capi_scenario::{CapiPaths, capi};
+                let paths = CapiPaths {
+                    kubeconfig: &lab.kubeconfig,
+                    kubectl: &lab.kubectl,
+                    dir: &lab.dir,
+                };
+                capi(&lab, paths, timeout, &say).map(|f| {
+                    say("capi: step durations:");
+                    for (name, took) in &f.steps {
+                        say(&format!("capi:   {:>6.0} s  {name}", took.as_secs_f64()));
+                    }
+                })
+            }
             ScenarioName::All => Ok(()),
         }
     };

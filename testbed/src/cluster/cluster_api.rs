@@ -2,8 +2,9 @@
 //! Cluster API's own Go module at [`CLUSTER_API_VERSION`] (`testbed/scripts/build-cluster-api.sh`)
 //! and cached under `~/.cache/unbounded/cluster-api/<version>/` with the module's manifests
 //! (`config/`: the core CRDs, RBAC, webhooks; `config/metadata.yaml`), and
-//! [`CoreManager`], the core manager running against a [`LocalControlPlane`] with the core
-//! CRDs and Unbounded's provider CRDs (`deploy/cluster-api/crds`) applied.
+//! [`CoreManager`], the core manager running against a [`LocalControlPlane`] (or any API
+//! server an admin kubeconfig reaches, [`ManagerTarget`]: the lab's, for `scenario capi`)
+//! with the core CRDs and Unbounded's provider CRDs (`deploy/cluster-api/crds`) applied.
 
 use std::ffi::OsStr;
 use std::fs;
@@ -19,7 +20,9 @@ use std::time::{Duration, Instant};
 use super::binaries::run_build_script;
 use super::boot::{free_port, tail};
 use super::pki::self_signed_server;
-use super::{ClusterError, LocalControlPlane, cache_dir, deploy_dir, find_program, io_err};
+use super::{
+    ClusterError, LocalControlPlane, cache_dir, deploy_dir, find_program, io_err, run_kubectl,
+};
 
 /// The Cluster API release the testbed builds and runs (its contract: v1beta2).
 pub const CLUSTER_API_VERSION: &str = "v1.13.6";
@@ -123,8 +126,38 @@ pub fn provider_crds() -> PathBuf {
 
 static MANAGER_COUNTER: AtomicU32 = AtomicU32::new(0);
 
-/// Cluster API's core controller manager running against a [`LocalControlPlane`], as the
-/// admin user, without leader election, with the default feature gates (MachinePool on,
+/// The API server a [`CoreManager`] runs against: an admin kubeconfig that reaches it from
+/// this host, the kubectl that applies the CRDs to it, and the directory under which the
+/// manager's own directory (log, webhook certificates) is made.
+#[derive(Debug, Clone, Copy)]
+pub struct ManagerTarget<'a> {
+    /// The admin kubeconfig (the manager's `--kubeconfig`).
+    pub kubeconfig: &'a Path,
+    /// kubectl.
+    pub kubectl: &'a Path,
+    /// Where `cluster-api-manager-<n>/` goes.
+    pub data_dir: &'a Path,
+}
+
+impl ManagerTarget<'_> {
+    /// The local control plane as a target.
+    pub fn of(cp: &LocalControlPlane) -> ManagerTarget<'_> {
+        ManagerTarget {
+            kubeconfig: cp.kubeconfig_path(),
+            kubectl: &cp.binaries().kubectl,
+            data_dir: cp.data_dir(),
+        }
+    }
+
+    fn kubectl(&self, args: &[&str]) -> Result<String, ClusterError> {
+        let mut command = Command::new(self.kubectl);
+        command.arg("--kubeconfig").arg(self.kubeconfig);
+        run_kubectl(command, args, None)
+    }
+}
+
+/// Cluster API's core controller manager running against a [`LocalControlPlane`] (or another
+/// API server, [`CoreManager::start_against`]), as the admin user, without leader election, with the default feature gates (MachinePool on,
 /// ClusterTopology and RuntimeSDK off).
 ///
 /// It runs **without Cluster API's admission webhooks**: neither the
@@ -166,10 +199,16 @@ impl CoreManager {
     /// (blocking; a few seconds). Fails with the end of its log if it exits or is not ready
     /// within two minutes.
     pub fn start(cp: &LocalControlPlane) -> Result<Self, ClusterError> {
+        Self::start_against(ManagerTarget::of(cp))
+    }
+
+    /// [`CoreManager::start`] against the API server `target` names (the lab's, whose
+    /// admin kubeconfig reaches it from this host).
+    pub fn start_against(target: ManagerTarget<'_>) -> Result<Self, ClusterError> {
         let binaries = ClusterApiBinaries::ensure()?;
         find_program("setpriv", "install util-linux")?;
-        apply_crds(cp, &binaries)?;
-        let dir = cp.data_dir().join(format!(
+        apply_crds(&target, &binaries)?;
+        let dir = target.data_dir.join(format!(
             "cluster-api-manager-{}",
             MANAGER_COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
@@ -181,7 +220,7 @@ impl CoreManager {
         self_signed_server(&certs, "127.0.0.1")?;
         let mut attempt = 1;
         loop {
-            let mut manager = Self::spawn(cp, &binaries, &dir, &certs, attempt)?;
+            let mut manager = Self::spawn(&target, &binaries, &dir, &certs, attempt)?;
             match manager.wait_ready() {
                 Ok(()) => return Ok(manager),
                 Err(e) if attempt < PORT_ATTEMPTS && lost_a_port(&e) => attempt += 1,
@@ -191,7 +230,7 @@ impl CoreManager {
     }
 
     fn spawn(
-        cp: &LocalControlPlane,
+        target: &ManagerTarget<'_>,
         binaries: &ClusterApiBinaries,
         dir: &Path,
         certs: &Path,
@@ -200,7 +239,7 @@ impl CoreManager {
         let health_port = free_port()?;
         let webhook_port = free_port()?;
         let args = vec![
-            format!("--kubeconfig={}", cp.kubeconfig_path().display()),
+            format!("--kubeconfig={}", target.kubeconfig.display()),
             "--leader-elect=false".to_owned(),
             format!("--health-addr=127.0.0.1:{health_port}"),
             // Metrics and pprof over plain HTTP (no TokenReview per scrape), on a port
@@ -360,7 +399,10 @@ fn spawn_kept(mut command: Command) -> Result<(Child, Keeper), ClusterError> {
 }
 
 /// Applies the core CRDs and the provider CRDs and waits until they are Established.
-fn apply_crds(cp: &LocalControlPlane, binaries: &ClusterApiBinaries) -> Result<(), ClusterError> {
+fn apply_crds(
+    target: &ManagerTarget<'_>,
+    binaries: &ClusterApiBinaries,
+) -> Result<(), ClusterError> {
     let core = binaries.core_crds();
     let provider = provider_crds();
     if !provider.is_dir() {
@@ -371,8 +413,8 @@ fn apply_crds(cp: &LocalControlPlane, binaries: &ClusterApiBinaries) -> Result<(
     }
     let core = core.display().to_string();
     let provider = provider.display().to_string();
-    cp.kubectl_output(&["apply", "--server-side", "-f", &core, "-f", &provider])?;
-    cp.kubectl_output(&[
+    target.kubectl(&["apply", "--server-side", "-f", &core, "-f", &provider])?;
+    target.kubectl(&[
         "wait",
         "--for=condition=Established",
         "crd",

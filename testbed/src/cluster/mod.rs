@@ -439,7 +439,7 @@ pub use pki::{ServerPki, ca_and_server, pkcs8_der, self_signed_server};
 
 pub use binaries::{Binaries, find_program, kubelet_of};
 use boot::new_data_dir;
-pub use cluster_api::{CLUSTER_API_VERSION, ClusterApiBinaries, CoreManager};
+pub use cluster_api::{CLUSTER_API_VERSION, ClusterApiBinaries, CoreManager, ManagerTarget};
 pub use detached::{DetachedState, detached_state_path, start_detached, stop_detached};
 
 #[cfg(test)]
