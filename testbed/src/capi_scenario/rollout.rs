@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::objects::{self, CONFIGURATION, CapiMachine, DEPLOYMENT, Host, NAMESPACE, kinds};
-use super::{Run, UNHEALTHY_SECONDS};
+use super::{Run, TPM_LOCKOUT_RECOVERY, UNHEALTHY_SECONDS};
 use crate::failure::Failure;
 use crate::kubelet_scenario::OTHER_VERSION;
 use crate::lab::base::LabError;
@@ -67,7 +67,8 @@ impl Run<'_> {
             &format!(r#"{{"spec":{{"template":{{"spec":{{"version":"{OTHER_VERSION}"}}}}}}}}"#),
         ])?;
         let started = Instant::now();
-        let deadline = started + self.timeout * 4;
+        // Two machines boot one after the other, each possibly behind a TPM lockout.
+        let deadline = started + self.timeout * 4 + TPM_LOCKOUT_RECOVERY * 2;
         let mut seen_running: Vec<String> = Vec::new();
         let mut last = String::new();
         loop {
@@ -116,7 +117,7 @@ impl Run<'_> {
                 break;
             }
             let now: Vec<String> = machines.iter().map(CapiMachine::summary).collect();
-            let now = now.join("; ");
+            let now = now.join("; ") + &self.tpm_lockouts();
             if now != last {
                 self.say(&format!("rolling: {now}"));
                 last = now;
@@ -196,7 +197,8 @@ impl Run<'_> {
             stopped.elapsed().as_secs_f64()
         ));
         let mut replacement = None;
-        self.wait("a replacement Running", self.timeout * 2, |r| {
+        let limit = self.timeout * 2 + TPM_LOCKOUT_RECOVERY;
+        self.wait("a replacement Running", limit, |r| {
             let machines = r.capi_machines()?;
             let hosts = r.hosts()?;
             let done = machines.len() == 2
@@ -212,7 +214,7 @@ impl Run<'_> {
                         .unwrap_or_default();
                     (m.name.clone(), on)
                 });
-            Ok((done, r.capi_summary()))
+            Ok((done, r.capi_summary() + &r.tpm_lockouts()))
         })?;
         let released = self.power_offs(&host.name) > offs;
         if !released {

@@ -3,12 +3,13 @@
 
 use std::time::{Duration, Instant};
 
+use serde_json::Value;
 use unbounded_api::well_known::{annotations, operations};
 
 use super::objects::{
     self, CLUSTER, CONFIGURATION, CapiMachine, DEPLOYMENT, HEALTH_CHECK, NAMESPACE, kinds,
 };
-use super::{CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE, Run};
+use super::{CONTROLLER_DEPLOYMENT, CONTROLLER_NAMESPACE, Run, TPM_LOCKOUT_RECOVERY};
 use crate::cluster::cluster_api::provider_crds;
 use crate::cluster::{CoreManager, ManagerTarget, deploy_dir};
 use crate::failure::Failure;
@@ -91,9 +92,22 @@ impl Run<'_> {
     pub(super) fn claim(&mut self, release: &str) -> Result<(), LabError> {
         let kubeconfig = std::fs::read_to_string(self.paths.kubeconfig)
             .map_err(|e| Failure::new(self.paths.kubeconfig.display(), e))?;
-        let latest = latest_version(self.lab);
+        // A version nobody runs yet (a Node label of this run): every machine claimed is
+        // on another one, warm, and is repaved onto it before it serves its Cluster API
+        // Machine (a warm machine on the claimed version would be taken as it is).
+        let old = latest_version(self.lab);
+        let run = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        patch_configuration(
+            self.lab,
+            &format!(
+                r#"{{"spec":{{"template":{{"kubernetes":{{"nodeLabels":{{"unbounded-cloud.io/capi-run":"{run}"}}}}}}}}}}"#
+            ),
+        )?;
+        let latest = wait_new_version(self.lab, &old)?;
         self.say(&format!(
-            "Cluster {NAMESPACE}/{CLUSTER}, MachineDeployment {DEPLOYMENT} of 2 at {release} (configuration {CONFIGURATION}, latest version {latest})"
+            "Cluster {NAMESPACE}/{CLUSTER}, MachineDeployment {DEPLOYMENT} of 2 at {release}: configuration {CONFIGURATION} version {latest} (a new Node label), which no machine runs yet"
         ));
         self.lab.kubectl(
             &["apply", "-f", "-"],
@@ -218,11 +232,7 @@ impl Run<'_> {
     }
 
     /// Step 6.
-    pub(super) fn clean_up(
-        &mut self,
-        release: &str,
-        image: &(String, String),
-    ) -> Result<(), LabError> {
+    pub(super) fn clean_up(&mut self, release: &str, template: &Value) -> Result<(), LabError> {
         self.say("deleting the Cluster: Cluster API deletes its Machines, we release them");
         self.delete_cluster()?;
         if let Some(manager) = self.manager.take() {
@@ -251,17 +261,20 @@ impl Run<'_> {
             ])?;
         }
         self.say("Cluster API's CRDs, ours and our Cluster API RBAC removed");
-        let (url, sha) = image;
         let old = latest_version(self.lab);
-        patch_configuration(
-            self.lab,
-            &format!(
-                r#"{{"spec":{{"template":{{"image":{{"url":"{url}","sha256":"{sha}"}},"kubernetes":{{"version":"{release}"}}}}}}}}"#
-            ),
-        )?;
+        let restore =
+            serde_json::json!([{"op": "replace", "path": "/spec/template", "value": template}]);
+        self.kubectl(&[
+            "patch",
+            "machineconfiguration",
+            CONFIGURATION,
+            "--type=json",
+            "-p",
+            &restore.to_string(),
+        ])?;
         let back = wait_new_version(self.lab, &old)?;
         self.say(&format!(
-            "configuration {CONFIGURATION} version {back}: {release} and its image again"
+            "configuration {CONFIGURATION} version {back}: its template as it began ({release})"
         ));
         // A released machine gets the newest *deployed* version of the configuration that
         // selects it (selection.rs), which `back` is not yet, and a boot alone does not
@@ -292,7 +305,7 @@ impl Run<'_> {
                 &patch.to_string(),
             ])?;
         }
-        self.wait_lab_running(&back, release, self.timeout * 2)?;
+        self.wait_lab_running(&back, release, self.timeout * 2 + TPM_LOCKOUT_RECOVERY)?;
         for name in &names {
             self.kubectl(&[
                 "patch",
@@ -362,7 +375,7 @@ impl Run<'_> {
                         .iter()
                         .any(|n| &n.name == name && n.ready && n.kubelet == release)
                 });
-                Ok((done, views.join(", ")))
+                Ok((done, views.join(", ") + &r.tpm_lockouts()))
             },
         )
     }
