@@ -84,12 +84,11 @@ impl Libvirtd {
     /// one libvirtd socket per machine, so a second test binary waits for the first.
     pub fn start(ns: &Netns) -> Result<Self, BmcError> {
         let lock = MachineLock::acquire(Path::new(LIBVIRTD_LOCK))?;
-        for pidfile in ["/run/libvirtd.pid", "/run/virtlogd.pid"] {
-            if let Ok(pid) = std::fs::read_to_string(pidfile) {
-                let _ = Command::new("kill").arg(pid.trim()).status();
-                std::thread::sleep(Duration::from_millis(500));
-                let _ = std::fs::remove_file(pidfile);
-            }
+        for (pidfile, program) in [
+            ("/run/libvirtd.pid", "libvirtd"),
+            ("/run/virtlogd.pid", "virtlogd"),
+        ] {
+            stop_leftover_daemon(Path::new(pidfile), program);
         }
         let dir = tempfile::tempdir().map_err(Failure::of)?;
         let virtlogd = spawn(
@@ -125,6 +124,28 @@ impl Libvirtd {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("libvirtd.log")).unwrap_or_default()
     }
+}
+
+/// Stops the daemon a killed run left behind in `pidfile`, and removes the file. The PID is
+/// signalled only while it still names `program`: PIDs wrap (`pid_max` is 32768 on the CI
+/// machine), and a stale file's PID had become a test's own kube-apiserver.
+fn stop_leftover_daemon(pidfile: &Path, program: &str) {
+    let Ok(pid) = std::fs::read_to_string(pidfile) else {
+        return;
+    };
+    let pid = pid.trim();
+    if is_running_program(pid, program) {
+        let _ = Command::new("kill").arg(pid).status();
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let _ = std::fs::remove_file(pidfile);
+}
+
+/// Whether process `pid` is running `program` (its `comm`, as the kernel reports it).
+fn is_running_program(pid: &str, program: &str) -> bool {
+    pid.parse::<u32>().is_ok()
+        && std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|comm| comm.trim() == program)
 }
 
 /// Runs `virsh -c qemu:///system <args>`.
@@ -406,7 +427,18 @@ impl Drop for Domain {
 
 #[cfg(test)]
 mod tests {
-    use super::xml_text;
+    use super::{is_running_program, xml_text};
+
+    /// A leftover PID file is acted on only while its PID runs the daemon it names.
+    #[test]
+    fn a_reused_pid_is_not_taken_for_the_daemon() {
+        let own = std::process::id().to_string();
+        let own_comm = std::fs::read_to_string("/proc/self/comm").unwrap();
+        assert!(is_running_program(&own, own_comm.trim()));
+        assert!(!is_running_program(&own, "libvirtd"));
+        assert!(!is_running_program("not-a-pid", "libvirtd"));
+        assert!(!is_running_program("", "libvirtd"));
+    }
 
     /// A serial is written into the domain's XML: markup in it stays text.
     #[test]
