@@ -117,7 +117,7 @@ pub fn dhcp(data: &[u8]) {
         settings
             .machines
             .iter()
-            .filter_map(|m| m.ipv4.map(|ip| (ip, m.macs.clone()))),
+            .filter_map(|m| m.ipv4.map(|ip| (ip.into(), m.macs.clone()))),
     );
     let from = SocketAddrV4::new(Ipv4Addr::new(10, 99, 0, 50), 68);
     let mut now = 1_700_000_000;
@@ -167,21 +167,23 @@ pub fn dhcp(data: &[u8]) {
                     }
                 }
                 Decision::Release { key, ip } => {
-                    if let Err(error) = leases.persist(&[(Record::Release { key, ip }, None)]) {
+                    if let Err(error) =
+                        leases.persist(&[(Record::Release { key, ip: ip.into() }, None)])
+                    {
                         panic!("release: {error}");
                     }
                 }
                 Decision::Decline { ip, until } => {
                     if let Err(error) = leases.persist(&[(
                         Record::Decline {
-                            ip,
+                            ip: ip.into(),
                             until_unix: until,
                         },
                         None,
                     )]) {
                         panic!("decline: {error}");
                     }
-                    ledger.decline_written(ip);
+                    ledger.decline_written(ip.into());
                 }
                 Decision::Drop(reason) => {
                     assert_ne!(reason, DropReason::LeaseStore);

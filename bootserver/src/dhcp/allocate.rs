@@ -9,7 +9,7 @@
 //! such offer is reclaimed for the new client.
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use super::settings::Subnet;
@@ -121,7 +121,7 @@ impl<'a> Pool<'a> {
         self.book.offer(
             client.key,
             client.mac,
-            offer.ip(),
+            offer.ip().into(),
             self.now,
             self.now + OFFER_HOLD.as_secs(),
         )
@@ -136,17 +136,18 @@ impl<'a> Pool<'a> {
     /// offered it until the commit thread answers.
     pub fn begin_commit(&mut self, client: &Client<'_>, ip: Ipv4Addr) -> Result<Ticket, Refused> {
         self.take_reservation(client, ip);
-        self.book.begin_commit(client.key, client.mac, ip, self.now)
+        self.book
+            .begin_commit(client.key, client.mac, ip.into(), self.now)
     }
 
     /// The client gives back its lease of `ip`; false when it holds none.
     pub fn release(&mut self, key: &ClientKey, ip: Ipv4Addr) -> bool {
-        self.book.release(key, ip)
+        self.book.release(key, ip.into())
     }
 
     /// `ip` is in use by someone unknown: out of the pool until `until`.
     pub fn decline(&mut self, ip: Ipv4Addr, until: u64) {
-        self.book.decline(ip, until);
+        self.book.decline(ip.into(), until);
     }
 
     fn reserved_for_other(&self, ip: Ipv4Addr, mac: MacAddr) -> bool {
@@ -158,7 +159,8 @@ impl<'a> Pool<'a> {
     /// Whether `ip` may be the client's now: nobody else holds it and it is not another
     /// Machine's reservation.
     fn open_to(&self, ip: Ipv4Addr, client: &Client<'_>) -> bool {
-        !self.book.taken_from(ip, client.key, self.now) && !self.reserved_for_other(ip, client.mac)
+        !self.book.taken_from(ip.into(), client.key, self.now)
+            && !self.reserved_for_other(ip, client.mac)
     }
 
     /// The Machine's reservation, when it lies on this subnet and no other client holds it
@@ -169,10 +171,10 @@ impl<'a> Pool<'a> {
         let machine = client.machine?;
         let ip = machine.ipv4.filter(|ip| self.subnet.contains(*ip))?;
         let same_machine = matches!(
-            self.book.slot(ip),
+            self.book.slot(ip.into()),
             Some(Slot::Held(h)) if machine.macs.contains(&h.mac)
         );
-        (same_machine || !self.book.taken_from(ip, client.key, self.now)).then_some(ip)
+        (same_machine || !self.book.taken_from(ip.into(), client.key, self.now)).then_some(ip)
     }
 
     /// Before `ip` is offered or acknowledged to the client: a reservation held under
@@ -182,7 +184,7 @@ impl<'a> Pool<'a> {
             && machine.ipv4 == Some(ip)
         {
             self.book
-                .hand_over(ip, client.key, |mac| machine.macs.contains(&mac));
+                .hand_over(ip.into(), client.key, |mac| machine.macs.contains(&mac));
         }
     }
 
@@ -193,12 +195,13 @@ impl<'a> Pool<'a> {
             .or_else(|| {
                 self.book
                     .lease_of(client.key)
-                    .map(|l| l.ip)
+                    .and_then(|l| l.ipv4())
                     .filter(|ip| self.subnet.contains(*ip))
             })
             .or_else(|| {
                 self.book
                     .claim_of(client.key, self.now)
+                    .and_then(v4)
                     .filter(|ip| self.subnet.contains(*ip))
             })
     }
@@ -209,8 +212,8 @@ impl<'a> Pool<'a> {
         if let Some(ip) = self.reservation(client) {
             return Some(ip);
         }
-        let lease = self.book.lease_of(client.key).map(|l| l.ip);
-        let claim = self.book.claim_of(client.key, self.now);
+        let lease = self.book.lease_of(client.key).and_then(|l| l.ipv4());
+        let claim = self.book.claim_of(client.key, self.now).and_then(v4);
         [lease, claim]
             .into_iter()
             .flatten()
@@ -266,9 +269,10 @@ impl<'a> Pool<'a> {
                 .is_some_and(|m| !m.macs.contains(&mac))
         };
         self.book
-            .reclaim_oldest_offer(self.subnet.pool.0, self.subnet.pool.1, |ip| {
-                !others_reservation(ip)
+            .reclaim_oldest_offer(self.subnet.pool.0.into(), self.subnet.pool.1.into(), |ip| {
+                v4(ip).is_some_and(|ip| !others_reservation(ip))
             })
+            .and_then(v4)
             .map(Offer::Reclaimed)
     }
 
@@ -293,5 +297,13 @@ impl<'a> Pool<'a> {
             }
         }
         None
+    }
+}
+
+/// The address if it is an IPv4 one (a v4 client's key holds nothing else).
+fn v4(ip: IpAddr) -> Option<Ipv4Addr> {
+    match ip {
+        IpAddr::V4(ip) => Some(ip),
+        IpAddr::V6(_) => None,
     }
 }

@@ -118,7 +118,7 @@ mod tests {
         Lease {
             key: ClientKey::Hardware(mac),
             mac,
-            ip: Ipv4Addr::new(10, 0, 0, n),
+            ip: Ipv4Addr::new(10, 0, 0, n).into(),
             expires_unix: 1_000,
         }
     }

@@ -146,7 +146,8 @@ fn store_failed(error: LeaseError) -> DropReason {
 
 fn refused(refusal: Refused) -> DropReason {
     match refusal {
-        Refused::Taken => DropReason::PoolExhausted,
+        // A v4 client's key is never given a v6 address here: as good as taken.
+        Refused::Taken | Refused::OtherFamily => DropReason::PoolExhausted,
         Refused::CommitInFlight => DropReason::CommitInFlight,
     }
 }
@@ -409,7 +410,7 @@ impl Responder {
         // be offered it while the lease is being made durable.
         match pool.begin_commit(&client, asked) {
             Ok(ticket) => Ok(Assignment::Acknowledged(asked, ticket)),
-            Err(Refused::Taken) => Ok(not_available()),
+            Err(Refused::Taken | Refused::OtherFamily) => Ok(not_available()),
             Err(Refused::CommitInFlight) => Err(DropReason::CommitInFlight),
         }
     }
@@ -463,7 +464,7 @@ impl Responder {
                     Lease {
                         key: context.key.clone(),
                         mac: request.mac,
-                        ip,
+                        ip: ip.into(),
                         expires_unix: context.now + u64::from(subnet.lease_seconds),
                     },
                     ticket,

@@ -125,13 +125,13 @@ impl Server {
             Decision::Release { key, ip } => Some((
                 Record::Release {
                     key: key.clone(),
-                    ip: *ip,
+                    ip: (*ip).into(),
                 },
                 None,
             )),
             Decision::Decline { ip, until } => Some((
                 Record::Decline {
-                    ip: *ip,
+                    ip: (*ip).into(),
                     until_unix: *until,
                 },
                 None,
@@ -770,7 +770,12 @@ fn no_relay_holds_more_than_its_limit() {
                     }
                     Step::Release(c) => {
                         let key = ClientKey::of(None, MacAddr(mac(c)));
-                        let held = s.leases.book().unwrap().lease_of(&key).map(|l| l.ip);
+                        let held = s
+                            .leases
+                            .book()
+                            .unwrap()
+                            .lease_of(&key)
+                            .and_then(|l| l.ipv4());
                         if let Some(ip) = held {
                             s.ask_at(&ask(7, c).ciaddr(ip.octets()), now);
                         }

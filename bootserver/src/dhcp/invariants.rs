@@ -19,6 +19,8 @@
 //! [`Leases`]: crate::leases::Leases
 
 use std::collections::HashMap;
+use std::net::IpAddr;
+#[cfg(test)]
 use std::net::Ipv4Addr;
 
 use dhcproto::v4::MessageType;
@@ -40,19 +42,19 @@ struct Promise {
 /// What the server promised, as seen on the wire.
 #[derive(Debug, Default)]
 pub struct Ledger {
-    acked: HashMap<Ipv4Addr, Promise>,
-    offered: HashMap<Ipv4Addr, Promise>,
+    acked: HashMap<IpAddr, Promise>,
+    offered: HashMap<IpAddr, Promise>,
     /// ACKs decided and not yet answered by the commit thread, by address.
-    in_flight: HashMap<Ipv4Addr, (ClientKey, MacAddr, u32)>,
+    in_flight: HashMap<IpAddr, (ClientKey, MacAddr, u32)>,
     /// Declined addresses: until when, and whether the decline is on disk yet (one that is
     /// not is forgotten by a restart, as DECLINE is advisory).
-    declined: HashMap<Ipv4Addr, (u64, bool)>,
-    reservations: HashMap<Ipv4Addr, Vec<MacAddr>>,
+    declined: HashMap<IpAddr, (u64, bool)>,
+    reservations: HashMap<IpAddr, Vec<MacAddr>>,
 }
 
 impl Ledger {
     /// A ledger for a server whose Machines reserve these addresses.
-    pub fn new(reservations: impl IntoIterator<Item = (Ipv4Addr, Vec<MacAddr>)>) -> Self {
+    pub fn new(reservations: impl IntoIterator<Item = (IpAddr, Vec<MacAddr>)>) -> Self {
         Self {
             reservations: reservations.into_iter().collect(),
             ..Self::default()
@@ -70,13 +72,7 @@ impl Ledger {
     }
 
     /// Who else holds `ip` at `now`, if anyone: the reason, for the report.
-    fn held_by_other(
-        &self,
-        ip: Ipv4Addr,
-        key: &ClientKey,
-        mac: MacAddr,
-        now: u64,
-    ) -> Option<String> {
+    fn held_by_other(&self, ip: IpAddr, key: &ClientKey, mac: MacAddr, now: u64) -> Option<String> {
         let other = |k: &ClientKey, m: MacAddr| !self.same_client((k, m), (key, mac));
         if let Some(p) = self
             .acked
@@ -101,7 +97,7 @@ impl Ledger {
         None
     }
 
-    fn reserved_for_other(&self, ip: Ipv4Addr, mac: MacAddr) -> bool {
+    fn reserved_for_other(&self, ip: IpAddr, mac: MacAddr) -> bool {
         self.reservations
             .get(&ip)
             .is_some_and(|macs| !macs.contains(&mac))
@@ -132,6 +128,7 @@ impl Ledger {
                     if ip.is_unspecified() {
                         return Ok(()); // ProxyDHCP: boot information, no address
                     }
+                    let ip = IpAddr::V4(ip);
                     if *reclaimed && self.offered.get(&ip).is_some_and(|p| p.key != *key) {
                         self.offered.remove(&ip);
                     }
@@ -155,7 +152,7 @@ impl Ledger {
                     Ok(())
                 }
                 (Some(MessageType::Ack), Some((lease, _))) => {
-                    if lease.key != *key || reply.message.yiaddr() != lease.ip {
+                    if lease.key != *key || IpAddr::V4(reply.message.yiaddr()) != lease.ip {
                         return Err(format!(
                             "an ACK to {key} for {} promises {lease:?}",
                             reply.message.yiaddr()
@@ -181,6 +178,7 @@ impl Ledger {
                 (kind, commit) => Err(format!("a reply {kind:?} with commit {commit:?}")),
             },
             Decision::Release { key: k, ip } => {
+                let ip = &IpAddr::V4(*ip);
                 if k != key {
                     return Err(format!("a release by {key} decided for {k}"));
                 }
@@ -195,6 +193,7 @@ impl Ledger {
                 Ok(())
             }
             Decision::Decline { ip, until } => {
+                let ip = &IpAddr::V4(*ip);
                 self.acked.remove(ip);
                 self.offered.remove(ip);
                 self.in_flight.remove(ip);
@@ -252,7 +251,7 @@ impl Ledger {
     }
 
     /// A decline of `ip` is on disk.
-    pub fn decline_written(&mut self, ip: Ipv4Addr) {
+    pub fn decline_written(&mut self, ip: IpAddr) {
         if let Some((_, durable)) = self.declined.get_mut(&ip) {
             *durable = true;
         }
@@ -393,7 +392,7 @@ machines:
             let log = Arc::new(MemoryLog::default());
             let leases = Arc::new(Leases::open(log.clone()).unwrap());
             let responder = Responder::new(settings.clone(), backend.clone(), leases.clone());
-            let ledger = Ledger::new([(Ipv4Addr::new(10, 99, 0, 102), vec![MacAddr(mac(1))])]);
+            let ledger = Ledger::new([(IpAddr::from([10, 99, 0, 102]), vec![MacAddr(mac(1))])]);
             Self {
                 settings,
                 backend,
@@ -440,11 +439,12 @@ machines:
                     self.remembered.insert(client, reply.message.yiaddr());
                 }
                 Decision::Release { key, ip } => {
-                    self.queue.push_back((Record::Release { key, ip }, None));
+                    self.queue
+                        .push_back((Record::Release { key, ip: ip.into() }, None));
                 }
                 Decision::Decline { ip, until } => self.queue.push_back((
                     Record::Decline {
-                        ip,
+                        ip: ip.into(),
                         until_unix: until,
                     },
                     None,
@@ -555,7 +555,7 @@ machines:
             let book = self.leases.book().unwrap();
             for n in 0..=7 {
                 let ip = pool_ip(n);
-                if let Some(lease) = book.lease_at(ip) {
+                if let Some(lease) = book.lease_at(ip.into()) {
                     let on_disk = durable.by_client(&lease.key);
                     if on_disk.as_ref() != Some(&lease) {
                         return Err(format!("the book shows {lease:?}, the log {on_disk:?}"));
@@ -614,7 +614,7 @@ machines:
         let lease = Lease {
             key: a,
             mac: MacAddr(mac(1)),
-            ip: pool_ip(1),
+            ip: pool_ip(1).into(),
             expires_unix: START + 100,
         };
         ledger.acknowledged(&lease, START).unwrap();

@@ -231,7 +231,10 @@ pub async fn serve(
                 tracing::debug!(%from, reason = reason.as_str(), "DHCP request not answered");
             }
             Decision::Release { key, ip } => {
-                if committer.record(Record::Release { key, ip }).is_err() {
+                if committer
+                    .record(Record::Release { key, ip: ip.into() })
+                    .is_err()
+                {
                     // The book has the address free already; on disk the lease stays until
                     // it expires (after a restart it is held a little longer: safe).
                     tracing::warn!(%ip, "the commit queue is full; a release was not written");
@@ -241,7 +244,7 @@ pub async fn serve(
                 tracing::warn!(%ip, "client declined an address: it is in use by someone else");
                 if committer
                     .record(Record::Decline {
-                        ip,
+                        ip: ip.into(),
                         until_unix: until,
                     })
                     .is_err()

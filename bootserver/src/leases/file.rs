@@ -464,7 +464,7 @@ mod tests {
         Lease {
             key: ClientKey::Hardware(mac(n)),
             mac: mac(n),
-            ip: Ipv4Addr::from(0x0a00_0000 + ip),
+            ip: Ipv4Addr::from(0x0a00_0000 + ip).into(),
             expires_unix: 4_000_000_000,
         }
     }
@@ -498,7 +498,7 @@ mod tests {
                     ip: lease(2, 11).ip,
                 },
                 Record::Decline {
-                    ip: Ipv4Addr::new(10, 0, 0, 99),
+                    ip: Ipv4Addr::new(10, 0, 0, 99).into(),
                     until_unix: 123,
                 },
             ])
@@ -507,7 +507,7 @@ mod tests {
         let by_id = Lease {
             key: ClientKey::Id(Box::from(&b"\x00client-7"[..])),
             mac: mac(7),
-            ip: Ipv4Addr::new(10, 0, 0, 77),
+            ip: Ipv4Addr::new(10, 0, 0, 77).into(),
             expires_unix: 4_000_000_000,
         };
         commit(&store, by_id.clone());
@@ -526,6 +526,45 @@ mod tests {
             Some(Binding::Declined { until_unix: 123 })
         );
         assert_eq!(index.by_client(&by_id.key), Some(by_id));
+    }
+
+    /// DHCPv6 leases (keyed by identity association) share the log with v4 ones, and come
+    /// back after a reopen and a compaction.
+    #[test]
+    fn v6_leases_survive_a_reopen_and_a_compaction() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("leases.log");
+        let store = FileStore::open(&path).unwrap();
+        let v6 = Lease {
+            key: ClientKey::Ia {
+                duid: Box::from(&[0u8, 1, 0, 1, 1, 2, 3, 4, 0x52, 0x54, 0, 0, 0, 1][..]),
+                iaid: 7,
+            },
+            mac: mac(1),
+            ip: "fd00:99::100".parse().unwrap(),
+            expires_unix: 4_000_000_000,
+        };
+        commit(&store, lease(1, 10));
+        commit(&store, v6.clone());
+        store
+            .append(&[Record::Decline {
+                ip: "fd00:99::101".parse().unwrap(),
+                until_unix: 123,
+            }])
+            .unwrap();
+        drop(store);
+        let store = FileStore::open(&path).unwrap();
+        let index = durable(&store);
+        assert_eq!(index.by_client(&v6.key), Some(v6.clone()));
+        assert_eq!(index.by_client(&key(1)), Some(lease(1, 10)));
+        store.compact().unwrap();
+        drop(store);
+        let index = durable(&FileStore::open(&path).unwrap());
+        assert_eq!(index.by_client(&v6.key), Some(v6));
+        assert_eq!(
+            index.by_ip("fd00:99::101".parse::<std::net::IpAddr>().unwrap()),
+            Some(Binding::Declined { until_unix: 123 })
+        );
     }
 
     /// A release written after the client's next lease (records reach the log in the order
@@ -680,7 +719,7 @@ mod tests {
             assert_eq!(
                 index.by_client(&key(1)),
                 Some(Lease {
-                    ip: ip(1),
+                    ip: ip(1).into(),
                     ..lease(1, 0)
                 })
             );

@@ -8,6 +8,10 @@
 //! client, as RFC 2132 §9.14 suggests. Each lease also records the MAC (`chaddr`) of the
 //! request that made it, which is what reservations and the HTTP configuration route check.
 //!
+//! A DHCPv6 client's lease is keyed by its identity association ([`ClientKey::Ia`]: DUID
+//! and IAID, RFC 8415 §12) and holds an IPv6 address; v4 and v6 leases live in one book and
+//! one log, and a key of one family never holds an address of the other.
+//!
 //! **One owner.** The DHCP decision reads and changes the [`book::AddressBook`] only; the
 //! log persists what the book decided. [`Leases`] holds both: [`Leases::persist`] writes
 //! records and only then tells the book that a lease is durable (or that it is not), so the
@@ -25,7 +29,7 @@
 //! how a damaged log is replayed are in [`record`] and [`FileStore`].
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -47,6 +51,14 @@ pub enum ClientKey {
     Hardware(MacAddr),
     /// A client known by its client identifier (option 61), 1 to 255 bytes.
     Id(Box<[u8]>),
+    /// A DHCPv6 client's identity association for non-temporary addresses (IA_NA): its
+    /// DUID (option 1, at most 130 bytes) and the IAID it chose.
+    Ia {
+        /// The client's DUID.
+        duid: Box<[u8]>,
+        /// The identity association's ID.
+        iaid: u32,
+    },
 }
 
 impl ClientKey {
@@ -61,19 +73,35 @@ impl ClientKey {
     }
 }
 
+impl ClientKey {
+    /// Whether this is a DHCPv6 client's key (which holds IPv6 addresses only).
+    pub fn is_v6(&self) -> bool {
+        matches!(self, Self::Ia { .. })
+    }
+}
+
 impl std::fmt::Debug for ClientKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Hardware(mac) => write!(f, "{mac}"),
             Self::Id(id) => {
                 f.write_str("id:")?;
-                for b in id.iter() {
-                    write!(f, "{b:02x}")?;
-                }
-                Ok(())
+                hex(f, id)
+            }
+            Self::Ia { duid, iaid } => {
+                f.write_str("duid:")?;
+                hex(f, duid)?;
+                write!(f, "/iaid:{iaid:08x}")
             }
         }
     }
+}
+
+fn hex(f: &mut std::fmt::Formatter<'_>, bytes: &[u8]) -> std::fmt::Result {
+    for b in bytes {
+        write!(f, "{b:02x}")?;
+    }
+    Ok(())
 }
 
 impl std::fmt::Display for ClientKey {
@@ -90,9 +118,19 @@ pub struct Lease {
     /// The hardware address of the request that made the lease.
     pub mac: MacAddr,
     /// The address.
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
     /// When it ends, in seconds since the Unix epoch.
     pub expires_unix: u64,
+}
+
+impl Lease {
+    /// The address, if it is an IPv4 one (every lease of a v4 client's key is).
+    pub fn ipv4(&self) -> Option<std::net::Ipv4Addr> {
+        match self.ip {
+            IpAddr::V4(ip) => Some(ip),
+            IpAddr::V6(_) => None,
+        }
+    }
 }
 
 /// What holds an address.
@@ -295,8 +333,8 @@ impl Leases {
     }
 
     /// The durable lease on `ip`, expired or not.
-    pub fn lease_at(&self, ip: Ipv4Addr) -> Result<Option<Lease>, LeaseError> {
-        Ok(self.book()?.lease_at(ip))
+    pub fn lease_at(&self, ip: impl Into<IpAddr>) -> Result<Option<Lease>, LeaseError> {
+        Ok(self.book()?.lease_at(ip.into()))
     }
 
     /// How many durable leases have not expired at `now_unix`.
@@ -310,7 +348,7 @@ impl Leases {
 #[derive(Debug, Default, Clone)]
 pub struct Index {
     by_key: HashMap<ClientKey, Lease>,
-    by_ip: HashMap<Ipv4Addr, Binding>,
+    by_ip: HashMap<IpAddr, Binding>,
 }
 
 impl Index {
@@ -375,8 +413,8 @@ impl Index {
         self.by_key.get(key).cloned()
     }
 
-    pub fn by_ip(&self, ip: Ipv4Addr) -> Option<Binding> {
-        self.by_ip.get(&ip).cloned()
+    pub fn by_ip(&self, ip: impl Into<IpAddr>) -> Option<Binding> {
+        self.by_ip.get(&ip.into()).cloned()
     }
 }
 
@@ -411,7 +449,7 @@ mod tests {
         let a = ClientKey::Id(Box::from(&b"a"[..]));
         let b = ClientKey::Id(Box::from(&b"b"[..]));
         let mac = MacAddr([2, 0, 0, 0, 0, 1]);
-        let ip = Ipv4Addr::new(10, 0, 0, 5);
+        let ip = IpAddr::from([10, 0, 0, 5]);
         let lease = |key: &ClientKey, ip| Lease {
             key: key.clone(),
             mac,

@@ -13,12 +13,17 @@
 //! client identifier (1–255 bytes), 2 no key (a decline). A damaged record fails its length
 //! or CRC check; how the log is replayed around one is in [`super::FileStore::open`].
 //!
+//! IPv6 leases (DHCPv6, issue 42) are records of the same version: `kind` has bit `0x10`
+//! set (`0x11` commit, `0x12` release, `0x13` decline) and `ip` is 16 bytes; their key is
+//! `key_type` 3, an identity association (`iaid u32 | duid`). A v4-only log is byte for
+//! byte what it was; a binary from before v6 reads a v6 record as damaged and stops there.
+//!
 //! **Version 1** (no header; fixed 24-byte records `kind u8 | mac [6] | pad u8 | ip u32 |
 //! expires u64 | crc32 u32`, keyed by MAC, a decline with an all-zero MAC) is still read: a
 //! log of version 1 is replayed and then rewritten as version 2 atomically (a temporary
 //! file renamed over it), so an upgrade loses no lease even if it is interrupted.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::{ClientKey, Lease};
 use crate::backend::MacAddr;
@@ -39,12 +44,12 @@ pub enum Record {
         /// The client.
         key: ClientKey,
         /// The address given back.
-        ip: Ipv4Addr,
+        ip: IpAddr,
     },
     /// An address declined (in use by someone unknown) until then.
     Decline {
         /// The address.
-        ip: Ipv4Addr,
+        ip: IpAddr,
         /// Seconds since the Unix epoch.
         until_unix: u64,
     },
@@ -56,6 +61,9 @@ const DECLINE: u8 = 3;
 const KEY_HARDWARE: u8 = 0;
 const KEY_ID: u8 = 1;
 const KEY_NONE: u8 = 2;
+const KEY_IA: u8 = 3;
+/// Set in `kind` for a record of an IPv6 address.
+const KIND_V6: u8 = 0x10;
 
 impl Record {
     /// Appends the version 2 encoding to `out`.
@@ -66,20 +74,39 @@ impl Record {
             Self::Release { key, ip } => (RELEASE, Some(key), unspecified, *ip, 0),
             Self::Decline { ip, until_unix } => (DECLINE, None, unspecified, *ip, *until_unix),
         };
-        let (key_type, key_bytes): (u8, &[u8]) = match key {
-            Some(ClientKey::Hardware(m)) => (KEY_HARDWARE, &m.0),
-            Some(ClientKey::Id(id)) => (KEY_ID, id),
-            None => (KEY_NONE, &[]),
+        let (key_type, key_len): (u8, usize) = match key {
+            Some(ClientKey::Hardware(m)) => (KEY_HARDWARE, m.0.len()),
+            Some(ClientKey::Id(id)) => (KEY_ID, id.len()),
+            Some(ClientKey::Ia { duid, .. }) => (KEY_IA, 4 + duid.len()),
+            None => (KEY_NONE, 0),
         };
-        // Identifiers come from option 61, at most 255 bytes: the length fits a byte.
-        let key_bytes = &key_bytes[..key_bytes.len().min(255)];
+        // Identifiers come from option 61, at most 255 bytes, and DUIDs are at most 130
+        // (RFC 8415 §11.1, and refused longer on receipt): the length fits a byte.
+        let key_len = key_len.min(255);
+        let (kind, ip_len) = match ip {
+            IpAddr::V4(_) => (kind, 4),
+            IpAddr::V6(_) => (kind | KIND_V6, 16),
+        };
         let start = out.len();
-        let len = 3 + key_bytes.len() + 6 + 4 + 8 + 4;
+        let len = 3 + key_len + 6 + ip_len + 8 + 4;
         out.extend_from_slice(&(len as u16).to_be_bytes());
-        out.extend_from_slice(&[kind, key_type, key_bytes.len() as u8]);
-        out.extend_from_slice(key_bytes);
+        out.extend_from_slice(&[kind, key_type, key_len as u8]);
+        let key_start = out.len();
+        match key {
+            Some(ClientKey::Hardware(m)) => out.extend_from_slice(&m.0),
+            Some(ClientKey::Id(id)) => out.extend_from_slice(id),
+            Some(ClientKey::Ia { duid, iaid }) => {
+                out.extend_from_slice(&iaid.to_be_bytes());
+                out.extend_from_slice(duid);
+            }
+            None => {}
+        }
+        out.truncate(key_start + key_len);
         out.extend_from_slice(&mac.0);
-        out.extend_from_slice(&u32::from(ip).to_be_bytes());
+        match ip {
+            IpAddr::V4(v4) => out.extend_from_slice(&v4.octets()),
+            IpAddr::V6(v6) => out.extend_from_slice(&v6.octets()),
+        }
         out.extend_from_slice(&expires.to_be_bytes());
         let crc = crc32(&out[start..]);
         out.extend_from_slice(&crc.to_be_bytes());
@@ -98,7 +125,13 @@ impl Record {
         let (kind, key_type, key_len) = (r.u8()?, r.u8()?, usize::from(r.u8()?));
         let key = r.take(key_len)?;
         let mac = MacAddr::from_slice(r.take(6)?)?;
-        let ip = Ipv4Addr::from(u32::from_be_bytes(r.take(4)?.try_into().ok()?));
+        let (kind, ip) = if kind & KIND_V6 == 0 {
+            let octets: [u8; 4] = r.take(4)?.try_into().ok()?;
+            (kind, IpAddr::V4(Ipv4Addr::from(octets)))
+        } else {
+            let octets: [u8; 16] = r.take(16)?.try_into().ok()?;
+            (kind & !KIND_V6, IpAddr::V6(Ipv6Addr::from(octets)))
+        };
         let expires = u64::from_be_bytes(r.take(8)?.try_into().ok()?);
         if !r.0.is_empty() {
             return None;
@@ -107,8 +140,19 @@ impl Record {
             (KEY_HARDWARE, 6) => Some(ClientKey::Hardware(MacAddr::from_slice(key)?)),
             (KEY_ID, 1..) => Some(ClientKey::Id(Box::from(key))),
             (KEY_NONE, 0) => None,
+            (KEY_IA, 5..) => {
+                let (iaid, duid) = key.split_at(4);
+                Some(ClientKey::Ia {
+                    duid: Box::from(duid),
+                    iaid: u32::from_be_bytes(iaid.try_into().ok()?),
+                })
+            }
             _ => return None,
         };
+        // An identity association is a DHCPv6 client's, and holds IPv6 addresses only.
+        if matches!(key, Some(ClientKey::Ia { .. })) != ip.is_ipv6() && key.is_some() {
+            return None;
+        }
         let record = match (kind, key) {
             (COMMIT, Some(key)) => Self::Commit(Lease {
                 key,
@@ -133,7 +177,9 @@ impl Record {
             return None;
         }
         let mac = MacAddr::from_slice(&b[1..7])?;
-        let ip = Ipv4Addr::from(u32::from_be_bytes([b[8], b[9], b[10], b[11]]));
+        let ip = IpAddr::V4(Ipv4Addr::from(u32::from_be_bytes([
+            b[8], b[9], b[10], b[11],
+        ])));
         let expires = u64::from_be_bytes(b[12..20].try_into().ok()?);
         match b[0] {
             COMMIT => Some(Self::Commit(Lease {
@@ -144,7 +190,7 @@ impl Record {
             })),
             RELEASE => Some(Self::Release {
                 key: ClientKey::Hardware(mac),
-                ip: Ipv4Addr::UNSPECIFIED,
+                ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             }),
             DECLINE => Some(Self::Decline {
                 ip,
@@ -210,21 +256,42 @@ mod tests {
             Record::Commit(Lease {
                 key: ClientKey::Hardware(mac),
                 mac,
-                ip: Ipv4Addr::new(10, 0, 0, 9),
+                ip: Ipv4Addr::new(10, 0, 0, 9).into(),
                 expires_unix: 4_000_000_000,
             }),
             Record::Commit(Lease {
                 key: ClientKey::Id(vec![0xff; 255].into_boxed_slice()),
                 mac,
-                ip: Ipv4Addr::new(10, 0, 0, 10),
+                ip: Ipv4Addr::new(10, 0, 0, 10).into(),
                 expires_unix: 1,
             }),
             Record::Release {
                 key: ClientKey::Id(Box::from(&b"x"[..])),
-                ip: Ipv4Addr::new(10, 0, 0, 12),
+                ip: Ipv4Addr::new(10, 0, 0, 12).into(),
             },
             Record::Decline {
-                ip: Ipv4Addr::new(10, 0, 0, 11),
+                ip: Ipv4Addr::new(10, 0, 0, 11).into(),
+                until_unix: 7,
+            },
+            Record::Commit(Lease {
+                key: ClientKey::Ia {
+                    duid: vec![0, 1, 0, 1, 0x2a, 0x2b, 0x2c, 0x2d, 0x52, 0x54, 0, 0, 0, 9]
+                        .into_boxed_slice(),
+                    iaid: 0x0102_0304,
+                },
+                mac,
+                ip: "fd00:99::10".parse().unwrap(),
+                expires_unix: 4_000_000_000,
+            }),
+            Record::Release {
+                key: ClientKey::Ia {
+                    duid: vec![0xee; 130].into_boxed_slice(),
+                    iaid: 0,
+                },
+                ip: "fd00:99::11".parse().unwrap(),
+            },
+            Record::Decline {
+                ip: "fd00:99::12".parse().unwrap(),
                 until_unix: 7,
             },
         ];
@@ -248,6 +315,42 @@ mod tests {
         }
     }
 
+    /// A v4 record's bytes are what they were before v6 (an older binary reads them), and
+    /// an identity association never holds a v4 address.
+    #[test]
+    fn v4_records_are_unchanged_and_families_do_not_mix() {
+        let mac = MacAddr([0x52, 0x54, 0, 0, 0, 9]);
+        let mut bytes = Vec::new();
+        Record::Commit(Lease {
+            key: ClientKey::Hardware(mac),
+            mac,
+            ip: Ipv4Addr::new(10, 0, 0, 9).into(),
+            expires_unix: 5,
+        })
+        .encode_v2(&mut bytes);
+        let mut expected = vec![0, 31, COMMIT, KEY_HARDWARE, 6];
+        expected.extend_from_slice(&mac.0);
+        expected.extend_from_slice(&mac.0);
+        expected.extend_from_slice(&[10, 0, 0, 9]);
+        expected.extend_from_slice(&5u64.to_be_bytes());
+        let crc = crc32(&expected);
+        expected.extend_from_slice(&crc.to_be_bytes());
+        assert_eq!(bytes, expected);
+
+        let mut mixed = Vec::new();
+        Record::Commit(Lease {
+            key: ClientKey::Ia {
+                duid: Box::from(&[0u8, 3, 0, 1, 1, 2, 3, 4, 5, 6][..]),
+                iaid: 1,
+            },
+            mac,
+            ip: Ipv4Addr::new(10, 0, 0, 9).into(),
+            expires_unix: 5,
+        })
+        .encode_v2(&mut mixed);
+        assert_eq!(Record::decode_v2(&mixed), None);
+    }
+
     #[test]
     fn v1_records_are_keyed_by_mac() {
         let ip = Ipv4Addr::new(10, 0, 0, 1);
@@ -257,13 +360,16 @@ mod tests {
             Some(Record::Commit(Lease {
                 key: ClientKey::Hardware(MacAddr(mac)),
                 mac: MacAddr(mac),
-                ip,
+                ip: ip.into(),
                 expires_unix: 5
             }))
         );
         assert_eq!(
             Record::decode_v1(&encode_v1(3, [0; 6], ip, 5)),
-            Some(Record::Decline { ip, until_unix: 5 })
+            Some(Record::Decline {
+                ip: ip.into(),
+                until_unix: 5
+            })
         );
         let mut torn = encode_v1(2, mac, ip, 0);
         torn[3] ^= 0x10;

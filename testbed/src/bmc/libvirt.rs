@@ -128,7 +128,8 @@ impl Libvirtd {
 
 /// Stops the daemon a killed run left behind in `pidfile`, and removes the file. The PID is
 /// signalled only while it still names `program`: PIDs wrap (`pid_max` is 32768 on the CI
-/// machine), and a stale file's PID had become a test's own kube-apiserver.
+/// machine), and a stale file's PID can name a test's own kube-apiserver by then (the likely
+/// cause of a CI run where the API server refused connections right after libvirtd started).
 fn stop_leftover_daemon(pidfile: &Path, program: &str) {
     let Ok(pid) = std::fs::read_to_string(pidfile) else {
         return;

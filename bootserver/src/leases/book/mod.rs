@@ -27,7 +27,7 @@
 //! decision code and checks them after each step.
 
 use std::collections::{BTreeSet, HashMap};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use super::record::Record;
 use super::{ClientKey, Index, Lease};
@@ -119,8 +119,8 @@ impl Slot {
 /// Where a client's lease and claim are.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct ClientSlots {
-    leased: Option<Ipv4Addr>,
-    claimed: Option<Ipv4Addr>,
+    leased: Option<IpAddr>,
+    claimed: Option<IpAddr>,
 }
 
 impl ClientSlots {
@@ -138,16 +138,19 @@ pub enum Refused {
     /// The client has REQUESTs for another address in flight: one at a time.
     #[error("the client's REQUEST for another address is still being made durable")]
     CommitInFlight,
+    /// A v4 client's key and a v6 address, or the other way round.
+    #[error("the address is not of the client's family")]
+    OtherFamily,
 }
 
 /// The book: slots by address, and what each client holds as a view of them.
 #[derive(Debug, Default, Clone)]
 pub struct AddressBook {
-    slots: HashMap<Ipv4Addr, Slot>,
+    slots: HashMap<IpAddr, Slot>,
     clients: HashMap<ClientKey, ClientSlots>,
     /// Offers not yet requested, by when they lapse: the oldest is reclaimed first when a
     /// pool runs out, and lapsed ones are swept from the front.
-    offers: BTreeSet<(u64, Ipv4Addr)>,
+    offers: BTreeSet<(u64, IpAddr)>,
     /// The incarnation of the next holding.
     next_incarnation: u64,
 }
@@ -189,7 +192,7 @@ impl AddressBook {
     /// Makes `ip` free for `key`: refuses if someone else holds it at `now`, otherwise
     /// evicts whatever stale slot it has (another client's expired lease or lapsed offer, an
     /// expired decline). Returns the key's own holding, if the slot is the key's.
-    fn make_room(&mut self, ip: Ipv4Addr, key: &ClientKey, now: u64) -> Result<(), Refused> {
+    fn make_room(&mut self, ip: IpAddr, key: &ClientKey, now: u64) -> Result<(), Refused> {
         match self.slots.get(&ip) {
             None => Ok(()),
             Some(slot) if slot.blocks(key, now) => Err(Refused::Taken),
@@ -202,7 +205,7 @@ impl AddressBook {
     }
 
     /// Removes the slot of `ip` and the view of its holder.
-    fn evict(&mut self, ip: Ipv4Addr) {
+    fn evict(&mut self, ip: IpAddr) {
         if let Some(Slot::Held(h)) = self.slots.remove(&ip) {
             if let Some(Claim::Offered { until }) = h.claim {
                 self.offers.remove(&(until, ip));
@@ -212,7 +215,7 @@ impl AddressBook {
     }
 
     /// Forgets that `key` holds anything at `ip` (the slot itself is handled by the caller).
-    fn unlink(&mut self, key: &ClientKey, ip: Ipv4Addr) {
+    fn unlink(&mut self, key: &ClientKey, ip: IpAddr) {
         if let Some(c) = self.clients.get_mut(key) {
             if c.leased == Some(ip) {
                 c.leased = None;
@@ -228,7 +231,7 @@ impl AddressBook {
 
     /// Drops the key's claim on `ip` if it is an offer (a claim being committed stays); the
     /// slot goes when nothing is left of it.
-    fn drop_offer(&mut self, key: &ClientKey, ip: Ipv4Addr) {
+    fn drop_offer(&mut self, key: &ClientKey, ip: IpAddr) {
         let Some(Slot::Held(h)) = self.slots.get_mut(&ip) else {
             return;
         };
@@ -253,7 +256,7 @@ impl AddressBook {
     }
 
     /// Drops a lease from a slot (the address the client leased before its new one).
-    fn drop_lease(&mut self, key: &ClientKey, ip: Ipv4Addr) {
+    fn drop_lease(&mut self, key: &ClientKey, ip: IpAddr) {
         let Some(Slot::Held(h)) = self.slots.get_mut(&ip) else {
             return;
         };
@@ -279,9 +282,12 @@ impl AddressBook {
         &mut self,
         key: &ClientKey,
         mac: MacAddr,
-        ip: Ipv4Addr,
+        ip: IpAddr,
         now: u64,
     ) -> Result<&mut Holding, Refused> {
+        if key.is_v6() != ip.is_ipv6() {
+            return Err(Refused::OtherFamily);
+        }
         let previous = self.clients.get(key).and_then(|c| c.claimed);
         let committing_elsewhere = previous.filter(|other| *other != ip).is_some_and(|other| {
             matches!(
@@ -327,7 +333,7 @@ impl AddressBook {
         &mut self,
         key: &ClientKey,
         mac: MacAddr,
-        ip: Ipv4Addr,
+        ip: IpAddr,
         now: u64,
         until: u64,
     ) -> Result<(), Refused> {
@@ -355,7 +361,7 @@ impl AddressBook {
         &mut self,
         key: &ClientKey,
         mac: MacAddr,
-        ip: Ipv4Addr,
+        ip: IpAddr,
         now: u64,
     ) -> Result<Ticket, Refused> {
         let holding = self.claim_slot(key, mac, ip, now)?;
@@ -477,7 +483,7 @@ impl AddressBook {
     /// for it still in flight will not be acknowledged ([`AddressBook::committed`] refuses
     /// them), and its offer elsewhere goes too. Returns whether it held a lease there (if
     /// not, nothing changes).
-    pub fn release(&mut self, key: &ClientKey, ip: Ipv4Addr) -> bool {
+    pub fn release(&mut self, key: &ClientKey, ip: IpAddr) -> bool {
         let held = self.clients.get(key).is_some_and(|c| c.leased == Some(ip));
         if !held {
             return false;
@@ -494,7 +500,7 @@ impl AddressBook {
     /// now. `same_machine` says whether the holder's MAC is one of the Machine's.
     pub fn hand_over(
         &mut self,
-        ip: Ipv4Addr,
+        ip: IpAddr,
         key: &ClientKey,
         same_machine: impl Fn(MacAddr) -> bool,
     ) {
@@ -508,7 +514,7 @@ impl AddressBook {
 
     /// `ip` is in use by someone unknown (DECLINE): out of the pool until `until`, whoever
     /// held it.
-    pub fn decline(&mut self, ip: Ipv4Addr, until: u64) {
+    pub fn decline(&mut self, ip: IpAddr, until: u64) {
         self.evict(ip);
         self.slots.insert(ip, Slot::Declined { until });
     }
@@ -518,17 +524,17 @@ impl AddressBook {
     /// oldest first).
     pub fn reclaim_oldest_offer(
         &mut self,
-        first: Ipv4Addr,
-        last: Ipv4Addr,
-        eligible: impl Fn(Ipv4Addr) -> bool,
-    ) -> Option<Ipv4Addr> {
-        let range = u32::from(first)..=u32::from(last);
+        first: IpAddr,
+        last: IpAddr,
+        eligible: impl Fn(IpAddr) -> bool,
+    ) -> Option<IpAddr> {
+        let range = first..=last;
         let leased =
-            |ip: &Ipv4Addr| matches!(self.slots.get(ip), Some(Slot::Held(h)) if h.lease.is_some());
+            |ip: &IpAddr| matches!(self.slots.get(ip), Some(Slot::Held(h)) if h.lease.is_some());
         let &(_, ip) = self
             .offers
             .iter()
-            .find(|(_, ip)| range.contains(&u32::from(*ip)) && !leased(ip) && eligible(*ip))?;
+            .find(|(_, ip)| range.contains(ip) && !leased(ip) && eligible(*ip))?;
         let key = match self.slots.get(&ip) {
             Some(Slot::Held(h)) => h.key.clone(),
             _ => return None,

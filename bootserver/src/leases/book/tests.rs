@@ -6,8 +6,8 @@ fn key(n: u8) -> ClientKey {
 fn mac(n: u8) -> MacAddr {
     MacAddr([2, 0, 0, 0, 0, n])
 }
-fn ip(n: u8) -> Ipv4Addr {
-    Ipv4Addr::new(10, 0, 0, n)
+fn ip(n: u8) -> IpAddr {
+    IpAddr::from([10, 0, 0, n])
 }
 fn lease(n: u8, at: u8, expires: u64) -> Lease {
     Lease {

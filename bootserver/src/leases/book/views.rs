@@ -1,19 +1,19 @@
 //! What the book answers: who holds an address, a client's lease and claim, counts, and
 //! the check of every invariant.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use super::{AddressBook, Claim, Holding, Slot};
 use crate::leases::{ClientKey, Lease};
 
 impl AddressBook {
     /// What holds `ip`.
-    pub fn slot(&self, ip: Ipv4Addr) -> Option<&Slot> {
+    pub fn slot(&self, ip: IpAddr) -> Option<&Slot> {
         self.slots.get(&ip)
     }
 
     /// Whether `ip` is someone else's than `key`'s at `now`.
-    pub fn taken_from(&self, ip: Ipv4Addr, key: &ClientKey, now: u64) -> bool {
+    pub fn taken_from(&self, ip: IpAddr, key: &ClientKey, now: u64) -> bool {
         self.slots.get(&ip).is_some_and(|s| s.blocks(key, now))
     }
 
@@ -23,7 +23,7 @@ impl AddressBook {
     }
 
     /// The address claimed for the client (offered and not lapsed, or being committed).
-    pub fn claim_of(&self, key: &ClientKey, now: u64) -> Option<Ipv4Addr> {
+    pub fn claim_of(&self, key: &ClientKey, now: u64) -> Option<IpAddr> {
         let ip = self.clients.get(key)?.claimed?;
         match self.slots.get(&ip)? {
             Slot::Held(Holding {
@@ -39,7 +39,7 @@ impl AddressBook {
     }
 
     /// The durable lease on `ip`, expired or not.
-    pub fn lease_at(&self, ip: Ipv4Addr) -> Option<Lease> {
+    pub fn lease_at(&self, ip: IpAddr) -> Option<Lease> {
         match self.slots.get(&ip)? {
             Slot::Held(h) => h.lease.map(|expires_unix| Lease {
                 key: h.key.clone(),
@@ -78,6 +78,12 @@ impl AddressBook {
             let Slot::Held(h) = slot else { continue };
             if h.is_empty() {
                 return Err(format!("{ip}: an empty slot"));
+            }
+            if h.key.is_v6() != ip.is_ipv6() {
+                return Err(format!(
+                    "{ip}: held by {}, a key of the other family",
+                    h.key
+                ));
             }
             let Some(c) = self.clients.get(&h.key) else {
                 return Err(format!("{ip}: held by {} whom the view lacks", h.key));
