@@ -372,3 +372,144 @@ pub fn http(data: &[u8]) {
         assert!(body.starts_with(b"#!ipxe\n"), "{first}: {body:?}");
     }
 }
+
+const DHCP6_CONFIG: &str = r#"
+serverAddress: 10.99.0.1
+dhcp:
+  mode: off
+  unknownMachines: discover
+discovery:
+  boot: {kernel: vmlinuz, initrd: initrd.img}
+machines:
+  - name: uefi-node
+    macs: ["52:54:00:66:00:01"]
+    firmware: uefi
+  - name: arm-node
+    macs: ["52:54:00:66:00:02"]
+    architecture: arm64
+"#;
+
+const DHCP6_FULL: &str = "mode: full\nserverAddress: fd00:99::1\nsubnets:\n- prefix: fd00:99::/64\n  pool: [fd00:99::100, fd00:99::10f]\n  dns: [fd00:99::1]\n";
+const DHCP6_PROXY: &str = "mode: proxy\nserverAddress: fd00:99::1\n";
+
+/// DHCPv6: one session of datagrams (split at [`DATAGRAM_SEPARATOR`]) from one link:
+/// bytes → relay envelopes → message → the decision in full or proxy mode (the first
+/// byte's low bit) → leases made durable → the encoded reply, wrapped for its relays.
+/// Invariants: nothing panics; a reply decodes again, answers the client's transaction and
+/// identifier; a promised lease is the asking identity association's; the book's own
+/// invariants hold after every message.
+pub fn dhcp6(data: &[u8]) {
+    use crate::dhcp6::decide::{Arrival, BootSettings6, Decision6, Responder6};
+    use crate::dhcp6::relay;
+    use crate::dhcp6::settings::Dhcp6File;
+    use crate::leases::ClientKey;
+    use dhcproto::v6::{DhcpOption, Message, OptionCode};
+    use dhcproto::{Decodable, Decoder, Encodable, Encoder};
+
+    let Some((&control, mut rest)) = data.split_first() else {
+        return;
+    };
+    let Ok(settings) = Settings::parse(DHCP6_CONFIG) else {
+        panic!("the DHCPv6 fuzz configuration is invalid");
+    };
+    let Ok(file) = serde_saphyr::from_str::<Dhcp6File>(if control & 1 == 0 {
+        DHCP6_FULL
+    } else {
+        DHCP6_PROXY
+    }) else {
+        panic!("the DHCPv6 fuzz settings do not parse");
+    };
+    let Ok(dhcp6) = file.validate([0x52, 0x54, 0, 0x99, 0, 1], settings.dhcp.unknown_machines)
+    else {
+        panic!("the DHCPv6 fuzz settings are invalid");
+    };
+    let leases = Arc::new(Leases::in_memory());
+    let responder = Responder6::new(
+        Arc::new(dhcp6),
+        BootSettings6 {
+            uefi_x64: "snponly.efi".to_owned(),
+            http_base: "http://[fd00:99::1]:8080".to_owned(),
+        },
+        Arc::new(StaticBackend::new(settings.machines.clone())),
+        leases.clone(),
+    );
+    let link: std::net::Ipv6Addr = std::net::Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 1);
+    let mut now = 1_700_000_000;
+    loop {
+        let (datagram, next) = match find(rest, DATAGRAM_SEPARATOR) {
+            Some(at) => (&rest[..at], Some(&rest[at + DATAGRAM_SEPARATOR.len()..])),
+            None => (rest, None),
+        };
+        if let Ok(relayed) = relay::unwrap(datagram)
+            && let Ok(message) = Message::decode(&mut Decoder::new(relayed.client))
+        {
+            let innermost = relayed.hops.last();
+            let arrival = Arrival {
+                source: innermost.map_or(
+                    std::net::Ipv6Addr::new(0xfe80, 0, 0, 0, 0x5054, 0xff, 0xfe66, 1),
+                    |h| h.peer,
+                ),
+                link: innermost
+                    .map(|h| h.link)
+                    .filter(|l| !l.is_unspecified())
+                    .unwrap_or(link),
+                link_layer: relayed.client_link_layer(),
+                unicast: control & 2 != 0,
+            };
+            if let Decision6::Reply {
+                reply,
+                commits,
+                records,
+            } = responder.decide(&message, &arrival, now)
+            {
+                let mut bytes = Vec::new();
+                if let Err(error) = reply.encode(&mut Encoder::new(&mut bytes)) {
+                    panic!("a DHCPv6 reply did not encode: {error}");
+                }
+                let again = match Message::decode(&mut Decoder::new(&bytes)) {
+                    Ok(m) => m,
+                    Err(error) => panic!("a DHCPv6 reply does not decode again: {error}"),
+                };
+                assert_eq!(again.xid(), message.xid(), "the reply's transaction");
+                if let Some(DhcpOption::ClientId(id)) = message.opts().get(OptionCode::ClientId) {
+                    assert_eq!(
+                        again.opts().get(OptionCode::ClientId),
+                        Some(&DhcpOption::ClientId(id.clone())),
+                        "the client identifier echoed"
+                    );
+                    for (lease, _) in &commits {
+                        assert!(
+                            matches!(&lease.key, ClientKey::Ia { duid, .. } if duid[..] == id[..]),
+                            "a lease promised to another client: {lease:?}"
+                        );
+                    }
+                }
+                if let Err(error) = relay::wrap(&relayed.hops, &bytes) {
+                    panic!("a reply could not be wrapped for its relays: {error}");
+                }
+                let mut writes: Vec<_> = records.into_iter().map(|r| (r, None)).collect();
+                writes.extend(
+                    commits
+                        .into_iter()
+                        .map(|(lease, ticket)| (Record::Commit(lease), Some(ticket))),
+                );
+                if let Err(error) = leases.persist(&writes) {
+                    panic!("the in-memory log failed: {error}");
+                }
+            }
+            match leases.book() {
+                Ok(book) => {
+                    if let Err(broken) = book.check() {
+                        panic!("address book invariant: {broken}");
+                    }
+                }
+                Err(error) => panic!("the book is poisoned: {error}"),
+            }
+        }
+        now += 7;
+        match next {
+            Some(next) => rest = next,
+            None => break,
+        }
+    }
+}

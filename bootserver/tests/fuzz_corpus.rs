@@ -39,6 +39,11 @@ fn dhcp_seeds_and_regressions_pass() {
 }
 
 #[test]
+fn dhcp6_seeds_and_regressions_pass() {
+    assert!(replay("dhcp6", fuzzing::dhcp6) > 0, "no DHCPv6 seeds");
+}
+
+#[test]
 fn tftp_seeds_and_regressions_pass() {
     assert!(replay("tftp", fuzzing::tftp) > 0, "no TFTP seeds");
 }
