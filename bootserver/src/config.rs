@@ -17,6 +17,17 @@
 //!       dns: [10.99.0.1]
 //!       domain: lab.example
 //!       leaseSeconds: 3600
+//! dhcp6:                          # DHCPv6 (docs/bootserver.md, IPv6 network boot); off by default
+//!   mode: full                    # full | proxy | off
+//!   serverAddress: fd00:99::1     # our IPv6 on the interface: boot URLs, TFTP and HTTP over v6
+//!   # serverDuid: 00030001525400990001   # default: DUID-LL of the interface's MAC
+//!   rapidCommit: true             # two-message exchange when the client asks for it
+//!   subnets:
+//!     - prefix: fd00:99::/64
+//!       pool: [fd00:99::100, fd00:99::1ff]
+//!       dns: [fd00:99::1]
+//!       preferredSeconds: 3600    # T1, T2: half and four fifths of it
+//!       validSeconds: 7200        # the lease in the book
 //! tftp: {root: /usr/lib/ipxe, port: 69}   # root: default --default-tftp-root (the image's)
 //! power:                          # the PXE provider (backend kubernetes only)
 //!   enabled: true
@@ -64,6 +75,7 @@ use crate::backend::standalone::{self, MachineFile};
 use crate::credentials::IssuerSettings;
 use crate::credentials::settings::CredentialsFile;
 use crate::dhcp::settings::{DhcpFile, DhcpSettings, UnknownMachines};
+use crate::dhcp6::settings::{Dhcp6File, Dhcp6Settings};
 use crate::discovery::{DiscoveryFile, DiscoverySettings};
 use crate::http::settings::{HttpFile, HttpSettings};
 use crate::setting::InvalidSetting;
@@ -126,6 +138,8 @@ struct File {
     #[serde(default)]
     dhcp: DhcpFile,
     #[serde(default)]
+    dhcp6: Dhcp6File,
+    #[serde(default)]
     tftp: TftpFile,
     #[serde(default)]
     http: HttpFile,
@@ -151,6 +165,9 @@ pub struct Settings {
     pub backend: BackendKind,
     /// The DHCP server (`dhcp`).
     pub dhcp: DhcpSettings,
+    /// The DHCPv6 server (`dhcp6`; off unless configured). Its server DUID is empty until
+    /// the server reads the interface's MAC ([`Dhcp6Settings::with_interface_mac`]).
+    pub dhcp6: Dhcp6Settings,
     /// The TFTP server (`tftp`).
     pub tftp: TftpSettings,
     /// The HTTP server (`http`).
@@ -236,6 +253,9 @@ impl Settings {
                 "dhcp.unknownMachines: discover needs discovery.boot: the host OS kernel and initrd the inspection boot runs (such as {kernel: <version>/vmlinuz, initrd: <version>/initrd.img})".into(),
             ));
         }
+        let dhcp6 = file
+            .dhcp6
+            .validate(dhcp.unknown_machines, file.interface.as_deref())?;
         let power = unbounded_pxe::settings::PowerSettings::try_from(&file.power)?;
         let credentials = match &file.credentials {
             Some(_) if file.backend != BackendKind::Kubernetes => {
@@ -252,6 +272,7 @@ impl Settings {
             server_address: file.server_address,
             backend: file.backend,
             dhcp,
+            dhcp6,
             tftp: TftpSettings::from_file(&file.tftp, &defaults.tftp_root),
             http: HttpSettings::try_from(&file.http)?,
             machines,

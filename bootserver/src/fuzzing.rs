@@ -419,7 +419,9 @@ pub fn dhcp6(data: &[u8]) {
     }) else {
         panic!("the DHCPv6 fuzz settings do not parse");
     };
-    let Ok(dhcp6) = file.validate([0x52, 0x54, 0, 0x99, 0, 1], settings.dhcp.unknown_machines)
+    let Ok(dhcp6) = file
+        .validate(settings.dhcp.unknown_machines, Some("br0"))
+        .map(|s| s.with_interface_mac([0x52, 0x54, 0, 0x99, 0, 1]))
     else {
         panic!("the DHCPv6 fuzz settings are invalid");
     };

@@ -66,6 +66,12 @@ pub struct Metrics {
     pub dhcp_sent: Family<TypeLabel, Counter>,
     /// DHCP packets dropped, by reason (malformed ones among them).
     pub dhcp_dropped: Family<ReasonLabel, Counter>,
+    /// DHCPv6 messages received, by message type.
+    pub dhcp6_received: Family<TypeLabel, Counter>,
+    /// DHCPv6 replies sent, by message type.
+    pub dhcp6_sent: Family<TypeLabel, Counter>,
+    /// DHCPv6 messages not answered, by reason.
+    pub dhcp6_dropped: Family<ReasonLabel, Counter>,
     /// Panics caught while handling one request, by service: the request was dropped and
     /// the service went on.
     pub panics: Family<ServiceLabel, Counter>,
@@ -117,6 +123,21 @@ impl Metrics {
             "dhcp_dropped",
             "DHCP packets dropped by reason",
             m.dhcp_dropped.clone(),
+        );
+        r.register(
+            "dhcp6_received",
+            "DHCPv6 messages received by type",
+            m.dhcp6_received.clone(),
+        );
+        r.register(
+            "dhcp6_sent",
+            "DHCPv6 replies sent by type",
+            m.dhcp6_sent.clone(),
+        );
+        r.register(
+            "dhcp6_dropped",
+            "DHCPv6 messages not answered, by reason",
+            m.dhcp6_dropped.clone(),
         );
         r.register(
             "panics",
@@ -200,6 +221,27 @@ impl Metrics {
             .get_or_create(&ReasonLabel {
                 reason: reason.as_str(),
             })
+            .inc();
+    }
+
+    /// Counts a DHCPv6 message received (`sent` false) or a reply sent, by its type.
+    pub fn dhcp6_message(&self, sent: bool, kind: dhcproto::v6::MessageType) {
+        let family = if sent {
+            &self.dhcp6_sent
+        } else {
+            &self.dhcp6_received
+        };
+        family
+            .get_or_create(&TypeLabel {
+                r#type: format!("{kind:?}").to_uppercase(),
+            })
+            .inc();
+    }
+
+    /// Counts a DHCPv6 message not answered.
+    pub fn dhcp6_dropped(&self, reason: &'static str) {
+        self.dhcp6_dropped
+            .get_or_create(&ReasonLabel { reason })
             .inc();
     }
 

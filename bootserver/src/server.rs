@@ -19,6 +19,9 @@ use crate::backend::MachineBackend;
 use crate::config::Settings;
 use crate::dhcp::settings::DhcpMode;
 use crate::dhcp::{self, DhcpError, Responder};
+use crate::dhcp6;
+use crate::dhcp6::decide::{BootSettings6, Responder6};
+use crate::dhcp6::settings::Dhcp6Mode;
 use crate::http::{self, AppState, Probe};
 use crate::leases::{FileStore, LeaseError, Leases};
 use crate::metrics::Metrics;
@@ -30,6 +33,9 @@ pub enum ServerError {
     /// DHCP failed.
     #[error(transparent)]
     Dhcp(#[from] DhcpError),
+    /// DHCPv6 could not start.
+    #[error(transparent)]
+    Dhcp6(#[from] crate::dhcp6::serve::Dhcp6Error),
     /// The lease store failed.
     #[error(transparent)]
     Leases(#[from] LeaseError),
@@ -133,9 +139,12 @@ pub async fn run(
     if let Some(discovery) = &discovery {
         discovery.register_metrics(&mut registry);
     }
-    let lease_log = match settings.dhcp.mode {
-        DhcpMode::Full => Some(Arc::new(FileStore::open(&settings.dhcp.lease_file)?)),
-        DhcpMode::Proxy | DhcpMode::Off => None,
+    // One log for both families: v6 leases live in the same book (one owner per address).
+    let lease_log = match (settings.dhcp.mode, settings.dhcp6.mode) {
+        (DhcpMode::Full, _) | (_, Dhcp6Mode::Full) => {
+            Some(Arc::new(FileStore::open(&settings.dhcp.lease_file)?))
+        }
+        _ => None,
     };
     let leases = Arc::new(match &lease_log {
         Some(log) => Leases::open(log.clone())?,
@@ -180,6 +189,55 @@ pub async fn run(
         tasks.spawn(async move {
             dhcp::serve(socket, port, responder, leases, committer, metrics).await?;
             Ok("DHCP")
+        });
+    }
+
+    if let (Some(interface), true) = (
+        settings.interface.as_deref(),
+        settings.dhcp6.mode != Dhcp6Mode::Off,
+    ) {
+        let server6 = settings.dhcp6.server_address;
+        let dhcp6 = settings
+            .dhcp6
+            .clone()
+            .with_interface_mac(dhcp6::serve::interface_mac(interface)?);
+        let responder6 = Arc::new(Responder6::new(
+            Arc::new(dhcp6),
+            BootSettings6 {
+                uefi_x64: settings.dhcp.uefi_boot_file.clone(),
+                http_base: format!("http://[{server6}]:{}", settings.http.port),
+            },
+            backend.clone(),
+            leases.clone(),
+        ));
+        let sockets = dhcp6::serve::open_sockets(interface, server6, dhcp6::serve::SERVER_PORT)?;
+        let unicast = Arc::new(sockets.unicast);
+        tracing::info!(interface, address = %server6, mode = ?settings.dhcp6.mode, "DHCPv6 listening (ff02::1:2 and the server address, port 547)");
+        for (socket, is_unicast) in [
+            (Arc::new(sockets.multicast), false),
+            (unicast.clone(), true),
+        ] {
+            let (responder6, committer, metrics, sender) = (
+                responder6.clone(),
+                committer.clone(),
+                metrics.clone(),
+                unicast.clone(),
+            );
+            tasks.spawn(async move {
+                dhcp6::serve::serve(
+                    socket, sender, is_unicast, server6, responder6, committer, metrics,
+                )
+                .await?;
+                Ok("DHCPv6")
+            });
+        }
+        // TFTP over IPv6 beside v4: OVMF's PXEv6 fetches tftp://[server]/file.
+        let tftp6 = SocketAddr::from((server6, settings.tftp.port));
+        let (root, metrics) = (settings.tftp.root.clone(), metrics.clone());
+        tracing::info!(addr = %tftp6, "TFTP listening (IPv6)");
+        tasks.spawn(async move {
+            tftp::serve(tftp6, &root, metrics).await?;
+            Ok("TFTPv6")
         });
     }
 
@@ -229,6 +287,24 @@ pub async fn run(
         probe.serving(state.clone());
     }
     let app = http::router(state);
+    if settings.dhcp6.mode != Dhcp6Mode::Off {
+        // Boot files and images over IPv6 too (option 59 names http://[server]/…).
+        let addr = SocketAddr::from((settings.dhcp6.server_address, settings.http.port));
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServerError::Http { addr, source })?;
+        tracing::info!(%addr, "HTTP listening (IPv6)");
+        let (app, limits) = (app.clone(), settings.http.limits);
+        tasks.spawn(async move {
+            axum::serve(
+                http::sendfile::FileSendListener::new(listener, limits),
+                app.into_make_service_with_connect_info::<http::sendfile::HttpConnection>(),
+            )
+            .await
+            .map_err(|source| ServerError::Http { addr, source })?;
+            Ok("HTTPv6")
+        });
+    }
     if let Some((listener, _, addr)) = tls {
         let app = app.clone();
         tasks.spawn(async move {

@@ -51,7 +51,11 @@ fn server_on(dhcp6: &str, unknown: UnknownMachines, log: Arc<MemoryLog>) -> Serv
     let settings = Settings::parse(CONFIG).unwrap();
     let backend = Arc::new(StaticBackend::new(settings.machines.clone()));
     let file: Dhcp6File = serde_saphyr::from_str(dhcp6).unwrap();
-    let dhcp6 = Arc::new(file.validate(SERVER_MAC, unknown).unwrap());
+    let dhcp6 = Arc::new(
+        file.validate(unknown, Some("br0"))
+            .unwrap()
+            .with_interface_mac(SERVER_MAC),
+    );
     let leases = Arc::new(Leases::open(log.clone()).unwrap());
     Server {
         responder: Responder6::new(

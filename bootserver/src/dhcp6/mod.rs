@@ -9,4 +9,5 @@ pub mod boot;
 pub mod decide;
 pub mod identify;
 pub mod relay;
+pub mod serve;
 pub mod settings;

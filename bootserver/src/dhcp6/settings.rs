@@ -31,6 +31,9 @@ pub struct Dhcp6File {
     mode: Dhcp6Mode,
     /// The bootserver's address on the provisioning link (boot URLs name it).
     server_address: Option<Ipv6Addr>,
+    /// The server's DUID, hex (`00030001525400990001`); by default DUID-LL of the
+    /// provisioning interface's MAC, read at start.
+    server_duid: Option<String>,
     /// Answer a Solicit with Rapid Commit (two messages) when the client asks for it.
     #[serde(default = "yes")]
     rapid_commit: bool,
@@ -102,8 +105,9 @@ pub struct Dhcp6Settings {
     pub mode: Dhcp6Mode,
     /// The bootserver's address on the provisioning link.
     pub server_address: Ipv6Addr,
-    /// The server's DUID (option 2): DUID-LL of the provisioning interface's MAC, so that
-    /// it stays the same across restarts and replicas on one interface.
+    /// The server's DUID (option 2): `serverDuid`, else (empty here, filled at start by
+    /// [`Dhcp6Settings::with_interface_mac`]) DUID-LL of the provisioning interface's MAC,
+    /// so that it stays the same across restarts.
     pub server_duid: Vec<u8>,
     /// Whether Rapid Commit is honoured.
     pub rapid_commit: bool,
@@ -117,12 +121,12 @@ pub struct Dhcp6Settings {
 pub const DEFAULT_PREFERRED_SECONDS: u32 = 3600;
 
 impl Dhcp6File {
-    /// Validates into settings. `server_mac` is the provisioning interface's MAC (for the
-    /// server DUID); `unknown_machines` comes from `dhcp:`.
+    /// Validates into settings. `unknown_machines` comes from `dhcp:`; `interface` is the
+    /// provisioning interface (v6 needs one: the multicast group is joined on it).
     pub fn validate(
         self,
-        server_mac: [u8; 6],
         unknown_machines: UnknownMachines,
+        interface: Option<&str>,
     ) -> Result<Dhcp6Settings, InvalidSetting> {
         let invalid = |message: String| InvalidSetting(format!("dhcp6: {message}"));
         let server_address = match (self.mode, self.server_address) {
@@ -138,6 +142,19 @@ impl Dhcp6File {
                     "serverAddress is required when dhcp6.mode is full or proxy".to_owned(),
                 ));
             }
+        };
+        if self.mode != Dhcp6Mode::Off && interface.is_none() {
+            return Err(invalid(
+                "dhcp6 needs `interface`: DHCPv6 clients send to ff02::1:2, a group joined on one link".to_owned(),
+            ));
+        }
+        let server_duid = match self.server_duid.as_deref() {
+            Some(text) => parse_duid(text).ok_or_else(|| {
+                invalid(format!(
+                    "serverDuid {text:?} must be 3 to 130 bytes of hex (such as 00030001525400990001)"
+                ))
+            })?,
+            None => Vec::new(),
         };
         let subnets = self
             .subnets
@@ -161,9 +178,6 @@ impl Dhcp6File {
                 )));
             }
         }
-        // DUID-LL (type 3), hardware type 1 (Ethernet).
-        let mut server_duid = vec![0, 3, 0, 1];
-        server_duid.extend_from_slice(&server_mac);
         Ok(Dhcp6Settings {
             mode: self.mode,
             server_address,
@@ -173,6 +187,29 @@ impl Dhcp6File {
             unknown_machines,
         })
     }
+}
+
+impl Dhcp6Settings {
+    /// The settings with the server DUID made from the provisioning interface's MAC
+    /// (DUID-LL, hardware type Ethernet), unless `serverDuid` set one.
+    pub fn with_interface_mac(mut self, mac: [u8; 6]) -> Self {
+        if self.server_duid.is_empty() {
+            self.server_duid = vec![0, 3, 0, 1];
+            self.server_duid.extend_from_slice(&mac);
+        }
+        self
+    }
+}
+
+fn parse_duid(text: &str) -> Option<Vec<u8>> {
+    let digits: String = text.chars().filter(|c| *c != ':').collect();
+    if !digits.len().is_multiple_of(2) || !(6..=2 * 130).contains(&digits.len()) {
+        return None;
+    }
+    (0..digits.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(digits.get(i..i + 2)?, 16).ok())
+        .collect()
 }
 
 fn is_usable(address: Ipv6Addr) -> bool {
@@ -232,7 +269,8 @@ mod tests {
 
     fn parse(yaml: &str) -> Result<Dhcp6Settings, String> {
         let file: Dhcp6File = serde_saphyr::from_str(yaml).map_err(|e| e.to_string())?;
-        file.validate([0x52, 0x54, 0, 0x99, 0, 1], UnknownMachines::Ignore)
+        file.validate(UnknownMachines::Ignore, Some("br0"))
+            .map(|s| s.with_interface_mac([0x52, 0x54, 0, 0x99, 0, 1]))
             .map_err(|e| e.to_string())
     }
 
@@ -257,6 +295,19 @@ mod tests {
             (3600, 7200)
         );
         assert!(settings.rapid_commit);
+        // A configured DUID wins over the interface's.
+        let settings =
+            parse("mode: proxy\nserverAddress: fd00:99::1\nserverDuid: \"00:02:00:00:01:57:01\"\n")
+                .unwrap();
+        assert_eq!(settings.server_duid, vec![0, 2, 0, 0, 1, 0x57, 1]);
+    }
+
+    #[test]
+    fn v6_needs_the_interface_its_multicast_group_is_joined_on() {
+        let file: Dhcp6File =
+            serde_saphyr::from_str("mode: proxy\nserverAddress: fd00::1\n").unwrap();
+        let error = file.validate(UnknownMachines::Ignore, None).unwrap_err();
+        assert!(error.to_string().contains("needs `interface`"), "{error}");
     }
 
     #[test]
@@ -302,6 +353,14 @@ mod tests {
                 "overlap",
             ),
             ("mode: both", "unknown variant"),
+            (
+                "mode: proxy\nserverAddress: fd00::1\nserverDuid: \"0003\"",
+                "serverDuid",
+            ),
+            (
+                "mode: proxy\nserverAddress: fd00::1\nserverDuid: \"00030001zz\"",
+                "serverDuid",
+            ),
             ("mode: full\nserverAdress: fd00::1", "unknown field"),
         ] {
             let error = parse(yaml).unwrap_err();

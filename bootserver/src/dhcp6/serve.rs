@@ -1,0 +1,350 @@
+//! The DHCPv6 sockets and their loop: receive, unwrap relay envelopes ([`relay`]),
+//! decode, decide ([`Responder6::decide`]), make leases durable through the v4 server's
+//! commit thread (one log, records in the order decided), then send.
+//!
+//! Two sockets on port 547: one bound to the multicast group `ff02::1:2` on the
+//! provisioning interface (what clients send to), one bound to the server's own address
+//! (what relays send to, and clients that unicast). Which one a message came in on is how
+//! the decision knows it was unicast (RFC 8415 §16: without Server Unicast, a client must
+//! not unicast; it is told `UseMulticast`). Replies leave from the unicast socket: to the
+//! client's link-local address and port 546, or to the relay on 547 inside Relay-Reply
+//! envelopes.
+
+use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dhcproto::v6::{Message, MessageType};
+use dhcproto::{Decodable, Decoder, Encodable, Encoder};
+use tokio::net::UdpSocket;
+
+use super::decide::{Arrival, Decision6, Drop6, Responder6};
+use super::relay::{self, RelayHop};
+use crate::dhcp::commit::{Committer, NoAck};
+use crate::dhcp::now_unix;
+use crate::dhcp::serve::{COMMIT_TIMEOUT, panic_message};
+use crate::leases::{Lease, Ticket};
+use crate::metrics::{Metrics, Service};
+
+/// The server and relay port.
+pub const SERVER_PORT: u16 = 547;
+/// The client port.
+pub const CLIENT_PORT: u16 = 546;
+/// All_DHCP_Relay_Agents_and_Servers (RFC 8415 §7.1).
+pub const ALL_SERVERS: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 1, 2);
+/// The largest UDP payload over IPv6 without jumbograms.
+pub const MAX_DATAGRAM: usize = 65_527;
+
+/// Why the DHCPv6 service cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum Dhcp6Error {
+    /// A socket could not be opened or set up.
+    #[error("DHCPv6 socket ({what}): {source}")]
+    Socket {
+        /// Which socket and step.
+        what: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The interface's MAC (for the server DUID) could not be read.
+    #[error("reading the MAC of {interface} for the DHCPv6 server DUID: {source}")]
+    InterfaceMac {
+        /// The interface.
+        interface: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The two sockets of a DHCPv6 server.
+#[derive(Debug)]
+pub struct Sockets6 {
+    /// Bound to `[ff02::1:2%interface]:547`.
+    pub multicast: UdpSocket,
+    /// Bound to `[server address]:547`; replies leave from it.
+    pub unicast: UdpSocket,
+}
+
+/// The MAC of `interface` (`/sys/class/net/<interface>/address`).
+pub fn interface_mac(interface: &str) -> Result<[u8; 6], Dhcp6Error> {
+    let err = |source| Dhcp6Error::InterfaceMac {
+        interface: interface.to_owned(),
+        source,
+    };
+    let text =
+        std::fs::read_to_string(format!("/sys/class/net/{interface}/address")).map_err(err)?;
+    let mac: Vec<u8> = text
+        .trim()
+        .split(':')
+        .filter_map(|b| u8::from_str_radix(b, 16).ok())
+        .collect();
+    mac.try_into().map_err(|_| {
+        err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{:?} is not a MAC address", text.trim()),
+        ))
+    })
+}
+
+/// Opens both sockets on `interface`, the unicast one on `server_address` and `port`.
+pub fn open_sockets(
+    interface: &str,
+    server_address: Ipv6Addr,
+    port: u16,
+) -> Result<Sockets6, Dhcp6Error> {
+    let open = |what: &str, bind: SocketAddrV6, join: bool| -> Result<UdpSocket, Dhcp6Error> {
+        let err = |source| Dhcp6Error::Socket {
+            what: format!("{what} on {interface}"),
+            source,
+        };
+        let socket = socket2::Socket::new(
+            socket2::Domain::IPV6,
+            socket2::Type::DGRAM,
+            Some(socket2::Protocol::UDP),
+        )
+        .map_err(err)?;
+        socket.set_only_v6(true).map_err(err)?;
+        socket.set_reuse_address(true).map_err(err)?;
+        socket
+            .bind_device(Some(interface.as_bytes()))
+            .map_err(err)?;
+        if join {
+            let index = rustix::net::netdevice::name_to_index(&socket, interface)
+                .map_err(|e| err(e.into()))?;
+            socket.join_multicast_v6(&ALL_SERVERS, index).map_err(err)?;
+            socket
+                .bind(&SocketAddr::V6(SocketAddrV6::new(ALL_SERVERS, bind.port(), 0, index)).into())
+                .map_err(err)?;
+        } else {
+            socket.bind(&SocketAddr::V6(bind).into()).map_err(err)?;
+        }
+        socket.set_nonblocking(true).map_err(err)?;
+        UdpSocket::from_std(socket.into()).map_err(err)
+    };
+    Ok(Sockets6 {
+        multicast: open(
+            "multicast group ff02::1:2",
+            SocketAddrV6::new(ALL_SERVERS, port, 0, 0),
+            true,
+        )?,
+        unicast: open(
+            "server address",
+            SocketAddrV6::new(server_address, port, 0, 0),
+            false,
+        )?,
+    })
+}
+
+/// What to send for one datagram, once its leases are durable.
+#[derive(Debug)]
+pub struct Outgoing {
+    /// The encoded reply, in its relays' envelopes.
+    pub bytes: Vec<u8>,
+    /// Where to.
+    pub to: SocketAddrV6,
+    /// Its type (metrics).
+    pub kind: MessageType,
+}
+
+/// What one datagram comes to.
+#[derive(Debug)]
+pub enum Handled {
+    /// Send `reply` once `commits` are durable; queue `records` first.
+    Reply {
+        /// The reply.
+        reply: Outgoing,
+        /// Leases it promises.
+        commits: Vec<(Lease, Ticket)>,
+        /// Releases and declines.
+        records: Vec<crate::leases::Record>,
+    },
+    /// Not answered.
+    Drop(&'static str),
+}
+
+/// Unwraps, decodes and decides one datagram from `from` (catching a panic of any step):
+/// the received message's type, and what to do. `unicast`: it came in on the unicast
+/// socket. `link`: the server's own address on the provisioning link.
+pub fn handle(
+    responder: &Responder6,
+    datagram: &[u8],
+    from: SocketAddrV6,
+    unicast: bool,
+    link: Ipv6Addr,
+    now: u64,
+) -> (Option<MessageType>, Handled) {
+    let handled = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        let relayed = match relay::unwrap(datagram) {
+            Ok(relayed) => relayed,
+            Err(_) => return (None, Handled::Drop("malformed_relay")),
+        };
+        let message = match Message::decode(&mut Decoder::new(relayed.client)) {
+            Ok(message) => message,
+            Err(_) => return (None, Handled::Drop("malformed")),
+        };
+        let kind = message.msg_type();
+        let innermost = relayed.hops.last();
+        let arrival = Arrival {
+            source: innermost.map_or(*from.ip(), |h| h.peer),
+            link: innermost
+                .map(|h| h.link)
+                .filter(|l| !l.is_unspecified() && !is_link_local(*l))
+                .unwrap_or(link),
+            link_layer: relayed.client_link_layer(),
+            unicast: unicast && relayed.hops.is_empty(),
+        };
+        let handled = match responder.decide(&message, &arrival, now) {
+            Decision6::Drop(reason) => Handled::Drop(reason.as_str()),
+            Decision6::Reply {
+                reply,
+                commits,
+                records,
+            } => match outgoing(&reply, &relayed.hops, from) {
+                Some(reply) => Handled::Reply {
+                    reply,
+                    commits,
+                    records,
+                },
+                None => Handled::Drop("encode"),
+            },
+        };
+        (Some(kind), handled)
+    }));
+    handled.unwrap_or_else(|panic| {
+        tracing::error!(%from, len = datagram.len(), panic = panic_message(panic.as_ref()), "DHCPv6: a panic while handling a message; dropped it");
+        (None, Handled::Drop(PANIC))
+    })
+}
+
+/// The drop reason of a message whose handling panicked.
+const PANIC: &str = "panic";
+
+fn is_link_local(ip: Ipv6Addr) -> bool {
+    ip.segments()[0] & 0xffc0 == 0xfe80
+}
+
+/// The reply's bytes and destination: straight back to the client's port 546, or to the
+/// outermost relay's port 547 inside Relay-Reply envelopes (RFC 8415 §19).
+fn outgoing(reply: &Message, hops: &[RelayHop], from: SocketAddrV6) -> Option<Outgoing> {
+    let mut bytes = Vec::new();
+    reply.encode(&mut Encoder::new(&mut bytes)).ok()?;
+    let (bytes, port) = if hops.is_empty() {
+        (bytes, CLIENT_PORT)
+    } else {
+        (relay::wrap(hops, &bytes).ok()?, SERVER_PORT)
+    };
+    Some(Outgoing {
+        bytes,
+        to: SocketAddrV6::new(*from.ip(), port, 0, from.scope_id()),
+        kind: reply.msg_type(),
+    })
+}
+
+/// Answers DHCPv6 on `socket` (replies leave from `sender`). Returns only if the socket
+/// fails for good.
+pub async fn serve(
+    socket: Arc<UdpSocket>,
+    sender: Arc<UdpSocket>,
+    unicast: bool,
+    link: Ipv6Addr,
+    responder: Arc<Responder6>,
+    committer: Committer,
+    metrics: Arc<Metrics>,
+) -> Result<(), Dhcp6Error> {
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    loop {
+        let (len, from) = match socket.recv_from(&mut buf).await {
+            Ok(x) => x,
+            Err(error) => {
+                tracing::warn!(%error, "DHCPv6 receive failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let SocketAddr::V6(from) = from else { continue };
+        let datagram = buf.get(..len).unwrap_or_default();
+        let (kind, handled) = handle(&responder, datagram, from, unicast, link, now_unix());
+        if let Some(kind) = kind {
+            metrics.dhcp6_message(false, kind);
+        }
+        let (reply, commits, records) = match handled {
+            Handled::Drop(reason) => {
+                if reason == PANIC {
+                    metrics.panic(Service::Dhcp);
+                }
+                metrics.dhcp6_dropped(reason);
+                tracing::debug!(%from, reason, "DHCPv6 message not answered");
+                continue;
+            }
+            Handled::Reply {
+                reply,
+                commits,
+                records,
+            } => (reply, commits, records),
+        };
+        for record in records {
+            if committer.record(record).is_err() {
+                tracing::warn!(
+                    "the commit queue is full; a DHCPv6 release or decline was not written"
+                );
+            }
+        }
+        if commits.is_empty() {
+            send(&sender, &reply, &metrics).await;
+            continue;
+        }
+        let mut waits = Vec::new();
+        for (lease, ticket) in commits {
+            match committer.submit(lease, ticket) {
+                Ok(durable) => waits.push(durable),
+                Err(_) => {
+                    // The book's claims of this reply lapse with their tickets unanswered;
+                    // the client retransmits.
+                    metrics.dhcp6_dropped(Drop6::CommitInFlight.as_str());
+                    waits.clear();
+                    break;
+                }
+            }
+        }
+        if waits.is_empty() {
+            continue;
+        }
+        let (sender, metrics) = (sender.clone(), metrics.clone());
+        // Each Reply in a task of its own, sent once every lease it promises is durable.
+        tokio::spawn(async move {
+            for durable in waits {
+                match tokio::time::timeout(COMMIT_TIMEOUT, durable).await {
+                    Ok(Ok(Ok(()))) => {}
+                    Ok(Ok(Err(NoAck::Withdrawn))) => {
+                        metrics.dhcp6_dropped("withdrawn");
+                        return;
+                    }
+                    Ok(Ok(Err(NoAck::Failed(error)))) => {
+                        tracing::error!(%error, "storing a DHCPv6 lease failed; no Reply sent");
+                        metrics.dhcp6_dropped("commit_failed");
+                        return;
+                    }
+                    Ok(Err(_)) | Err(_) => {
+                        metrics.dhcp6_dropped("commit_timeout");
+                        return;
+                    }
+                }
+            }
+            send(&sender, &reply, &metrics).await;
+            tracing::info!(to = %reply.to, "DHCPv6 Reply: address leased");
+        });
+    }
+}
+
+async fn send(socket: &UdpSocket, reply: &Outgoing, metrics: &Metrics) {
+    match socket.send_to(&reply.bytes, SocketAddr::V6(reply.to)).await {
+        Ok(_) => metrics.dhcp6_message(true, reply.kind),
+        Err(error) => {
+            tracing::warn!(%error, to = %reply.to, "sending a DHCPv6 reply failed");
+            metrics.dhcp6_dropped("send_failed");
+        }
+    }
+}

@@ -1,0 +1,214 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
+//! DHCPv6 with a real client (ISC `dhclient -6`) on a link of two network namespaces:
+//! a stateful address from the pool, made durable before the Reply (it comes back to its
+//! client after a `kill -9` and never goes to another), and TFTP and HTTP over IPv6.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use unbounded_testbed::netns::{Link, Netns};
+
+const SERVER6: &str = "fd00:99::1";
+
+fn config(images: &std::path::Path) -> String {
+    full_config(images, "").replace(
+        "tftp: ",
+        &format!(
+            "dhcp6:\n  mode: full\n  serverAddress: {SERVER6}\n  subnets:\n    - prefix: fd00:99::/64\n      pool: [fd00:99::100, fd00:99::1ff]\n      dns: [{SERVER6}]\ntftp: "
+        ),
+    )
+}
+
+/// The link with IPv6: the server's address (no duplicate address detection: nobody else
+/// is on the link), the client's link-local address settled.
+fn link() -> Link {
+    let link = Link::new("10.99.0.1/24", "52:54:00:00:06:01").unwrap();
+    link.server
+        .ip(&[
+            "-6",
+            "addr",
+            "add",
+            &format!("{SERVER6}/64"),
+            "dev",
+            "pxe0",
+            "nodad",
+        ])
+        .unwrap();
+    wait_for_link_local(&link.client, "eth0");
+    wait_for_link_local(&link.server, "pxe0");
+    link
+}
+
+fn wait_for_link_local(ns: &Netns, interface: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = ns
+            .ip(&["-6", "addr", "show", "dev", interface, "scope", "link"])
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if text.contains("fe80::") && !text.contains("tentative") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no link-local address on {interface}:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Runs `dhclient -6` once on `eth0` with this lease file (which keeps its DUID); returns
+/// the address it was given and its output.
+fn dhclient6(ns: &Netns, leases: &std::path::Path) -> (Option<String>, String) {
+    let dir = leases.parent().unwrap();
+    let pid = dir.join("dhclient6.pid");
+    let out = ns
+        .command("timeout")
+        .args([
+            "60",
+            "dhclient",
+            "-6",
+            "-1",
+            "-v",
+            "-sf",
+            "/bin/true",
+            "-lf",
+        ])
+        .arg(leases)
+        .arg("-pf")
+        .arg(&pid)
+        .arg("eth0")
+        .output()
+        .unwrap();
+    if let Ok(text) = std::fs::read_to_string(&pid)
+        && !text.trim().is_empty()
+    {
+        let _ = std::process::Command::new("kill").arg(text.trim()).status();
+    }
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The last lease's address, as dhclient wrote it down.
+    let lease_file = std::fs::read_to_string(leases).unwrap_or_default();
+    let address = lease_file
+        .lines()
+        .rev()
+        .filter_map(|l| l.trim().strip_prefix("iaaddr "))
+        .find_map(|rest| rest.split_whitespace().next())
+        .map(str::to_owned);
+    (address, format!("{text}\nlease file:\n{lease_file}"))
+}
+
+#[test]
+fn dhclient_gets_a_durable_v6_lease_that_survives_a_kill_9() {
+    let link = link();
+    let images = fake_images();
+    let mut server = Bootserver::start(&link.server, &config(images.path()));
+    let dir = tempfile::tempdir().unwrap();
+    let first_leases = dir.path().join("first.leases");
+
+    let (address, out) = dhclient6(&link.client, &first_leases);
+    let address = address.unwrap_or_else(|| panic!("no address:\n{out}\n{}", server.log()));
+    assert!(address.starts_with("fd00:99::1"), "{address}\n{out}");
+    let metrics = server.metrics(&link.server);
+    assert!(
+        metric(&metrics, "unbounded_bootserver_dhcp6_sent_total", "REPLY") >= 1.0,
+        "{metrics}"
+    );
+    assert!(
+        server.log().contains("DHCPv6 Reply: address leased"),
+        "{}",
+        server.log()
+    );
+
+    // A crash: the lease is on disk, so the same client (its DUID kept in its lease file)
+    // gets the same address again, and another client never gets it.
+    server.crash_and_restart(&link.server);
+    // Read back from the log alone, before any client asked again.
+    let metrics = server.metrics(&link.server);
+    assert_eq!(
+        metric(&metrics, "unbounded_bootserver_dhcp_active_leases", ""),
+        1.0,
+        "the v6 lease was not on disk:\n{metrics}\n{}",
+        server.log()
+    );
+    // A client that starts with a lease confirms it; it forgets its address here (as after
+    // a reinstall that kept the DUID) so that it asks the server's book rather than itself.
+    let kept = std::fs::read_to_string(&first_leases).unwrap();
+    let duid_line = kept
+        .lines()
+        .find(|l| l.starts_with("default-duid"))
+        .unwrap_or_else(|| panic!("dhclient kept no DUID:\n{kept}"))
+        .to_owned();
+    std::fs::write(&first_leases, format!("{duid_line}\n")).unwrap();
+    let (again, out) = dhclient6(&link.client, &first_leases);
+    assert_eq!(
+        again.as_deref(),
+        Some(address.as_str()),
+        "{out}\n{}",
+        server.log()
+    );
+
+    let second_leases = dir.path().join("second.leases");
+    std::fs::write(
+        &second_leases,
+        "default-duid \"\\000\\003\\000\\001RT\\000\\000\\006\\002\";\n",
+    )
+    .unwrap();
+    let (other, out) = dhclient6(&link.client, &second_leases);
+    let other = other.unwrap_or_else(|| panic!("no address:\n{out}\n{}", server.log()));
+    assert_ne!(other, address, "one address for two clients:\n{out}");
+}
+
+#[test]
+fn tftp_and_http_answer_over_ipv6() {
+    let link = link();
+    link.client
+        .ip(&[
+            "-6",
+            "addr",
+            "add",
+            "fd00:99::50/64",
+            "dev",
+            "eth0",
+            "nodad",
+        ])
+        .unwrap();
+    let images = fake_images();
+    let server = Bootserver::start(&link.server, &config(images.path()));
+    let health = link
+        .client
+        .exec(&["curl", "-gsf", &format!("http://[{SERVER6}]:8080/healthz")]);
+    assert!(
+        health.is_ok(),
+        "HTTP over IPv6: {health:?}\n{}",
+        server.log()
+    );
+    let kernel = link
+        .client
+        .exec(&[
+            "curl",
+            "-gsf",
+            &format!("http://[{SERVER6}]:8080/images/vmlinuz"),
+        ])
+        .unwrap();
+    assert_eq!(kernel.stdout.len(), 200_000);
+    let dir = tempfile::tempdir().unwrap();
+    let fetched = dir.path().join("snponly.efi");
+    let tftp = link.client.exec(&[
+        "curl",
+        "-gsf",
+        "-o",
+        &fetched.display().to_string(),
+        &format!("tftp://[{SERVER6}]/snponly.efi"),
+    ]);
+    assert!(tftp.is_ok(), "TFTP over IPv6: {tftp:?}\n{}", server.log());
+    assert_eq!(
+        std::fs::read(&fetched).unwrap(),
+        std::fs::read("/usr/lib/ipxe/snponly.efi").unwrap()
+    );
+}
