@@ -175,6 +175,12 @@ pub struct PxeSpec {
     #[x_kube(validation = Rule::new("isIP(self) && ip(self).family() == 4").message("spec.pxe.ipv4 must be an IPv4 address such as 10.0.0.20 (no prefix length)"))]
     pub ipv4: Option<String>,
 
+    /// Static IPv6 address reserved for this machine when the bootserver is the DHCPv6
+    /// server (`dhcp6.mode: full`), given to the machine's identity associations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("isIP(self) && ip(self).family() == 6").message("spec.pxe.ipv6 must be an IPv6 address such as fd00:99::20 (no prefix length)"))]
+    pub ipv6: Option<String>,
+
     /// The server's baseboard management controller. Without one, power operations fail and
     /// someone has to power the server on by hand.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -439,6 +439,7 @@ mod tests {
             name: "node-1".into(),
             macs: vec![MacAddr([0x52, 0x54, 0, 0, 0, 1])],
             ipv4: None,
+            ipv6: None,
             hostname: None,
             architecture: Architecture::X86_64,
             firmware: Firmware::Bios,

@@ -19,7 +19,7 @@
 //! a property test over random sequences of applies and deletes.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
@@ -71,6 +71,7 @@ pub fn record_of(
         name: machine.name_any(),
         macs,
         ipv4: pxe.ipv4.as_deref().and_then(|ip| ip.parse().ok()),
+        ipv6: pxe.ipv6.as_deref().and_then(|ip| ip.parse().ok()),
         hostname: Some(machine.node_name()),
         architecture: pxe.architecture,
         firmware: pxe.firmware,
@@ -175,7 +176,7 @@ pub struct MachineIndex {
     /// Every claimant of a MAC, in claim order: the first holds it.
     macs: HashMap<MacAddr, BTreeMap<ClaimKey, Arc<MachineRecord>>>,
     /// Every claimant of a reserved address, in claim order.
-    ips: HashMap<Ipv4Addr, BTreeMap<ClaimKey, Arc<MachineRecord>>>,
+    ips: HashMap<IpAddr, BTreeMap<ClaimKey, Arc<MachineRecord>>>,
     by_name: HashMap<String, Arc<MachineRecord>>,
     /// Discovered Machines waiting to be claimed (few: discovery caps them).
     waiting: BTreeMap<String, Arc<MachineRecord>>,
@@ -185,7 +186,7 @@ pub struct MachineIndex {
 #[derive(Debug, Default)]
 struct Touched {
     macs: Vec<MacAddr>,
-    ips: Vec<Ipv4Addr>,
+    ips: Vec<IpAddr>,
 }
 
 impl MachineIndex {
@@ -198,7 +199,7 @@ impl MachineIndex {
     }
 
     /// The Machine holding this reservation.
-    pub fn by_ip(&self, ip: Ipv4Addr) -> Option<Arc<MachineRecord>> {
+    pub fn by_ip(&self, ip: IpAddr) -> Option<Arc<MachineRecord>> {
         self.ips
             .get(&ip)
             .and_then(|claims| claims.values().next())
@@ -360,7 +361,7 @@ impl MachineIndex {
             }
             touched.macs.push(*mac);
         }
-        if let Some(ip) = record.ipv4 {
+        for ip in record.reservations() {
             if let Some(claims) = self.ips.get_mut(&ip) {
                 claims.remove(&old.claim);
                 if claims.is_empty() {
@@ -404,7 +405,7 @@ impl MachineIndex {
                     .insert(claim.clone(), record.clone());
                 touched.macs.push(*mac);
             }
-            if let Some(ip) = record.ipv4 {
+            for ip in record.reservations() {
                 self.ips
                     .entry(ip)
                     .or_default()
@@ -442,7 +443,7 @@ impl MachineIndex {
                 .collect()
         }
         let macs: std::collections::BTreeSet<&MacAddr> = touched.macs.iter().collect();
-        let ips: std::collections::BTreeSet<&Ipv4Addr> = touched.ips.iter().collect();
+        let ips: std::collections::BTreeSet<&IpAddr> = touched.ips.iter().collect();
         macs.into_iter()
             .flat_map(|mac| losers(format!("MAC {mac}"), self.macs.get(mac)))
             .chain(
@@ -484,7 +485,7 @@ fn claim_order(a: &Machine, b: &Machine) -> std::cmp::Ordering {
 struct Index {
     by_mac: HashMap<MacAddr, Arc<MachineRecord>>,
     by_name: HashMap<String, Arc<MachineRecord>>,
-    by_ip: HashMap<Ipv4Addr, Arc<MachineRecord>>,
+    by_ip: HashMap<IpAddr, Arc<MachineRecord>>,
 }
 
 /// The index from plain data, all at once: the definition [`MachineIndex`] keeps
@@ -521,7 +522,7 @@ fn build_index(
             }
             index.by_mac.insert(*mac, record.clone());
         }
-        if let Some(ip) = record.ipv4 {
+        for ip in record.reservations() {
             if let Some(other) = index.by_ip.get(&ip) {
                 conflicts.push(Conflict {
                     what: format!("address {ip}"),
@@ -762,7 +763,7 @@ impl MachineBackend for KubeBackend {
         self.read().by_name(name)
     }
 
-    fn reserved_by(&self, ip: Ipv4Addr) -> Option<Arc<MachineRecord>> {
+    fn reserved_by(&self, ip: IpAddr) -> Option<Arc<MachineRecord>> {
         self.read().by_ip(ip)
     }
 
@@ -1157,7 +1158,7 @@ mod tests {
                         prop_assert_eq!(plain(incremental.by_mac(&mac).as_ref()), plain(full.by_mac.get(&mac)), "MAC {} after {:?}", mac, change);
                     }
                     for ip in IPS {
-                        let ip: Ipv4Addr = ip.parse().unwrap();
+                        let ip: IpAddr = ip.parse().unwrap();
                         prop_assert_eq!(plain(incremental.by_ip(ip).as_ref()), plain(full.by_ip.get(&ip)), "address {} after {:?}", ip, change);
                     }
                     for name in 0..NAMES {

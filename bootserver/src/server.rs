@@ -162,8 +162,12 @@ pub async fn run(
         .filter(|_| settings.router_advertisements)
     {
         // Not fatal: without advertisements iPXE only boots ~13 s slower.
-        match crate::ra::start(interface) {
-            Ok(()) => tracing::info!(interface, "sending IPv6 router advertisements (lifetime 0)"),
+        match crate::ra::start(interface, &settings.dhcp6) {
+            Ok(()) => tracing::info!(
+                interface,
+                dhcp6 = ?settings.dhcp6.mode,
+                "sending IPv6 router advertisements (lifetime 0)"
+            ),
             Err(error) => tracing::warn!(%error, "router advertisements are off"),
         }
     }

@@ -48,6 +48,34 @@ fn the_link_hears_that_there_is_no_ipv6_router() {
 }
 
 #[test]
+fn with_dhcp6_full_the_link_hears_managed_and_other_and_its_prefix_on_link() {
+    let link = Link::new("10.99.0.1/24", "52:54:00:00:00:01").unwrap();
+    // DHCPv6 binds the server address: it must be there before the bootserver starts.
+    link.server
+        .ip(&["-6", "addr", "add", "fd00:99::1/64", "dev", "pxe0", "nodad"])
+        .unwrap();
+    let images = fake_images();
+    let config = full_config(images.path(), "").replace(
+        "tftp: ",
+        "dhcp6:\n  mode: full\n  serverAddress: fd00:99::1\n  subnets:\n    - prefix: fd00:99::/64\n      pool: [fd00:99::100, fd00:99::1ff]\ntftp: ",
+    );
+    let server = Bootserver::start(&link.server, &config);
+
+    let advert = first_advertisement(&link, 15)
+        .unwrap_or_else(|| panic!("no router advertisement within 15 s\n{}", server.log()));
+    assert!(advert.contains("router lifetime 0s"), "{advert}");
+    assert!(
+        advert.contains("Flags [managed, other stateful]"),
+        "M and O: {advert}"
+    );
+    // L=1 and A=0 read "Flags [onlink]"; with A it would be "[onlink, auto]".
+    assert!(
+        advert.contains("fd00:99::/64, Flags [onlink], valid time 7200s, pref. time 3600s"),
+        "the prefix, on-link, no SLAAC: {advert}"
+    );
+}
+
+#[test]
 fn advertisements_can_be_turned_off() {
     let link = Link::new("10.99.0.1/24", "52:54:00:00:00:01").unwrap();
     let images = fake_images();

@@ -6,7 +6,7 @@
 //! that the packet path never waits on the network.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use unbounded_api::identity::IdentityMode;
@@ -39,6 +39,8 @@ pub struct MachineRecord {
     pub macs: Vec<MacAddr>,
     /// Static IPv4 reservation, when the bootserver is the DHCP server.
     pub ipv4: Option<Ipv4Addr>,
+    /// Static IPv6 reservation, when the bootserver is the DHCPv6 server.
+    pub ipv6: Option<Ipv6Addr>,
     /// Host name handed out by DHCP (the Node name).
     pub hostname: Option<String>,
     /// CPU architecture.
@@ -55,6 +57,16 @@ pub struct MachineRecord {
     /// How it proves who it is before it gets credentials (its Machine's and its
     /// configuration version's identity settings).
     pub identity: IdentityPolicy,
+}
+
+impl MachineRecord {
+    /// The addresses reserved for it, v4 then v6.
+    pub fn reservations(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.ipv4
+            .map(IpAddr::V4)
+            .into_iter()
+            .chain(self.ipv6.map(IpAddr::V6))
+    }
 }
 
 /// A machine's identity settings as the bootserver applies them: the Machine's, else its
@@ -79,8 +91,9 @@ pub trait MachineBackend: Send + Sync + 'static {
     /// The machine with this name, if any.
     fn machine_by_name(&self, name: &str) -> Option<Arc<MachineRecord>>;
 
-    /// The machine an IPv4 address is reserved for, so that pools never hand it to others.
-    fn reserved_by(&self, ip: Ipv4Addr) -> Option<Arc<MachineRecord>>;
+    /// The machine an address (either family) is reserved for, so that pools never hand
+    /// it to others.
+    fn reserved_by(&self, ip: IpAddr) -> Option<Arc<MachineRecord>>;
 
     /// Whether the backend has its data (the Kubernetes caches have synced).
     fn is_ready(&self) -> bool;
@@ -97,7 +110,7 @@ pub trait MachineBackend: Send + Sync + 'static {
 #[derive(Debug, Default)]
 pub struct StaticBackend {
     by_mac: HashMap<MacAddr, Arc<MachineRecord>>,
-    by_ip: HashMap<Ipv4Addr, Arc<MachineRecord>>,
+    by_ip: HashMap<IpAddr, Arc<MachineRecord>>,
     machines: Vec<Arc<MachineRecord>>,
 }
 
@@ -110,7 +123,7 @@ impl StaticBackend {
             .collect();
         let by_ip = machines
             .iter()
-            .filter_map(|m| Some((m.ipv4?, m.clone())))
+            .flat_map(|m| m.reservations().map(move |ip| (ip, m.clone())))
             .collect();
         Self {
             by_mac,
@@ -129,7 +142,7 @@ impl MachineBackend for StaticBackend {
         self.machines.iter().find(|m| m.name == name).cloned()
     }
 
-    fn reserved_by(&self, ip: Ipv4Addr) -> Option<Arc<MachineRecord>> {
+    fn reserved_by(&self, ip: IpAddr) -> Option<Arc<MachineRecord>> {
         self.by_ip.get(&ip).cloned()
     }
 

@@ -19,6 +19,7 @@ pub struct MachineFile {
     name: String,
     macs: Vec<String>,
     ipv4: Option<Ipv4Addr>,
+    ipv6: Option<std::net::Ipv6Addr>,
     hostname: Option<String>,
     #[serde(default)]
     architecture: Architecture,
@@ -48,6 +49,7 @@ pub fn machines(
 ) -> Result<Vec<Arc<MachineRecord>>, InvalidSetting> {
     let mut seen_macs = BTreeMap::new();
     let mut seen_ips = BTreeMap::new();
+    let mut seen_ips6 = BTreeMap::new();
     let mut out = Vec::with_capacity(machines.len());
     for m in machines {
         let invalid = |msg: String| InvalidSetting(format!("machine {}: {msg}", m.name));
@@ -74,11 +76,19 @@ pub fn machines(
                 return Err(invalid(format!("address {ip} is in no dhcp.subnets entry")));
             }
         }
+        if let Some(ip) = m.ipv6
+            && let Some(other) = seen_ips6.insert(ip, m.name.clone())
+        {
+            return Err(invalid(format!(
+                "address {ip} is also machine {other}'s: never hand one address to two machines"
+            )));
+        }
         out.push(Arc::new(MachineRecord {
             hostname: m.hostname.or_else(|| Some(m.name.clone())),
             name: m.name,
             macs,
             ipv4: m.ipv4,
+            ipv6: m.ipv6,
             architecture: m.architecture,
             firmware: m.firmware,
             boot: m.boot.map(|b| BootTarget {

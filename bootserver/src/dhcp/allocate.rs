@@ -152,7 +152,7 @@ impl<'a> Pool<'a> {
 
     fn reserved_for_other(&self, ip: Ipv4Addr, mac: MacAddr) -> bool {
         self.backend
-            .reserved_by(ip)
+            .reserved_by(ip.into())
             .is_some_and(|m| !m.macs.contains(&mac))
     }
 
@@ -263,14 +263,14 @@ impl<'a> Pool<'a> {
         }
         let mac = client.mac;
         let backend = self.backend;
-        let others_reservation = |ip| {
+        let others_reservation = |ip: IpAddr| {
             backend
                 .reserved_by(ip)
                 .is_some_and(|m| !m.macs.contains(&mac))
         };
         self.book
             .reclaim_oldest_offer(self.subnet.pool.0.into(), self.subnet.pool.1.into(), |ip| {
-                v4(ip).is_some_and(|ip| !others_reservation(ip))
+                v4(ip).is_some() && !others_reservation(ip)
             })
             .and_then(v4)
             .map(Offer::Reclaimed)

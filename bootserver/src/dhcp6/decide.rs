@@ -557,7 +557,20 @@ impl Responder6 {
         hinted: &[Ipv6Addr],
         now: u64,
     ) -> Option<Ipv6Addr> {
-        let open = |book: &AddressBook, ip: Ipv6Addr| !book.taken_from(ip.into(), key, now);
+        let open = |book: &AddressBook, ip: Ipv6Addr| {
+            !book.taken_from(ip.into(), key, now) && !self.reserved_for_other(ip, client)
+        };
+        if let Some(machine) = client.machine.as_deref()
+            && let Some(ip) = machine.ipv6.filter(|ip| subnet.contains(*ip))
+        {
+            // Held under another identity of the same Machine (its firmware's DUID, then its
+            // OS's): the address passes to the one asking now, as a v4 reservation does.
+            book.hand_over(ip.into(), key, |mac| machine.macs.contains(&mac));
+            if !book.taken_from(ip.into(), key, now) {
+                return Some(ip);
+            }
+            tracing::warn!(%ip, machine = %machine.name, "a Machine's IPv6 reservation is held by another client; giving a pool address until that ends");
+        }
         let own = [book.lease_of(key).map(|l| l.ip), book.claim_of(key, now)];
         if let Some(ip) = own
             .into_iter()
@@ -586,6 +599,14 @@ impl Responder6 {
         }
         book.reclaim_oldest_offer(subnet.pool.0.into(), subnet.pool.1.into(), |_| true)
             .and_then(v6)
+    }
+
+    /// Whether `ip` is another Machine's reservation (never given out; a client with no
+    /// MAC is no Machine's).
+    fn reserved_for_other(&self, ip: Ipv6Addr, client: &Client<'_>) -> bool {
+        self.backend
+            .reserved_by(ip.into())
+            .is_some_and(|m| client.mac.is_none_or(|mac| !m.macs.contains(&mac)))
     }
 
     /// Renew and Rebind: each IA's lease extended where the book has it as the key's.
@@ -622,11 +643,11 @@ impl Responder6 {
                 // Rebind: the client may have lost its server; a lease it lost with
                 // the book (a restart with an empty disk) is restored when the address
                 // is free for it, as v4 does for INIT-REBOOT.
-                None if kind == MessageType::Rebind => match on_link
-                    .iter()
-                    .copied()
-                    .find(|ip| subnet.in_pool(*ip) && !book.taken_from((*ip).into(), &key, now))
-                {
+                None if kind == MessageType::Rebind => match on_link.iter().copied().find(|ip| {
+                    subnet.in_pool(*ip)
+                        && !book.taken_from((*ip).into(), &key, now)
+                        && !self.reserved_for_other(*ip, client)
+                }) {
                     Some(ip) => match book.begin_commit(&key, client.lease_mac(), ip.into(), now) {
                         Ok(ticket) => IaAnswer::Address(ip, Some(ticket)),
                         Err(Refused::CommitInFlight) => return Err(Drop6::CommitInFlight),

@@ -25,6 +25,9 @@ dhcp:
 machines:
   - name: node-1
     macs: ["52:54:00:66:00:01"]
+  - name: reserved
+    macs: ["52:54:00:66:00:09"]
+    ipv6: fd00:99::103
 "#;
 
 const DHCP6: &str = "mode: full\nserverAddress: fd00:99::1\nsubnets:\n- prefix: fd00:99::/64\n  pool: [fd00:99::100, fd00:99::107]\n  dns: [fd00:99::1]\n";
@@ -337,7 +340,8 @@ fn each_identity_association_gets_its_own_address_and_keeps_it() {
 #[test]
 fn a_full_pool_says_no_addrs_avail() {
     let s = server();
-    for client in 1..=8 {
+    // Eight addresses, one of them a Machine's reservation.
+    for client in 1..=7 {
         let mut m = with_ia(message(MessageType::Solicit, client), 1, &[]);
         m.opts_mut().insert(DhcpOption::RapidCommit);
         assert!(ia_answers(&s.exchange(&m, NOW).unwrap())[0].1.is_some());
@@ -386,7 +390,7 @@ fn renew_extends_only_a_binding_the_book_has() {
 #[test]
 fn rebind_restores_a_lease_a_lost_book_forgot_when_nobody_took_it() {
     let s = server();
-    let ip: Ipv6Addr = "fd00:99::103".parse().unwrap();
+    let ip: Ipv6Addr = "fd00:99::104".parse().unwrap();
     let rebind = with_ia(message(MessageType::Rebind, 1), 1, &[ip]);
     let reply = s.exchange(&rebind, NOW).unwrap();
     assert_eq!(ia_answers(&reply), vec![(1, Some(ip), None)]);
@@ -435,6 +439,43 @@ fn release_frees_and_decline_is_the_holders_alone() {
         .1
         .unwrap();
     assert_ne!(next, ip);
+}
+
+#[test]
+fn a_machine_gets_its_reservation_and_nobody_else_does() {
+    let s = server();
+    let reserved: Ipv6Addr = "fd00:99::103".parse().unwrap();
+    // Its firmware (DUID-LLT of its NIC), then its OS (another DUID, the same MAC by the
+    // link-local address): the address follows the Machine.
+    let firmware = |kind| {
+        let mut m = Message::new_with_id(kind, [9, 9, 9]);
+        m.opts_mut().insert(DhcpOption::ClientId(vec![
+            0, 1, 0, 1, 0x31, 0xe5, 0x16, 0xf7, 0x52, 0x54, 0, 0x66, 0, 9,
+        ]));
+        with_ia(m, 1, &[])
+    };
+    let mut solicit = firmware(MessageType::Solicit);
+    solicit.opts_mut().insert(DhcpOption::RapidCommit);
+    assert_eq!(
+        ia_answers(&s.exchange(&solicit, NOW).unwrap())[0].1,
+        Some(reserved)
+    );
+    let os = Arrival {
+        source: "fe80::5054:ff:fe66:9".parse().unwrap(),
+        ..on_link()
+    };
+    let mut os_solicit = with_ia(message(MessageType::Solicit, 40), 3, &[]);
+    os_solicit.opts_mut().insert(DhcpOption::RapidCommit);
+    let (reply, commits) = reply_of(s.responder.decide(&os_solicit, &os, NOW + 60));
+    assert_eq!(ia_answers(&reply)[0].1, Some(reserved));
+    assert_eq!(commits.len(), 1);
+    // A stranger that asks for it by name gets another address.
+    let mut greedy = with_ia(message(MessageType::Solicit, 41), 1, &[reserved]);
+    greedy.opts_mut().insert(DhcpOption::RapidCommit);
+    let got = ia_answers(&s.exchange(&greedy, NOW + 60).unwrap())[0]
+        .1
+        .unwrap();
+    assert_ne!(got, reserved);
 }
 
 #[test]
@@ -823,6 +864,9 @@ mod properties {
                 };
                 if sent {
                     for lease in &promised {
+                        if lease.ip == IpAddr::from(pool(3)) {
+                            return Err(format!("{lease:?}: another Machine's reservation"));
+                        }
                         let ip = v6(lease.ip).ok_or("a v4 address in a v6 reply")?;
                         if lease.key != key {
                             return Err(format!("a reply to {key} promises {lease:?}"));
