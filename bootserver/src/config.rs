@@ -289,6 +289,19 @@ impl Settings {
         format!("http://{}:{}", self.server_address, self.http.port)
     }
 
+    /// The base URL of our HTTP server as a peer of this family reaches it: over IPv6 for
+    /// a v6 peer when DHCPv6 is on (HTTP listens there too), else over IPv4.
+    pub fn http_base_for(&self, peer: std::net::IpAddr) -> String {
+        match peer {
+            std::net::IpAddr::V6(_)
+                if self.dhcp6.mode != crate::dhcp6::settings::Dhcp6Mode::Off =>
+            {
+                format!("http://[{}]:{}", self.dhcp6.server_address, self.http.port)
+            }
+            _ => self.http_base(),
+        }
+    }
+
     /// Where HTTP listens.
     pub fn http_listen(&self) -> SocketAddr {
         SocketAddr::from((self.server_address, self.http.port))

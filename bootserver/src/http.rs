@@ -16,7 +16,7 @@
 //! problems, `/readyz` answers 503 with each problem on a line of its own.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
@@ -225,7 +225,7 @@ async fn boot_script(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    let base = state.settings.http_base();
+    let base = state.settings.http_base_for(peer.ip());
     let Some(mac) = query.get("mac") else {
         return ipxe(&state, "/boot.ipxe", boot::chain_script(&base));
     };
@@ -254,7 +254,7 @@ async fn boot_script(
             // A nonce only for a script that boots, served to the machine itself: a peer
             // the bootserver does not vouch for gets no script at all, and the reason.
             let nonce = match (&state.issuer, peer.ip(), &machine.boot) {
-                (Some(issuer), IpAddr::V4(peer), Some(_)) => {
+                (Some(issuer), peer, Some(_)) => {
                     let holds = holds_address(&state, &machine, peer);
                     match identity::vouch(&evidence(&state, &machine.macs, holds, peer)) {
                         Ok(()) => issuer.nonce_for_script(&machine.name, peer),
@@ -318,10 +318,7 @@ async fn machine_config(
     if let Some(refusal) = https_only(&state, route, channel) {
         return refusal;
     }
-    let IpAddr::V4(peer_ip) = peer.ip() else {
-        state.metrics.http_request(route, 403);
-        return (StatusCode::FORBIDDEN, "IPv4 only\n").into_response();
-    };
+    let peer_ip = peer.ip();
     let machine = state.backend.machine_by_name(&name);
     let Some(machine) = machine else {
         state.metrics.http_request(route, 404);
@@ -347,7 +344,7 @@ async fn machine_config(
     let body = serde_json::json!({
         "machine": machine.name,
         "hostname": machine.hostname,
-        "bootserver": state.settings.http_base(),
+        "bootserver": state.settings.http_base_for(peer_ip),
         "configuration": machine.boot.as_ref().and_then(|b| b.configuration.clone()),
     });
     (

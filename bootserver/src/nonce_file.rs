@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -25,7 +25,7 @@ pub struct StoredNonce {
     /// SHA-256 of the nonce, lower-case hex.
     pub sha256: String,
     /// The address its script was served to.
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
     /// When it expires (seconds since the Unix epoch).
     pub expires_unix: u64,
 }
@@ -183,7 +183,7 @@ mod tests {
     fn stored(nonce: &str, expires_unix: u64) -> StoredNonce {
         StoredNonce {
             sha256: digest_hex(nonce),
-            ip: Ipv4Addr::new(10, 99, 0, 21),
+            ip: IpAddr::from([10, 99, 0, 21]),
             expires_unix,
         }
     }

@@ -24,7 +24,11 @@ fn config(images: &std::path::Path) -> String {
 /// The link with IPv6: the server's address (no duplicate address detection: nobody else
 /// is on the link), the client's link-local address settled.
 fn link() -> Link {
-    let link = Link::new("10.99.0.1/24", "52:54:00:00:06:01").unwrap();
+    link_with_mac("52:54:00:00:06:01")
+}
+
+fn link_with_mac(mac: &str) -> Link {
+    let link = Link::new("10.99.0.1/24", mac).unwrap();
     link.server
         .ip(&[
             "-6",
@@ -62,20 +66,22 @@ fn wait_for_link_local(ns: &Netns, interface: &str) {
 /// Runs `dhclient -6` once on `eth0` with this lease file (which keeps its DUID); returns
 /// the address it was given and its output.
 fn dhclient6(ns: &Netns, leases: &std::path::Path) -> (Option<String>, String) {
+    dhclient6_with(ns, leases, &[])
+}
+
+/// [`dhclient6`] with more arguments (`-D LL`: a DUID-LL of the interface's MAC).
+fn dhclient6_with(
+    ns: &Netns,
+    leases: &std::path::Path,
+    extra: &[&str],
+) -> (Option<String>, String) {
     let dir = leases.parent().unwrap();
     let pid = dir.join("dhclient6.pid");
     let out = ns
         .command("timeout")
-        .args([
-            "60",
-            "dhclient",
-            "-6",
-            "-1",
-            "-v",
-            "-sf",
-            "/bin/true",
-            "-lf",
-        ])
+        .args(["60", "dhclient", "-6", "-1", "-v", "-sf", "/bin/true"])
+        .args(extra)
+        .arg("-lf")
         .arg(leases)
         .arg("-pf")
         .arg(&pid)
@@ -210,5 +216,61 @@ fn tftp_and_http_answer_over_ipv6() {
     assert_eq!(
         std::fs::read(&fetched).unwrap(),
         std::fs::read("/usr/lib/ipxe/snponly.efi").unwrap()
+    );
+}
+
+/// A machine that got its address over DHCPv6 reads its own configuration from that
+/// address, over IPv6; any other address is refused; its boot script names the bootserver
+/// by its IPv6 address.
+#[test]
+fn a_machine_is_known_by_its_v6_lease() {
+    // node-2's MAC: dhclient's DUID-LL carries it, and the lease records it.
+    let link = link_with_mac("52:54:00:00:00:02");
+    let images = fake_images();
+    let server = Bootserver::start(&link.server, &config(images.path()));
+    let dir = tempfile::tempdir().unwrap();
+    let (address, out) = dhclient6_with(&link.client, &dir.path().join("l"), &["-D", "LL"]);
+    let address = address.unwrap_or_else(|| panic!("no address:\n{out}\n{}", server.log()));
+    link.client
+        .ip(&[
+            "-6",
+            "addr",
+            "add",
+            &format!("{address}/128"),
+            "dev",
+            "eth0",
+            "nodad",
+        ])
+        .unwrap();
+    link.client
+        .ip(&[
+            "-6",
+            "addr",
+            "add",
+            "fd00:99::77/128",
+            "dev",
+            "eth0",
+            "nodad",
+        ])
+        .unwrap();
+    let get = |from: &str, path: &str| {
+        let out = link
+            .client
+            .command("curl")
+            .args(["-gs", "--interface", from, "-w", "\n%{http_code}"])
+            .arg(format!("http://[{SERVER6}]:8080{path}"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let own = get(&address, "/machines/node-2/config");
+    assert!(own.ends_with("200"), "{own}\n{}", server.log());
+    assert!(own.contains(&format!("http://[{SERVER6}]:8080")), "{own}");
+    let stranger = get("fd00:99::77", "/machines/node-2/config");
+    assert!(stranger.ends_with("403"), "{stranger}");
+    let script = get(&address, "/boot.ipxe?mac=52:54:00:00:00:02");
+    assert!(
+        script.contains(&format!("http://[{SERVER6}]:8080/images/vmlinuz")),
+        "{script}"
     );
 }

@@ -2,7 +2,7 @@
 //! issuer's metrics.
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::Mutex;
 
 use prometheus_client::metrics::counter::Counter;
@@ -15,8 +15,8 @@ use prometheus_client::metrics::gauge::Gauge;
 pub fn address_allowed(
     holds_address: bool,
     addresses_known: bool,
-    bound: Option<Ipv4Addr>,
-    peer: Ipv4Addr,
+    bound: Option<IpAddr>,
+    peer: IpAddr,
 ) -> bool {
     if addresses_known {
         holds_address

@@ -32,7 +32,7 @@
 //! releases it, so the agent can present it again.
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -67,7 +67,7 @@ pub struct Issuer {
     nonces: Nonces,
     rate: RateLimit,
     /// Where each machine's last credentials went (refreshes come from there in proxy mode).
-    last_ip: Mutex<HashMap<String, Ipv4Addr>>,
+    last_ip: Mutex<HashMap<String, IpAddr>>,
     metrics: IssuerMetrics,
     challenges: Challenges,
     replays: Replays,
@@ -85,7 +85,7 @@ impl std::fmt::Debug for Issuer {
 #[derive(Debug, Clone, Copy)]
 pub struct Origin {
     /// The peer's address.
-    pub peer: Ipv4Addr,
+    pub peer: IpAddr,
     /// Whether it holds the machine's reservation or lease.
     pub holds_address: bool,
     /// Whether the bootserver knows machines' addresses (full DHCP).
@@ -139,7 +139,7 @@ impl Issuer {
     pub fn nonce_for_script(
         &self,
         machine: &str,
-        peer: Ipv4Addr,
+        peer: IpAddr,
     ) -> Result<Option<String>, NonceFileError> {
         let Some(value) = random_hex(16) else {
             return Ok(None);
@@ -495,7 +495,7 @@ mod tests {
     #[test]
     fn nonces_are_single_use_bound_and_expire() {
         let nonces = Nonces::default();
-        let ip = Ipv4Addr::new(10, 99, 0, 21);
+        let ip = IpAddr::from([10, 99, 0, 21]);
         nonces.insert("m", "aaaa", ip, 100).unwrap();
         assert_eq!(nonces.bound_ip("m"), Some(ip));
         assert_eq!(
@@ -539,7 +539,7 @@ mod tests {
     #[test]
     fn a_ticket_is_redeemed_once_and_only_from_the_address_its_script_went_to() {
         let nonces = Nonces::default();
-        let (ip, other) = (Ipv4Addr::new(10, 99, 0, 21), Ipv4Addr::new(10, 99, 0, 50));
+        let (ip, other) = (IpAddr::from([10, 99, 0, 21]), IpAddr::from([10, 99, 0, 50]));
         nonces.insert("m", "never-shown", ip, 100).unwrap();
         assert_eq!(
             nonces.reserve_ticket("m", other, 50).err(),
@@ -571,7 +571,7 @@ mod tests {
     fn nonces_in_a_file_outlive_the_process_until_spent() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("nonces.json");
-        let ip = Ipv4Addr::new(10, 99, 0, 21);
+        let ip = IpAddr::from([10, 99, 0, 21]);
         let before = Nonces::persistent(NonceFile::new(&path), 0).unwrap();
         before.insert("m", "aaaa", ip, 100).unwrap();
         before.insert("n", "bbbb", ip, 100).unwrap();
@@ -601,7 +601,7 @@ mod tests {
     fn a_nonce_that_cannot_be_written_is_not_issued() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("gone/nonces.json");
-        let ip = Ipv4Addr::new(10, 99, 0, 21);
+        let ip = IpAddr::from([10, 99, 0, 21]);
         let nonces = Nonces::persistent(NonceFile::new(&path), 0).unwrap();
         let error = nonces.insert("m", "aaaa", ip, 100).unwrap_err().to_string();
         assert!(error.contains("gone/nonces.json"), "{error}");
@@ -615,7 +615,7 @@ mod tests {
     #[test]
     fn a_newer_script_s_nonce_survives_the_end_of_an_older_mint() {
         let nonces = Nonces::default();
-        let ip = Ipv4Addr::new(10, 99, 0, 21);
+        let ip = IpAddr::from([10, 99, 0, 21]);
         nonces.insert("m", "old", ip, 100).unwrap();
         let reservation = nonces.reserve("m", "old", 50).unwrap();
         // The machine rebooted and fetched a new script while the old mint ran.
@@ -664,8 +664,8 @@ mod tests {
 
     #[test]
     fn address_rules() {
-        let a = Ipv4Addr::new(10, 0, 0, 1);
-        let b = Ipv4Addr::new(10, 0, 0, 2);
+        let a = IpAddr::from([10, 0, 0, 1]);
+        let b = IpAddr::from([10, 0, 0, 2]);
         let cases = [
             ("full DHCP, holds", true, true, None, a, true),
             ("full DHCP, does not hold", false, true, Some(a), a, false),

@@ -2,7 +2,7 @@
 //! when a token was minted; kept across restarts in the nonce file when one is set.
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::Mutex;
 
 use crate::nonce_file::{NonceFile, NonceFileError, StoredNonce, digest_hex};
@@ -28,7 +28,7 @@ pub enum NonceRefusal {
 pub(super) struct NonceEntry {
     /// SHA-256 of the nonce (hex): what is kept, in memory and on disk.
     digest: String,
-    ip: Ipv4Addr,
+    ip: IpAddr,
     expires_unix: u64,
     reserved: bool,
 }
@@ -107,7 +107,7 @@ impl Nonces {
         &self,
         machine: &str,
         value: &str,
-        ip: Ipv4Addr,
+        ip: IpAddr,
         expires_unix: u64,
     ) -> Result<(), NonceFileError> {
         let Ok(mut entries) = self.entries.lock() else {
@@ -133,7 +133,7 @@ impl Nonces {
     }
 
     /// The address the machine's current nonce is bound to.
-    pub fn bound_ip(&self, machine: &str) -> Option<Ipv4Addr> {
+    pub fn bound_ip(&self, machine: &str) -> Option<IpAddr> {
         self.entries.lock().ok()?.get(machine).map(|e| e.ip)
     }
 
@@ -158,7 +158,7 @@ impl Nonces {
     pub fn reserve_ticket(
         &self,
         machine: &str,
-        peer: Ipv4Addr,
+        peer: IpAddr,
         now: u64,
     ) -> Result<Reservation<'_>, NonceRefusal> {
         self.reserve_if(machine, now, |entry| entry.ip == peer)

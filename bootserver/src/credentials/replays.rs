@@ -6,7 +6,7 @@
 //! nonce itself: its SHA-256.
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::{Mutex, PoisonError};
 
 use unbounded_api::agent::{CredentialRequest, Credentials};
@@ -41,7 +41,7 @@ pub struct Replay {
     /// The proof spent.
     pub proof: ReplayProof,
     /// Where the answer went.
-    pub peer: Ipv4Addr,
+    pub peer: IpAddr,
     /// Whether it carried a bootstrap token.
     pub bootstrap: bool,
     /// The answer.
@@ -82,7 +82,7 @@ impl Replays {
         &self,
         machine: &str,
         proof: &ReplayProof,
-        peer: Ipv4Addr,
+        peer: IpAddr,
         bootstrap: bool,
         now: u64,
     ) -> Option<Credentials> {
@@ -115,7 +115,7 @@ mod tests {
     #[test]
     fn only_the_same_proof_from_the_same_address_within_the_window_gets_it_again() {
         let replays = Replays::default();
-        let a = Ipv4Addr::new(10, 99, 0, 21);
+        let a = IpAddr::from([10, 99, 0, 21]);
         let request = |nonce: &str| CredentialRequest {
             nonce: Some(nonce.into()),
             ..CredentialRequest::default()
@@ -143,7 +143,7 @@ mod tests {
                 "another address",
                 "m",
                 &proof,
-                Ipv4Addr::new(10, 99, 0, 50),
+                IpAddr::from([10, 99, 0, 50]),
                 false,
                 99,
             ),

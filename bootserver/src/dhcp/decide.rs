@@ -573,7 +573,7 @@ impl Responder {
         let ciaddr = context.request.ciaddr;
         if !ciaddr.is_unspecified() && *from.ip() == ciaddr {
             self.exchanges
-                .record(context.request.mac, ciaddr, context.now);
+                .record(context.request.mac, ciaddr.into(), context.now);
             tracing::debug!(mac = %context.request.mac, ip = %ciaddr, "PXE boot-server exchange");
         }
         let mut reply = self.reply(context.request, MessageType::Ack);

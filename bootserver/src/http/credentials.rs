@@ -4,7 +4,7 @@
 //! for a Machine that is not waiting to be claimed, and say "retry" or "refused" the same
 //! way ([`IssueError::status`]).
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use axum::extract::{ConnectInfo, Path, State};
@@ -21,7 +21,7 @@ use crate::credentials::{IssueError, Issuer, Origin};
 struct Asker {
     issuer: Arc<Issuer>,
     machine: Arc<MachineRecord>,
-    peer: Ipv4Addr,
+    peer: IpAddr,
     origin: Origin,
 }
 
@@ -50,14 +50,7 @@ fn asker(
             "this bootserver issues no credentials (configure `credentials`)".into(),
         )));
     };
-    let IpAddr::V4(peer) = peer.ip() else {
-        return Err(Box::new(reply(
-            state,
-            route,
-            StatusCode::FORBIDDEN,
-            "IPv4 only".into(),
-        )));
-    };
+    let peer = peer.ip();
     let Some(machine) = state.backend.machine_by_name(name) else {
         return Err(Box::new(reply(
             state,

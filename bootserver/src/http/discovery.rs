@@ -227,7 +227,7 @@ fn sender_holds(
         },
         DhcpMode::Proxy | DhcpMode::Off => false,
     };
-    identity::vouch(&super::evidence(state, &[boot_mac], holds_address, peer)).map_err(|why| {
+    identity::vouch(&super::evidence(state, &[boot_mac], holds_address, peer.into())).map_err(|why| {
         tracing::info!(%peer, %boot_mac, reason = why.label(), %why, "discovery request refused: the sender is not vouched for as its boot MAC");
         (
             StatusCode::FORBIDDEN,

@@ -2,7 +2,7 @@
 //! listener it came through ([`Channel`]), the address book's and the link layer's view of
 //! the peer ([`crate::identity`]), and what a peer that is not vouched for gets.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -12,6 +12,7 @@ use crate::backend::{MacAddr, MachineRecord};
 use crate::boot;
 use crate::credentials::Origin;
 use crate::dhcp::settings::DhcpMode;
+use crate::dhcp6::settings::Dhcp6Mode;
 use crate::identity::{self, Evidence, Unvouched};
 
 /// Which listener a request came through (set by [`super::around_each_request`]; a request that
@@ -53,8 +54,8 @@ pub(super) fn https_only(
 
 /// Whether `peer` is the machine's reserved address, or leased to one of its MACs. A lease
 /// store that cannot answer makes this false (refuse, never guess).
-pub(super) fn holds_address(state: &AppState, machine: &MachineRecord, peer: Ipv4Addr) -> bool {
-    if machine.ipv4 == Some(peer) {
+pub(super) fn holds_address(state: &AppState, machine: &MachineRecord, peer: IpAddr) -> bool {
+    if machine.reservations().any(|ip| ip == peer) {
         return true;
     }
     match state.leases.lease_at(peer) {
@@ -67,14 +68,29 @@ pub(super) fn holds_address(state: &AppState, machine: &MachineRecord, peer: Ipv
     }
 }
 
-pub(super) fn origin(state: &AppState, machine: &MachineRecord, peer: Ipv4Addr) -> Origin {
+pub(super) fn origin(state: &AppState, machine: &MachineRecord, peer: IpAddr) -> Origin {
     Origin {
         peer,
         holds_address: holds_address(state, machine, peer),
         // Only a full DHCP server knows which address each machine has.
-        addresses_known: state.settings.dhcp.mode == DhcpMode::Full,
+        addresses_known: mode_for(state, peer) == DhcpMode::Full,
         link_layer: identity::neighbours::link_layer_of(peer, &machine.macs),
         secure: false,
+    }
+}
+
+/// How the bootserver takes part in address assignment for `peer`'s family: the DHCPv4
+/// mode for a v4 peer, the DHCPv6 mode for a v6 one (a full DHCPv6 server's book knows
+/// which address each machine has; a v6 proxy records no exchange yet, so it vouches for
+/// nobody but by the link layer).
+pub(super) fn mode_for(state: &AppState, peer: IpAddr) -> DhcpMode {
+    match peer {
+        IpAddr::V4(_) => state.settings.dhcp.mode,
+        IpAddr::V6(_) => match state.settings.dhcp6.mode {
+            Dhcp6Mode::Full => DhcpMode::Full,
+            Dhcp6Mode::Proxy => DhcpMode::Proxy,
+            Dhcp6Mode::Off => DhcpMode::Off,
+        },
     }
 }
 
@@ -84,9 +100,9 @@ pub(super) fn evidence(
     state: &AppState,
     macs: &[MacAddr],
     holds_address: bool,
-    peer: Ipv4Addr,
+    peer: IpAddr,
 ) -> Evidence {
-    let mode = state.settings.dhcp.mode;
+    let mode = mode_for(state, peer);
     Evidence {
         peer,
         mode,
@@ -103,7 +119,7 @@ pub(super) fn evidence(
 pub(super) fn unvouched_script(
     state: &AppState,
     machine: &MachineRecord,
-    peer: Ipv4Addr,
+    peer: IpAddr,
     why: Unvouched,
 ) -> String {
     tracing::warn!(machine = %machine.name, %peer, reason = why.label(), %why, "boot script refused: the bootserver does not vouch for the peer as this machine");

@@ -10,7 +10,7 @@
 //! [`PxeExchanges::ADDRESSES_PER_MAC`] addresses per MAC (the newest kept).
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::{Mutex, PoisonError};
 
 use crate::backend::MacAddr;
@@ -18,7 +18,7 @@ use crate::backend::MacAddr;
 /// The addresses each MAC's PXE exchanges came from, with when.
 #[derive(Debug, Default)]
 pub struct PxeExchanges {
-    seen: Mutex<HashMap<MacAddr, Vec<(Ipv4Addr, u64)>>>,
+    seen: Mutex<HashMap<MacAddr, Vec<(IpAddr, u64)>>>,
 }
 
 impl PxeExchanges {
@@ -30,7 +30,7 @@ impl PxeExchanges {
     pub const ADDRESSES_PER_MAC: usize = 4;
 
     /// Records that `mac` exchanged from `ip` at `now` (seconds).
-    pub fn record(&self, mac: MacAddr, ip: Ipv4Addr, now: u64) {
+    pub fn record(&self, mac: MacAddr, ip: IpAddr, now: u64) {
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
         if !seen.contains_key(&mac) && seen.len() >= Self::MAX_MACS {
             seen.retain(|_, at| at.iter().any(|(_, t)| fresh(*t, now)));
@@ -52,9 +52,9 @@ impl PxeExchanges {
     }
 
     /// The distinct addresses any of `macs` exchanged from within the window before `now`.
-    pub fn addresses(&self, macs: &[MacAddr], now: u64) -> Vec<Ipv4Addr> {
+    pub fn addresses(&self, macs: &[MacAddr], now: u64) -> Vec<IpAddr> {
         let seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut out: Vec<Ipv4Addr> = macs
+        let mut out: Vec<IpAddr> = macs
             .iter()
             .filter_map(|mac| seen.get(mac))
             .flatten()
@@ -95,7 +95,7 @@ mod tests {
     #[test]
     fn an_exchange_counts_for_its_mac_for_the_window() {
         let exchanges = PxeExchanges::default();
-        let ip = Ipv4Addr::new(10, 0, 0, 21);
+        let ip = IpAddr::from([10, 0, 0, 21]);
         exchanges.record(A, ip, 1000);
         assert_eq!(exchanges.addresses(&[A], 1000), vec![ip]);
         assert_eq!(exchanges.addresses(&[B, A], 1000 + 1799), vec![ip]);
@@ -109,7 +109,7 @@ mod tests {
     #[test]
     fn a_second_address_for_one_mac_is_kept_beside_the_first() {
         let exchanges = PxeExchanges::default();
-        let (one, two) = (Ipv4Addr::new(10, 0, 0, 21), Ipv4Addr::new(10, 0, 0, 50));
+        let (one, two) = (IpAddr::from([10, 0, 0, 21]), IpAddr::from([10, 0, 0, 50]));
         exchanges.record(A, one, 10);
         exchanges.record(A, two, 20);
         exchanges.record(A, one, 30);
@@ -126,7 +126,7 @@ mod tests {
             now in 0u64..6000,
         ) {
             let exchanges = PxeExchanges::default();
-            let ip_of = |i: u8| Ipv4Addr::new(10, 0, 0, i);
+            let ip_of = |i: u8| IpAddr::from([10, 0, 0, i]);
             for (mac, ip, at) in &records {
                 exchanges.record(MacAddr([2, 0, 0, 0, 0, *mac]), ip_of(*ip), *at);
             }

@@ -19,7 +19,7 @@
 //! machine's address and its MAC on the wire (ARP and MAC spoofing), which only the TPM
 //! mode stops (docs/security.md).
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use crate::backend::MacAddr;
 use crate::dhcp::settings::DhcpMode;
@@ -35,13 +35,13 @@ pub use neighbours::LinkLayer;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Evidence {
     /// The peer's address.
-    pub peer: Ipv4Addr,
+    pub peer: IpAddr,
     /// How the bootserver takes part in DHCP.
     pub mode: DhcpMode,
     /// Full DHCP: the peer holds the machine's reservation or a lease of one of its MACs.
     pub holds_address: bool,
     /// ProxyDHCP: the addresses seen in the PXE exchanges of the machine's MACs, recently.
-    pub exchanged_from: Vec<Ipv4Addr>,
+    pub exchanged_from: Vec<IpAddr>,
     /// The peer's link-layer address, where the kernel knows it.
     pub link_layer: LinkLayer,
 }
@@ -130,14 +130,14 @@ pub fn vouch(evidence: &Evidence) -> Result<(), Unvouched> {
 mod tests {
     use super::*;
 
-    const PEER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 21);
-    const OTHER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 50);
+    const PEER: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 21));
+    const OTHER: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 50));
     const STRANGER: MacAddr = MacAddr([2, 0, 0, 0, 0, 9]);
 
     fn evidence(
         mode: DhcpMode,
         holds_address: bool,
-        exchanged_from: &[Ipv4Addr],
+        exchanged_from: &[IpAddr],
         link_layer: LinkLayer,
     ) -> Evidence {
         Evidence {

@@ -4,7 +4,7 @@
 //! router (a relayed network) has none: its address says nothing about its hardware, and
 //! the check is left to the mode's other evidence.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use crate::backend::MacAddr;
 
@@ -43,11 +43,31 @@ pub fn compare(table: &str, ip: Ipv4Addr, macs: &[MacAddr]) -> LinkLayer {
 
 /// [`compare`] over this namespace's table. A table that cannot be read says nothing
 /// ([`LinkLayer::Unknown`]): the mode's own evidence still has to vouch.
-pub fn link_layer_of(ip: Ipv4Addr, macs: &[MacAddr]) -> LinkLayer {
+pub fn link_layer_of(ip: IpAddr, macs: &[MacAddr]) -> LinkLayer {
+    let ip = match ip {
+        IpAddr::V4(ip) => ip,
+        IpAddr::V6(ip) => return link_layer_of_v6(ip, macs),
+    };
     match std::fs::read_to_string("/proc/net/arp") {
         Ok(table) => compare(&table, ip, macs),
         Err(error) => {
             tracing::warn!(%error, "the neighbour table cannot be read; the link layer vouches for nobody");
+            LinkLayer::Unknown
+        }
+    }
+}
+
+/// [`link_layer_of`] for an IPv6 peer: the kernel's neighbour discovery table, read over
+/// rtnetlink. The same rule: an on-link peer that completed a TCP handshake is resolved.
+fn link_layer_of_v6(ip: std::net::Ipv6Addr, macs: &[MacAddr]) -> LinkLayer {
+    match crate::interfaces::ipv6_neighbours() {
+        Ok(table) => match table.into_iter().find(|(address, _)| *address == ip) {
+            Some((_, mac)) if macs.contains(&MacAddr(mac)) => LinkLayer::Matches,
+            Some((_, mac)) => LinkLayer::Other(MacAddr(mac)),
+            None => LinkLayer::Unknown,
+        },
+        Err(error) => {
+            tracing::warn!(%error, "the IPv6 neighbour table cannot be read; the link layer vouches for nobody");
             LinkLayer::Unknown
         }
     }
