@@ -274,3 +274,72 @@ fn a_machine_is_known_by_its_v6_lease() {
         "{script}"
     );
 }
+
+/// ISC `dhcrelay -6` between the client's link (fd00:98::/64) and the server's: the
+/// client gets an address of its own link's prefix (chosen by the relay's link address), the
+/// Reply goes back through the relay in a Relay-Reply with the interface-id echoed.
+#[test]
+fn a_client_behind_dhcrelay_gets_an_address_of_its_own_link() {
+    let server = Netns::new("ubs").unwrap();
+    let relay = Netns::new("ubr").unwrap();
+    let client = Netns::new("ubc").unwrap();
+    veth((&server, "pxe0"), (&relay, "uplink"));
+    veth((&relay, "downlink"), (&client, "eth0"));
+    server
+        .ip(&["addr", "add", "10.99.0.1/24", "dev", "pxe0"])
+        .unwrap();
+    for (ns, address, dev) in [
+        (&server, "fd00:99::1/64", "pxe0"),
+        (&relay, "fd00:99::2/64", "uplink"),
+        (&relay, "fd00:98::1/64", "downlink"),
+    ] {
+        ns.ip(&["-6", "addr", "add", address, "dev", dev, "nodad"])
+            .unwrap();
+    }
+    server
+        .ip(&["-6", "route", "add", "fd00:98::/64", "via", "fd00:99::2"])
+        .unwrap();
+    wait_for_link_local(&client, "eth0");
+    wait_for_link_local(&relay, "downlink");
+    wait_for_link_local(&relay, "uplink");
+    let images = fake_images();
+    let config = config(images.path()).replace(
+        "      dns: [fd00:99::1]\n",
+        "      dns: [fd00:99::1]\n    - prefix: fd00:98::/64\n      pool: [fd00:98::100, fd00:98::1ff]\n",
+    );
+    let bootserver = Bootserver::start(&server, &config);
+    let dir = tempfile::tempdir().unwrap();
+    let relay_log = dir.path().join("dhcrelay.log");
+    let log = std::fs::File::create(&relay_log).unwrap();
+    let mut dhcrelay = relay
+        .command("dhcrelay")
+        .args([
+            "-6",
+            "-d",
+            "--no-pid",
+            "-I",
+            "-l",
+            "downlink",
+            "-u",
+            "fd00:99::1%uplink",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let (address, out) = dhclient6(&client, &dir.path().join("l"));
+    let _ = dhcrelay.kill();
+    let _ = dhcrelay.wait();
+    let relay_text = std::fs::read_to_string(&relay_log).unwrap_or_default();
+    let address = address.unwrap_or_else(|| {
+        panic!(
+            "no address through the relay:\n{out}\ndhcrelay:\n{relay_text}\nbootserver:\n{}",
+            bootserver.log()
+        )
+    });
+    assert!(address.starts_with("fd00:98::1"), "{address}\n{out}");
+    // dhcrelay forwards a Relay-Reply only when its interface-id names one of its links.
+    assert!(relay_text.contains("Relaying Reply"), "{relay_text}");
+}

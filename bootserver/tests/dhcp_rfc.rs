@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use unbounded_testbed::netns::{Link, Netns, unique};
+use unbounded_testbed::netns::{Link, Netns};
 
 /// Runs ISC dhclient once on `eth0` of `ns` with this lease file; returns its output.
 fn dhclient(ns: &Netns, leases: &std::path::Path) -> String {
@@ -96,21 +96,6 @@ struct Relayed {
     server: Netns,
     relay: Netns,
     client: Netns,
-}
-
-fn veth(a: (&Netns, &str), b: (&Netns, &str)) {
-    let (x, y) = (unique("va"), unique("vb"));
-    let run = |args: &[&str]| {
-        let status = Command::new("ip").args(args).status().unwrap();
-        assert!(status.success(), "ip {args:?}");
-    };
-    run(&["link", "add", &x, "type", "veth", "peer", "name", &y]);
-    run(&["link", "set", &x, "netns", a.0.name()]);
-    run(&["link", "set", &y, "netns", b.0.name()]);
-    a.0.ip(&["link", "set", &x, "name", a.1]).unwrap();
-    b.0.ip(&["link", "set", &y, "name", b.1]).unwrap();
-    a.0.ip(&["link", "set", a.1, "up"]).unwrap();
-    b.0.ip(&["link", "set", b.1, "up"]).unwrap();
 }
 
 fn relayed() -> Relayed {

@@ -362,3 +362,25 @@ pub fn pxe_exchange(ns: &Netns, mac: &str, ip: &str) -> Option<String> {
     .unwrap()
     .unwrap()
 }
+
+/// A veth pair between two namespaces, named `a.1` and `b.1` there, both up.
+pub fn veth(a: (&Netns, &str), b: (&Netns, &str)) {
+    let (x, y) = (
+        unbounded_testbed::netns::unique("va"),
+        unbounded_testbed::netns::unique("vb"),
+    );
+    let run = |args: &[&str]| {
+        let status = std::process::Command::new("ip")
+            .args(args)
+            .status()
+            .unwrap();
+        assert!(status.success(), "ip {args:?}");
+    };
+    run(&["link", "add", &x, "type", "veth", "peer", "name", &y]);
+    run(&["link", "set", &x, "netns", a.0.name()]);
+    run(&["link", "set", &y, "netns", b.0.name()]);
+    a.0.ip(&["link", "set", &x, "name", a.1]).unwrap();
+    b.0.ip(&["link", "set", &y, "name", b.1]).unwrap();
+    a.0.ip(&["link", "set", a.1, "up"]).unwrap();
+    b.0.ip(&["link", "set", b.1, "up"]).unwrap();
+}
