@@ -343,3 +343,137 @@ fn a_client_behind_dhcrelay_gets_an_address_of_its_own_link() {
     // dhcrelay forwards a Relay-Reply only when its interface-id names one of its links.
     assert!(relay_text.contains("Relaying Reply"), "{relay_text}");
 }
+
+/// A DHCPv6 client of its own (dhcproto), in the client's namespace: `count` clients
+/// (DUID-EN `first..first+count`) each send a Solicit with Rapid Commit, about one per
+/// millisecond, from one socket on port 546; returns what each was given, by client.
+fn rapid_clients(
+    ns: &Netns,
+    first: u32,
+    count: u32,
+) -> std::collections::BTreeMap<u32, std::net::Ipv6Addr> {
+    use dhcproto::v6::{DhcpOption, DhcpOptions, IANA, Message, MessageType};
+    use dhcproto::{Decodable, Decoder, Encodable, Encoder};
+    let handle = ns
+        .spawn_inside(move || {
+            let socket = socket2::Socket::new(
+                socket2::Domain::IPV6,
+                socket2::Type::DGRAM,
+                Some(socket2::Protocol::UDP),
+            )
+            .unwrap();
+            socket.set_only_v6(true).unwrap();
+            socket.bind_device(Some(b"eth0")).unwrap();
+            socket
+                .bind(&std::net::SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 546)).into())
+                .unwrap();
+            let socket: std::net::UdpSocket = socket.into();
+            socket
+                .set_read_timeout(Some(Duration::from_millis(5)))
+                .unwrap();
+            let index = rustix::net::netdevice::name_to_index(&socket, "eth0").unwrap();
+            let to = std::net::SocketAddrV6::new("ff02::1:2".parse().unwrap(), 547, 0, index);
+            let duid = |n: u32| {
+                let mut d = vec![0, 2, 0, 0, 0x01, 0x57];
+                d.extend_from_slice(&n.to_be_bytes());
+                d
+            };
+            let mut given = std::collections::BTreeMap::new();
+            let mut buf = [0u8; 1500];
+            let mut receive = |given: &mut std::collections::BTreeMap<u32, std::net::Ipv6Addr>| {
+                while let Ok(len) = socket.recv(&mut buf) {
+                    let Ok(reply) = Message::decode(&mut Decoder::new(&buf[..len])) else {
+                        continue;
+                    };
+                    if reply.msg_type() != MessageType::Reply {
+                        continue;
+                    }
+                    let client =
+                        u32::from_be_bytes([0, reply.xid()[0], reply.xid()[1], reply.xid()[2]]);
+                    let address = reply.opts().iter().find_map(|o| match o {
+                        DhcpOption::IANA(ia) => ia.opts.iter().find_map(|o| match o {
+                            DhcpOption::IAAddr(a) if a.valid_life > 0 => Some(a.addr),
+                            _ => None,
+                        }),
+                        _ => None,
+                    });
+                    if let Some(address) = address {
+                        given.insert(client, address);
+                    }
+                }
+            };
+            for n in first..first + count {
+                let xid = n.to_be_bytes();
+                let mut m = Message::new_with_id(MessageType::Solicit, [xid[1], xid[2], xid[3]]);
+                m.opts_mut().insert(DhcpOption::ClientId(duid(n)));
+                m.opts_mut().insert(DhcpOption::RapidCommit);
+                m.opts_mut().insert(DhcpOption::IANA(IANA {
+                    id: 1,
+                    t1: 0,
+                    t2: 0,
+                    opts: DhcpOptions::new(),
+                }));
+                let mut bytes = Vec::new();
+                m.encode(&mut Encoder::new(&mut bytes)).unwrap();
+                let _ = socket.send_to(&bytes, to);
+                receive(&mut given);
+            }
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < deadline {
+                receive(&mut given);
+            }
+            given
+        })
+        .unwrap();
+    handle.join().unwrap().unwrap()
+}
+
+/// `kill -9` in the middle of a stream of Rapid Commit exchanges: every address a client
+/// was given is on disk (active after the restart, before anyone asks), no address went to
+/// two clients, and clients after the restart get none of them.
+#[test]
+fn a_kill_9_mid_stream_loses_no_acknowledged_v6_lease() {
+    let link = link();
+    let images = fake_images();
+    let mut server = Bootserver::start(&link.server, &config(images.path()));
+    // The server dies while the clients are still sending.
+    let stream = std::thread::scope(|scope| {
+        let sender = scope.spawn(|| rapid_clients(&link.client, 0, 200));
+        std::thread::sleep(Duration::from_millis(400));
+        server.kill();
+        sender.join().unwrap()
+    });
+    assert!(
+        !stream.is_empty(),
+        "no Reply before the kill:\n{}",
+        server.log()
+    );
+    let addresses: std::collections::BTreeSet<_> = stream.values().collect();
+    assert_eq!(
+        addresses.len(),
+        stream.len(),
+        "one address for two clients: {stream:?}"
+    );
+
+    server.crash_and_restart(&link.server);
+    let metrics = server.metrics(&link.server);
+    let active = metric(&metrics, "unbounded_bootserver_dhcp_active_leases", "");
+    assert!(
+        active >= stream.len() as f64,
+        "{} Replies went out, {active} leases are on disk",
+        stream.len()
+    );
+    let later = rapid_clients(&link.client, 1000, 50);
+    assert!(!later.is_empty(), "{}", server.log());
+    for (client, address) in &later {
+        assert!(
+            !addresses.contains(address),
+            "{address} given to {client} after the restart, and to another before"
+        );
+    }
+    eprintln!(
+        "kill -9 mid-stream: {} Replies before, {active} leases after, {} new clients served",
+        stream.len(),
+        later.len()
+    );
+}
