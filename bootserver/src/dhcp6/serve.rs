@@ -348,3 +348,123 @@ async fn send(socket: &UdpSocket, reply: &Outgoing, metrics: &Metrics) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::backend::StaticBackend;
+    use crate::config::Settings;
+    use crate::dhcp6::decide::BootSettings6;
+    use crate::dhcp6::settings::Dhcp6File;
+    use crate::leases::Leases;
+
+    fn responder() -> Responder6 {
+        let settings = Settings::parse("serverAddress: 10.99.0.1\ndhcp: {mode: off}\n").unwrap();
+        let file: Dhcp6File = serde_saphyr::from_str(
+            "mode: full\nserverAddress: fd00:99::1\nsubnets:\n- prefix: fd00:99::/64\n  pool: [fd00:99::100, fd00:99::1ff]\n- prefix: fd00:98::/64\n  pool: [fd00:98::100, fd00:98::1ff]\n",
+        )
+        .unwrap();
+        let dhcp6 = file
+            .validate(settings.dhcp.unknown_machines, Some("br0"))
+            .unwrap()
+            .with_interface_mac([2, 0, 0, 0, 0, 1]);
+        Responder6::new(
+            Arc::new(dhcp6),
+            BootSettings6 {
+                uefi_x64: "snponly.efi".into(),
+                http_base: "http://[fd00:99::1]:8080".into(),
+            },
+            Arc::new(StaticBackend::new(Vec::new())),
+            Arc::new(Leases::in_memory()),
+        )
+    }
+
+    /// A Solicit with Rapid Commit from client `n`.
+    fn solicit(n: u8) -> Vec<u8> {
+        use dhcproto::v6::{DhcpOption, DhcpOptions, IANA};
+        let mut m = Message::new_with_id(MessageType::Solicit, [n, 0, 1]);
+        m.opts_mut()
+            .insert(DhcpOption::ClientId(vec![0, 2, 0, 0, 1, 0x57, n]));
+        m.opts_mut().insert(DhcpOption::RapidCommit);
+        m.opts_mut().insert(DhcpOption::IANA(IANA {
+            id: 1,
+            t1: 0,
+            t2: 0,
+            opts: DhcpOptions::new(),
+        }));
+        let mut bytes = Vec::new();
+        m.encode(&mut Encoder::new(&mut bytes)).unwrap();
+        bytes
+    }
+
+    fn address_of(reply: &[u8]) -> Option<Ipv6Addr> {
+        use dhcproto::v6::DhcpOption;
+        let m = Message::decode(&mut Decoder::new(reply)).ok()?;
+        m.opts().iter().find_map(|o| match o {
+            DhcpOption::IANA(ia) => ia.opts.iter().find_map(|o| match o {
+                DhcpOption::IAAddr(a) => Some(a.addr),
+                _ => None,
+            }),
+            _ => None,
+        })
+    }
+
+    const LINK: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 1);
+
+    #[test]
+    fn a_direct_client_is_answered_on_port_546_of_its_link_local_address() {
+        let from = SocketAddrV6::new("fe80::5054:ff:fe00:1".parse().unwrap(), 546, 0, 7);
+        let (kind, handled) = handle(&responder(), &solicit(1), from, false, LINK, 1_000);
+        assert_eq!(kind, Some(MessageType::Solicit));
+        let Handled::Reply { reply, commits, .. } = handled else {
+            panic!("{handled:?}");
+        };
+        assert_eq!(reply.to, SocketAddrV6::new(*from.ip(), CLIENT_PORT, 0, 7));
+        assert_eq!(reply.kind, MessageType::Reply);
+        assert_eq!(commits.len(), 1);
+        assert!(address_of(&reply.bytes).is_some_and(|a| a.segments()[1] == 0x99));
+    }
+
+    #[test]
+    fn a_relayed_client_is_answered_through_its_relay_with_its_links_prefix() {
+        let hop = RelayHop {
+            hop_count: 0,
+            link: "fd00:98::1".parse().unwrap(),
+            peer: "fe80::5054:ff:fe00:2".parse().unwrap(),
+            interface_id: Some(b"port7".to_vec()),
+            link_layer: None,
+        };
+        // A Relay-Forward: the same envelope layout a Relay-Reply has, with type 12.
+        let mut forward = relay::wrap(std::slice::from_ref(&hop), &solicit(2)).unwrap();
+        forward[0] = 12;
+        let from = SocketAddrV6::new("fd00:99::2".parse().unwrap(), 547, 0, 0);
+        let (_, handled) = handle(&responder(), &forward, from, true, LINK, 1_000);
+        let Handled::Reply { reply, .. } = handled else {
+            panic!("{handled:?}");
+        };
+        assert_eq!(reply.to, SocketAddrV6::new(*from.ip(), SERVER_PORT, 0, 0));
+        // Read back as if forwarded (unwrap takes Relay-Forwards only).
+        let mut as_forward = reply.bytes.clone();
+        as_forward[0] = 12;
+        let back = relay::unwrap(&as_forward).unwrap();
+        assert_eq!(back.hops[0].interface_id.as_deref(), Some(&b"port7"[..]));
+        assert_eq!(reply.bytes[0], 13, "a Relay-Reply");
+        // The relay's link address chose the prefix, and unicast through a relay is fine.
+        assert!(address_of(back.client).is_some_and(|a| a.segments()[1] == 0x98));
+    }
+
+    #[test]
+    fn damaged_datagrams_are_dropped_with_their_reason() {
+        let from = SocketAddrV6::new("fe80::1".parse().unwrap(), 546, 0, 1);
+        let r = responder();
+        assert!(matches!(
+            handle(&r, &[12, 0, 1], from, false, LINK, 0).1,
+            Handled::Drop("malformed_relay")
+        ));
+        assert!(matches!(
+            handle(&r, &[1], from, false, LINK, 0).1,
+            Handled::Drop("malformed")
+        ));
+    }
+}
