@@ -75,29 +75,8 @@ fn dhclient6_with(
     leases: &std::path::Path,
     extra: &[&str],
 ) -> (Option<String>, String) {
-    let dir = leases.parent().unwrap();
-    let pid = dir.join("dhclient6.pid");
-    let out = ns
-        .command("timeout")
-        .args(["60", "dhclient", "-6", "-1", "-v", "-sf", "/bin/true"])
-        .args(extra)
-        .arg("-lf")
-        .arg(leases)
-        .arg("-pf")
-        .arg(&pid)
-        .arg("eth0")
-        .output()
-        .unwrap();
-    if let Ok(text) = std::fs::read_to_string(&pid)
-        && !text.trim().is_empty()
-    {
-        let _ = std::process::Command::new("kill").arg(text.trim()).status();
-    }
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let args: Vec<&str> = ["-6"].into_iter().chain(extra.iter().copied()).collect();
+    let text = dhclient_once(ns, leases, &args);
     // The last lease's address, as dhclient wrote it down.
     let lease_file = std::fs::read_to_string(leases).unwrap_or_default();
     let address = lease_file

@@ -7,34 +7,15 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
 use unbounded_testbed::netns::{Link, Netns};
 
-/// Runs ISC dhclient once on `eth0` of `ns` with this lease file; returns its output.
+/// Runs ISC dhclient (v4) once on `eth0` of `ns` with this lease file; returns its output.
 fn dhclient(ns: &Netns, leases: &std::path::Path) -> String {
-    let dir = leases.parent().unwrap();
-    let pid = dir.join("dhclient.pid");
-    let out = ns
-        .command("timeout")
-        .args(["60", "dhclient", "-1", "-v", "-sf", "/bin/true", "-lf"])
-        .arg(leases)
-        .arg("-pf")
-        .arg(&pid)
-        .arg("eth0")
-        .output()
-        .unwrap();
-    // After binding, dhclient goes to the background: stop it.
-    if let Ok(text) = std::fs::read_to_string(&pid) {
-        let _ = Command::new("kill").arg(text.trim()).status();
-    }
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    dhclient_once(ns, leases, &[])
 }
 
 #[test]

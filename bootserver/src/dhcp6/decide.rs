@@ -118,6 +118,16 @@ impl Drop6 {
     }
 }
 
+/// One message being answered: what it says, who sent it, on which prefix, from where, when.
+#[derive(Clone, Copy)]
+struct Exchange<'e> {
+    message: &'e Message,
+    client: &'e Client<'e>,
+    subnet: &'e Subnet6,
+    arrival: &'e Arrival<'e>,
+    now: u64,
+}
+
 /// Who is asking.
 struct Client<'m> {
     duid: &'m [u8],
@@ -319,16 +329,21 @@ impl Responder6 {
             .find(|s| s.contains(arrival.link))
             .ok_or(Drop6::UnknownLink)?;
         let mut book = self.leases.book().map_err(|_| Drop6::LeaseStore)?;
+        let exchange = Exchange {
+            message,
+            client: &client,
+            subnet,
+            arrival,
+            now,
+        };
         match kind {
             M::Solicit => {
                 let rapid = self.settings.rapid_commit
                     && message.opts().get(OptionCode::RapidCommit).is_some();
-                self.assign(&mut book, message, &client, subnet, arrival, now, rapid)
+                self.assign(&mut book, exchange, rapid)
             }
-            M::Request => self.assign(&mut book, message, &client, subnet, arrival, now, true),
-            M::Renew | M::Rebind => {
-                self.extend(&mut book, message, &client, subnet, arrival, now, kind)
-            }
+            M::Request => self.assign(&mut book, exchange, true),
+            M::Renew | M::Rebind => self.extend(&mut book, exchange),
             M::Release => Ok(self.release(&mut book, message, &client)),
             M::Decline => Ok(self.decline(&mut book, message, &client, now)),
             M::Confirm => self.confirm(message, subnet),
@@ -479,17 +494,19 @@ impl Responder6 {
     }
 
     /// Solicit and Request: an address for each IA_NA, offered (Advertise) or committed.
-    #[allow(clippy::too_many_arguments)]
     fn assign(
         &self,
         book: &mut AddressBook,
-        message: &Message,
-        client: &Client<'_>,
-        subnet: &Subnet6,
-        arrival: &Arrival<'_>,
-        now: u64,
+        exchange: Exchange<'_>,
         commit: bool,
     ) -> Result<Decision6, Drop6> {
+        let Exchange {
+            message,
+            client,
+            subnet,
+            arrival,
+            now,
+        } = exchange;
         let rapid = commit && message.msg_type() == MessageType::Solicit;
         let kind = match (message.msg_type(), commit) {
             (MessageType::Solicit, false) => MessageType::Advertise,
@@ -610,17 +627,15 @@ impl Responder6 {
     }
 
     /// Renew and Rebind: each IA's lease extended where the book has it as the key's.
-    #[allow(clippy::too_many_arguments)]
-    fn extend(
-        &self,
-        book: &mut AddressBook,
-        message: &Message,
-        client: &Client<'_>,
-        subnet: &Subnet6,
-        arrival: &Arrival<'_>,
-        now: u64,
-        kind: MessageType,
-    ) -> Result<Decision6, Drop6> {
+    fn extend(&self, book: &mut AddressBook, exchange: Exchange<'_>) -> Result<Decision6, Drop6> {
+        let Exchange {
+            message,
+            client,
+            subnet,
+            arrival,
+            now,
+        } = exchange;
+        let kind = message.msg_type();
         let mut answers = Vec::new();
         for ia in ianas(message) {
             let key = client.key(ia.id);

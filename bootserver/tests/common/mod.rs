@@ -384,3 +384,31 @@ pub fn veth(a: (&Netns, &str), b: (&Netns, &str)) {
     a.0.ip(&["link", "set", a.1, "up"]).unwrap();
     b.0.ip(&["link", "set", b.1, "up"]).unwrap();
 }
+
+/// Runs ISC dhclient once on `eth0` of `ns` with this lease file and `args` before it (`-6`
+/// for DHCPv6, `-D LL` …), its scripts turned off; returns its output. After binding,
+/// dhclient goes to the background: it is stopped.
+pub fn dhclient_once(ns: &Netns, leases: &Path, args: &[&str]) -> String {
+    let pid = leases.with_extension("pid");
+    let out = ns
+        .command("timeout")
+        .args(["60", "dhclient", "-1", "-v", "-sf", "/bin/true"])
+        .args(args)
+        .arg("-lf")
+        .arg(leases)
+        .arg("-pf")
+        .arg(&pid)
+        .arg("eth0")
+        .output()
+        .unwrap();
+    if let Ok(text) = std::fs::read_to_string(&pid)
+        && !text.trim().is_empty()
+    {
+        let _ = std::process::Command::new("kill").arg(text.trim()).status();
+    }
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
