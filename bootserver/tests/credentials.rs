@@ -27,6 +27,7 @@ const MAC_SLOW: &str = "52:54:00:00:0c:01";
 const MAC_PROXY: &str = "52:54:00:00:0d:01";
 const MAC_TLS: &str = "52:54:00:00:0e:01";
 const MAC_TPM: &str = "52:54:00:00:0f:01";
+const MAC_V6: &str = "52:54:00:00:06:21";
 
 /// The tests share the control plane of this binary and each runs a controller: one at a
 /// time.
@@ -178,6 +179,7 @@ spec:
 "#
     .to_owned();
     for (name, mac, ip) in machines {
+        let family = if ip.contains(':') { "ipv6" } else { "ipv4" };
         yaml.push_str(&format!(
             r#"---
 apiVersion: unbounded-cloud.io/v1alpha1
@@ -185,7 +187,7 @@ kind: Machine
 metadata: {{name: {name}, labels: {{lab: credentials}}}}
 spec:
   provider: pxe
-  pxe: {{macAddresses: ["{mac}"], ipv4: {ip}, firmware: bios}}
+  pxe: {{macAddresses: ["{mac}"], {family}: {ip}, firmware: bios}}
 ---
 apiVersion: v1
 kind: Node
@@ -335,9 +337,27 @@ impl Site {
         let (_, mac, ip) = machines[0];
         let images = fake_images();
         let link = Link::new(&format!("{SERVER}/24"), mac).unwrap();
-        link.client
-            .ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"])
-            .unwrap();
+        if ip.contains(':') {
+            // An IPv6 site: the machine at its reserved v6 address, the server at fd00:99::1.
+            link.server
+                .ip(&["-6", "addr", "add", "fd00:99::1/64", "dev", "pxe0", "nodad"])
+                .unwrap();
+            link.client
+                .ip(&[
+                    "-6",
+                    "addr",
+                    "add",
+                    &format!("{ip}/64"),
+                    "dev",
+                    "eth0",
+                    "nodad",
+                ])
+                .unwrap();
+        } else {
+            link.client
+                .ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"])
+                .unwrap();
+        }
         let forward = LoopbackForward::new(&link.server, 6443, api_target).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let bootserver_token =
@@ -368,8 +388,13 @@ credentials:
             &config,
             &[("KUBECONFIG", kubeconfig_env.as_str())],
         );
+        let ready = if ip.contains(':') {
+            "http://[fd00:99::1]:8080/readyz".to_owned()
+        } else {
+            format!("http://{SERVER}:8080/readyz")
+        };
         wait_until("bootserver synced", Duration::from_secs(60), || {
-            curl(&link, &[&format!("http://{SERVER}:8080/readyz")]).0 == 200
+            curl(&link, &["-g", &ready]).0 == 200
         });
         Self {
             _runtime: runtime,
@@ -1417,5 +1442,88 @@ fn agents_follow_a_certificate_rotation_without_a_reboot() {
         cp,
         &["delete", "machine", "cr-rotation", "--wait=false"],
         None,
+    );
+}
+
+/// The bootserver as the DHCPv6 server of the link, DHCPv4 off.
+const FULL_DHCP6: &str = r#"  mode: off
+  leaseFile: "{dir}/leases.log"
+dhcp6:
+  mode: full
+  serverAddress: fd00:99::1
+  subnets: [{prefix: "fd00:99::/64", pool: ["fd00:99::100", "fd00:99::1ff"]}]"#;
+
+/// Over IPv6 the same rules hold: the nonce in the script fetched from the machine's
+/// reserved v6 address, credentials for it from that address only.
+#[test]
+fn over_ipv6_credentials_go_only_to_the_machine_s_own_address() {
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let cp = LocalControlPlane::shared().unwrap();
+    let site = Site::start_with_dhcp(
+        cp,
+        &[("cr-v6", MAC_V6, "fd00:99::21")],
+        &api_server_target(cp),
+        "",
+        FULL_DHCP6,
+    );
+    let link = &site.link;
+    link.client
+        .ip(&[
+            "-6",
+            "addr",
+            "add",
+            "fd00:99::77/64",
+            "dev",
+            "eth0",
+            "nodad",
+        ])
+        .unwrap();
+    let base = "http://[fd00:99::1]:8080";
+    let from = |address: &str, args: &[&str]| {
+        let mut full = vec!["-g", "--interface", address];
+        full.extend_from_slice(args);
+        curl(link, &full)
+    };
+    let script_url = format!("{base}/boot.ipxe?mac={MAC_V6}");
+    let mut script = String::new();
+    wait_until(
+        "the machine's script over IPv6",
+        Duration::from_secs(60),
+        || {
+            script = from("fd00:99::21", &[&script_url]).1;
+            script.contains("unbounded.nonce=")
+        },
+    );
+    assert!(script.contains(&format!("{base}/")), "{script}");
+    let nonce = nonce_from_script(&script);
+    let (_, stranger_script) = from("fd00:99::77", &[&script_url]);
+    assert!(
+        !stranger_script.contains("unbounded.nonce="),
+        "a script with a nonce for another address of the link: {stranger_script}"
+    );
+    let body = format!(r#"{{"nonce":"{nonce}","bootstrapToken":false}}"#);
+    let post = |address: &str| {
+        from(
+            address,
+            &[
+                "-X",
+                "POST",
+                "-H",
+                "Content-Type: application/json",
+                "-d",
+                &body,
+                &format!("{base}/machines/cr-v6/credentials"),
+            ],
+        )
+    };
+    let (code, text) = post("fd00:99::77");
+    assert_eq!(code, 403, "from another address: {text}");
+    let (code, text) = post("fd00:99::21");
+    assert_eq!(code, 200, "{text}\n{}", site.bootserver.log());
+    let credentials: unbounded_api::agent::Credentials = serde_json::from_str(&text).unwrap();
+    assert!(!credentials.token.is_empty());
+    assert!(
+        !site.bootserver.log().contains(&credentials.token),
+        "the token was logged"
     );
 }
