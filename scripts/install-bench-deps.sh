@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Installs the peers and neutral clients that `unbounded-testbed bench` compares our
-# bootserver with, when they are missing: Kea 2.2 (kea-dhcp4-server) and perfdhcp
-# (kea-admin), dnsmasq, tftpd-hpa, nginx, and the clients atftp and wrk. Also perf and
-# valgrind, which docs/benchmarks.md's profiling steps use. Safe to run again.
+# bootserver with, when they are missing: Kea 2.2 (kea-dhcp4-server, kea-dhcp6-server)
+# and perfdhcp (kea-admin), dnsmasq, tftpd-hpa, nginx, and the clients atftp and wrk. Also
+# perf and valgrind, which docs/benchmarks.md's profiling steps use. Safe to run again.
 #
 # The benchmark runs every server itself, inside network namespaces it creates, with its
 # own configuration. The packages' own services must not start on the host (nginx would
-# take port 80, tftpd-hpa port 69, kea-dhcp4 the DHCP port): the installation runs with a
-# policy-rc.d that forbids starting services, removed again afterwards.
+# take port 80, tftpd-hpa port 69, kea-dhcp4 and kea-dhcp6 the DHCP ports): the
+# installation runs with a policy-rc.d that forbids starting services, removed again
+# afterwards.
 set -euo pipefail
 
-packages=(kea-dhcp4-server kea-admin dnsmasq-base tftpd-hpa nginx-light wrk atftp linux-perf valgrind)
+packages=(kea-dhcp4-server kea-dhcp6-server kea-admin dnsmasq-base tftpd-hpa nginx-light wrk atftp linux-perf valgrind)
 
 missing=()
 for p in "${packages[@]}"; do

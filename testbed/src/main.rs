@@ -105,6 +105,10 @@ enum Commands {
         /// docs/bench/ (not with --smoke).
         #[arg(long)]
         publish: bool,
+        /// With `dhcp`: only the DHCPv6 cost rows (ours and Kea's kea-dhcp6), minutes
+        /// instead of the whole DHCP benchmark (not with --publish).
+        #[arg(long)]
+        v6: bool,
     },
     /// (internal) Simulated clients of `bench`, run inside its client namespace.
     #[command(hide = true, subcommand)]
@@ -152,7 +156,8 @@ pub(crate) enum BenchClientCommand {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum BenchMode {
-    /// DHCP knee (perfdhcp) against Kea and dnsmasq; ours through kill -9.
+    /// DHCP knee and cost (perfdhcp) against Kea and dnsmasq, DHCPv6 cost against Kea;
+    /// ours through kill -9.
     Dhcp,
     /// TFTP (atftp) against tftpd-hpa and dnsmasq.
     Tftp,
@@ -272,7 +277,8 @@ fn main() -> ExitCode {
             smoke,
             out,
             publish,
-        } => run_bench(mode, smoke, out, publish),
+            v6,
+        } => run_bench(mode, smoke, out, publish, v6),
         Commands::BenchClient(command) => bench_client(command),
     };
     match result {

@@ -1,7 +1,8 @@
 //! The servers compared, each as people would run it, and their configurations (pure
-//! functions of a [`Net`] and paths, tested below): ours; Kea 2.2 (memfile, leases
-//! persisted, single- or multi-threaded); dnsmasq (DHCP with `no-ping`, or TFTP only);
-//! tftpd-hpa; nginx with `sendfile`. [`install`] installs the peers and clients from
+//! functions of a [`Net`] (and, for DHCPv6, a [`Net6`]) and paths, tested below): ours;
+//! Kea 2.2 (memfile, leases persisted, single- or multi-threaded; `kea-dhcp4`, and
+//! `kea-dhcp6` for the v6 rows); dnsmasq (DHCP with `no-ping`, or TFTP only); tftpd-hpa;
+//! nginx with `sendfile`. [`install`] installs the peers and clients from
 //! Debian's packages (`scripts/install-bench-deps.sh`).
 
 use std::fmt::Write as _;
@@ -13,7 +14,7 @@ use super::proc::ProcError;
 
 const INSTALL_SCRIPT: &str = include_str!("../../../scripts/install-bench-deps.sh");
 
-/// Installs what is missing of Kea, perfdhcp, dnsmasq, tftpd-hpa, nginx, atftp and wrk
+/// Installs what is missing of Kea (DHCPv4 and DHCPv6), perfdhcp, dnsmasq, tftpd-hpa, nginx, atftp and wrk
 /// (without starting their services on the host).
 pub fn install() -> Result<(), ProcError> {
     let mut child = Command::new("bash")
@@ -80,6 +81,35 @@ pub const NET: Net = Net {
 /// The server's interface in its namespace (`netns::Link`).
 pub const SERVER_IF: &str = "pxe0";
 
+/// The client's interface in its namespace (`netns::Link`): perfdhcp -6 sends from its
+/// link-local address.
+pub const CLIENT_IF: &str = "eth0";
+
+/// The IPv6 side of the benchmark link: no relay (perfdhcp -6 sends to `ff02::1:2` from
+/// the client's link-local address, as a client on the link does), so the servers choose
+/// the prefix by the interface the Solicit came in on.
+#[derive(Debug, Clone, Copy)]
+pub struct Net6 {
+    /// The server's address on [`SERVER_IF`] (added without duplicate address detection).
+    pub server: &'static str,
+    /// The prefix.
+    pub prefix: &'static str,
+    /// The pool's first and last address (2^32 - 2^16 addresses: far more than the
+    /// simulated clients, so that neither server's allocation ever searches a full pool).
+    pub pool: (&'static str, &'static str),
+}
+
+/// The one IPv6 benchmark network.
+pub const NET6: Net6 = Net6 {
+    server: "fd00:99::1",
+    prefix: "fd00:99::/64",
+    pool: ("fd00:99::1:0", "fd00:99::ffff:ffff"),
+};
+
+/// Preferred lifetime of a DHCPv6 address (as [`LEASE_SECONDS`]); the valid lifetime is
+/// twice it (ours' default).
+pub const PREFERRED_SECONDS: u32 = LEASE_SECONDS;
+
 /// Lease time given by every DHCP server (long enough never to expire during a run).
 pub const LEASE_SECONDS: u32 = 3600;
 
@@ -141,6 +171,30 @@ http: {{port: {port}, imagesDir: {images}}}
     out
 }
 
+/// Our bootserver's `dhcp6:` section (appended to [`ours_config`]): full DHCPv6 on
+/// [`SERVER_IF`] with the prefix and pool of `net6`, our address as the DNS server (as
+/// Kea's `dns-servers`), lifetimes as Kea's. Rapid Commit stays on, as shipped: perfdhcp
+/// does not ask for it, so every exchange is the four messages.
+pub fn ours_dhcp6_section(net6: &Net6) -> String {
+    format!(
+        "dhcp6:
+  mode: full
+  serverAddress: {server}
+  subnets:
+    - prefix: {prefix}
+      pool: [{first}, {last}]
+      dns: [{server}]
+      preferredSeconds: {PREFERRED_SECONDS}
+      validSeconds: {valid}
+",
+        server = net6.server,
+        prefix = net6.prefix,
+        first = net6.pool.0,
+        last = net6.pool.1,
+        valid = 2 * PREFERRED_SECONDS,
+    )
+}
+
 /// Kea's threading.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeaThreads {
@@ -177,6 +231,41 @@ pub fn kea_config(net: &Net, lease_file: &Path, threads: KeaThreads) -> String {
         first = net.pool.0,
         last = net.pool.1,
         server = net.server,
+    )
+}
+
+/// Kea 2.2's DHCPv6 configuration, the v6 twin of [`kea_config`]: memfile with the lease
+/// file persisted, the prefix on [`SERVER_IF`] (`interface`: clients on the link, not
+/// relayed), the same pool, lifetimes and DNS option as ours, its server DUID kept in
+/// `data_dir` (not in `/var/lib/kea`), warnings only.
+pub fn kea6_config(net6: &Net6, lease_file: &Path, data_dir: &Path, threads: KeaThreads) -> String {
+    let threading = match threads {
+        KeaThreads::Single => r#"{"enable-multi-threading": false}"#.to_owned(),
+        KeaThreads::Multi(n) => format!(
+            r#"{{"enable-multi-threading": true, "thread-pool-size": {n}, "packet-queue-size": 1024}}"#
+        ),
+    };
+    format!(
+        r#"{{"Dhcp6": {{
+  "interfaces-config": {{"interfaces": ["{SERVER_IF}"]}},
+  "data-directory": "{data}",
+  "lease-database": {{"type": "memfile", "persist": true, "name": "{leases}", "lfc-interval": 3600}},
+  "multi-threading": {threading},
+  "preferred-lifetime": {PREFERRED_SECONDS},
+  "valid-lifetime": {valid},
+  "subnet6": [{{"id": 1, "subnet": "{prefix}", "interface": "{SERVER_IF}",
+               "pools": [{{"pool": "{first} - {last}"}}],
+               "option-data": [{{"name": "dns-servers", "data": "{server}"}}]}}],
+  "loggers": [{{"name": "kea-dhcp6", "severity": "WARN", "output_options": [{{"output": "stderr"}}]}}]
+}}}}
+"#,
+        data = data_dir.display(),
+        leases = lease_file.display(),
+        valid = 2 * PREFERRED_SECONDS,
+        prefix = net6.prefix,
+        first = net6.pool.0,
+        last = net6.pool.1,
+        server = net6.server,
     )
 }
 
@@ -319,6 +408,86 @@ mod tests {
         let multi = kea_config(&NET, Path::new("/l"), KeaThreads::Multi(2));
         assert!(multi.contains(r#""thread-pool-size": 2"#));
         assert!(multi.contains(r#""packet-queue-size": 1024"#));
+    }
+
+    #[test]
+    fn our_dhcp6_section_follows_the_v4_configuration_at_top_level() {
+        let base = ours_config(
+            &NET,
+            Path::new("/run/b/leases.log"),
+            Path::new("/run/b/tftp"),
+            Path::new("/run/b/images"),
+            &[],
+        );
+        let section = ours_dhcp6_section(&NET6);
+        // A top-level key of its own, after the v4 configuration's last line.
+        assert!(base.ends_with('\n'));
+        assert!(section.starts_with("dhcp6:\n  mode: full\n"), "{section}");
+        for expected in [
+            "  serverAddress: fd00:99::1\n",
+            "    - prefix: fd00:99::/64\n",
+            "      pool: [fd00:99::1:0, fd00:99::ffff:ffff]\n",
+            "      dns: [fd00:99::1]\n",
+            "      preferredSeconds: 3600\n",
+            "      validSeconds: 7200\n",
+        ] {
+            assert!(section.contains(expected), "{expected:?} in\n{section}");
+        }
+        // Two-space indentation only, no tabs (YAML).
+        assert!(!section.contains('\t'));
+        assert!(section.lines().skip(1).all(|l| l.starts_with("  ")));
+    }
+
+    #[test]
+    fn the_pool_holds_every_simulated_client_and_lies_in_the_prefix() {
+        let first: std::net::Ipv6Addr = NET6.pool.0.parse().unwrap_or_else(|e| panic!("{e}"));
+        let last: std::net::Ipv6Addr = NET6.pool.1.parse().unwrap_or_else(|e| panic!("{e}"));
+        let server: std::net::Ipv6Addr = NET6.server.parse().unwrap_or_else(|e| panic!("{e}"));
+        let size = u128::from(last) - u128::from(first) + 1;
+        assert!(size >= 10 * 50_000, "{size}");
+        let (network, len) = NET6.prefix.split_once('/').unwrap_or_default();
+        let network: std::net::Ipv6Addr = network.parse().unwrap_or_else(|e| panic!("{e}"));
+        let mask = u128::MAX << (128 - len.parse::<u32>().unwrap_or(128));
+        for ip in [first, last, server] {
+            assert_eq!(u128::from(ip) & mask, u128::from(network), "{ip}");
+        }
+        assert!(!(first..=last).contains(&server));
+    }
+
+    #[test]
+    fn kea6_configurations_are_json_with_persisted_leases_on_the_link() {
+        for threads in [KeaThreads::Single, KeaThreads::Multi(2)] {
+            let text = kea6_config(
+                &NET6,
+                Path::new("/run/b/kea6.csv"),
+                Path::new("/run/b/kea6"),
+                threads,
+            );
+            let parsed: serde_json::Value =
+                serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+            let dhcp = &parsed["Dhcp6"];
+            assert_eq!(dhcp["lease-database"]["type"], "memfile");
+            assert_eq!(dhcp["lease-database"]["persist"], true);
+            assert_eq!(dhcp["lease-database"]["name"], "/run/b/kea6.csv");
+            assert_eq!(dhcp["data-directory"], "/run/b/kea6");
+            assert_eq!(dhcp["interfaces-config"]["interfaces"][0], SERVER_IF);
+            let subnet = &dhcp["subnet6"][0];
+            assert_eq!(subnet["subnet"], "fd00:99::/64");
+            // Clients on the link, not relayed: the subnet is chosen by the interface.
+            assert_eq!(subnet["interface"], SERVER_IF);
+            assert_eq!(
+                subnet["pools"][0]["pool"],
+                "fd00:99::1:0 - fd00:99::ffff:ffff"
+            );
+            assert_eq!(subnet["option-data"][0]["data"], "fd00:99::1");
+            assert_eq!(dhcp["preferred-lifetime"], 3600);
+            assert_eq!(dhcp["valid-lifetime"], 7200);
+            assert_eq!(dhcp["loggers"][0]["name"], "kea-dhcp6");
+            assert_eq!(
+                dhcp["multi-threading"]["enable-multi-threading"],
+                threads != KeaThreads::Single
+            );
+        }
     }
 
     #[test]

@@ -165,7 +165,22 @@ impl Daemon {
         udp: bool,
         timeout: Duration,
     ) -> Result<(), ProcError> {
-        let table = if udp { "udp" } else { "tcp" };
+        self.wait_in_table(if udp { "udp" } else { "tcp" }, port, !udp, timeout)
+    }
+
+    /// Waits until the process has a UDP socket bound on `port` over IPv6
+    /// (`/proc/<pid>/net/udp6`: DHCPv6 servers).
+    pub fn wait_listening_udp6(&mut self, port: u16, timeout: Duration) -> Result<(), ProcError> {
+        self.wait_in_table("udp6", port, false, timeout)
+    }
+
+    fn wait_in_table(
+        &mut self,
+        table: &str,
+        port: u16,
+        tcp: bool,
+        timeout: Duration,
+    ) -> Result<(), ProcError> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
@@ -173,7 +188,7 @@ impl Daemon {
             }
             let text = std::fs::read_to_string(format!("/proc/{}/net/{table}", self.pid()))
                 .unwrap_or_default();
-            if listens(&text, port, !udp) {
+            if listens(&text, port, tcp) {
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -446,6 +461,17 @@ mod tests {
         assert_eq!(tree_ticks(&procs, 11), 57);
         // A root that is gone counts nothing.
         assert_eq!(tree_ticks(&procs, 99), 0);
+    }
+
+    #[test]
+    fn bound_udp6_sockets_are_found_by_port() {
+        // `/proc/net/udp6` of a DHCPv6 server: ff02::1:2 and a link-local address, port 547.
+        let udp6 = "  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops
+  100: 000002FF000000000000000002000100:0223 00000000000000000000000000000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 1 2 0000000000000000 0
+  101: 000080FE00000000FF01DB68FEABE0FE:0223 00000000000000000000000000000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 2 2 0000000000000000 0
+";
+        assert!(listens(udp6, 547, false));
+        assert!(!listens(udp6, 546, false));
     }
 
     #[test]

@@ -28,6 +28,9 @@ pub enum PublishError {
     /// A smoke run is no result.
     #[error("a --smoke run is not published: its sizes measure nothing")]
     Smoke,
+    /// A run of part of a benchmark would replace its whole block.
+    #[error("a `bench dhcp --v6` run is not published: its block would lose the other rows")]
+    Partial,
     /// Reading or writing a file failed.
     #[error("{what}: {source}")]
     Io {

@@ -14,9 +14,18 @@ pub(crate) fn run_bench(
     smoke: bool,
     out: Option<PathBuf>,
     publish: bool,
+    v6: bool,
 ) -> Result<(), CliError> {
     if publish && smoke {
         return Err(Failure::of(bench::publish::PublishError::Smoke).into());
+    }
+    if v6 && mode != BenchMode::Dhcp {
+        return Err(CliError::Other(
+            "--v6 selects the DHCPv6 rows of `bench dhcp`: use it with `dhcp`".into(),
+        ));
+    }
+    if v6 && publish {
+        return Err(Failure::of(bench::publish::PublishError::Partial).into());
     }
     let modes: Vec<Mode> = match mode {
         BenchMode::Dhcp => vec![Mode::Dhcp],
@@ -37,7 +46,8 @@ pub(crate) fn run_bench(
         (_, [first, ..]) => first.name(),
     };
     let command = format!(
-        "unbounded-testbed bench {named}{}",
+        "unbounded-testbed bench {named}{}{}",
+        if v6 { " --v6" } else { "" },
         if smoke { " --smoke" } else { "" }
     );
     let say = |line: String| eprintln!("bench: {line}");
@@ -53,11 +63,14 @@ pub(crate) fn run_bench(
     });
     let mut report = Report::default();
     let mut charts = Vec::new();
-    let network = if smoke {
+    let mut network = if smoke {
         suite::NetworkOptions::smoke()
     } else {
         suite::NetworkOptions::full()
     };
+    if v6 {
+        network.dhcp_parts = bench::dhcp::Parts::V6Cost;
+    }
     let result = suite::run_network(&modes, &network, &work, &mut report, &mut charts, &say)
         .and_then(|()| {
             if !modes.contains(&Mode::Controller) {

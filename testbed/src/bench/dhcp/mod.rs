@@ -1,5 +1,6 @@
 //! DHCP: the knee of each server under perfdhcp ([`search`]), what each spends per DORA
-//! below it ([`cost`]) and, for ours, a `kill -9` in the middle of a run ([`crash`]).
+//! below it and, against Kea's DHCPv6 server, per DHCPv6 exchange ([`cost`]) and, for ours,
+//! a `kill -9` in the middle of a run ([`crash`]).
 
 pub mod cost;
 pub mod crash;
@@ -7,7 +8,7 @@ pub mod search;
 
 use super::bed::{Bed, BedError};
 use super::chart::{self, Series};
-use super::peers::{KeaThreads, NET};
+use super::peers::{CLIENT_IF, KeaThreads, NET};
 use super::proc::{Daemon, ProcError};
 use super::report::{Better, Cell, Report, Row};
 use search::{Next, Plan, Step};
@@ -37,6 +38,49 @@ pub fn perfdhcp(
         .args(["-4", "-r", &rate.to_string(), "-R", &clients.to_string()])
         .args(["-p", &seconds.to_string(), "-x", diagnostics])
         .args(["-l", NET.client, NET.server]);
+    run_perfdhcp(bed, command)
+}
+
+/// One `perfdhcp -6` run at `rate` exchanges/s (Solicit, Advertise, Request, Reply: no
+/// Rapid Commit) for `seconds` with the diagnostics `-x <diagnostics>`: from the client's
+/// link-local address on [`CLIENT_IF`] to `ff02::1:2`, as clients on the link send (no
+/// relay: `-A` would simulate one).
+pub fn perfdhcp6(
+    bed: &Bed,
+    rate: u32,
+    seconds: u32,
+    clients: u32,
+    diagnostics: &str,
+) -> Result<search::PerfdhcpOutput, ProcError> {
+    let mut command = bed.client("perfdhcp");
+    command.args(perfdhcp6_args(rate, seconds, clients, diagnostics));
+    run_perfdhcp(bed, command)
+}
+
+/// perfdhcp -6's arguments (see [`perfdhcp6`]).
+pub fn perfdhcp6_args(rate: u32, seconds: u32, clients: u32, diagnostics: &str) -> Vec<String> {
+    [
+        "-6",
+        "-r",
+        &rate.to_string(),
+        "-R",
+        &clients.to_string(),
+        "-p",
+        &seconds.to_string(),
+        "-x",
+        diagnostics,
+        "-l",
+        CLIENT_IF,
+        "all",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+fn run_perfdhcp(
+    bed: &Bed,
+    mut command: std::process::Command,
+) -> Result<search::PerfdhcpOutput, ProcError> {
     // perfdhcp exits 3 when some exchanges did not complete: that is a figure, not an error.
     let output = command
         .stdin(std::process::Stdio::null())
@@ -105,17 +149,31 @@ fn knee_of(
     Ok(history)
 }
 
-/// The knee of every server, a chart of DORA/s against the offered rate, and ours through
-/// a crash.
+/// Which parts of `bench dhcp` run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parts {
+    /// The knees, the v4 and v6 cost rows, the crash.
+    All,
+    /// The DHCPv6 cost rows only (`bench dhcp --v6`).
+    V6Cost,
+}
+
+/// The knee of every server, a chart of DORA/s against the offered rate, the cost rows (v4,
+/// then v6), and ours through a crash; or only the v6 cost rows.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     bed: &Bed,
     plan: &Plan,
     cost_plan: &cost::CostPlan,
     crash_seconds: u32,
+    parts: Parts,
     report: &mut Report,
     charts: &mut Vec<(String, String)>,
     say: &dyn Fn(String),
 ) -> Result<(), BedError> {
+    if parts == Parts::V6Cost {
+        return cost::run(bed, cost_plan, cost::Family::V6, report, charts, say);
+    }
     let mut row = Row {
         mode: "dhcp",
         case: "knee".into(),
@@ -180,6 +238,23 @@ pub fn run(
         ),
     ));
     report.rows.push(row);
-    cost::run(bed, cost_plan, report, charts, say)?;
+    cost::run(bed, cost_plan, cost::Family::V4, report, charts, say)?;
+    cost::run(bed, cost_plan, cost::Family::V6, report, charts, say)?;
     crash::run(bed, crash_seconds, report, say)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn perfdhcp6_offers_the_four_message_exchange_on_the_link() {
+        let args = perfdhcp6_args(2000, 15, 50_000, "t");
+        let text = args.join(" ");
+        assert_eq!(text, "-6 -r 2000 -R 50000 -p 15 -x t -l eth0 all");
+        // No Rapid Commit (-c: two messages), no simulated relay (-A), addresses only.
+        for absent in ["-c", "-A", "-e", "-i"] {
+            assert!(!args.iter().any(|a| a == absent), "{absent} in {text}");
+        }
+    }
 }

@@ -153,18 +153,19 @@ pub struct Exchange {
     pub delays_ms: Vec<f64>,
 }
 
-/// perfdhcp's DISCOVER–OFFER and REQUEST–ACK statistics.
+/// perfdhcp's DISCOVER–OFFER and REQUEST–ACK statistics (with `-6`: SOLICIT–ADVERTISE and
+/// REQUEST–REPLY, the same two halves of an exchange).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PerfdhcpOutput {
-    /// DISCOVER → OFFER.
+    /// DISCOVER → OFFER (v6: SOLICIT → ADVERTISE).
     pub offer: Exchange,
-    /// REQUEST → ACK.
+    /// REQUEST → ACK (v6: REQUEST → REPLY).
     pub ack: Exchange,
     /// Acknowledged leases (`-x l`): client identifier (hex) and address.
     pub acked_leases: Vec<(String, String)>,
 }
 
-/// Parses perfdhcp's report (with `-x t` and/or `-x l`).
+/// Parses perfdhcp's report, `-4` or `-6` (with `-x t` and/or `-x l`).
 pub fn parse_perfdhcp(text: &str) -> PerfdhcpOutput {
     #[derive(Clone, Copy, PartialEq)]
     enum Section {
@@ -182,10 +183,26 @@ pub fn parse_perfdhcp(text: &str) -> PerfdhcpOutput {
         let line = line.trim();
         if line.starts_with("***") {
             section = match line {
-                l if l.contains("Statistics for: DISCOVER-OFFER") => Section::OfferStats,
-                l if l.contains("Statistics for: REQUEST-ACK") => Section::AckStats,
-                l if l.contains("Timestamps for packets: DISCOVER-OFFER") => Section::OfferTimes,
-                l if l.contains("Timestamps for packets: REQUEST-ACK") => Section::AckTimes,
+                l if l.contains("Statistics for: DISCOVER-OFFER")
+                    || l.contains("Statistics for: SOLICIT-ADVERTISE") =>
+                {
+                    Section::OfferStats
+                }
+                l if l.contains("Statistics for: REQUEST-ACK")
+                    || l.contains("Statistics for: REQUEST-REPLY") =>
+                {
+                    Section::AckStats
+                }
+                l if l.contains("Timestamps for packets: DISCOVER-OFFER")
+                    || l.contains("Timestamps for packets: SOLICIT-ADVERTISE") =>
+                {
+                    Section::OfferTimes
+                }
+                l if l.contains("Timestamps for packets: REQUEST-ACK")
+                    || l.contains("Timestamps for packets: REQUEST-REPLY") =>
+                {
+                    Section::AckTimes
+                }
                 l if l.contains("Leases for DISCOVER-OFFER") => Section::OfferLeases,
                 l if l.contains("Leases for REQUEST-ACK") => Section::AckLeases,
                 _ => Section::None,
@@ -413,6 +430,69 @@ client_id,adrress,prefix
         assert!(!s.held());
         assert!((s.dora_per_second - 197.0).abs() < 1e-9);
         assert!((s.offer_ms.1 - 3.837).abs() < 1e-6);
+    }
+
+    /// perfdhcp -6's report (abridged: the same lines, other section names).
+    const OUTPUT6: &str = "Running: perfdhcp -6 -r 1000 -R 50000 -p 5 -x t -l eth0
+Scenario: basic.
+Multi-thread mode enabled.
+***Rate statistics***
+Rate: 999.678 4-way exchanges/second, expected rate: 1000
+
+***Malformed Packets***
+Malformed packets: 0
+***Statistics for: SOLICIT-ADVERTISE***
+sent packets: 4999
+received packets: 4998
+drops: 1
+drops ratio: 0.02 %
+orphans: 0
+rejected leases: 0
+non unique addresses: 0
+
+min delay: 0.052 ms
+avg delay: 0.472 ms
+max delay: 9.870 ms
+std deviation: 1.033 ms
+collected packets: 0
+
+***Statistics for: REQUEST-REPLY***
+sent packets: 4998
+received packets: 4990
+drops: 8
+drops ratio: 0.160 %
+orphans: 0
+rejected leases: 0
+non unique addresses: 0
+
+min delay: 0.048 ms
+avg delay: 0.326 ms
+max delay: 10.690 ms
+std deviation: 0.688 ms
+collected packets: 0
+
+***Timestamps for packets: SOLICIT-ADVERTISE***
+sent / received: 000000.000061 / 000000.002975
+***Timestamps for packets: REQUEST-REPLY***
+sent / received: 000000.006913 / 000000.007462
+sent / received: 000000.007510 / 000000.007792
+";
+
+    #[test]
+    fn perfdhcp6_output_is_read_as_the_same_two_halves() {
+        let out = parse_perfdhcp(OUTPUT6);
+        assert_eq!((out.offer.sent, out.offer.received), (4999, 4998));
+        assert_eq!((out.ack.sent, out.ack.received), (4998, 4990));
+        assert!((out.offer.mean_ms - 0.472).abs() < 1e-9);
+        assert!((out.ack.mean_ms - 0.326).abs() < 1e-9);
+        assert_eq!(out.offer.delays_ms.len(), 1);
+        assert!((out.offer.delays_ms[0] - 2.914).abs() < 1e-6);
+        assert_eq!(out.ack.delays_ms.len(), 2);
+        assert!((out.ack.delays_ms[1] - 0.282).abs() < 1e-6);
+        // Loss counts whole exchanges: Solicits sent against Replies received.
+        let s = step_of(1000, 5, false, &out);
+        assert_eq!((s.discovers, s.acks), (4999, 4990));
+        assert!((s.loss - 9.0 / 4999.0).abs() < 1e-9);
     }
 
     #[test]
