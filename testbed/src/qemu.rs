@@ -38,6 +38,14 @@ pub enum Firmware {
     UefiPxe,
     /// OVMF with the NIC ROM disabled and PXE turned off: UEFI HTTP boot fetches iPXE.
     UefiHttp,
+    /// OVMF with the NIC ROM disabled and PXE over IPv4 turned off: OVMF's own PXE goes
+    /// straight to PXEv6 (DHCPv6, then the `tftp://[…]/` boot file URL over TFTPv6).
+    UefiPxe6,
+    /// OVMF with the NIC ROM disabled, both PXEs and the whole IPv4 stack turned off: UEFI
+    /// HTTP boot over IPv6 (HTTPv4 first would cost about a minute on a link without
+    /// DHCPv4). The boot menu's 3 s give the link-local address time to settle: without
+    /// them HTTPv6 starts before it and fails with no Solicit at all.
+    UefiHttp6,
 }
 
 /// The accelerator: KVM only when the CPU really offers hardware virtualisation (a nested,
@@ -49,6 +57,26 @@ pub fn accelerator() -> &'static str {
         "kvm"
     } else {
         "tcg"
+    }
+}
+
+/// The `-fw_cfg` values that turn OVMF's network boot entries off for `firmware`, so that
+/// the one wanted comes first. OVMF tries PXEv4, PXEv6, HTTPv4, HTTPv6 in that order, and
+/// each that finds no server costs about a minute under TCG.
+fn uefi_network_knobs(firmware: Firmware) -> &'static [&'static str] {
+    const NO_PXE4: &str = "name=opt/org.tianocore/IPv4PXESupport,string=no";
+    // Skips the PXEv6 attempt (a minute of timeouts on an IPv4-only link).
+    const NO_PXE6: &str = "name=opt/org.tianocore/IPv6PXESupport,string=no";
+    match firmware {
+        Firmware::Bios => &[],
+        Firmware::UefiPxe => &[NO_PXE6],
+        Firmware::UefiHttp => &[NO_PXE6, NO_PXE4],
+        Firmware::UefiPxe6 => &[NO_PXE4],
+        Firmware::UefiHttp6 => &[
+            NO_PXE6,
+            NO_PXE4,
+            "name=opt/org.tianocore/IPv4Support,string=no",
+        ],
     }
 }
 
@@ -94,7 +122,7 @@ impl Vm {
                     &format!("virtio-net-pci,netdev=n0,mac={mac},bootindex=1"),
                 ]);
             }
-            Firmware::UefiPxe | Firmware::UefiHttp => {
+            Firmware::UefiPxe | Firmware::UefiHttp | Firmware::UefiPxe6 | Firmware::UefiHttp6 => {
                 let vars = dir.path().join("OVMF_VARS.fd");
                 std::fs::copy(OVMF_VARS, &vars).map_err(|e| VmError::NotStarted(Failure::of(e)))?;
                 command
@@ -107,12 +135,14 @@ impl Vm {
                     .args([
                         "-device",
                         &format!("virtio-net-pci,netdev=n0,mac={mac},romfile=,bootindex=1"),
-                        // Skip the PXEv6 attempt (a minute of timeouts on an IPv4-only link).
-                        "-fw_cfg",
-                        "name=opt/org.tianocore/IPv6PXESupport,string=no",
                     ]);
-                if firmware == Firmware::UefiHttp {
-                    command.args(["-fw_cfg", "name=opt/org.tianocore/IPv4PXESupport,string=no"]);
+                command.args(
+                    uefi_network_knobs(firmware)
+                        .iter()
+                        .flat_map(|knob| ["-fw_cfg", knob]),
+                );
+                if firmware == Firmware::UefiHttp6 {
+                    command.args(["-boot", "menu=on,splash-time=3000"]);
                 }
             }
         }
@@ -203,7 +233,21 @@ pub fn marker_image() -> Result<PathBuf, VmError> {
 
 #[cfg(test)]
 mod tests {
-    use super::{complete_lines, console_tail};
+    use super::{Firmware, complete_lines, console_tail, uefi_network_knobs};
+
+    #[test]
+    fn each_uefi_variant_turns_off_the_network_boots_it_skips() {
+        let pxe4 = "name=opt/org.tianocore/IPv4PXESupport,string=no";
+        let pxe6 = "name=opt/org.tianocore/IPv6PXESupport,string=no";
+        assert_eq!(uefi_network_knobs(Firmware::UefiPxe), [pxe6]);
+        assert_eq!(uefi_network_knobs(Firmware::UefiHttp), [pxe6, pxe4]);
+        assert_eq!(uefi_network_knobs(Firmware::UefiPxe6), [pxe4]);
+        assert_eq!(
+            uefi_network_knobs(Firmware::UefiHttp6),
+            [pxe6, pxe4, "name=opt/org.tianocore/IPv4Support,string=no"]
+        );
+        assert!(uefi_network_knobs(Firmware::Bios).is_empty());
+    }
 
     #[test]
     fn a_line_still_being_written_is_not_complete() {

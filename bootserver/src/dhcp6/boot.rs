@@ -6,7 +6,7 @@
 
 use std::net::Ipv6Addr;
 
-use dhcproto::v6::{DhcpOption, Message};
+use dhcproto::v6::{DhcpOption, Message, OptionCode, UnknownOption};
 
 use crate::backend::MacAddr;
 use crate::boot::{self, BootFiles, ClientHints, ClientKind};
@@ -34,6 +34,19 @@ pub fn hints(message: &Message) -> ClientHints {
         }
     }
     hints
+}
+
+/// Option 16 (vendor class, RFC 8415 §21.16) under `enterprise` with one data item, written
+/// as raw bytes: dhcproto 0.15 encodes the option's length as 4 plus the number of items
+/// (and option 15's as the number of items), which UEFI refuses ("Remote boot cancelled":
+/// found booting OVMF over HTTPv6). Its decoder is right, so the option reads back as a
+/// `VendorClass`.
+pub fn vendor_class(enterprise: u32, item: &[u8]) -> DhcpOption {
+    let mut data = Vec::with_capacity(6 + item.len());
+    data.extend_from_slice(&enterprise.to_be_bytes());
+    data.extend_from_slice(&u16::try_from(item.len()).unwrap_or(u16::MAX).to_be_bytes());
+    data.extend_from_slice(&item[..item.len().min(usize::from(u16::MAX))]);
+    DhcpOption::Unknown(UnknownOption::new(OptionCode::VendorClass, data))
 }
 
 /// The boot file URL for a client kind, or `None` for a client that is not network
@@ -81,6 +94,26 @@ mod tests {
 
     fn arch(n: u16) -> DhcpOption {
         DhcpOption::ClientArchType(vec![n.into()])
+    }
+
+    /// The vendor class we send is what RFC 8415 says, byte for byte, and reads back.
+    #[test]
+    fn the_vendor_class_option_has_its_real_length() {
+        use dhcproto::{Encodable, Encoder};
+        let mut message = Message::new_with_id(dhcproto::v6::MessageType::Advertise, [0, 0, 1]);
+        message
+            .opts_mut()
+            .insert(vendor_class(PXE_ENTERPRISE, b"HTTPClient"));
+        let mut bytes = Vec::new();
+        message.encode(&mut Encoder::new(&mut bytes)).unwrap();
+        let mut expected = vec![0, 16, 0, 16, 0, 0, 1, 0x57, 0, 10];
+        expected.extend_from_slice(b"HTTPClient");
+        assert_eq!(&bytes[4..], &expected[..]);
+        let back = Message::decode(&mut Decoder::new(&bytes)).unwrap();
+        assert_eq!(
+            hints(&back).vendor_class.as_deref(),
+            Some(&b"HTTPClient"[..])
+        );
     }
 
     #[test]

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use dhcproto::v6::{
     DhcpOption, DhcpOptions, IAAddr, IANA, Message, MessageType, OptionCode, Status, StatusCode,
-    UnknownOption, VendorClass,
+    UnknownOption,
 };
 
 use super::boot::{self as boot6, PXE_ENTERPRISE};
@@ -412,10 +412,7 @@ impl Responder6 {
             ) {
                 reply
                     .opts_mut()
-                    .insert(DhcpOption::VendorClass(VendorClass {
-                        num: PXE_ENTERPRISE,
-                        data: vec![b"HTTPClient".to_vec()],
-                    }));
+                    .insert(boot6::vendor_class(PXE_ENTERPRISE, b"HTTPClient"));
             }
         }
         let wants_dns = match message.opts().get(OptionCode::ORO) {
@@ -474,10 +471,7 @@ impl Responder6 {
         if kind == MessageType::Advertise {
             reply
                 .opts_mut()
-                .insert(DhcpOption::VendorClass(VendorClass {
-                    num: PXE_ENTERPRISE,
-                    data: vec![b"PXEClient".to_vec()],
-                }));
+                .insert(boot6::vendor_class(PXE_ENTERPRISE, b"PXEClient"));
         }
         let arrival = Arrival {
             source: Ipv6Addr::UNSPECIFIED,
