@@ -235,6 +235,16 @@ pub async fn run(
                 Ok("DHCPv6")
             });
         }
+        if settings.dhcp6.mode == Dhcp6Mode::Proxy {
+            // UEFI PXEv6 that took our proxy offer asks for its boot file on port 4011.
+            let socket = dhcp6::serve::open_boot_service(interface, server6)?;
+            tracing::info!(address = %server6, "DHCPv6 proxy: PXE boot service listening (port 4011)");
+            let (responder6, metrics) = (responder6.clone(), metrics.clone());
+            tasks.spawn(async move {
+                dhcp6::serve::serve_boot_service(socket, server6, responder6, metrics).await?;
+                Ok("DHCPv6 boot service")
+            });
+        }
         // TFTP over IPv6 beside v4: OVMF's PXEv6 fetches tftp://[server]/file.
         let tftp6 = SocketAddr::from((server6, settings.tftp.port));
         let (root, metrics) = (settings.tftp.root.clone(), metrics.clone());

@@ -737,3 +737,434 @@ fn uefi_http_boot_over_ipv6_reaches_the_marker() {
         marker_at
     );
 }
+
+/// The site's DHCPv6 server for the proxy test: dnsmasq in a namespace of its own, on the
+/// bridge by a veth, owning the addresses of `fd00:99::/64` and sending the router
+/// advertisements (M and O set: a DHCPv6 range with `--enable-ra`).
+struct Dnsmasq6 {
+    child: Child,
+    _ns: Netns,
+    dir: tempfile::TempDir,
+}
+
+impl Dnsmasq6 {
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+    }
+
+    fn leases(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("leases")).unwrap_or_default()
+    }
+}
+
+impl Drop for Dnsmasq6 {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// dnsmasq's address on the link.
+const DNSMASQ6: &str = "fd00:99::254";
+
+fn start_dnsmasq6(provisioning: &Netns, extra: &[&str]) -> Dnsmasq6 {
+    let ns = Netns::new("ub6d").unwrap();
+    let (a, b) = (unique("vd"), unique("ve"));
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("ip")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    };
+    run(&["link", "add", &a, "type", "veth", "peer", "name", &b]);
+    run(&["link", "set", &a, "netns", provisioning.name()]);
+    run(&["link", "set", &b, "netns", ns.name()]);
+    provisioning
+        .ip(&["link", "set", &a, "master", "br0"])
+        .unwrap();
+    provisioning.ip(&["link", "set", &a, "up"]).unwrap();
+    ns.ip(&[
+        "-6",
+        "addr",
+        "add",
+        &format!("{DNSMASQ6}/64"),
+        "dev",
+        &b,
+        "nodad",
+    ])
+    .unwrap();
+    ns.ip(&["link", "set", &b, "up"]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = std::fs::File::create(dir.path().join("log")).unwrap();
+    let child = ns
+        .command("setpriv")
+        .args([
+            "--pdeathsig",
+            "KILL",
+            "--",
+            "dnsmasq",
+            "--no-daemon",
+            "--port=0",
+        ])
+        .arg(format!("--interface={b}"))
+        .args([
+            "--bind-interfaces",
+            "--dhcp-range=fd00:99::100,fd00:99::1ff,64,600",
+            "--enable-ra",
+            "--user=root",
+            "--log-dhcp",
+        ])
+        .args(extra)
+        .arg(format!(
+            "--dhcp-leasefile={}",
+            dir.path().join("leases").display()
+        ))
+        .arg(format!("--pid-file={}", dir.path().join("pid").display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    Dnsmasq6 {
+        child,
+        _ns: ns,
+        dir,
+    }
+}
+
+/// The bootserver beside dnsmasq: DHCPv4 off, DHCPv6 in proxy mode, no router
+/// advertisements of its own (dnsmasq advertises).
+fn proxy_config(images: &Path) -> String {
+    format!(
+        r#"interface: br0
+serverAddress: {SERVER}
+routerAdvertisements: false
+dhcp:
+  mode: off
+  leaseFile: "{{dir}}/leases.log"
+dhcp6:
+  mode: proxy
+  serverAddress: {SERVER6}
+tftp: {{root: /usr/lib/ipxe}}
+http: {{port: 8080, imagesDir: "{images}"}}
+machines:
+  - name: uefi-node
+    macs: ["{MAC}"]
+    firmware: uefi
+    boot: {{kernel: vmlinuz, initrd: initrd.img, args: [console=ttyS0]}}
+"#,
+        images = images.display()
+    )
+}
+
+/// A DHCPv6 message with where it went, for a test that tells two servers apart.
+#[derive(Debug, Clone)]
+struct Sent6 {
+    time: f64,
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    sport: u16,
+    message: Message,
+}
+
+fn dhcp6_on_ports(capture: &Capture, ports: &[u16]) -> Vec<Sent6> {
+    capture
+        .udp6
+        .iter()
+        .filter(|u| ports.contains(&u.dport) || ports.contains(&u.sport))
+        .filter_map(|u| {
+            Some(Sent6 {
+                time: u.time,
+                src: u.src,
+                dst: u.dst,
+                sport: u.sport,
+                message: Message::decode(&mut Decoder::new(&u.payload)).ok()?,
+            })
+        })
+        .collect()
+}
+
+fn server_id(message: &Message) -> Option<&[u8]> {
+    message.opts().iter().find_map(|o| match o {
+        DhcpOption::ServerId(id) => Some(id.as_slice()),
+        _ => None,
+    })
+}
+
+/// DHCPv6 proxy mode beside the network's own DHCPv6 server (issue 42): dnsmasq owns the
+/// addresses and sends the router advertisements (M and O); the bootserver, with
+/// `dhcp6.mode: proxy` and `routerAdvertisements: false`, answers network-boot clients with
+/// an Advertise without an address. Measured, step by step off the wire:
+///
+/// 1. OVMF's PXEv6 Solicit gets both Advertises; OVMF requests its address from dnsmasq
+///    (the only offer with one) and keeps ours as a proxy offer;
+/// 2. it then asks us for the boot file with a Request to `[fd00:99::1]:4011` (edk2's
+///    `PxeBcRequestBootService`: unicast, from and to port 4011, our Server Identifier),
+///    which our Reply from port 4011 answers with option 59;
+/// 3. it fetches snponly.efi over TFTP from dnsmasq's address;
+/// 4. iPXE ignores our Advertise (an Advertise without a usable IA address is dropped by
+///    its `dhcpv6_rx`) and takes its address and all its options from dnsmasq's Reply:
+///    the script's URL must come from the network's server (here dnsmasq's option 59 for
+///    user class `iPXE`, with `${net0/mac}`, which iPXE expands);
+/// 5. the script, kernel and initrd over HTTP from iPXE's dnsmasq address, then the marker.
+#[test]
+fn uefi_pxev6_boots_beside_dnsmasq_with_dhcpv6_proxy() {
+    let images = marker_image().unwrap();
+    let (ns, tap) = provisioning_network();
+    let tcpdump = Tcpdump::start(&ns);
+    let script_url = format!("http://[{SERVER6}]:8080/boot.ipxe?mac={MAC}");
+    let dnsmasq = start_dnsmasq6(
+        &ns,
+        &[
+            "--dhcp-userclass=set:ipxe,iPXE",
+            &format!(
+                "--dhcp-option=tag:ipxe,option6:bootfile-url,http://[{SERVER6}]:8080/boot.ipxe?mac=${{net0/mac}}"
+            ),
+        ],
+    );
+    let server = Bootserver::start(&ns, &proxy_config(&images));
+    let server6: Ipv6Addr = SERVER6.parse().unwrap();
+    let started = unix_now();
+    let vm = Vm::start(&ns, &tap, MAC, Firmware::UefiPxe6).unwrap();
+    let outcome = vm.wait_for("UNBOUNDED-MARKER", BOOT_TIMEOUT);
+    let marker_at = unix_now() - started;
+    let capture = tcpdump.read();
+    let messages = dhcp6_on_ports(&capture, &[547, 4011]);
+    let context = || {
+        format!(
+            "console:\n{}\nbootserver log:\n{}\ndnsmasq log:\n{}\nDHCPv6 on the wire:\n{:#?}\nHTTP requests: {:#?}",
+            vm.console(),
+            server.log(),
+            dnsmasq.log(),
+            messages
+                .iter()
+                .map(|m| format!(
+                    "{:.3} {} -> {} {:?}",
+                    m.time - started,
+                    m.src,
+                    m.dst,
+                    m.message
+                ))
+                .collect::<Vec<_>>(),
+            capture.requests
+        )
+    };
+    let line = outcome.unwrap_or_else(|e| panic!("{e}\n{}", context()));
+    let at = |t: f64| t - started;
+    let is_solicit = |m: &Sent6, client: &dyn Fn(&Message) -> bool| {
+        m.message.msg_type() == MessageType::Solicit && client(&m.message)
+    };
+    let answer = |to: &Sent6, kind: MessageType, ours: bool| {
+        messages
+            .iter()
+            .find(|m| {
+                m.message.msg_type() == kind
+                    && m.message.xid() == to.message.xid()
+                    && m.time >= to.time
+                    && (m.src == server6) == ours
+            })
+            .cloned()
+    };
+    let request_after = |solicit: &Sent6| {
+        messages
+            .iter()
+            .find(|m| {
+                m.time >= solicit.time
+                    && m.message.msg_type() == MessageType::Request
+                    && m.sport == 546
+                    && client_id(&m.message) == client_id(&solicit.message)
+                    && iaid(&m.message) == iaid(&solicit.message)
+            })
+            .cloned()
+    };
+
+    // 1. OVMF's PXEv6 Solicit: dnsmasq offers an address, we offer the boot file only.
+    let pxe_client = |m: &Message| {
+        vendor_class(m).is_some_and(|(num, class)| num == 343 && class.starts_with("PXEClient"))
+            && user_class(m).is_none()
+    };
+    let pxe = messages
+        .iter()
+        .find(|m| is_solicit(m, &pxe_client))
+        .cloned()
+        .unwrap_or_else(|| panic!("no PXEv6 Solicit from OVMF\n{}", context()));
+    let theirs = answer(&pxe, MessageType::Advertise, false)
+        .unwrap_or_else(|| panic!("no Advertise from dnsmasq to PXEv6\n{}", context()));
+    let ours = answer(&pxe, MessageType::Advertise, true)
+        .unwrap_or_else(|| panic!("no proxy Advertise from us to PXEv6\n{}", context()));
+    assert!(
+        ia_address(&theirs.message).is_some(),
+        "{:?}",
+        theirs.message
+    );
+    assert_eq!(ia_address(&ours.message), None, "{:?}", ours.message);
+    assert_eq!(
+        vendor_class(&ours.message),
+        Some((343, "PXEClient".to_owned()))
+    );
+    assert_eq!(
+        boot_file_url(&ours.message).as_deref(),
+        Some("tftp://[fd00:99::1]/snponly.efi")
+    );
+    //    OVMF requests its address from dnsmasq, not from us.
+    let pxe_request =
+        request_after(&pxe).unwrap_or_else(|| panic!("no PXEv6 Request\n{}", context()));
+    assert_eq!(
+        server_id(&pxe_request.message),
+        server_id(&theirs.message),
+        "OVMF requested from dnsmasq"
+    );
+    let pxe_reply = answer(&pxe_request, MessageType::Reply, false)
+        .unwrap_or_else(|| panic!("no Reply from dnsmasq to PXEv6\n{}", context()));
+    let station = ia_address(&pxe_reply.message).expect("dnsmasq's address in its Reply");
+    assert_eq!(
+        boot_file_url(&pxe_reply.message),
+        None,
+        "dnsmasq gives no boot file"
+    );
+
+    // 2. The boot-service Request to our port 4011, and our Reply from it.
+    let service = messages
+        .iter()
+        .find(|m| m.dst == server6 && m.sport == 4011)
+        .cloned()
+        .unwrap_or_else(|| panic!("no boot-service Request to port 4011\n{}", context()));
+    assert_eq!(service.message.msg_type(), MessageType::Request);
+    assert_eq!(server_id(&service.message), server_id(&ours.message));
+    assert_eq!(ia_address(&service.message), None);
+    let service_reply = messages
+        .iter()
+        .find(|m| m.src == server6 && m.sport == 4011 && m.dst == service.src)
+        .cloned()
+        .unwrap_or_else(|| panic!("no Reply from port 4011\n{}", context()));
+    assert_eq!(service_reply.message.msg_type(), MessageType::Reply);
+    assert_eq!(
+        boot_file_url(&service_reply.message).as_deref(),
+        Some("tftp://[fd00:99::1]/snponly.efi")
+    );
+    let printed: Vec<String> = station
+        .segments()
+        .iter()
+        .map(|s| format!("{s:X}"))
+        .collect();
+    assert!(
+        vm.console()
+            .contains(&format!("Station IP address is {}", printed.join(":"))),
+        "{}",
+        context()
+    );
+
+    // 3. TFTP of snponly.efi from dnsmasq's address.
+    let transfers = tftp_transfers(&capture, "snponly.efi");
+    let (rrq, tftp_end) = transfers
+        .last()
+        .cloned()
+        .unwrap_or_else(|| panic!("no TFTP request for snponly.efi over IPv6\n{}", context()));
+    assert_eq!((rrq.src, rrq.dst), (station, server6));
+
+    // 4. iPXE: our Advertise (no address) is not taken; address and script from dnsmasq.
+    let ipxe = messages
+        .iter()
+        .find(|m| is_solicit(m, &|m| user_class(m).as_deref() == Some("iPXE")))
+        .cloned()
+        .unwrap_or_else(|| panic!("no Solicit from iPXE\n{}", context()));
+    let ipxe_theirs = answer(&ipxe, MessageType::Advertise, false)
+        .unwrap_or_else(|| panic!("no Advertise from dnsmasq to iPXE\n{}", context()));
+    let ipxe_ours = answer(&ipxe, MessageType::Advertise, true);
+    let ipxe_request =
+        request_after(&ipxe).unwrap_or_else(|| panic!("no Request from iPXE\n{}", context()));
+    assert_eq!(
+        server_id(&ipxe_request.message),
+        server_id(&ipxe_theirs.message),
+        "iPXE requested from dnsmasq"
+    );
+    let ipxe_reply = answer(&ipxe_request, MessageType::Reply, false)
+        .unwrap_or_else(|| panic!("no Reply from dnsmasq to iPXE\n{}", context()));
+    let ipxe_address = ia_address(&ipxe_reply.message).expect("an address for iPXE");
+    assert!(
+        boot_file_url(&ipxe_reply.message).is_some_and(|u| u.contains("${net0/mac}")),
+        "{:?}",
+        ipxe_reply.message
+    );
+    assert!(
+        vm.console().contains(&format!("Filename: {script_url}")),
+        "{}",
+        context()
+    );
+    // We never answered a Request on port 547 in proxy mode (nothing asked us there).
+    assert!(
+        !messages.iter().any(|m| m.src == server6
+            && m.sport == 547
+            && m.message.msg_type() == MessageType::Reply),
+        "{}",
+        context()
+    );
+
+    // 5. The script, kernel and initrd from iPXE's address, and the marker.
+    let request = |path: &str| {
+        capture
+            .requests
+            .iter()
+            .find(|r| {
+                r.line
+                    .replace("%3A", ":")
+                    .starts_with(&format!("GET {path}"))
+            })
+            .cloned()
+            .unwrap_or_else(|| panic!("no GET {path} over IPv6\n{}", context()))
+    };
+    let script = request(&format!("/boot.ipxe?mac={MAC}"));
+    let kernel = request("/images/vmlinuz");
+    let initrd = request("/images/initrd.img");
+    for r in [&script, &kernel, &initrd] {
+        assert_eq!(r.src, ipxe_address, "{r:?}");
+    }
+    assert!(line.contains("unbounded.machine=uefi-node"), "{line}");
+    assert!(
+        line.contains(&format!("unbounded.bootserver=http://[{SERVER6}]:8080")),
+        "{line}"
+    );
+    let leases = dnsmasq.leases();
+    assert!(leases.contains(&ipxe_address.to_string()), "{leases}");
+
+    eprintln!(
+        "UEFI PXEv6 beside dnsmasq, DHCPv6 proxy mode, under QEMU ({}), seconds from QEMU start:\n\
+         OVMF PXEv6 Solicit {:.2}; Advertises: dnsmasq {:.3} ({}), ours {:.3} (no address); \
+         Request to dnsmasq {:.2} ({:.2} s after the Solicit), Reply {:.2}\n\
+         boot-service Request to [{}]:4011 from {} at {:.2}, our Reply {:.3}\n\
+         TFTP snponly.efi from {} {:.2} to {:.2}\n\
+         iPXE Solicit {:.2}; Advertises: dnsmasq {:.3}, ours {}; Request to dnsmasq {:.2}, \
+         Reply {:.2} ({})\n\
+         GET boot.ipxe {:.2} from {}, kernel {:.2}, initrd {:.2}; marker {:.1}",
+        unbounded_testbed::qemu::accelerator(),
+        at(pxe.time),
+        at(theirs.time),
+        station,
+        at(ours.time),
+        at(pxe_request.time),
+        pxe_request.time - pxe.time,
+        at(pxe_reply.time),
+        SERVER6,
+        service.src,
+        at(service.time),
+        at(service_reply.time),
+        rrq.src,
+        at(rrq.time),
+        at(tftp_end),
+        at(ipxe.time),
+        at(ipxe_theirs.time),
+        ipxe_ours.map_or("none".to_owned(), |m| format!(
+            "{:.3} (ignored)",
+            at(m.time)
+        )),
+        at(ipxe_request.time),
+        at(ipxe_reply.time),
+        ipxe_address,
+        at(script.time),
+        script.src,
+        at(kernel.time),
+        at(initrd.time),
+        marker_at,
+    );
+}

@@ -239,6 +239,16 @@ impl Responder6 {
         }
     }
 
+    /// Whether DHCPv6 runs in proxy mode (boot options only, beside another server).
+    pub fn is_proxy(&self) -> bool {
+        self.settings.mode == Dhcp6Mode::Proxy
+    }
+
+    /// This server's DUID (its Server Identifier).
+    pub fn server_duid(&self) -> &[u8] {
+        &self.settings.server_duid
+    }
+
     /// Decides what to answer `message` ([module docs](self)).
     pub fn decide(&self, message: &Message, arrival: &Arrival<'_>, now: u64) -> Decision6 {
         self.decided(message, arrival, now)
@@ -468,7 +478,9 @@ impl Responder6 {
             _ => return Err(Drop6::NotBooting),
         };
         let mut reply = self.reply_to(message, kind);
-        if kind == MessageType::Advertise {
+        // The class that marks a proxy offer: `PXEClient` for PXE; HTTP boot gets its own
+        // class echoed by `add_config` (one vendor class, never both).
+        if kind == MessageType::Advertise && !client.kind.is_http_boot() {
             reply
                 .opts_mut()
                 .insert(boot6::vendor_class(PXE_ENTERPRISE, b"PXEClient"));

@@ -600,6 +600,104 @@ fn proxy_mode_gives_boot_options_and_never_an_address() {
     );
 }
 
+/// Encoded and decoded, as the client reads it.
+fn on_the_wire(m: &Message) -> Message {
+    use dhcproto::{Encodable, Encoder};
+    let mut bytes = Vec::new();
+    m.encode(&mut Encoder::new(&mut bytes)).unwrap();
+    Message::decode(&mut Decoder::new(&bytes)).unwrap()
+}
+
+/// The Request UEFI PXEv6 sends a proxy offer's server on port 4011 (edk2's
+/// `PxeBcRequestBootService`, measured in `tests/pxe6.rs`): its Request's options without
+/// the IA, our Server Identifier, unicast from the address the network's server gave it.
+#[test]
+fn proxy_mode_answers_the_pxe_boot_service_request_with_the_boot_file_only() {
+    let s = server_with(
+        "mode: proxy\nserverAddress: fd00:99::1\n",
+        UnknownMachines::Ignore,
+    );
+    let solicit = ovmf_solicit();
+    let mut request = Message::new_with_id(MessageType::Request, solicit.xid());
+    for option in solicit.opts().iter() {
+        if !matches!(option, DhcpOption::IANA(_)) {
+            request.opts_mut().insert(option.clone());
+        }
+    }
+    request
+        .opts_mut()
+        .insert(DhcpOption::ServerId(s.settings.server_duid.clone()));
+    let from_firmware = Arrival {
+        source: "fd00:99::1d6".parse().unwrap(),
+        ..on_link()
+    };
+    let (reply, commits) = reply_of(s.responder.decide(&request, &from_firmware, NOW));
+    let reply = on_the_wire(&reply);
+    assert_eq!(reply.msg_type(), MessageType::Reply);
+    assert!(commits.is_empty() && ianas(&reply).next().is_none());
+    assert_eq!(
+        boot_url(&reply).as_deref(),
+        Some("tftp://[fd00:99::1]/snponly.efi")
+    );
+    // On port 547 the same unicast Request is told to multicast (RFC 8415 §16): which is
+    // why port 4011 is served apart, as not unicast.
+    let on_547 = Arrival {
+        unicast: true,
+        ..from_firmware
+    };
+    let (told, _) = reply_of(s.responder.decide(&request, &on_547, NOW));
+    assert!(matches!(
+        told.opts().get(OptionCode::StatusCode),
+        Some(DhcpOption::StatusCode(c)) if c.status == Status::UseMulticast
+    ));
+    // Another server's Request is not ours to answer.
+    let mut theirs = request.clone();
+    theirs.opts_mut().remove(OptionCode::ServerId);
+    theirs
+        .opts_mut()
+        .insert(DhcpOption::ServerId(vec![0, 3, 0, 1, 2, 0, 0, 0, 0, 9]));
+    assert_eq!(
+        dropped(s.responder.decide(&theirs, &from_firmware, NOW)),
+        Drop6::OtherServer
+    );
+}
+
+/// UEFI HTTP boot's Solicit in proxy mode: the Advertise carries one vendor class, its own
+/// `HTTPClient` echoed, not `PXEClient` beside it (found on the VM: both were sent).
+#[test]
+fn a_proxy_advertise_to_http_boot_carries_its_class_alone() {
+    let s = server_with(
+        "mode: proxy\nserverAddress: fd00:99::1\n",
+        UnknownMachines::Ignore,
+    );
+    let mut solicit = ovmf_solicit();
+    solicit.opts_mut().remove(OptionCode::VendorClass);
+    solicit.opts_mut().remove(OptionCode::ClientArchType);
+    solicit.opts_mut().insert(crate::dhcp6::boot::vendor_class(
+        343,
+        b"HTTPClient:Arch:00016:UNDI:003000",
+    ));
+    solicit.opts_mut().insert(DhcpOption::ClientArchType(vec![
+        dhcproto::v6::Architecture::from(16),
+    ]));
+    let solicit = on_the_wire(&solicit);
+    let (advertise, _) = reply_of(s.responder.decide(&solicit, &on_link(), NOW));
+    let advertise = on_the_wire(&advertise);
+    assert_eq!(advertise.msg_type(), MessageType::Advertise);
+    let classes: Vec<_> = advertise
+        .opts()
+        .get_all(OptionCode::VendorClass)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|o| match o {
+            DhcpOption::VendorClass(v) => Some(v.data.concat()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(classes, vec![b"HTTPClient".to_vec()]);
+    assert!(boot_url(&advertise).is_some_and(|u| u.starts_with("http://[fd00:99::1]:8080/")));
+}
+
 #[test]
 fn v4_and_v6_leases_share_one_book_and_one_log() {
     let s = server();

@@ -33,6 +33,11 @@ pub const SERVER_PORT: u16 = 547;
 pub const CLIENT_PORT: u16 = 546;
 /// All_DHCP_Relay_Agents_and_Servers (RFC 8415 §7.1).
 pub const ALL_SERVERS: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 1, 2);
+/// The PXE boot-service port. UEFI PXEv6 that took a proxy offer (an Advertise with the
+/// `PXEClient` class and no address) asks that server for its boot file with a Request
+/// sent here, unicast from the address the network's server gave it, and takes the answer
+/// only from this port (edk2's `PxeBcRequestBootService`).
+pub const BOOT_SERVICE_PORT: u16 = 4011;
 /// The largest UDP payload over IPv6 without jumbograms.
 pub const MAX_DATAGRAM: usize = 65_527;
 
@@ -339,6 +344,84 @@ pub async fn serve(
     }
 }
 
+/// Opens the PXE boot-service socket, `[server address]:4011` ([`BOOT_SERVICE_PORT`]).
+pub fn open_boot_service(interface: &str, address: Ipv6Addr) -> Result<UdpSocket, Dhcp6Error> {
+    let err = |source| Dhcp6Error::Socket {
+        what: format!("PXE boot service [{address}]:{BOOT_SERVICE_PORT} on {interface}"),
+        source,
+    };
+    let socket = socket2::Socket::new(
+        socket2::Domain::IPV6,
+        socket2::Type::DGRAM,
+        Some(socket2::Protocol::UDP),
+    )
+    .map_err(err)?;
+    socket.set_only_v6(true).map_err(err)?;
+    socket
+        .bind_device(Some(interface.as_bytes()))
+        .map_err(err)?;
+    socket
+        .bind(&SocketAddr::V6(SocketAddrV6::new(address, BOOT_SERVICE_PORT, 0, 0)).into())
+        .map_err(err)?;
+    socket.set_nonblocking(true).map_err(err)?;
+    UdpSocket::from_std(socket.into()).map_err(err)
+}
+
+/// Answers PXE boot-service Requests on `socket` (proxy mode): the answer is a proxy Reply
+/// (boot options, no address), sent back from port 4011 to the port the Request came
+/// from. Nothing here is durable.
+pub async fn serve_boot_service(
+    socket: UdpSocket,
+    address: Ipv6Addr,
+    responder: Arc<Responder6>,
+    metrics: Arc<Metrics>,
+) -> Result<(), Dhcp6Error> {
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    loop {
+        let (len, from) = match socket.recv_from(&mut buf).await {
+            Ok(x) => x,
+            Err(error) => {
+                tracing::warn!(%error, "PXE boot-service receive failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let SocketAddr::V6(from) = from else { continue };
+        let datagram = buf.get(..len).unwrap_or_default();
+        match boot_service(&responder, datagram, from, address, now_unix()) {
+            Ok(reply) => {
+                tracing::info!(%from, "PXE boot-service Request answered with the boot options");
+                send(&socket, &reply, &metrics).await;
+            }
+            Err(reason) => {
+                metrics.dhcp6_dropped(reason);
+                tracing::debug!(%from, reason, "PXE boot-service message not answered");
+            }
+        }
+    }
+}
+
+/// One boot-service datagram: a Request to us (not relayed; unicast by design, so no
+/// `UseMulticast`), answered as in proxy mode, back to where it came from.
+fn boot_service(
+    responder: &Responder6,
+    datagram: &[u8],
+    from: SocketAddrV6,
+    link: Ipv6Addr,
+    now: u64,
+) -> Result<Outgoing, &'static str> {
+    if datagram.first() != Some(&u8::from(MessageType::Request)) {
+        return Err("not_a_boot_service_request");
+    }
+    match handle(responder, datagram, from, false, link, now).1 {
+        Handled::Reply { mut reply, .. } => {
+            reply.to = from;
+            Ok(reply)
+        }
+        Handled::Drop(reason) => Err(reason),
+    }
+}
+
 async fn send(socket: &UdpSocket, reply: &Outgoing, metrics: &Metrics) {
     match socket.send_to(&reply.bytes, SocketAddr::V6(reply.to)).await {
         Ok(_) => metrics.dhcp6_message(true, reply.kind),
@@ -452,6 +535,41 @@ mod tests {
         assert_eq!(reply.bytes[0], 13, "a Relay-Reply");
         // The relay's link address chose the prefix, and unicast through a relay is fine.
         assert!(address_of(back.client).is_some_and(|a| a.segments()[1] == 0x98));
+    }
+
+    #[test]
+    fn the_boot_service_answers_a_request_to_us_from_port_4011_back_to_its_port() {
+        let r = responder();
+        let from = SocketAddrV6::new("fd00:99::1d6".parse().unwrap(), BOOT_SERVICE_PORT, 0, 0);
+        // A Solicit has no business on port 4011.
+        assert_eq!(
+            boot_service(&r, &solicit(3), from, LINK, 1_000).err(),
+            Some("not_a_boot_service_request")
+        );
+        // A Request naming another server is not ours (full-mode responder: the decision
+        // of what to put in is `decide`'s, tested there; here, where the answer goes).
+        let mut request = Message::decode(&mut Decoder::new(&solicit(3))).unwrap();
+        request.set_msg_type(MessageType::Request);
+        request
+            .opts_mut()
+            .insert(dhcproto::v6::DhcpOption::ServerId(vec![
+                0, 3, 0, 1, 2, 0, 0, 0, 0, 9,
+            ]));
+        let mut bytes = Vec::new();
+        request.encode(&mut Encoder::new(&mut bytes)).unwrap();
+        assert_eq!(
+            boot_service(&r, &bytes, from, LINK, 1_000).err(),
+            Some("other_server")
+        );
+        let mut ours = request.clone();
+        ours.opts_mut().remove(dhcproto::v6::OptionCode::ServerId);
+        ours.opts_mut()
+            .insert(dhcproto::v6::DhcpOption::ServerId(r.server_duid().to_vec()));
+        let mut bytes = Vec::new();
+        ours.encode(&mut Encoder::new(&mut bytes)).unwrap();
+        let reply = boot_service(&r, &bytes, from, LINK, 1_000).unwrap();
+        assert_eq!(reply.to, from, "back to port 4011, not 546");
+        assert_eq!(reply.kind, MessageType::Reply);
     }
 
     #[test]

@@ -79,17 +79,24 @@ pub(super) fn origin(state: &AppState, machine: &MachineRecord, peer: IpAddr) ->
     }
 }
 
-/// How the bootserver takes part in address assignment for `peer`'s family: the DHCPv4
-/// mode for a v4 peer, the DHCPv6 mode for a v6 one (a full DHCPv6 server's book knows
-/// which address each machine has; a v6 proxy records no exchange yet, so it vouches for
-/// nobody but by the link layer).
+/// How the bootserver takes part in address assignment for `peer`'s family
+/// ([`family_mode`]).
 pub(super) fn mode_for(state: &AppState, peer: IpAddr) -> DhcpMode {
+    family_mode(state.settings.dhcp.mode, state.settings.dhcp6.mode, peer)
+}
+
+/// The DHCPv4 mode for a v4 peer, the DHCPv6 mode for a v6 one: a full DHCPv6 server's
+/// book knows which address each machine has. A v6 proxy counts as no DHCP: nothing it sees
+/// ties a machine to the address it boots from (UEFI's boot-service Request comes from the
+/// firmware's address, which it releases; iPXE takes its address and script from the
+/// network's server, under a DUID of its own), so only the link layer vouches, as with
+/// `dhcp.mode: off` (measured in `bootserver/tests/pxe6.rs`).
+pub(super) fn family_mode(dhcp: DhcpMode, dhcp6: Dhcp6Mode, peer: IpAddr) -> DhcpMode {
     match peer {
-        IpAddr::V4(_) => state.settings.dhcp.mode,
-        IpAddr::V6(_) => match state.settings.dhcp6.mode {
+        IpAddr::V4(_) => dhcp,
+        IpAddr::V6(_) => match dhcp6 {
             Dhcp6Mode::Full => DhcpMode::Full,
-            Dhcp6Mode::Proxy => DhcpMode::Proxy,
-            Dhcp6Mode::Off => DhcpMode::Off,
+            Dhcp6Mode::Proxy | Dhcp6Mode::Off => DhcpMode::Off,
         },
     }
 }
@@ -133,4 +140,47 @@ pub(super) fn unvouched_script(
         "{peer} was not vouched for as machine {}: {why}",
         machine.name
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::{LinkLayer, vouch};
+
+    #[test]
+    fn a_v6_peer_in_dhcpv6_proxy_mode_is_vouched_for_by_the_link_layer_alone() {
+        let v6: IpAddr = "fd00:99::1e1".parse().unwrap_or(IpAddr::from([0u8; 16]));
+        let v4 = IpAddr::from([10, 99, 0, 21]);
+        assert_eq!(
+            family_mode(DhcpMode::Proxy, Dhcp6Mode::Proxy, v6),
+            DhcpMode::Off
+        );
+        assert_eq!(
+            family_mode(DhcpMode::Proxy, Dhcp6Mode::Proxy, v4),
+            DhcpMode::Proxy
+        );
+        assert_eq!(
+            family_mode(DhcpMode::Off, Dhcp6Mode::Full, v6),
+            DhcpMode::Full
+        );
+        let evidence = |link_layer| Evidence {
+            peer: v6,
+            mode: family_mode(DhcpMode::Off, Dhcp6Mode::Proxy, v6),
+            holds_address: false,
+            exchanged_from: Vec::new(),
+            link_layer,
+        };
+        // Before: mode Proxy, no v6 exchange recorded, so every v6 peer was refused
+        // (NoPxeExchange) even on-link with the machine's MAC.
+        assert_eq!(vouch(&evidence(LinkLayer::Matches)), Ok(()));
+        assert_eq!(
+            vouch(&evidence(LinkLayer::Unknown)),
+            Err(Unvouched::NoEvidence)
+        );
+        let other = MacAddr([2, 0, 0, 0, 0, 9]);
+        assert_eq!(
+            vouch(&evidence(LinkLayer::Other(other))),
+            Err(Unvouched::OtherHardware(other))
+        );
+    }
 }

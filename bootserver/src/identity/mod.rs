@@ -9,7 +9,9 @@
 //!   MACs' PXE boot-server exchange (port 4011, [`exchanges`]): iPXE sends it from the
 //!   address the other DHCP server gave it, with its MAC in `chaddr`, because the port-67
 //!   offer leaves the boot file out ([`crate::dhcp`]);
-//! - **no DHCP** (`dhcp.mode: off`): nothing but the link layer below.
+//! - **no DHCP** (`dhcp.mode: off`; for a v6 peer also `dhcp6.mode: proxy`, where iPXE
+//!   takes its address from the network's server and never talks to us from it): nothing but
+//!   the link layer below.
 //!
 //! And in every mode, the link layer: when the kernel's neighbour table has the peer's
 //! link-layer address (an on-link peer: it had to, to answer the TCP handshake), it must be
