@@ -434,6 +434,44 @@ fn unix_now() -> f64 {
         .as_secs_f64()
 }
 
+/// The script, the kernel and the initrd as iPXE fetched them over HTTP on IPv6, each
+/// from `ipxe_address`.
+fn ipxe_fetched(
+    capture: &Capture,
+    ipxe_address: Ipv6Addr,
+    context: &dyn Fn() -> String,
+) -> (Request, Request, Request) {
+    let request = |path: &str| {
+        let found = capture
+            .requests
+            .iter()
+            // iPXE percent-encodes the colons of the MAC.
+            .find(|r| {
+                r.line
+                    .replace("%3A", ":")
+                    .starts_with(&format!("GET {path}"))
+            })
+            .cloned()
+            .unwrap_or_else(|| panic!("no GET {path} over IPv6\n{}", context()));
+        assert_eq!(found.src, ipxe_address, "{found:?}");
+        found
+    };
+    (
+        request(&format!("/boot.ipxe?mac={MAC}")),
+        request("/images/vmlinuz"),
+        request("/images/initrd.img"),
+    )
+}
+
+/// The marker's line: booted as its Machine, told the v6 bootserver URL.
+fn assert_booted_as_uefi_node(line: &str) {
+    assert!(line.contains("unbounded.machine=uefi-node"), "{line}");
+    assert!(
+        line.contains(&format!("unbounded.bootserver=http://[{SERVER6}]:8080")),
+        "{line}"
+    );
+}
+
 #[test]
 fn uefi_pxev6_boots_an_ipv6_only_machine_through_tftp_and_ipxe_to_the_marker() {
     let images = marker_image().unwrap();
@@ -550,32 +588,10 @@ fn uefi_pxev6_boots_an_ipv6_only_machine_through_tftp_and_ipxe_to_the_marker() {
     );
 
     // 4. The script, the kernel and the initrd over HTTP on IPv6, from iPXE's DHCPv6 address.
-    let request = |path: &str| {
-        capture
-            .requests
-            .iter()
-            // iPXE percent-encodes the colons of the MAC.
-            .find(|r| {
-                r.line
-                    .replace("%3A", ":")
-                    .starts_with(&format!("GET {path}"))
-            })
-            .cloned()
-            .unwrap_or_else(|| panic!("no GET {path} over IPv6\n{}", context()))
-    };
-    let script = request(&format!("/boot.ipxe?mac={MAC}"));
-    let kernel = request("/images/vmlinuz");
-    let initrd = request("/images/initrd.img");
-    for r in [&script, &kernel, &initrd] {
-        assert_eq!(r.src, ipxe_address, "{r:?}");
-    }
+    let (script, kernel, initrd) = ipxe_fetched(&capture, ipxe_address, &context);
 
     // 5. The marker: booted as its Machine, told the v6 bootserver URL.
-    assert!(line.contains("unbounded.machine=uefi-node"), "{line}");
-    assert!(
-        line.contains(&format!("unbounded.bootserver=http://[{SERVER6}]:8080")),
-        "{line}"
-    );
+    assert_booted_as_uefi_node(&line);
 
     // No DHCPv4 answer on the link: the boot was IPv6 only (iPXE asks on v4 too, unanswered).
     assert_eq!(capture.dhcp4_from_server, 0, "a DHCPv4 answer on the link");
@@ -718,11 +734,7 @@ fn uefi_http_boot_over_ipv6_reaches_the_marker() {
         "iPXE not fetched over HTTP\n{}",
         context()
     );
-    assert!(line.contains("unbounded.machine=uefi-node"), "{line}");
-    assert!(
-        line.contains(&format!("unbounded.bootserver=http://[{SERVER6}]:8080")),
-        "{line}"
-    );
+    assert_booted_as_uefi_node(&line);
     let metrics = server.metrics(&ns);
     assert_eq!(
         metric(&metrics, "unbounded_bootserver_tftp_transfers_total", ""),
@@ -1102,29 +1114,8 @@ fn uefi_pxev6_boots_beside_dnsmasq_with_dhcpv6_proxy() {
     );
 
     // 5. The script, kernel and initrd from iPXE's address, and the marker.
-    let request = |path: &str| {
-        capture
-            .requests
-            .iter()
-            .find(|r| {
-                r.line
-                    .replace("%3A", ":")
-                    .starts_with(&format!("GET {path}"))
-            })
-            .cloned()
-            .unwrap_or_else(|| panic!("no GET {path} over IPv6\n{}", context()))
-    };
-    let script = request(&format!("/boot.ipxe?mac={MAC}"));
-    let kernel = request("/images/vmlinuz");
-    let initrd = request("/images/initrd.img");
-    for r in [&script, &kernel, &initrd] {
-        assert_eq!(r.src, ipxe_address, "{r:?}");
-    }
-    assert!(line.contains("unbounded.machine=uefi-node"), "{line}");
-    assert!(
-        line.contains(&format!("unbounded.bootserver=http://[{SERVER6}]:8080")),
-        "{line}"
-    );
+    let (script, kernel, initrd) = ipxe_fetched(&capture, ipxe_address, &context);
+    assert_booted_as_uefi_node(&line);
     let leases = dnsmasq.leases();
     assert!(leases.contains(&ipxe_address.to_string()), "{leases}");
 
