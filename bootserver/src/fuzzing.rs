@@ -443,7 +443,7 @@ pub fn dhcp6(data: &[u8]) {
             None => (rest, None),
         };
         if let Ok(relayed) = relay::unwrap(datagram)
-            && let Ok(message) = Message::decode(&mut Decoder::new(relayed.client))
+            && let Ok(message) = crate::dhcp6::wire::decode(relayed.client)
         {
             let innermost = relayed.hops.last();
             let arrival = Arrival {

@@ -11,3 +11,4 @@ pub mod identify;
 pub mod relay;
 pub mod serve;
 pub mod settings;
+pub mod wire;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dhcproto::v6::{Message, MessageType};
-use dhcproto::{Decodable, Decoder, Encodable, Encoder};
+use dhcproto::{Encodable, Encoder};
 use tokio::net::UdpSocket;
 
 use super::decide::{Arrival, Decision6, Drop6, Responder6};
@@ -186,7 +186,7 @@ pub fn handle(
             Ok(relayed) => relayed,
             Err(_) => return (None, Handled::Drop("malformed_relay")),
         };
-        let message = match Message::decode(&mut Decoder::new(relayed.client)) {
+        let message = match super::wire::decode(relayed.client) {
             Ok(message) => message,
             Err(_) => return (None, Handled::Drop("malformed")),
         };
@@ -441,6 +441,7 @@ mod tests {
     use crate::dhcp6::decide::BootSettings6;
     use crate::dhcp6::settings::Dhcp6File;
     use crate::leases::Leases;
+    use dhcproto::{Decodable, Decoder};
 
     fn responder() -> Responder6 {
         let settings = Settings::parse("serverAddress: 10.99.0.1\ndhcp: {mode: off}\n").unwrap();
