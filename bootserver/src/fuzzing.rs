@@ -392,6 +392,41 @@ machines:
 const DHCP6_FULL: &str = "mode: full\nserverAddress: fd00:99::1\nsubnets:\n- prefix: fd00:99::/64\n  pool: [fd00:99::100, fd00:99::10f]\n  dns: [fd00:99::1]\n";
 const DHCP6_PROXY: &str = "mode: proxy\nserverAddress: fd00:99::1\n";
 
+/// The DHCPv6 target's machines and its full (`true`) or proxy settings, parsed once.
+fn dhcp6_fixture(
+    full: bool,
+) -> (
+    Arc<dyn MachineBackend>,
+    Arc<crate::dhcp6::settings::Dhcp6Settings>,
+) {
+    use crate::dhcp6::settings::{Dhcp6File, Dhcp6Settings};
+    type Fixture = (
+        Arc<dyn MachineBackend>,
+        Arc<Dhcp6Settings>,
+        Arc<Dhcp6Settings>,
+    );
+    static FIXTURE: OnceLock<Fixture> = OnceLock::new();
+    let (backend, full_settings, proxy_settings) = FIXTURE.get_or_init(|| {
+        let Ok(settings) = Settings::parse(DHCP6_CONFIG) else {
+            panic!("the DHCPv6 fuzz configuration is invalid");
+        };
+        let mode = |text: &str| {
+            let Ok(file) = serde_saphyr::from_str::<Dhcp6File>(text) else {
+                panic!("the DHCPv6 fuzz settings do not parse");
+            };
+            let Ok(valid) = file.validate(settings.dhcp.unknown_machines, Some("br0")) else {
+                panic!("the DHCPv6 fuzz settings are invalid");
+            };
+            Arc::new(valid.with_interface_mac([0x52, 0x54, 0, 0x99, 0, 1]))
+        };
+        let backend: Arc<dyn MachineBackend> =
+            Arc::new(StaticBackend::new(settings.machines.clone()));
+        (backend, mode(DHCP6_FULL), mode(DHCP6_PROXY))
+    });
+    let settings = if full { full_settings } else { proxy_settings };
+    (backend.clone(), settings.clone())
+}
+
 /// DHCPv6: one session of datagrams (split at [`DATAGRAM_SEPARATOR`]) from one link:
 /// bytes → relay envelopes → message → the decision in full or proxy mode (the first
 /// byte's low bit) → leases made durable → the encoded reply, wrapped for its relays.
@@ -401,7 +436,6 @@ const DHCP6_PROXY: &str = "mode: proxy\nserverAddress: fd00:99::1\n";
 pub fn dhcp6(data: &[u8]) {
     use crate::dhcp6::decide::{Arrival, BootSettings6, Decision6, Responder6};
     use crate::dhcp6::relay;
-    use crate::dhcp6::settings::Dhcp6File;
     use crate::leases::ClientKey;
     use dhcproto::v6::{DhcpOption, Message, OptionCode};
     use dhcproto::{Decodable, Decoder, Encodable, Encoder};
@@ -409,30 +443,15 @@ pub fn dhcp6(data: &[u8]) {
     let Some((&control, mut rest)) = data.split_first() else {
         return;
     };
-    let Ok(settings) = Settings::parse(DHCP6_CONFIG) else {
-        panic!("the DHCPv6 fuzz configuration is invalid");
-    };
-    let Ok(file) = serde_saphyr::from_str::<Dhcp6File>(if control & 1 == 0 {
-        DHCP6_FULL
-    } else {
-        DHCP6_PROXY
-    }) else {
-        panic!("the DHCPv6 fuzz settings do not parse");
-    };
-    let Ok(dhcp6) = file
-        .validate(settings.dhcp.unknown_machines, Some("br0"))
-        .map(|s| s.with_interface_mac([0x52, 0x54, 0, 0x99, 0, 1]))
-    else {
-        panic!("the DHCPv6 fuzz settings are invalid");
-    };
+    let (backend, dhcp6) = dhcp6_fixture(control & 1 == 0);
     let leases = Arc::new(Leases::in_memory());
     let responder = Responder6::new(
-        Arc::new(dhcp6),
+        dhcp6,
         BootSettings6 {
             uefi_x64: "snponly.efi".to_owned(),
             http_base: "http://[fd00:99::1]:8080".to_owned(),
         },
-        Arc::new(StaticBackend::new(settings.machines.clone())),
+        backend,
         leases.clone(),
     );
     let link: std::net::Ipv6Addr = std::net::Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 1);

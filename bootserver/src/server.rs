@@ -217,21 +217,21 @@ pub async fn run(
         let sockets = dhcp6::serve::open_sockets(interface, server6, dhcp6::serve::SERVER_PORT)?;
         let unicast = Arc::new(sockets.unicast);
         tracing::info!(interface, address = %server6, mode = ?settings.dhcp6.mode, "DHCPv6 listening (ff02::1:2 and the server address, port 547)");
+        let shared = dhcp6::serve::Shared6 {
+            sender: unicast.clone(),
+            link: server6,
+            responder: responder6.clone(),
+            leases: leases.clone(),
+            committer: committer.clone(),
+            metrics: metrics.clone(),
+        };
         for (socket, is_unicast) in [
             (Arc::new(sockets.multicast), false),
             (unicast.clone(), true),
         ] {
-            let (responder6, committer, metrics, sender) = (
-                responder6.clone(),
-                committer.clone(),
-                metrics.clone(),
-                unicast.clone(),
-            );
+            let shared = shared.clone();
             tasks.spawn(async move {
-                dhcp6::serve::serve(
-                    socket, sender, is_unicast, server6, responder6, committer, metrics,
-                )
-                .await?;
+                dhcp6::serve::serve(socket, is_unicast, shared).await?;
                 Ok("DHCPv6")
             });
         }

@@ -239,11 +239,6 @@ impl Responder6 {
         }
     }
 
-    /// Whether DHCPv6 runs in proxy mode (boot options only, beside another server).
-    pub fn is_proxy(&self) -> bool {
-        self.settings.mode == Dhcp6Mode::Proxy
-    }
-
     /// This server's DUID (its Server Identifier).
     pub fn server_duid(&self) -> &[u8] {
         &self.settings.server_duid

@@ -19,12 +19,12 @@ use dhcproto::v6::{Message, MessageType};
 use dhcproto::{Encodable, Encoder};
 use tokio::net::UdpSocket;
 
-use super::decide::{Arrival, Decision6, Drop6, Responder6};
+use super::decide::{Arrival, Decision6, Responder6};
 use super::relay::{self, RelayHop};
 use crate::dhcp::commit::{Committer, NoAck};
 use crate::dhcp::now_unix;
 use crate::dhcp::serve::{COMMIT_TIMEOUT, panic_message};
-use crate::leases::{Lease, Ticket};
+use crate::leases::{Lease, Leases, Ticket};
 use crate::metrics::{Metrics, Service};
 
 /// The server and relay port.
@@ -248,29 +248,41 @@ fn outgoing(reply: &Message, hops: &[RelayHop], from: SocketAddrV6) -> Option<Ou
     })
 }
 
-/// Answers DHCPv6 on `socket` (replies leave from `sender`). Returns only if the socket
-/// fails for good.
+/// What every DHCPv6 socket of a server shares.
+#[derive(Debug, Clone)]
+pub struct Shared6 {
+    /// Replies leave from it (the unicast socket).
+    pub sender: Arc<UdpSocket>,
+    /// The server's address on the provisioning link.
+    pub link: Ipv6Addr,
+    /// The decisions.
+    pub responder: Arc<Responder6>,
+    /// The book (to give back the claims of a shed Reply).
+    pub leases: Arc<Leases>,
+    /// The v4 server's commit thread: one log, records in the order decided.
+    pub committer: Committer,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+/// Answers DHCPv6 on `socket` (`unicast`: the server-address socket). Returns only if the
+/// socket fails for good.
 pub async fn serve(
     socket: Arc<UdpSocket>,
-    sender: Arc<UdpSocket>,
     unicast: bool,
-    link: Ipv6Addr,
-    responder: Arc<Responder6>,
-    committer: Committer,
-    metrics: Arc<Metrics>,
+    shared: Shared6,
 ) -> Result<(), Dhcp6Error> {
+    let Shared6 {
+        sender,
+        link,
+        responder,
+        leases,
+        committer,
+        metrics,
+    } = shared;
     let mut buf = vec![0u8; MAX_DATAGRAM];
     loop {
-        let (len, from) = match socket.recv_from(&mut buf).await {
-            Ok(x) => x,
-            Err(error) => {
-                tracing::warn!(%error, "DHCPv6 receive failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let SocketAddr::V6(from) = from else { continue };
-        let datagram = buf.get(..len).unwrap_or_default();
+        let (datagram, from) = receive(&socket, &mut buf).await;
         let (kind, handled) = handle(&responder, datagram, from, unicast, link, now_unix());
         if let Some(kind) = kind {
             metrics.dhcp6_message(false, kind);
@@ -302,17 +314,22 @@ pub async fn serve(
             continue;
         }
         let mut waits = Vec::new();
-        for (lease, ticket) in commits {
-            match committer.submit(lease, ticket) {
-                Ok(durable) => waits.push(durable),
-                Err(_) => {
-                    // The book's claims of this reply lapse with their tickets unanswered;
-                    // the client retransmits.
-                    metrics.dhcp6_dropped(Drop6::CommitInFlight.as_str());
-                    waits.clear();
-                    break;
+        let mut commits = commits.into_iter();
+        while let Some((lease, ticket)) = commits.next() {
+            let Ok(durable) = committer.submit(lease.clone(), ticket) else {
+                // Shed: no Reply (the client retransmits), and the book's hold on this and
+                // every lease of the reply not queued is given back at once, as v4 does; the
+                // ones queued already become durable and are the client's.
+                metrics.dhcp6_dropped("overloaded");
+                for (lease, ticket) in std::iter::once((lease, ticket)).chain(commits.by_ref()) {
+                    if let Err(error) = leases.abandon(&lease, ticket) {
+                        tracing::error!(%error, "the address book cannot answer");
+                    }
                 }
-            }
+                waits.clear();
+                break;
+            };
+            waits.push(durable);
         }
         if waits.is_empty() {
             continue;
@@ -378,16 +395,7 @@ pub async fn serve_boot_service(
 ) -> Result<(), Dhcp6Error> {
     let mut buf = vec![0u8; MAX_DATAGRAM];
     loop {
-        let (len, from) = match socket.recv_from(&mut buf).await {
-            Ok(x) => x,
-            Err(error) => {
-                tracing::warn!(%error, "PXE boot-service receive failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let SocketAddr::V6(from) = from else { continue };
-        let datagram = buf.get(..len).unwrap_or_default();
+        let (datagram, from) = receive(&socket, &mut buf).await;
         match boot_service(&responder, datagram, from, address, now_unix()) {
             Ok(reply) => {
                 tracing::info!(%from, "PXE boot-service Request answered with the boot options");
@@ -419,6 +427,21 @@ fn boot_service(
             Ok(reply)
         }
         Handled::Drop(reason) => Err(reason),
+    }
+}
+
+/// The next IPv6 datagram on `socket` and its sender. A failed receive is logged and waited
+/// out briefly (a socket error must not spin the loop).
+async fn receive<'b>(socket: &UdpSocket, buf: &'b mut [u8]) -> (&'b [u8], SocketAddrV6) {
+    loop {
+        match socket.recv_from(buf).await {
+            Ok((len, SocketAddr::V6(from))) => return (buf.get(..len).unwrap_or_default(), from),
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(%error, "DHCPv6 receive failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
     }
 }
 
