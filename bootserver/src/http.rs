@@ -278,7 +278,7 @@ async fn boot_script(
                     &machine,
                     &base,
                     boot::AgentProof::Ticket {
-                        url: &tls.url,
+                        url: tls.url_for(peer.ip()),
                         sha256: &tls.sha256_hex,
                     },
                     attest,

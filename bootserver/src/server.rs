@@ -272,20 +272,28 @@ pub async fn run(
             source,
         })?;
     tracing::info!(addr = %http_addr, images = %settings.http.images_dir.display(), "HTTP listening");
-    let tls = match &settings.http.tls {
-        Some(tls_settings) => {
-            let (config, endpoint) = http::tls::load(tls_settings, settings.server_address)?;
-            let addr = SocketAddr::from((settings.server_address, tls_settings.port));
+    let server6 = (settings.dhcp6.mode != Dhcp6Mode::Off).then_some(settings.dhcp6.server_address);
+    // HTTPS on the v4 address and, with DHCPv6 on, on the v6 one: the agent of a machine
+    // provisioned over IPv6 redeems its ticket there.
+    let mut tls_listeners = Vec::new();
+    let mut tls_endpoint = None;
+    if let Some(tls_settings) = &settings.http.tls {
+        let (config, endpoint) = http::tls::load(tls_settings, settings.server_address, server6)?;
+        let addresses = std::iter::once(std::net::IpAddr::from(settings.server_address))
+            .chain(server6.map(std::net::IpAddr::from));
+        for ip in addresses {
+            let addr = SocketAddr::new(ip, tls_settings.port);
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|source| ServerError::Http { addr, source })?;
-            let listener = http::tls::TlsListener::start(listener, config, settings.http.limits)
-                .map_err(|source| ServerError::Http { addr, source })?;
+            let listener =
+                http::tls::TlsListener::start(listener, config.clone(), settings.http.limits)
+                    .map_err(|source| ServerError::Http { addr, source })?;
             tracing::info!(%addr, sha256 = %endpoint.sha256_hex, "HTTPS listening (credentials and configuration)");
-            Some((listener, endpoint, addr))
+            tls_listeners.push((listener, addr));
         }
-        None => None,
-    };
+        tls_endpoint = Some(endpoint);
+    }
     let state = AppState {
         settings: settings.clone(),
         backend,
@@ -295,7 +303,7 @@ pub async fn run(
         issuer,
         discovery,
         exchanges: responder.exchanges(),
-        tls: tls.as_ref().map(|(_, endpoint, _)| endpoint.clone()),
+        tls: tls_endpoint,
     };
     if let Some(probe) = &probe {
         probe.serving(state.clone());
@@ -319,7 +327,7 @@ pub async fn run(
             Ok("HTTPv6")
         });
     }
-    if let Some((listener, _, addr)) = tls {
+    for (listener, addr) in tls_listeners {
         let app = app.clone();
         tasks.spawn(async move {
             axum::serve(

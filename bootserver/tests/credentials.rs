@@ -28,6 +28,7 @@ const MAC_PROXY: &str = "52:54:00:00:0d:01";
 const MAC_TLS: &str = "52:54:00:00:0e:01";
 const MAC_TPM: &str = "52:54:00:00:0f:01";
 const MAC_V6: &str = "52:54:00:00:06:21";
+const MAC_V6_TLS: &str = "52:54:00:00:06:22";
 
 /// The tests share the control plane of this binary and each runs a controller: one at a
 /// time.
@@ -1525,5 +1526,80 @@ fn over_ipv6_credentials_go_only_to_the_machine_s_own_address() {
     assert!(
         !site.bootserver.log().contains(&credentials.token),
         "the token was logged"
+    );
+}
+
+/// With `http.tls` and DHCPv6, a machine provisioned over IPv6 is sent to the HTTPS
+/// endpoint on the v6 address (it may have no IPv4 at all) and redeems its ticket there
+/// with the agent's own code, pinned to the boot's certificate.
+#[test]
+fn over_ipv6_and_tls_the_agent_redeems_its_ticket_at_the_v6_address() {
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let cp = LocalControlPlane::shared().unwrap();
+    let pki = tempfile::tempdir().unwrap();
+    let (cert, key, pin) = tls_pair(pki.path());
+    let site = Site::start_with(
+        cp,
+        &[("cr-v6-tls", MAC_V6_TLS, "fd00:99::22")],
+        &api_server_target(cp),
+        "",
+        FULL_DHCP6,
+        &format!(
+            r#", tls: {{port: 8443, certFile: "{}", keyFile: "{}"}}"#,
+            cert.display(),
+            key.display()
+        ),
+    );
+    let link = &site.link;
+    // The site gave the client the machine's address, its only global one: the agent's
+    // requests leave from it.
+    let url = format!("http://[fd00:99::1]:8080/boot.ipxe?mac={MAC_V6_TLS}");
+    let mut script = String::new();
+    wait_until(
+        "the machine's script over IPv6",
+        Duration::from_secs(60),
+        || {
+            script = curl(link, &["-g", &url]).1;
+            script.contains("unbounded.ticket=1")
+        },
+    );
+    assert!(
+        script.contains("unbounded.credentials=https://[fd00:99::1]:8443"),
+        "a v6 machine is sent to the v6 HTTPS endpoint: {script}"
+    );
+    assert!(
+        script.contains(&format!("unbounded.tls-sha256={pin}")),
+        "{script}"
+    );
+    assert!(!script.contains("unbounded.nonce="), "{script}");
+    let kernel_line = script
+        .lines()
+        .find(|l| l.starts_with("kernel "))
+        .unwrap()
+        .to_owned();
+    let identity = unbounded_agent::identity::from_cmdline(&kernel_line).unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let dir = state.path().to_path_buf();
+    let issued = as_agent_in(&link.client, move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let store = unbounded_agent::credentials::Store::new(&dir).unwrap();
+            unbounded_agent::credentials::obtain(&reqwest::Client::new(), &identity, &store, true)
+                .await
+        })
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", site.bootserver.log()));
+    assert!(!issued.token.is_empty());
+    assert!(
+        !site.bootserver.log().contains(&issued.token),
+        "the token was logged"
+    );
+    ok(
+        cp,
+        &["delete", "machine", "cr-v6-tls", "--wait=false"],
+        None,
     );
 }

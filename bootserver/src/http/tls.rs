@@ -61,6 +61,8 @@ pub enum TlsError {
 pub struct TlsEndpoint {
     /// `https://<serverAddress>:<port>`.
     pub url: String,
+    /// `https://[<dhcp6.serverAddress>]:<port>`, when DHCPv6 is on: where v6 peers go.
+    pub url6: Option<String>,
     /// The SHA-256 of the server's certificate (DER), lower-case hex.
     pub sha256_hex: String,
     /// What agents are told to accept from now on, with each credential answer: this
@@ -73,6 +75,7 @@ pub struct TlsEndpoint {
 pub fn load(
     settings: &TlsSettings,
     server_address: std::net::Ipv4Addr,
+    server6: Option<std::net::Ipv6Addr>,
 ) -> Result<(Arc<rustls::ServerConfig>, TlsEndpoint), TlsError> {
     let read_error = |what: &'static str, path: &Path| {
         let path = path.to_owned();
@@ -112,10 +115,21 @@ pub fn load(
         Arc::new(config),
         TlsEndpoint {
             url: format!("https://{server_address}:{}", settings.port),
+            url6: server6.map(|ip| format!("https://[{ip}]:{}", settings.port)),
             sha256_hex,
             pins,
         },
     ))
+}
+
+impl TlsEndpoint {
+    /// The URL a peer of this family reaches: the v6 one for a v6 peer when there is one.
+    pub fn url_for(&self, peer: std::net::IpAddr) -> &str {
+        match (peer, &self.url6) {
+            (std::net::IpAddr::V6(_), Some(url6)) => url6,
+            _ => &self.url,
+        }
+    }
 }
 
 /// A TLS connection with its place among the open connections and its idle clock.
