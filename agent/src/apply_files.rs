@@ -143,7 +143,7 @@ pub fn work(
     new: &MachineTemplate,
     version: i64,
     node: &str,
-    node_ip: Option<std::net::IpAddr>,
+    node_ip: Option<crate::node_address::NodeIps>,
 ) -> Result<Work, ApplyFilesError> {
     let plan: ApplyPlan = decide(old, new);
     if plan.needs_repave() {
@@ -451,7 +451,9 @@ mod tests {
             2,
             "n1",
             // The address the pave gave kubelet stays in its flags.
-            Some(std::net::IpAddr::from([10, 99, 0, 21])),
+            Some(crate::node_address::NodeIps::single(
+                std::net::IpAddr::from([10, 99, 0, 21]),
+            )),
         )
         .unwrap();
         assert_eq!(

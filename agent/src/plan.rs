@@ -40,7 +40,7 @@ pub struct Paved {
     /// The Node address kubelet was given (`--node-ip`), so that an in-place change of
     /// kubelet's flags keeps it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node_ip: Option<std::net::IpAddr>,
+    pub node_ip: Option<crate::node_address::NodeIps>,
 }
 
 /// The node container's systemd unit, as observed.

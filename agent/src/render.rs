@@ -126,7 +126,7 @@ pub struct KubeletInput<'a> {
     pub extra_args: &'a BTreeMap<String, String>,
     /// The Node's address (`--node-ip`, see [`crate::node_address`]), unless `extra_args`
     /// names one.
-    pub node_ip: Option<std::net::IpAddr>,
+    pub node_ip: Option<crate::node_address::NodeIps>,
 }
 
 /// Label prefixes under `kubernetes.io` and `k8s.io` that a kubelet may set on its own Node
@@ -378,7 +378,9 @@ mod tests {
             "KUBELET_ARGS=\"--hostname-override=node-1 --node-labels=rack=r1 --max-pods=50 --v=2\""
         );
         // The agent's address toward the API server, unless the configuration names one.
-        let node_ip = Some(std::net::IpAddr::from([10, 99, 0, 21]));
+        let node_ip = Some(crate::node_address::NodeIps::single(
+            std::net::IpAddr::from([10, 99, 0, 21]),
+        ));
         let env = kubelet_env(&KubeletInput {
             node_ip,
             ..input(&labels, &[], &extra)

@@ -347,6 +347,14 @@ pub async fn obtain(
             http,
         ),
     };
+    // Asked from a link-local address, the bootserver refuses (no Machine's address) and
+    // the agent would wait a minute: wait for the leased address as for the network.
+    if let Some(why) = crate::node_address::not_yet_addressed(bootserver) {
+        return Err(CredentialError::Unreachable {
+            bootserver: bootserver.to_owned(),
+            source: why.into(),
+        });
+    }
     let now = now_unix();
     let nonce_used = store.meta().is_some_and(|m| m.nonce_used);
     let proof = choose_proof(
