@@ -976,6 +976,31 @@ fn as_agent_in<T: Send + 'static>(
     ns.spawn_inside(work).unwrap().join().unwrap().unwrap()
 }
 
+/// The agent's own `credentials::obtain` on a thread in `ns`, its state in `dir`.
+fn obtain_in(
+    ns: &unbounded_testbed::netns::Netns,
+    identity: unbounded_agent::identity::Identity,
+    dir: std::path::PathBuf,
+    bootstrap: bool,
+) -> Result<unbounded_api::agent::Credentials, unbounded_agent::credentials::CredentialError> {
+    as_agent_in(ns, move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let store = unbounded_agent::credentials::Store::new(&dir).unwrap();
+            unbounded_agent::credentials::obtain(
+                &reqwest::Client::new(),
+                &identity,
+                &store,
+                bootstrap,
+            )
+            .await
+        })
+    })
+}
+
 /// With `http.tls`, nothing secret crosses the link in clear: the boot script carries no
 /// nonce, only the HTTPS endpoint, its certificate's digest and a ticket that the bootserver
 /// holds for the address it served the script to; credentials are refused over plain HTTP;
@@ -1052,36 +1077,12 @@ fn over_tls_no_secret_crosses_the_link_in_clear() {
     if let Some(secure) = impostor.secure.as_mut() {
         secure.sha256 = [0; 32];
     }
-    let dir = state_dir.clone();
-    let refused = as_agent_in(&link.client, move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let store = unbounded_agent::credentials::Store::new(&dir).unwrap();
-            unbounded_agent::credentials::obtain(&reqwest::Client::new(), &impostor, &store, true)
-                .await
-                .map(|_| ())
-        })
-    });
+    let refused = obtain_in(&link.client, impostor, state_dir.clone(), true);
     let error = refused.expect_err("a certificate that is not the pinned one");
     assert!(error.to_string().contains("pinned"), "{error}");
 
     // The agent with the boot's pin: credentials over TLS, by the ticket.
-    let dir = state_dir.clone();
-    let issued = as_agent_in(&link.client, move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let store = unbounded_agent::credentials::Store::new(&dir).unwrap();
-            unbounded_agent::credentials::obtain(&reqwest::Client::new(), &identity, &store, true)
-                .await
-        })
-    })
-    .unwrap();
+    let issued = obtain_in(&link.client, identity, state_dir.clone(), true).unwrap();
     let bootstrap = issued.bootstrap_token.clone().expect("a bootstrap token");
     let store = unbounded_agent::credentials::Store::new(state.path()).unwrap();
     assert!(
@@ -1153,19 +1154,8 @@ fn agent_obtains(
         ticket: false,
         attest: attest.map(|tcti| unbounded_agent::identity::Attestor { tcti: Some(tcti) }),
     };
-    as_agent_in(ns, move || {
-        let state = tempfile::tempdir().unwrap();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let store = unbounded_agent::credentials::Store::new(state.path()).unwrap();
-            unbounded_agent::credentials::obtain(&reqwest::Client::new(), &identity, &store, false)
-                .await
-                .map_err(|e| e.to_string())
-        })
-    })
+    let state = tempfile::tempdir().unwrap();
+    obtain_in(ns, identity, state.path().to_path_buf(), false).map_err(|e| e.to_string())
 }
 
 /// Waits until cr-tpm's `TPMAttested` condition's `field` (`status` or `reason`) is `want`.
@@ -1579,19 +1569,8 @@ fn over_ipv6_and_tls_the_agent_redeems_its_ticket_at_the_v6_address() {
         .to_owned();
     let identity = unbounded_agent::identity::from_cmdline(&kernel_line).unwrap();
     let state = tempfile::tempdir().unwrap();
-    let dir = state.path().to_path_buf();
-    let issued = as_agent_in(&link.client, move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let store = unbounded_agent::credentials::Store::new(&dir).unwrap();
-            unbounded_agent::credentials::obtain(&reqwest::Client::new(), &identity, &store, true)
-                .await
-        })
-    })
-    .unwrap_or_else(|e| panic!("{e}\n{}", site.bootserver.log()));
+    let issued = obtain_in(&link.client, identity, state.path().to_path_buf(), true)
+        .unwrap_or_else(|e| panic!("{e}\n{}", site.bootserver.log()));
     assert!(!issued.token.is_empty());
     assert!(
         !site.bootserver.log().contains(&issued.token),
