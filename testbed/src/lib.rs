@@ -17,6 +17,7 @@ pub mod disk_scenario;
 pub mod failure;
 pub mod images;
 pub mod in_place_scenario;
+pub mod ipv6_scenario;
 pub mod kubelet_scenario;
 pub mod lab;
 pub mod leaks;

@@ -14,7 +14,7 @@ use cli::scenario::run_scenario;
 use unbounded_testbed::bench::{self};
 use unbounded_testbed::cluster::ClusterError;
 use unbounded_testbed::failure::Failure;
-use unbounded_testbed::lab::{LabError, LabMode, LabOptions};
+use unbounded_testbed::lab::{LabError, LabMode, LabOptions, Provisioning};
 use unbounded_testbed::{images, setup};
 
 mod cli;
@@ -50,6 +50,14 @@ enum Commands {
         /// Memory of the appliance VM, in MiB.
         #[arg(long, default_value_t = 2560)]
         appliance_memory: u32,
+        /// Provision the machines over IPv6 only (DHCPv6, PXE over IPv6, the Node on its
+        /// IPv6 address): every machine UEFI; needs --host-binaries (`scenario ipv6`).
+        #[arg(long, requires = "host_binaries")]
+        ipv6_only: bool,
+        /// Provision over IPv4 as usual and give every machine its reserved IPv6 address
+        /// by DHCPv6 too: Nodes on both families; needs --host-binaries.
+        #[arg(long, requires = "host_binaries", conflicts_with = "ipv6_only")]
+        dual_stack: bool,
     },
     /// Stop everything `up` started.
     Down,
@@ -132,6 +140,10 @@ enum Commands {
         host_binaries: bool,
         #[arg(long)]
         appliance_memory: u32,
+        #[arg(long)]
+        ipv6_only: bool,
+        #[arg(long)]
+        dual_stack: bool,
     },
 }
 
@@ -217,6 +229,10 @@ pub(crate) enum ScenarioName {
     /// machine at a time onto another Kubernetes release (v1.34.4), a MachineHealthCheck
     /// replaces a machine shut down; then everything released and booted again.
     Capi,
+    /// On a lab started with `up --host-binaries --ipv6-only` (or `--dual-stack`): every
+    /// Node Ready on exactly its Machine's reserved addresses, DHCPv6 on the bridge (and no
+    /// DHCPv4 when IPv6-only), then a reboot of the first machine back to Ready on them.
+    Ipv6,
 }
 
 fn main() -> ExitCode {
@@ -228,12 +244,16 @@ fn main() -> ExitCode {
             stage_timeout,
             host_binaries,
             appliance_memory,
+            ipv6_only,
+            dual_stack,
         } => up(UpOptions {
             machines,
             memory,
             stage_timeout,
             host_binaries,
             appliance_memory,
+            ipv6_only,
+            dual_stack,
         }),
         Commands::Serve {
             machines,
@@ -244,6 +264,8 @@ fn main() -> ExitCode {
             bootserver,
             host_binaries,
             appliance_memory,
+            ipv6_only,
+            dual_stack,
         } => serve(LabOptions {
             machines,
             memory_mib: memory,
@@ -257,6 +279,11 @@ fn main() -> ExitCode {
             },
             appliance_memory_mib: appliance_memory,
             stage_timeout: Duration::from_secs(stage_timeout),
+            provisioning: match (ipv6_only, dual_stack) {
+                (true, _) => Provisioning::Ipv6Only,
+                (false, true) => Provisioning::DualStack,
+                (false, false) => Provisioning::Ipv4,
+            },
         }),
         Commands::Down => down(),
         Commands::Scenario { name, onto_disks } => run_scenario(name, onto_disks),

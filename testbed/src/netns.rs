@@ -258,7 +258,7 @@ impl LoopbackForward {
     }
 
     /// Forwards `<bind>:<port>` inside `ns` (an address of the namespace, such as a
-    /// bridge's that VMs reach) to `target` outside.
+    /// bridge's that VMs reach, of either family) to `target` outside.
     pub fn bound(ns: &Netns, bind: &str, port: u16, target: &str) -> Result<Self, NetnsError> {
         let dir = tempfile::tempdir().map_err(|source| NetnsError::NotRun {
             command: "tempdir".into(),
@@ -295,7 +295,7 @@ impl LoopbackForward {
         }
         let inside = spawn(
             ns.command("socat")
-                .arg(format!("TCP-LISTEN:{port},bind={bind},reuseaddr,fork"))
+                .arg(listen_spec(bind, port))
                 .arg(format!("UNIX-CONNECT:{}", socket.display())),
         );
         match inside {
@@ -340,6 +340,7 @@ impl Drop for LoopbackForward {
 #[derive(Debug)]
 pub struct HostRoute {
     host_if: String,
+    ns_if: String,
 }
 
 impl HostRoute {
@@ -373,13 +374,13 @@ impl HostRoute {
         run(&[
             "ip", "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if,
         ])?;
-        let this = Self { host_if };
+        let this = Self { host_if, ns_if };
         let via = ns_cidr.split('/').next().unwrap_or(ns_cidr);
-        run(&["ip", "link", "set", &ns_if, "netns", ns.name()])?;
+        run(&["ip", "link", "set", &this.ns_if, "netns", ns.name()])?;
         run(&["ip", "addr", "add", host_cidr, "dev", &this.host_if])?;
         run(&["ip", "link", "set", &this.host_if, "up"])?;
-        ns.ip(&["addr", "add", ns_cidr, "dev", &ns_if])?;
-        ns.ip(&["link", "set", &ns_if, "up"])?;
+        ns.ip(&["addr", "add", ns_cidr, "dev", &this.ns_if])?;
+        ns.ip(&["link", "set", &this.ns_if, "up"])?;
         ns.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
         run(&[
             "ip",
@@ -392,6 +393,52 @@ impl HostRoute {
             &this.host_if,
         ])?;
         Ok(this)
+    }
+
+    /// The same link for IPv6 too: `host_cidr` and `ns_cidr` (without duplicate address
+    /// detection, so that they work at once) and the host route `subnet via <ns address>`.
+    pub fn add_ipv6(
+        &self,
+        ns: &Netns,
+        host_cidr: &str,
+        ns_cidr: &str,
+        subnet: &str,
+    ) -> Result<(), NetnsError> {
+        let via = ns_cidr.split('/').next().unwrap_or(ns_cidr);
+        run(&[
+            "ip",
+            "-6",
+            "addr",
+            "add",
+            host_cidr,
+            "dev",
+            &self.host_if,
+            "nodad",
+        ])?;
+        ns.ip(&["-6", "addr", "add", ns_cidr, "dev", &self.ns_if, "nodad"])?;
+        ns.exec(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])?;
+        run(&[
+            "ip",
+            "-6",
+            "route",
+            "add",
+            subnet,
+            "via",
+            via,
+            "dev",
+            &self.host_if,
+        ])?;
+        Ok(())
+    }
+}
+
+/// socat's listening address for `bind:port`: an IPv6 address needs its own keyword and
+/// brackets.
+fn listen_spec(bind: &str, port: u16) -> String {
+    if bind.contains(':') {
+        format!("TCP6-LISTEN:{port},bind=[{bind}],reuseaddr,fork")
+    } else {
+        format!("TCP-LISTEN:{port},bind={bind},reuseaddr,fork")
     }
 }
 

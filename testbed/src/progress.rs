@@ -84,7 +84,9 @@ pub fn strip_ansi(line: &str) -> String {
 pub fn console_stage(line: &str) -> Option<Stage> {
     let line = strip_ansi(line);
     let line = line.as_str();
-    if line.contains("Station IP address is") || (line.contains("net0: ") && line.contains("/255."))
+    if line.contains("Station IP address is")
+        || (line.contains("net0: ") && line.contains("/255."))
+        || ipxe_global_ipv6(line)
     {
         Some(Stage::Dhcp)
     } else if line.contains("Unbounded: booting") {
@@ -98,6 +100,18 @@ pub fn console_stage(line: &str) -> Option<Stage> {
     } else {
         None
     }
+}
+
+/// iPXE's line for a global IPv6 address it configured (`net0: fd00:99::21/64`; its
+/// link-local address is not the DHCPv6 lease).
+fn ipxe_global_ipv6(line: &str) -> bool {
+    let Some((_, after)) = line.split_once("net0: ") else {
+        return false;
+    };
+    let address = after.split('/').next().unwrap_or_default().trim();
+    address
+        .parse::<std::net::Ipv6Addr>()
+        .is_ok_and(|ip| !ip.is_unicast_link_local() && after.contains('/'))
 }
 
 /// The console stages seen in a console's text (complete lines only).
@@ -254,10 +268,16 @@ mod tests {
     }
 
     #[test]
-    fn ovmf_pxe_shows_dhcp_by_its_station_address() {
+    fn dhcp_shows_by_the_firmwares_station_address_or_ipxes_global_address() {
         assert_eq!(
             console_stage("  Station IP address is 10.99.0.22"),
             Some(Stage::Dhcp)
+        );
+        assert_eq!(console_stage("net0: fd00:99::21/64"), Some(Stage::Dhcp));
+        assert_eq!(console_stage("net0: fe80::5054:ff:fe99:1/64"), None);
+        assert_eq!(
+            console_stage("net0: 52:54:00:99:00:01 using virtio-net on 0000:01:00.0 (open)"),
+            None
         );
         assert_eq!(console_stage("unrelated"), None);
     }

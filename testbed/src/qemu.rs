@@ -60,11 +60,23 @@ pub fn accelerator() -> &'static str {
     }
 }
 
+/// QEMU arguments for a UEFI machine on a provisioning network without DHCPv4 (passed
+/// through libvirt's `<qemu:commandline>`): the NIC's iPXE option ROM off, so that OVMF's
+/// own PXE boots as a server's firmware would (DHCPv6, then TFTP over IPv6), and its PXE
+/// over IPv4 off (about a minute of timeouts under TCG on such a link).
+pub fn ovmf_pxe6_args() -> Vec<String> {
+    ["-fw_cfg", NO_PXE4, "-global", "virtio-net-pci.romfile="]
+        .map(str::to_owned)
+        .to_vec()
+}
+
+/// Turns OVMF's PXE over IPv4 off.
+const NO_PXE4: &str = "name=opt/org.tianocore/IPv4PXESupport,string=no";
+
 /// The `-fw_cfg` values that turn OVMF's network boot entries off for `firmware`, so that
 /// the one wanted comes first. OVMF tries PXEv4, PXEv6, HTTPv4, HTTPv6 in that order, and
 /// each that finds no server costs about a minute under TCG.
 fn uefi_network_knobs(firmware: Firmware) -> &'static [&'static str] {
-    const NO_PXE4: &str = "name=opt/org.tianocore/IPv4PXESupport,string=no";
     // Skips the PXEv6 attempt (a minute of timeouts on an IPv4-only link).
     const NO_PXE6: &str = "name=opt/org.tianocore/IPv6PXESupport,string=no";
     match firmware {

@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use unbounded_testbed::images;
-use unbounded_testbed::lab::{Lab, LabMode, LabOptions};
+use unbounded_testbed::lab::{Lab, LabMode, LabOptions, Provisioning};
 use unbounded_testbed::progress;
 use unbounded_testbed::scenario::{self, LabAccess as _};
 use unbounded_testbed::{appliance_scenarios, discovery_scenario};
@@ -41,6 +41,7 @@ fn the_appliance_runs_deploy_as_pods_that_boot_machines_to_ready_nodes() {
         mode: LabMode::Pods,
         appliance_memory_mib: 2560,
         stage_timeout: Duration::from_secs(420),
+        provisioning: Provisioning::Ipv4,
     };
     let say = |m: &str| eprintln!("lab: {m}");
     let mut lab = Lab::start(&options, &images, &say).unwrap_or_else(|e| panic!("{e}"));

@@ -23,6 +23,8 @@ pub(crate) struct UpOptions {
     pub(crate) stage_timeout: u64,
     pub(crate) host_binaries: bool,
     pub(crate) appliance_memory: u32,
+    pub(crate) ipv6_only: bool,
+    pub(crate) dual_stack: bool,
 }
 
 pub(crate) fn up(options: UpOptions) -> Result<(), CliError> {
@@ -32,6 +34,8 @@ pub(crate) fn up(options: UpOptions) -> Result<(), CliError> {
         stage_timeout,
         host_binaries,
         appliance_memory,
+        ipv6_only,
+        dual_stack,
     } = options;
     if machines == 0 {
         return Err(CliError::Other("--machines must be at least 1".into()));
@@ -82,6 +86,8 @@ pub(crate) fn up(options: UpOptions) -> Result<(), CliError> {
         .args(["--stage-timeout", &stage_timeout.to_string()])
         .args(["--appliance-memory", &appliance_memory.to_string()])
         .args(host_binaries.then_some("--host-binaries"))
+        .args(ipv6_only.then_some("--ipv6-only"))
+        .args(dual_stack.then_some("--dual-stack"))
         .arg("--dir")
         .arg(&dir)
         .arg("--controller")

@@ -186,8 +186,8 @@ pub(super) fn generate_pki(dir: &Path) -> Result<(), ClusterError> {
             subject: "/CN=kube-apiserver",
             usage: "serverAuth",
             alt_names: Some(
-                // 10.99.0.1: the testbed's provisioning bridge, where VMs reach it.
-                "IP:127.0.0.1,IP:10.99.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:10.96.0.1",
+                // 10.99.0.1 and fd00:99::1: the testbed's provisioning bridge, where VMs reach it.
+                "IP:127.0.0.1,IP:10.99.0.1,IP:fd00:99::1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:10.96.0.1",
             ),
         },
         CertRequest {

@@ -12,6 +12,27 @@ use crate::failure::Failure;
 
 /// The bootserver's (and the API server's, for the VMs) address on the provisioning bridge.
 pub const LAB_ADDRESS: &str = "10.99.0.1";
+/// The bootserver's and the API server's IPv6 address on the provisioning bridge, in a lab
+/// whose machines provision over IPv6 only ([`Provisioning::Ipv6Only`]).
+pub const LAB_ADDRESS6: &str = "fd00:99::1";
+/// The provisioning bridge's IPv6 prefix.
+pub const LAB_PREFIX6: &str = "fd00:99::/64";
+/// Which family the lab's machines provision over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Provisioning {
+    /// DHCPv4, PXE and iPXE over IPv4; BIOS and UEFI machines alternate (the default).
+    #[default]
+    Ipv4,
+    /// DHCPv6 only (the bootserver's DHCPv4 is off): UEFI machines boot by PXE over IPv6
+    /// and the Node registers with its IPv6 address. BIOS machines cannot: iPXE's BIOS
+    /// build has no IPv6. The BMC emulators stay on IPv4: they are the management network,
+    /// not the machines' provisioning network.
+    Ipv6Only,
+    /// Both: the machines boot over IPv4 as in [`Provisioning::Ipv4`], and the bootserver's
+    /// DHCPv6 also gives each its reserved IPv6 address, which the host OS takes; the Node
+    /// registers with both (the API server's family, IPv4, first).
+    DualStack,
+}
 /// The API server's port as the VMs reach it.
 pub const LAB_API_PORT: u16 = 6443;
 /// The label every lab Machine carries (the configuration selects by it).

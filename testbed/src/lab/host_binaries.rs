@@ -4,7 +4,10 @@
 use std::fs;
 use std::path::Path;
 
-use super::base::{LAB_ADDRESS, LAB_API_PORT, LabError, kubectl, service_account_kubeconfig};
+use super::base::{
+    LAB_ADDRESS, LAB_ADDRESS6, LAB_API_PORT, LAB_PREFIX6, LabError, Provisioning, kubectl,
+    service_account_kubeconfig,
+};
 use super::{Components, LabOptions, write};
 use crate::appliance::BootArtifacts;
 use crate::bmc;
@@ -29,6 +32,12 @@ pub(super) fn start_host_binaries(
     say("routed link host ↔ provisioning network (10.99.0.0/24)");
     let (host_cidr, ns_cidr, subnet) = crate::appliance::HOST_ROUTE;
     let route = HostRoute::new(ns, host_cidr, ns_cidr, subnet).map_err(Failure::of)?;
+    if options.provisioning != Provisioning::Ipv4 {
+        let (host_cidr, ns_cidr) = HOST_ROUTE6;
+        route
+            .add_ipv6(ns, host_cidr, ns_cidr, LAB_PREFIX6)
+            .map_err(Failure::of)?;
+    }
     say("applying deploy/ (CRDs, policies, RBAC, Deployments)");
     kubectl(
         plane,
@@ -69,18 +78,40 @@ pub(super) fn start_host_binaries(
             .map_err(|e| Failure::new(format!("linking {name}"), e))?;
     }
 
-    say(
-        "bootserver (Kubernetes backend, full DHCP, router advertisements, agent credentials, discovery of unknown machines)",
-    );
     let config = options.dir.join("bootserver.yaml");
     let artifacts = BootArtifacts::on_bootserver(&images.node.sha256);
-    write(
-        &config,
-        &super::discovery::with_discovery(
-            &bootserver_config(&options.dir, &images_dir, &ca),
-            &artifacts,
-        )?,
-    )?;
+    let settings = match options.provisioning {
+        Provisioning::Ipv4 => {
+            say(
+                "bootserver (Kubernetes backend, full DHCP, router advertisements, agent credentials, discovery of unknown machines)",
+            );
+            super::discovery::with_discovery(
+                &bootserver_config(&options.dir, &images_dir, &ca),
+                &artifacts,
+            )?
+        }
+        Provisioning::DualStack => {
+            say(
+                "bootserver (Kubernetes backend, full DHCP and DHCPv6, router advertisements with M and O, agent credentials, discovery of unknown machines)",
+            );
+            super::discovery::with_discovery(
+                &format!(
+                    "{}{}",
+                    bootserver_config(&options.dir, &images_dir, &ca),
+                    dhcp6_section()
+                ),
+                &artifacts,
+            )?
+        }
+        Provisioning::Ipv6Only => {
+            // Discovery answers over IPv4 only (docs/bootserver.md).
+            say(
+                "bootserver (Kubernetes backend, DHCPv4 off, full DHCPv6, router advertisements with M and O, agent credentials over IPv6)",
+            );
+            bootserver_config_ipv6(&options.dir, &images_dir, &ca)
+        }
+    };
+    write(&config, &settings)?;
     let bootserver = Process::spawn(
         "bootserver",
         Some(ns),
@@ -121,6 +152,49 @@ pub(super) fn start_host_binaries(
         bootserver,
         _route: route,
     })
+}
+
+/// DHCPv6 on the provisioning bridge, each Machine's `ipv6` reserved.
+fn dhcp6_section() -> String {
+    format!(
+        "dhcp6:
+  mode: full
+  serverAddress: {LAB_ADDRESS6}
+  subnets:
+    - prefix: {LAB_PREFIX6}
+      pool: [fd00:99::100, fd00:99::1ff]
+"
+    )
+}
+
+/// The host end and the namespace end of the routed link's IPv6 addresses.
+const HOST_ROUTE6: (&str, &str) = ("fd00:98::1/126", "fd00:98::2/126");
+
+/// An IPv6-only provisioning network: DHCPv4 off (TFTP and HTTP still listen on the v4
+/// address too), DHCPv6 in full mode with each Machine's `ipv6` reserved, and the API
+/// server as the machines reach it over IPv6.
+fn bootserver_config_ipv6(dir: &Path, images: &Path, ca: &Path) -> String {
+    format!(
+        r#"interface: br0
+serverAddress: {LAB_ADDRESS}
+routerAdvertisements: true
+backend: kubernetes
+dhcp:
+  mode: off
+  leaseFile: "{dir}/leases.log"
+{dhcp6}tftp: {{root: /usr/lib/ipxe}}
+http: {{port: 8080, imagesDir: "{images}"}}
+power: {{enabled: true, pollSeconds: 10}}
+credentials:
+  apiServer: https://[{LAB_ADDRESS6}]:{LAB_API_PORT}
+  caFile: "{ca}"
+  nonceFile: "{dir}/nonces.json"
+"#,
+        dir = dir.display(),
+        images = images.display(),
+        ca = ca.display(),
+        dhcp6 = dhcp6_section(),
+    )
 }
 
 fn bootserver_config(dir: &Path, images: &Path, ca: &Path) -> String {

@@ -15,6 +15,10 @@
 //!   machines, `ipmi_sim` (IPMI) for even ones; BIOS and UEFI alternate;
 //! - a MachineConfiguration with the host and node images, and one Machine per VM.
 //!
+//! [`Provisioning`] picks the machines' family: IPv4 (the default), IPv6 only (`fd00:99::1` on
+//! the bridge, DHCPv4 off, UEFI machines booting by OVMF's PXEv6, the API server forwarded on
+//! `[fd00:99::1]:6443` too) or dual stack (the IPv4 lab plus DHCPv6 reservations).
+//!
 //! Everything is owned by [`Lab`] and stopped when it is dropped (processes die with the
 //! thread that started them, too).
 
@@ -77,8 +81,10 @@ pub struct LabMachine {
     pub name: String,
     /// Its NIC's MAC.
     pub mac: String,
-    /// Its reserved address.
+    /// Its reserved address (IPv6 in an IPv6-only lab).
     pub ip: String,
+    /// Its reserved IPv6 address beside `ip`, in a dual-stack lab.
+    pub ip6: Option<String>,
     /// UEFI (else BIOS).
     pub uefi: bool,
     /// Its BMC.
@@ -109,6 +115,8 @@ pub struct LabOptions {
     pub appliance_memory_mib: u32,
     /// How long one stage may take.
     pub stage_timeout: Duration,
+    /// Which family the machines provision over ([`LabMode::HostBinaries`] only for IPv6).
+    pub provisioning: Provisioning,
 }
 
 /// The project's components as the lab runs them.
@@ -135,6 +143,7 @@ pub struct Lab {
     sushy: Option<SushyEmulator>,
     libvirtd: Libvirtd,
     _forward: LoopbackForward,
+    _forward6: Option<LoopbackForward>,
     /// The control plane.
     pub plane: LocalControlPlane,
     ns: Netns,
@@ -169,12 +178,30 @@ impl Lab {
         fs::create_dir_all(&options.dir).map_err(|e| Failure::new(options.dir.display(), e))?;
         say("provisioning network: namespace with bridge br0 (10.99.0.1/24)");
         let ns = Netns::new("ubtb").map_err(Failure::of)?;
+        let ipv6 = options.provisioning == Provisioning::Ipv6Only;
+        let has_ipv6 = options.provisioning != Provisioning::Ipv4;
+        if has_ipv6 && options.mode != LabMode::HostBinaries {
+            // The appliance VM's pods would need the v6 network inside the VM as well.
+            return Err(step(
+                "an IPv6 or dual-stack lab runs the bootserver and the controller as host binaries: add --host-binaries",
+            ));
+        }
+        let address6 = format!("{LAB_ADDRESS6}/64");
         for args in [
             &["link", "add", "br0", "type", "bridge"][..],
             &["addr", "add", "10.99.0.1/24", "dev", "br0"],
             &["link", "set", "br0", "up"],
         ] {
             ns.ip(args).map_err(Failure::of)?;
+        }
+        if has_ipv6 {
+            say(&format!(
+                "provisioning over {}: {address6} on br0",
+                if ipv6 { "IPv6 only" } else { "IPv4 and IPv6" }
+            ));
+            // No duplicate address detection: the bootserver binds it as it starts.
+            ns.ip(&["-6", "addr", "add", &address6, "dev", "br0", "nodad"])
+                .map_err(Failure::of)?;
         }
         // Every boot's DHCP, scripts and credential exchange, from the first packet: the
         // first 2 KiB of each (images pass by, their heads only). `--immediate-mode`: each
@@ -198,7 +225,8 @@ impl Lab {
             .into_iter()
             .chain([
                 options.dir.join(BRIDGE_CAPTURE).display().to_string(),
-                "tcp port 8080 or tcp port 8443 or udp port 67 or udp port 4011".to_owned(),
+                "tcp port 8080 or tcp port 8443 or udp port 67 or udp port 4011 or udp port 547"
+                    .to_owned(),
             ])
             .collect::<Vec<_>>(),
             &[],
@@ -233,6 +261,21 @@ impl Lab {
             &format!("127.0.0.1:{api_port}"),
         )
         .map_err(Failure::of)?;
+        // The machines of an IPv6 lab reach the API server at [fd00:99::1]:6443 (the
+        // bootserver, in the namespace, keeps the v4 forward).
+        let forward6 = if ipv6 {
+            Some(
+                LoopbackForward::bound(
+                    &ns,
+                    LAB_ADDRESS6,
+                    LAB_API_PORT,
+                    &format!("127.0.0.1:{api_port}"),
+                )
+                .map_err(Failure::of)?,
+            )
+        } else {
+            None
+        };
         let kubeconfig = plane.kubeconfig_path().to_path_buf();
 
         let (components, artifacts) = match options.mode {
@@ -270,7 +313,8 @@ impl Lab {
         let pid = std::process::id();
         let mut machines = Vec::new();
         for i in 1..=options.machines {
-            let uefi = i % 2 == 0;
+            // iPXE's BIOS build has no IPv6: an IPv6 lab's machines are all UEFI.
+            let uefi = ipv6 || i % 2 == 0;
             let bmc = if i % 2 == 1 {
                 BmcKind::Redfish
             } else {
@@ -289,7 +333,13 @@ impl Lab {
                     network_fallback: true,
                     data_disks_gib: lab_data_disks(i),
                     smbios_serial: None,
-                    qemu_args: Vec::new(),
+                    // OVMF's own PXEv6, as a server's firmware (the v4 lab's UEFI
+                    // machines boot the NIC's iPXE ROM).
+                    qemu_args: if ipv6 {
+                        crate::qemu::ovmf_pxe6_args()
+                    } else {
+                        Vec::new()
+                    },
                     tpm: true,
                 },
             )
@@ -309,8 +359,14 @@ impl Lab {
                 ),
                 BmcKind::Redfish => None,
             };
+            let ip6 = format!("fd00:99::{}", 20 + i);
             machines.push(LabMachine {
-                ip: format!("10.99.0.{}", 20 + i),
+                ip: if ipv6 {
+                    ip6.clone()
+                } else {
+                    format!("10.99.0.{}", 20 + i)
+                },
+                ip6: (options.provisioning == Provisioning::DualStack).then_some(ip6),
                 name,
                 mac,
                 uefi,
@@ -325,6 +381,7 @@ impl Lab {
             sushy: Some(sushy),
             libvirtd,
             _forward: forward,
+            _forward6: forward6,
             plane,
             ns,
             dir: options.dir.clone(),
@@ -397,7 +454,7 @@ spec:
   pxe:
     macAddresses: ["{mac}"]
     firmware: {firmware}
-    ipv4: {ip}
+    {family}: {ip}{ip6}
     bmc:
       address: "{bmc}"
       credentialsSecretRef: {{namespace: unbounded-bmc, name: testbed-bmc}}
@@ -406,6 +463,12 @@ spec:
                 mac = m.mac,
                 firmware = if m.uefi { "uefi" } else { "bios" },
                 ip = m.ip,
+                family = if m.ip.contains(':') { "ipv6" } else { "ipv4" },
+                ip6 = m
+                    .ip6
+                    .as_ref()
+                    .map(|ip6| format!("\n    ipv6: {ip6}"))
+                    .unwrap_or_default(),
                 bmc = self.bmc_address(m),
             ));
         }
@@ -455,6 +518,8 @@ pub mod running;
 mod wait;
 
 use base::step;
-pub use base::{LAB_ADDRESS, LAB_API_PORT, LAB_LABEL, LabError};
+pub use base::{
+    LAB_ADDRESS, LAB_ADDRESS6, LAB_API_PORT, LAB_LABEL, LAB_PREFIX6, LabError, Provisioning,
+};
 use host_binaries::start_host_binaries;
 pub use running::RunningLab;
