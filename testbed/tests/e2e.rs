@@ -10,23 +10,34 @@
 //! BMC inside it and a switch (lldpd) on the bridge, becomes a waiting Machine whose
 //! inventory says its shape, its switch port and its BMC's address.
 //!
+//! Then, in a lab of its own, the reduced `scenario ipv6`: an IPv6-only provisioning network
+//! (the bootserver and controller as host binaries, DHCPv4 off), where a UEFI machine boots
+//! by OVMF's own PXEv6 and becomes a Ready Node on its reserved IPv6 address alone. The two
+//! labs run one after the other (one bridge, one host route).
+//!
 //! The host, node and container images come from the image cache (`unbounded-testbed
 //! images --containers`, which the test command runs first); the controller binary that the
 //! lab runs outside the cluster for the appliance's first join from this build.
 
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use unbounded_testbed::images;
 use unbounded_testbed::lab::{Lab, LabMode, LabOptions, Provisioning};
 use unbounded_testbed::progress;
 use unbounded_testbed::scenario::{self, LabAccess as _};
-use unbounded_testbed::{appliance_scenarios, discovery_scenario};
+use unbounded_testbed::{appliance_scenarios, discovery_scenario, ipv6_scenario};
 
 mod common;
 use common::workspace_binary;
 
+/// One lab at a time: each makes the same bridge addresses and host route, and keeps both
+/// cores busy.
+static ONE_LAB: Mutex<()> = Mutex::new(());
+
 #[test]
 fn the_appliance_runs_deploy_as_pods_that_boot_machines_to_ready_nodes() {
+    let _one_lab = ONE_LAB.lock().unwrap_or_else(PoisonError::into_inner);
     let mut images = images::cached().unwrap();
     images.containers = Some(images::cached_containers().unwrap_or_else(|e| {
         panic!("{e} (scripts/test runs `unbounded-testbed images --containers` first)")
@@ -145,6 +156,52 @@ fn the_appliance_runs_deploy_as_pods_that_boot_machines_to_ready_nodes() {
     }
 
     // No BMC password, token or bootstrap token in any component's log, pod log or console.
+    let leaks = lab.secret_leaks();
+    assert!(
+        leaks.is_empty(),
+        "secrets in the lab's logs:\n{}",
+        leaks.join("\n")
+    );
+}
+
+#[test]
+fn on_an_ipv6_only_network_a_uefi_machine_boots_by_pxev6_to_a_node_on_its_ipv6_address() {
+    let _one_lab = ONE_LAB.lock().unwrap_or_else(PoisonError::into_inner);
+    let images = images::cached().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let options = LabOptions {
+        machines: 1,
+        memory_mib: 1536,
+        dir: dir.path().to_path_buf(),
+        controller: workspace_binary("unbounded-controller"),
+        bootserver: workspace_binary("unbounded-bootserver"),
+        mode: LabMode::HostBinaries,
+        appliance_memory_mib: 0,
+        stage_timeout: Duration::from_secs(420),
+        provisioning: Provisioning::Ipv6Only,
+    };
+    let say = |m: &str| eprintln!("ipv6 lab: {m}");
+    let mut lab = Lab::start(&options, &images, &say).unwrap_or_else(|e| panic!("{e}"));
+    lab.apply_machines().unwrap();
+    let timelines = lab
+        .wait_ready(Duration::from_secs(420), &say)
+        .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("{}", progress::table(&timelines));
+    let found = ipv6_scenario::ipv6(
+        &lab,
+        &lab.dir,
+        ipv6_scenario::Ipv6Depth::Reduced,
+        Duration::from_secs(300),
+        &say,
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", lab.logs()));
+    assert_eq!(
+        found.nodes,
+        vec![(
+            "machine-1".to_owned(),
+            vec!["fd00:99::21".parse::<std::net::IpAddr>().unwrap()]
+        )]
+    );
     let leaks = lab.secret_leaks();
     assert!(
         leaks.is_empty(),

@@ -107,14 +107,15 @@ pub(crate) fn run_scenario(name: ScenarioName, onto_disks: bool) -> Result<(), C
                 })
             }
             ScenarioName::Ipv6 => {
-                unbounded_testbed::ipv6_scenario::ipv6(&lab, &lab.dir, timeout, &say).map(|f| {
+                use unbounded_testbed::ipv6_scenario::{Ipv6Depth, ipv6};
+                ipv6(&lab, &lab.dir, Ipv6Depth::Full, timeout, &say).map(|f| {
                     for (node, ips) in &f.nodes {
                         say(&format!("ipv6: {node} InternalIPs {ips:?}"));
                     }
                     say(&format!(
                         "ipv6: {} DHCPv6 answers captured; reboot to Ready {:.0} s",
                         f.dhcp6_replies,
-                        f.reboot.as_secs_f64()
+                        f.reboot.unwrap_or_default().as_secs_f64()
                     ));
                 })
             }
