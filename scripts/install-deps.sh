@@ -7,7 +7,7 @@ packages=(
   # control plane for tests
   etcd-server openssl
   # network tests: namespaces, real DHCP and TFTP clients, reference servers
-  iproute2 isc-dhcp-client isc-dhcp-relay busybox-static atftp dnsmasq-base tcpdump curl socat
+  iproute2 isc-dhcp-client isc-dhcp-relay dhcpcd-base busybox-static atftp dnsmasq-base tcpdump curl socat
   # PXE under QEMU
   qemu-system-x86 qemu-utils ipxe ipxe-qemu ovmf cpio zstd
   # images: host OS and node root file systems, static pause (and the static binaries of the

@@ -1,5 +1,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic is the test failure report
-//! DHCPv6 with a real client (ISC `dhclient -6`) on a link of two network namespaces:
+//! DHCPv6 with real clients (ISC `dhclient -6`, dhcpcd) on a link of two network namespaces:
 //! a stateful address from the pool, made durable before the Reply (it comes back to its
 //! client after a `kill -9` and never goes to another), and TFTP and HTTP over IPv6.
 
@@ -252,6 +252,56 @@ fn a_machine_is_known_by_its_v6_lease() {
         script.contains(&format!("http://[{SERVER6}]:8080/images/vmlinuz")),
         "{script}"
     );
+}
+
+/// dhcpcd (Roy Marples', as Debian's `dhcpcd-base` ships it): it starts DHCPv6 only on our
+/// router advertisement's M flag (as iPXE and systemd-networkd do; ISC dhclient does not
+/// wait for one), asks with a DUID-LL and gets a pool address, which it puts on the
+/// interface; the bootserver's book has the lease before the Reply.
+#[test]
+fn dhcpcd_starts_on_our_router_advertisement_and_gets_a_pool_address() {
+    let link = link_with_mac("52:54:00:00:06:0c");
+    let images = fake_images();
+    let server = Bootserver::start(&link.server, &config(images.path()));
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("dhcpcd.conf");
+    // No hooks (the host's resolv.conf is not ours to write), IPv6 only, one IA_NA.
+    std::fs::write(&conf, "ipv6only\nduid ll\nia_na 1\noption rapid_commit\n").unwrap();
+    let out = link
+        .client
+        .command("timeout")
+        .args(["60", "dhcpcd", "-f"])
+        .arg(&conf)
+        .args(["-c", "/bin/true", "-6", "-1", "-B", "-t", "40", "eth0"])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // dhcpcd -1 leaves its address configured when it exits.
+    let addresses = link
+        .client
+        .ip(&["-6", "addr", "show", "dev", "eth0", "scope", "global"])
+        .unwrap();
+    let addresses = String::from_utf8_lossy(&addresses.stdout).into_owned();
+    assert!(
+        addresses.contains("inet6 fd00:99::1"),
+        "no pool address on the interface:\n{addresses}\ndhcpcd:\n{text}\n{}",
+        server.log()
+    );
+    assert!(
+        text.contains("Router Advertisement from") || text.contains("RA from"),
+        "dhcpcd did not hear our router advertisement:\n{text}"
+    );
+    let metrics = server.metrics(&link.server);
+    assert_eq!(
+        metric(&metrics, "unbounded_bootserver_dhcp_active_leases", ""),
+        1.0,
+        "{metrics}"
+    );
+    let _ = link.client.command("dhcpcd").args(["-x", "eth0"]).output();
 }
 
 /// ISC `dhcrelay -6` between the client's link (fd00:98::/64) and the server's: the
