@@ -149,6 +149,7 @@ struct File {
     power: unbounded_pxe::settings::PowerFile,
     credentials: Option<CredentialsFile>,
     discovery: Option<DiscoveryFile>,
+    ha: Option<crate::ha::settings::HaFile>,
 }
 
 /// Validated settings: each part's own, and what ties them together.
@@ -183,6 +184,9 @@ pub struct Settings {
     /// What the inspection boot of an unknown machine boots, and the bounds of the door
     /// ([`crate::discovery`]); always set when `dhcp.unknown_machines` is `Discover`.
     pub discovery: Option<DiscoverySettings>,
+    /// The pair this server belongs to (`ha:`; docs/bootserver.md, "Two bootservers on one
+    /// network"); its DHCP pools are then its half of each.
+    pub ha: Option<crate::ha::settings::HaSettings>,
 }
 
 /// Defaults that depend on where the bootserver runs rather than on the file: the
@@ -236,6 +240,20 @@ impl Settings {
             source: Box::new(source),
         })?;
         let dhcp = DhcpSettings::try_from(&file.dhcp)?;
+        let ha = file
+            .ha
+            .as_ref()
+            .map(crate::ha::settings::HaSettings::try_from)
+            .transpose()?;
+        let dhcp = match &ha {
+            Some(_) if dhcp.mode != crate::dhcp::settings::DhcpMode::Full => {
+                return Err(ConfigError::Invalid(
+                    "ha: a pair of servers shares the DHCP pools: dhcp.mode must be full".into(),
+                ));
+            }
+            Some(pair) => dhcp.for_pair(pair.half)?,
+            None => dhcp,
+        };
         if file.backend == BackendKind::Kubernetes && !file.machines.is_empty() {
             return Err(ConfigError::Invalid(
                 "backend kubernetes takes machines from the cluster: remove the machines list"
@@ -256,6 +274,11 @@ impl Settings {
         let dhcp6 = file
             .dhcp6
             .validate(dhcp.unknown_machines, file.interface.as_deref())?;
+        if ha.is_some() && dhcp6.mode != crate::dhcp6::settings::Dhcp6Mode::Off {
+            return Err(ConfigError::Invalid(
+                "ha: a pair serves DHCPv4 only so far (its DHCPv6 pools are not split yet): turn dhcp6 off, or run one server".into(),
+            ));
+        }
         let power = unbounded_pxe::settings::PowerSettings::try_from(&file.power)?;
         let credentials = match &file.credentials {
             Some(_) if file.backend != BackendKind::Kubernetes => {
@@ -281,6 +304,7 @@ impl Settings {
             power,
             credentials,
             discovery,
+            ha,
         })
     }
 
@@ -366,6 +390,57 @@ machines:
             Path::new("/var/lib/unbounded/images")
         );
         assert_eq!(settings.backend, BackendKind::Kubernetes);
+    }
+
+    #[test]
+    fn a_pair_takes_half_of_every_pool_and_refuses_what_it_cannot_share() {
+        let pair = |name: &str, partner: &str, extra: &str| {
+            Settings::parse(&format!(
+                "{GOOD}ha: {{name: {name}, partner: {{name: {partner}, address: \"10.99.0.3:8647\"}}}}\n{extra}"
+            ))
+        };
+        let a = pair("bootserver-a", "bootserver-b", "").unwrap();
+        let b = pair("bootserver-b", "bootserver-a", "").unwrap();
+        let whole = (Ipv4Addr::new(10, 99, 0, 100), Ipv4Addr::new(10, 99, 0, 199));
+        assert_eq!(
+            a.dhcp.subnets[0].pool,
+            (Ipv4Addr::new(10, 99, 0, 100), Ipv4Addr::new(10, 99, 0, 149))
+        );
+        assert_eq!(
+            b.dhcp.subnets[0].pool,
+            (Ipv4Addr::new(10, 99, 0, 150), Ipv4Addr::new(10, 99, 0, 199))
+        );
+        assert_eq!(a.dhcp.subnets[0].pair_pool, Some(whole));
+        assert!(a.dhcp.subnets[0].in_partners_part(Ipv4Addr::new(10, 99, 0, 150)));
+        assert!(!a.dhcp.subnets[0].in_partners_part(Ipv4Addr::new(10, 99, 0, 21)));
+        assert!(b.dhcp.subnets[0].in_partners_part(Ipv4Addr::new(10, 99, 0, 100)));
+        // Without ha: the whole pool, nobody's partner.
+        let alone = Settings::parse(GOOD).unwrap();
+        assert_eq!(alone.dhcp.subnets[0].pool, whole);
+        assert_eq!(alone.dhcp.subnets[0].pair_pool, None);
+        assert!(alone.ha.is_none());
+
+        let error =
+            |s: Result<Settings, ConfigError>| s.err().map(|e| e.to_string()).unwrap_or_default();
+        let proxy = Settings::parse(&format!(
+            "{}ha: {{name: a, partner: {{name: b, address: \"10.99.0.3:8647\"}}}}\n",
+            GOOD.replace("dhcp:\n", "dhcp:\n  mode: proxy\n")
+        ));
+        assert!(error(proxy).contains("dhcp.mode must be full"));
+        let one = Settings::parse(&format!(
+            "{}ha: {{name: a, partner: {{name: b, address: \"10.99.0.3:8647\"}}}}\n",
+            GOOD.replace(
+                "pool: [10.99.0.100, 10.99.0.199]",
+                "pool: [10.99.0.100, 10.99.0.100]"
+            )
+        ));
+        assert!(error(one).contains("has one address"));
+        let v6 = pair(
+            "a",
+            "b",
+            "dhcp6: {mode: full, serverAddress: \"fd00:99::1\", subnets: [{prefix: \"fd00:99::/64\", pool: [\"fd00:99::100\", \"fd00:99::1ff\"]}]}\n",
+        );
+        assert!(error(v6).contains("DHCPv4 only so far"));
     }
 
     #[test]

@@ -49,6 +49,7 @@ pub mod discovery_writes;
 pub mod files;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod ha;
 pub mod http;
 pub mod identity;
 pub mod interfaces;

@@ -104,6 +104,11 @@ impl<'a> Pool<'a> {
         self.subnet
     }
 
+    /// The client's durable lease, expired or not.
+    pub fn lease_of(&self, client: &Client<'_>) -> Option<crate::leases::Lease> {
+        self.book.lease_of(client.key)
+    }
+
     /// Whether a client holds an address now: an offer that has not lapsed or a lease that
     /// has not expired (what the per-source limits count).
     pub fn holds_address(&self, key: &ClientKey) -> bool {
@@ -212,8 +217,26 @@ impl<'a> Pool<'a> {
         if let Some(ip) = self.reservation(client) {
             return Some(ip);
         }
-        let lease = self.book.lease_of(client.key).and_then(|l| l.ipv4());
-        let claim = self.book.claim_of(client.key, self.now).and_then(v4);
+        // In a pair partner's part only a lease that outlasts an offer's hold is the
+        // client's: once it ends the address is the partner's to give again, whatever this
+        // book remembers (an expired lease, a REQUEST of ours still being written), and an
+        // offer made here must not outlive it.
+        let live_partners_lease = |ip: Ipv4Addr| {
+            self.book.lease_of(client.key).is_some_and(|l| {
+                l.ip == IpAddr::V4(ip) && l.expires_unix >= self.now + OFFER_HOLD.as_secs()
+            })
+        };
+        let ours = |ip: &Ipv4Addr| !self.subnet.in_partners_part(*ip) || live_partners_lease(*ip);
+        let lease = self
+            .book
+            .lease_of(client.key)
+            .and_then(|l| l.ipv4())
+            .filter(ours);
+        let claim = self
+            .book
+            .claim_of(client.key, self.now)
+            .and_then(v4)
+            .filter(ours);
         [lease, claim]
             .into_iter()
             .flatten()

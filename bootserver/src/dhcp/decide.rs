@@ -43,6 +43,8 @@ use super::{Decision, DropReason};
 use crate::backend::{MachineBackend, MachineRecord};
 use crate::boot::{self, ClientKind};
 use crate::config::Settings;
+use crate::ha::pair::{Pair, answerer};
+use crate::ha::parts::Half;
 use crate::identity::PxeExchanges;
 use crate::leases::book::Refused;
 use crate::leases::{ClientKey, Lease, LeaseError, Leases, Ticket};
@@ -131,6 +133,8 @@ pub struct Responder {
     /// The PXE boot-server exchanges answered: the evidence that vouches for a machine's
     /// address in proxy mode ([`crate::identity`]).
     exchanges: Arc<PxeExchanges>,
+    /// With `ha:`: the pair's state, fed by its shells, and this server's half.
+    pair: Option<(Arc<Mutex<Pair>>, Half)>,
 }
 
 impl std::fmt::Debug for Responder {
@@ -174,7 +178,15 @@ impl Responder {
             cursors: Mutex::default(),
             sources: Mutex::default(),
             exchanges: Arc::default(),
+            pair: None,
         }
+    }
+
+    /// This server as one of a pair (`ha:`): `pair` says what the pair's state allows.
+    /// Without `ha:` in the settings the pair is ignored.
+    pub fn with_pair(mut self, pair: Arc<Mutex<Pair>>) -> Self {
+        self.pair = self.settings.ha.as_ref().map(|ha| (pair, ha.half));
+        self
     }
 
     /// The PXE exchanges this responder answered (shared with the HTTP server, which
@@ -258,6 +270,22 @@ impl Responder {
     /// boot: stay silent so that it moves on to its next boot device (unless discovery is
     /// on).
     pub fn admit(&self, context: &Context<'_>) -> Result<(), DropReason> {
+        if let Some((pair, half)) = &self.pair {
+            let pair = lock(pair);
+            if !pair.serves() {
+                return Err(DropReason::PairRecovering);
+            }
+            // A DISCOVER is the partner's to answer while the pair is up, unless the
+            // client says it has waited too long; everything else names its server or
+            // its address.
+            let request = context.request;
+            let id = request.client_id.as_deref().unwrap_or(&request.mac.0);
+            if request.message_type == MessageType::Discover
+                && !pair.answers(answerer(id), *half, request.secs)
+            {
+                return Err(DropReason::PartnersClient);
+            }
+        }
         if context.kind.is_network_boot()
             && context.machine.is_none()
             && self.boot_options(context, Route::Full) == BootOptions::None
@@ -340,6 +368,11 @@ impl Responder {
                 Ok(Assignment::Offered(offer))
             }
             MessageType::Request => self.assign_requested(context, pool),
+            // In a pair a released address stays the client's until its lease ends: the
+            // partner may extend that lease up to the expiry it knows, so the owner must not
+            // give the address to another client before then (found by the pair's property
+            // test). The client loses nothing: asking again, it gets the same address.
+            MessageType::Release if self.pair.is_some() => Err(DropReason::ReleaseKeptInPair),
             MessageType::Release => {
                 let ip = request.ciaddr;
                 if !pool.release(&context.key, ip) {
@@ -408,11 +441,32 @@ impl Responder {
         }
         // The address is the client's until the commit thread answers: no other client may
         // be offered it while the lease is being made durable.
+        if self.partners_lease_unextendable(pool, &client, asked) {
+            return Err(DropReason::PartnersLease);
+        }
         match pool.begin_commit(&client, asked) {
             Ok(ticket) => Ok(Assignment::Acknowledged(asked, ticket)),
             Err(Refused::Taken | Refused::OtherFamily) => Ok(not_available()),
             Err(Refused::CommitInFlight) => Err(DropReason::CommitInFlight),
         }
+    }
+
+    /// Whether `ip` is a lease of the pair partner's part that this server may not extend
+    /// now: the partner could not hear of the extension first, and could give the address
+    /// to another client once the lease it knows ends. The request goes unanswered: the
+    /// client keeps its address until then (its own timers), and then starts over. A
+    /// Machine's reservation is nobody's part: one Machine is one client.
+    fn partners_lease_unextendable(
+        &self,
+        pool: &Pool<'_>,
+        client: &Client<'_>,
+        ip: Ipv4Addr,
+    ) -> bool {
+        let Some((pair, _)) = self.pair.as_ref() else {
+            return false;
+        };
+        let reserved = client.machine.is_some_and(|m| m.ipv4 == Some(ip));
+        !reserved && pool.subnet().in_partners_part(ip) && !lock(pair).extends_partners_leases()
     }
 
     /// The full server: the steps, in order.

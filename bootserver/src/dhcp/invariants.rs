@@ -31,24 +31,30 @@ use super::allocate::OFFER_HOLD;
 use crate::backend::MacAddr;
 use crate::leases::{ClientKey, Lease};
 
-/// A promise to one client, until a time.
+/// A promise to one client, until a time, by one server (0 alone; 0 or 1 in a pair).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Promise {
     key: ClientKey,
     mac: MacAddr,
     until: u64,
+    server: u8,
 }
 
-/// What the server promised, as seen on the wire.
+/// Which server of a pair decided (0 when there is one server).
+pub type ServerId = u8;
+
+/// What the servers promised, as seen on the wire (one server, or both of a pair: a
+/// promise by either binds both).
 #[derive(Debug, Default)]
 pub struct Ledger {
     acked: HashMap<IpAddr, Promise>,
     offered: HashMap<IpAddr, Promise>,
-    /// ACKs decided and not yet answered by the commit thread, by address.
-    in_flight: HashMap<IpAddr, (ClientKey, MacAddr, u32)>,
-    /// Declined addresses: until when, and whether the decline is on disk yet (one that is
-    /// not is forgotten by a restart, as DECLINE is advisory).
-    declined: HashMap<IpAddr, (u64, bool)>,
+    /// ACKs decided and not yet answered by a commit thread, by server and address.
+    in_flight: HashMap<(ServerId, IpAddr), (ClientKey, MacAddr, u32)>,
+    /// Declined addresses, by the server that heard the decline: until when, and whether
+    /// it is on disk yet (one that is not is forgotten by a restart, as DECLINE is
+    /// advisory; the other server of a pair may not have heard it at all).
+    declined: HashMap<(ServerId, IpAddr), (u64, bool)>,
     reservations: HashMap<IpAddr, Vec<MacAddr>>,
 }
 
@@ -71,8 +77,16 @@ impl Ledger {
                 .any(|macs| macs.contains(&a.1) && macs.contains(&b.1))
     }
 
-    /// Who else holds `ip` at `now`, if anyone: the reason, for the report.
-    fn held_by_other(&self, ip: IpAddr, key: &ClientKey, mac: MacAddr, now: u64) -> Option<String> {
+    /// Who else holds `ip` at `now` as `server` must see it, if anyone: the reason, for
+    /// the report.
+    fn held_by_other(
+        &self,
+        server: ServerId,
+        ip: IpAddr,
+        key: &ClientKey,
+        mac: MacAddr,
+        now: u64,
+    ) -> Option<String> {
         let other = |k: &ClientKey, m: MacAddr| !self.same_client((k, m), (key, mac));
         if let Some(p) = self
             .acked
@@ -81,7 +95,13 @@ impl Ledger {
         {
             return Some(format!("leased to {} until {}", p.key, p.until));
         }
-        if let Some((k, _, _)) = self.in_flight.get(&ip).filter(|(k, m, _)| other(k, *m)) {
+        // An ACK being made durable holds the address on its own server; the other server
+        // of a pair cannot see it, and is bound only by what goes out on the wire.
+        if let Some((k, _, _)) = self
+            .in_flight
+            .get(&(server, ip))
+            .filter(|(k, m, _)| other(k, *m))
+        {
             return Some(format!("being acknowledged to {k}"));
         }
         if let Some(p) = self
@@ -91,7 +111,7 @@ impl Ledger {
         {
             return Some(format!("offered to {} until {}", p.key, p.until));
         }
-        if let Some((until, _)) = self.declined.get(&ip).filter(|(u, _)| *u > now) {
+        if let Some((until, _)) = self.declined.get(&(server, ip)).filter(|(u, _)| *u > now) {
             return Some(format!("declined until {until}"));
         }
         None
@@ -116,6 +136,18 @@ impl Ledger {
         mac: MacAddr,
         now: u64,
     ) -> Result<(), String> {
+        self.decided_by(0, decision, key, mac, now)
+    }
+
+    /// [`Ledger::decided`] by one server of a pair.
+    pub fn decided_by(
+        &mut self,
+        server: ServerId,
+        decision: &Decision,
+        key: &ClientKey,
+        mac: MacAddr,
+        now: u64,
+    ) -> Result<(), String> {
         match decision {
             Decision::Reply {
                 reply,
@@ -132,7 +164,7 @@ impl Ledger {
                     if *reclaimed && self.offered.get(&ip).is_some_and(|p| p.key != *key) {
                         self.offered.remove(&ip);
                     }
-                    if let Some(other) = self.held_by_other(ip, key, mac, now) {
+                    if let Some(other) = self.held_by_other(server, ip, key, mac, now) {
                         return Err(format!("{ip} offered to {key} while {other}"));
                     }
                     if self.reserved_for_other(ip, mac) {
@@ -147,6 +179,7 @@ impl Ledger {
                             key: key.clone(),
                             mac,
                             until: now + OFFER_HOLD.as_secs(),
+                            server,
                         },
                     );
                     Ok(())
@@ -158,7 +191,7 @@ impl Ledger {
                             reply.message.yiaddr()
                         ));
                     }
-                    if let Some(other) = self.held_by_other(lease.ip, key, mac, now) {
+                    if let Some(other) = self.held_by_other(server, lease.ip, key, mac, now) {
                         return Err(format!("{} acknowledged to {key} while {other}", lease.ip));
                     }
                     if self.reserved_for_other(lease.ip, mac) {
@@ -169,7 +202,7 @@ impl Ledger {
                     }
                     self.forget_offers(key);
                     self.in_flight
-                        .entry(lease.ip)
+                        .entry((server, lease.ip))
                         .or_insert_with(|| (key.clone(), mac, 0))
                         .2 += 1;
                     Ok(())
@@ -185,9 +218,13 @@ impl Ledger {
                 if self.acked.get(ip).is_some_and(|p| p.key == *key) {
                     self.acked.remove(ip);
                 }
-                // Its REQUESTs still being written are withdrawn: no ACK will go out.
-                if self.in_flight.get(ip).is_some_and(|(k, _, _)| k == key) {
-                    self.in_flight.remove(ip);
+                // Its REQUESTs still being written here are withdrawn: no ACK will go out.
+                if self
+                    .in_flight
+                    .get(&(server, *ip))
+                    .is_some_and(|(k, _, _)| k == key)
+                {
+                    self.in_flight.remove(&(server, *ip));
                 }
                 self.forget_offers(key);
                 Ok(())
@@ -196,8 +233,8 @@ impl Ledger {
                 let ip = &IpAddr::V4(*ip);
                 self.acked.remove(ip);
                 self.offered.remove(ip);
-                self.in_flight.remove(ip);
-                self.declined.insert(*ip, (*until, false));
+                self.in_flight.remove(&(server, *ip));
+                self.declined.insert((server, *ip), (*until, false));
                 Ok(())
             }
             Decision::Drop(DropReason::OtherServer) => {
@@ -208,25 +245,39 @@ impl Ledger {
         }
     }
 
-    fn settle(&mut self, lease: &Lease) {
-        if let Some((k, _, n)) = self.in_flight.get_mut(&lease.ip)
+    fn settle(&mut self, server: ServerId, lease: &Lease) {
+        if let Some((k, _, n)) = self.in_flight.get_mut(&(server, lease.ip))
             && *k == lease.key
         {
             *n -= 1;
             if *n == 0 {
-                self.in_flight.remove(&lease.ip);
+                self.in_flight.remove(&(server, lease.ip));
             }
         }
     }
 
     /// The lease is durable and its ACK goes out at `now`.
     pub fn acknowledged(&mut self, lease: &Lease, now: u64) -> Result<(), String> {
-        self.settle(lease);
-        if self.declined.get(&lease.ip).is_some_and(|(u, _)| *u > now) {
+        self.acknowledged_by(0, lease, now)
+    }
+
+    /// [`Ledger::acknowledged`] by one server of a pair.
+    pub fn acknowledged_by(
+        &mut self,
+        server: ServerId,
+        lease: &Lease,
+        now: u64,
+    ) -> Result<(), String> {
+        self.settle(server, lease);
+        if self
+            .declined
+            .get(&(server, lease.ip))
+            .is_some_and(|(u, _)| *u > now)
+        {
             // Declined while the write was under way: the book drops it; so do we.
             return Ok(());
         }
-        if let Some(other) = self.held_by_other(lease.ip, &lease.key, lease.mac, now) {
+        if let Some(other) = self.held_by_other(server, lease.ip, &lease.key, lease.mac, now) {
             return Err(format!(
                 "ACK sent to {} for {} while {other}",
                 lease.key, lease.ip
@@ -240,6 +291,7 @@ impl Ledger {
                 key: lease.key.clone(),
                 mac: lease.mac,
                 until: lease.expires_unix,
+                server,
             },
         );
         Ok(())
@@ -247,21 +299,113 @@ impl Ledger {
 
     /// The lease could not be made durable: no ACK.
     pub fn not_acknowledged(&mut self, lease: &Lease) {
-        self.settle(lease);
+        self.not_acknowledged_by(0, lease);
+    }
+
+    /// [`Ledger::not_acknowledged`] by one server of a pair.
+    pub fn not_acknowledged_by(&mut self, server: ServerId, lease: &Lease) {
+        self.settle(server, lease);
     }
 
     /// A decline of `ip` is on disk.
     pub fn decline_written(&mut self, ip: IpAddr) {
-        if let Some((_, durable)) = self.declined.get_mut(&ip) {
+        self.decline_written_by(0, ip);
+    }
+
+    /// [`Ledger::decline_written`] by one server of a pair.
+    pub fn decline_written_by(&mut self, server: ServerId, ip: IpAddr) {
+        if let Some((_, durable)) = self.declined.get_mut(&(server, ip)) {
             *durable = true;
         }
     }
 
     /// The server restarted: it forgot its offers, and every write under way was lost.
     pub fn restarted(&mut self) {
-        self.offered.clear();
-        self.in_flight.clear();
-        self.declined.retain(|_, (_, durable)| *durable);
+        self.restarted_server(0);
+    }
+
+    /// One server of a pair restarted: its offers and writes under way are gone.
+    pub fn restarted_server(&mut self, server: ServerId) {
+        self.offered.retain(|_, p| p.server != server);
+        self.in_flight.retain(|(s, _), _| *s != server);
+        self.declined
+            .retain(|(s, _), (_, durable)| *s != server || *durable);
+    }
+
+    /// One server of a pair lost its disk: every decline it heard is gone.
+    pub fn lost_disk(&mut self, server: ServerId) {
+        self.restarted_server(server);
+        self.declined.retain(|(s, _), _| *s != server);
+    }
+}
+
+/// The session property tests' shared parts (this file's and `pair_invariants.rs`).
+#[cfg(test)]
+pub(crate) mod sessions {
+    use std::net::Ipv4Addr;
+
+    use proptest::strategy::Strategy;
+    use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+
+    use crate::dhcp::wire;
+
+    /// A client's MAC: `52:54:00:00:00:<n>`.
+    pub fn mac(n: u8) -> [u8; 6] {
+        [0x52, 0x54, 0, 0, 0, n]
+    }
+
+    /// A request of message type `kind` from client `n` (its MAC and transaction id),
+    /// having waited `secs`, with `options` and `ciaddr`.
+    pub fn request(kind: u8, n: u8, secs: u16, options: &[u8], ciaddr: Ipv4Addr) -> wire::Request {
+        let mut p = vec![0u8; wire::HEADER_LEN];
+        p[..4].copy_from_slice(&[1, 1, 6, 0]);
+        p[4..8].copy_from_slice(&[0, 0, 0, n]);
+        p[8..10].copy_from_slice(&secs.to_be_bytes());
+        p[12..16].copy_from_slice(&ciaddr.octets());
+        p[28..34].copy_from_slice(&mac(n));
+        p.extend_from_slice(&wire::MAGIC_COOKIE);
+        p.extend_from_slice(&[53, 1, kind]);
+        p.extend_from_slice(options);
+        p.push(255);
+        wire::parse(&p).expect("a well-formed test request")
+    }
+
+    /// Plays random sessions of up to `max_steps` steps with `play`, which says which step
+    /// broke what. `default_cases` sessions from `default_seed`, unless
+    /// `UNBOUNDED_PROPTEST_CASES` and `UNBOUNDED_PROPTEST_SEED` say otherwise (by hand:
+    /// `UNBOUNDED_PROPTEST_CASES=100000 cargo test -p unbounded-bootserver invariants`).
+    pub fn run<S: std::fmt::Debug + Clone>(
+        default_cases: u32,
+        default_seed: u64,
+        steps: impl Strategy<Value = S>,
+        max_steps: usize,
+        play: impl Fn(&[S]) -> Result<(), (usize, String)>,
+    ) {
+        let cases = std::env::var("UNBOUNDED_PROPTEST_CASES")
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(default_cases);
+        let seed = std::env::var("UNBOUNDED_PROPTEST_SEED")
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap_or(default_seed);
+        let mut bytes = [0u8; 32];
+        bytes[..8].copy_from_slice(&seed.to_le_bytes());
+        let config = Config {
+            cases,
+            failure_persistence: None,
+            ..Config::default()
+        };
+        let mut runner =
+            TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
+        let result = runner.run(&proptest::collection::vec(steps, 1..max_steps), |session| {
+            play(&session).map_err(|(i, broken)| {
+                TestCaseError::fail(format!("step {i} {:?}: {broken}", session[i]))
+            })
+        });
+        if let Err(failure) = result {
+            panic!("{failure}");
+        }
     }
 }
 
@@ -275,7 +419,6 @@ mod tests {
     use std::sync::Arc;
 
     use proptest::prelude::*;
-    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
     use super::*;
     use crate::backend::StaticBackend;
@@ -298,9 +441,7 @@ machines:
     const START: u64 = 1_700_000_000;
     const CLIENTS: u8 = 7;
 
-    fn mac(n: u8) -> [u8; 6] {
-        [0x52, 0x54, 0, 0, 0, n]
-    }
+    use super::sessions::mac;
 
     fn pool_ip(n: u8) -> Ipv4Addr {
         Ipv4Addr::new(10, 99, 0, 99 + n)
@@ -407,16 +548,7 @@ machines:
         }
 
         fn packet(&self, kind: u8, client: u8, options: &[u8], ciaddr: Ipv4Addr) -> wire::Request {
-            let mut p = vec![0u8; wire::HEADER_LEN];
-            p[..4].copy_from_slice(&[1, 1, 6, 0]);
-            p[4..8].copy_from_slice(&[0, 0, 0, client]);
-            p[12..16].copy_from_slice(&ciaddr.octets());
-            p[28..34].copy_from_slice(&mac(client));
-            p.extend_from_slice(&wire::MAGIC_COOKIE);
-            p.extend_from_slice(&[53, 1, kind]);
-            p.extend_from_slice(options);
-            p.push(255);
-            wire::parse(&p).unwrap()
+            super::sessions::request(kind, client, 0, options, ciaddr)
         }
 
         fn ask(&mut self, client: u8, request: &wire::Request) -> Result<(), String> {
@@ -566,43 +698,16 @@ machines:
         }
     }
 
-    fn run_sessions(cases: u32, seed: [u8; 32]) {
-        let config = Config {
-            cases,
-            failure_persistence: None,
-            ..Config::default()
-        };
-        let mut runner =
-            TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed));
-        let result = runner.run(&proptest::collection::vec(step(), 1..120), |steps| {
+    /// CI: a fixed seed and a bounded number of sessions ([`super::sessions::run`]).
+    #[test]
+    fn no_address_is_offered_or_acknowledged_to_two_clients() {
+        super::sessions::run(2_000, 23, step(), 120, |steps| {
             let mut session = Session::new();
             for (i, step) in steps.iter().enumerate() {
-                if let Err(broken) = session.run(step) {
-                    return Err(TestCaseError::fail(format!("step {i} {step:?}: {broken}")));
-                }
+                session.run(step).map_err(|broken| (i, broken))?;
             }
             Ok(())
         });
-        if let Err(failure) = result {
-            panic!("{failure}");
-        }
-    }
-
-    /// CI: a fixed seed and a bounded number of sessions. By hand, more:
-    /// `UNBOUNDED_PROPTEST_CASES=100000 cargo test -p unbounded-bootserver invariants`.
-    #[test]
-    fn no_address_is_offered_or_acknowledged_to_two_clients() {
-        let cases = std::env::var("UNBOUNDED_PROPTEST_CASES")
-            .ok()
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(2_000);
-        let seed = std::env::var("UNBOUNDED_PROPTEST_SEED")
-            .ok()
-            .and_then(|s| s.parse::<u64>().ok())
-            .unwrap_or(23);
-        let mut bytes = [0u8; 32];
-        bytes[..8].copy_from_slice(&seed.to_le_bytes());
-        run_sessions(cases, bytes);
     }
 
     /// The ledger itself catches what it must: an offer of a leased address to another

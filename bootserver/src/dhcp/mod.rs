@@ -54,6 +54,8 @@ pub mod decide;
 #[doc(hidden)]
 pub mod invariants;
 pub mod limits;
+#[cfg(test)]
+mod pair_invariants;
 pub mod reply;
 pub mod serve;
 pub mod settings;
@@ -170,6 +172,15 @@ pub enum DropReason {
     /// A new pool address for a client behind a relay, or a relay's port, that already
     /// holds its limit of them (`dhcp.limits`).
     SourceLimit,
+    /// One of a pair of servers still recovering its book from its partner.
+    PairRecovering,
+    /// A DISCOVER the pair partner answers (the client's hash is its half).
+    PartnersClient,
+    /// A RELEASE in a pair: the address stays the client's until its lease ends.
+    ReleaseKeptInPair,
+    /// A REQUEST to extend a lease of the pair partner's part while the partner cannot
+    /// hear of it first.
+    PartnersLease,
 }
 
 impl DropReason {
@@ -196,6 +207,10 @@ impl DropReason {
             Self::Withdrawn => "withdrawn",
             Self::Encode => "encode",
             Self::SourceLimit => "source_limit",
+            Self::PairRecovering => "pair_recovering",
+            Self::PartnersClient => "partners_client",
+            Self::ReleaseKeptInPair => "release_kept_in_pair",
+            Self::PartnersLease => "partners_lease",
         }
     }
 }

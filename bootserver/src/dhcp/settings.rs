@@ -79,6 +79,9 @@ pub struct Subnet {
     pub domain: Option<String>,
     /// Lease time in seconds (option 51).
     pub lease_seconds: u32,
+    /// With a pair of servers (`ha:`): the whole pool as written, of which `pool` is this
+    /// server's half ([`crate::ha::parts`]).
+    pub pair_pool: Option<(Ipv4Addr, Ipv4Addr)>,
 }
 
 impl Subnet {
@@ -90,6 +93,37 @@ impl Subnet {
     /// Whether `ip` lies in the subnet.
     pub fn contains(&self, ip: Ipv4Addr) -> bool {
         u32::from(ip) & mask_bits(self.prefix) == u32::from(self.network)
+    }
+
+    /// This server's `half` of the pool, for a pair of servers: `pool` becomes the half,
+    /// `pair_pool` keeps the whole.
+    pub fn halved(self, half: crate::ha::parts::Half) -> Result<Self, InvalidSetting> {
+        let whole = self.pool;
+        // Both servers of the pair must have a half, whichever this one is.
+        let partners = match half {
+            crate::ha::parts::Half::Lower => crate::ha::parts::Half::Upper,
+            crate::ha::parts::Half::Upper => crate::ha::parts::Half::Lower,
+        };
+        let own = crate::ha::parts::half_of_v4(whole, half)
+            .filter(|_| crate::ha::parts::half_of_v4(whole, partners).is_some())
+            .ok_or_else(|| {
+            InvalidSetting(format!(
+                "dhcp.subnets {}/{}: pool {}–{} has one address, which a pair of servers cannot share (each owns half of every pool)",
+                self.network, self.prefix, whole.0, whole.1
+            ))
+        })?;
+        Ok(Self {
+            pool: own,
+            pair_pool: Some(whole),
+            ..self
+        })
+    }
+
+    /// Whether `ip` lies in the partner's half of the pair's pool (never without a pair).
+    pub fn in_partners_part(&self, ip: Ipv4Addr) -> bool {
+        self.pair_pool.is_some_and(|(first, last)| {
+            (u32::from(first)..=u32::from(last)).contains(&u32::from(ip)) && !self.in_pool(ip)
+        })
     }
 
     /// Whether `ip` lies in the dynamic pool.
@@ -125,6 +159,18 @@ pub struct DhcpSettings {
     pub port: u16,
     /// ProxyDHCP port (4011).
     pub proxy_port: u16,
+}
+
+impl DhcpSettings {
+    /// For one server of a pair: each subnet's pool cut to its `half`.
+    pub fn for_pair(self, half: crate::ha::parts::Half) -> Result<Self, InvalidSetting> {
+        let subnets = self
+            .subnets
+            .into_iter()
+            .map(|s| s.halved(half))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { subnets, ..self })
+    }
 }
 
 impl TryFrom<&DhcpFile> for DhcpSettings {
@@ -189,6 +235,7 @@ fn subnet(s: &SubnetFile) -> Result<Subnet, InvalidSetting> {
         dns: s.dns.clone(),
         domain: s.domain.clone(),
         lease_seconds: s.lease_seconds.unwrap_or(3600).max(60),
+        pair_pool: None,
     };
     if u32::from(network) & !mask_bits(prefix) != 0 {
         return Err(invalid("host bits are set in the network address".into()));

@@ -317,6 +317,69 @@ impl Leases {
         written.map(|()| taken)
     }
 
+    /// Records the partner of a pair wrote, taken into the book
+    /// ([`AddressBook::replicated`]) at `now`, and what the book took made durable here too;
+    /// says for each record whether the book took it. The log gets what the book now
+    /// holds, never a record it refused: the log's last record of an address is what a
+    /// restart believes, and a refused or older copy arriving late (a catch-up after an
+    /// interruption) would give the address back to a client whose lease ended (found by
+    /// the pair's property test). The book takes the records first: until they are on
+    /// disk they only keep more addresses from other clients; if the write fails, the
+    /// caller does not acknowledge them to the partner.
+    pub fn replicate(&self, records: &[Record], now: u64) -> Result<Vec<bool>, LeaseError> {
+        let (taken, news) = {
+            let mut book = self.book()?;
+            let mut taken = Vec::with_capacity(records.len());
+            let mut news = Vec::new();
+            for record in records {
+                let (before, elsewhere) = match record {
+                    Record::Commit(lease) => (
+                        book.lease_at(lease.ip),
+                        book.lease_of(&lease.key)
+                            .map(|l| l.ip)
+                            .filter(|ip| *ip != lease.ip),
+                    ),
+                    Record::Release { .. } | Record::Decline { .. } => (None, None),
+                };
+                let took = book.replicated(record, now);
+                taken.push(took);
+                if !took {
+                    continue;
+                }
+                match record {
+                    Record::Commit(lease) => {
+                        let after = book.lease_at(lease.ip);
+                        if after != before
+                            && let Some(held) = after
+                        {
+                            news.push(Record::Commit(held));
+                        }
+                        // The client's other address, held from everyone until its lease
+                        // would have ended: on disk too, or a restart would free it.
+                        if let Some(old) = elsewhere
+                            && let Some(book::Slot::Declined { until }) = book.slot(old)
+                        {
+                            news.push(Record::Decline {
+                                ip: old,
+                                until_unix: *until,
+                            });
+                        }
+                    }
+                    Record::Release { .. } | Record::Decline { .. } => news.push(record.clone()),
+                }
+            }
+            (taken, news)
+        };
+        let written =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.log.append(&news)))
+                .unwrap_or(Err(LeaseError::Panicked));
+        self.health
+            .failing
+            .store(written.is_err(), Ordering::Relaxed);
+        written?;
+        Ok(taken)
+    }
+
     /// A REQUEST accepted in the book will not be written after all (the commit queue was
     /// full): its claim ends.
     pub fn abandon(&self, lease: &Lease, ticket: Ticket) -> Result<(), LeaseError> {

@@ -519,6 +519,82 @@ impl AddressBook {
         self.slots.insert(ip, Slot::Declined { until });
     }
 
+    /// A record the partner of a pair wrote (docs/bootserver.md, "Two bootservers on one
+    /// network"): its lease, release or decline. A lease takes its address unless another
+    /// client holds it here at `now` (the pair's parts keep that from happening outside a
+    /// Machine's reservation, which is one Machine's); for the same client the later
+    /// expiry wins, and its claims stay. Returns whether the book took it.
+    pub fn replicated(&mut self, record: &Record, now: u64) -> bool {
+        let lease = match record {
+            Record::Commit(lease) => lease,
+            Record::Release { key, ip } => return self.release(key, *ip),
+            // A decline the partner heard keeps the address from new clients here too, but
+            // never takes it from a client this server promised it to (found by the pair's
+            // property test: a late copy ended a REQUEST being written).
+            Record::Decline { ip, until_unix } => {
+                let held = self.slots.get(ip).is_some_and(|slot| match slot {
+                    Slot::Held(h) => h.takes(now),
+                    Slot::Declined { .. } => false,
+                });
+                if *until_unix <= now || held {
+                    return false;
+                }
+                self.decline(*ip, *until_unix);
+                return true;
+            }
+        };
+        if lease.key.is_v6() != lease.ip.is_ipv6()
+            || self.make_room(lease.ip, &lease.key, now).is_err()
+        {
+            return false;
+        }
+        match self.slots.get_mut(&lease.ip) {
+            Some(Slot::Held(h)) if h.key == lease.key => {
+                h.lease = Some(
+                    h.lease
+                        .map_or(lease.expires_unix, |end| end.max(lease.expires_unix)),
+                );
+                h.mac = lease.mac;
+            }
+            _ => {
+                let incarnation = self.new_incarnation();
+                self.slots.insert(
+                    lease.ip,
+                    Slot::Held(Holding {
+                        key: lease.key.clone(),
+                        mac: lease.mac,
+                        lease: Some(lease.expires_unix),
+                        claim: None,
+                        incarnation,
+                    }),
+                );
+            }
+        }
+        let previous = self
+            .clients
+            .entry(lease.key.clone())
+            .or_default()
+            .leased
+            .replace(lease.ip);
+        if let Some(old) = previous.filter(|old| *old != lease.ip) {
+            // Which of its two ACKs the client took last, the two servers cannot tell (a
+            // lease's expiry is no clock of the pair): its other address is kept from
+            // everyone until that lease would have ended (found by the pair's property
+            // test, where a record arriving late freed the address its client used).
+            let end = self
+                .lease_at(old)
+                .filter(|held| held.key == lease.key)
+                .map(|held| held.expires_unix);
+            self.drop_lease(&lease.key, old);
+            if let Some(until) = end.filter(|end| *end > now)
+                && !self.slots.contains_key(&old)
+            {
+                self.slots.insert(old, Slot::Declined { until });
+            }
+        }
+        true
+    }
+
     /// The oldest offer nobody requested whose address lies in `first..=last` and is
     /// `eligible`: taken from its client (a pool exhausted by offers gives them back,
     /// oldest first).

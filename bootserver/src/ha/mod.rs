@@ -1,0 +1,17 @@
+//! Two bootservers on one provisioning network (docs/bootserver.md, "Two bootservers on one
+//! network"): what each server of a pair may do, decided from plain data.
+//!
+//! - [`settings`]: the `ha:` section, validated once;
+//! - [`parts`]: which server's part of a pool an address is in (each server makes new
+//!   bindings only in its own part, so uniqueness never depends on the two talking);
+//! - [`pair`]: the pair's state as this server sees it (up, interrupted, partner down,
+//!   recovering), moved by events, and what each state allows.
+//!
+//! The shells that do the I/O (the replication link, the heartbeats, the part fences in the
+//! Kubernetes API) come next; the two-server property test in `dhcp/pair_invariants.rs`
+//! drives these decisions and the real DHCP decision code through loss, delay, partition
+//! and restarts.
+
+pub mod pair;
+pub mod parts;
+pub mod settings;
