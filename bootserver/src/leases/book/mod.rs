@@ -581,15 +581,28 @@ impl AddressBook {
             // lease's expiry is no clock of the pair): its other address is kept from
             // everyone until that lease would have ended (found by the pair's property
             // test, where a record arriving late freed the address its client used).
-            let end = self
-                .lease_at(old)
-                .filter(|held| held.key == lease.key)
-                .map(|held| held.expires_unix);
-            self.drop_lease(&lease.key, old);
-            if let Some(until) = end.filter(|end| *end > now)
-                && !self.slots.contains_key(&old)
-            {
-                self.slots.insert(old, Slot::Declined { until });
+            // An offer made there ends too (held as long); a REQUEST being written there
+            // keeps the slot, and its own outcome decides.
+            let (end, committing) = match self.slots.get(&old) {
+                Some(Slot::Held(h)) if h.key == lease.key => {
+                    let offered = match h.claim {
+                        Some(Claim::Offered { until }) => Some(until),
+                        _ => None,
+                    };
+                    (
+                        h.lease.max(offered),
+                        matches!(h.claim, Some(Claim::Committing { .. })),
+                    )
+                }
+                _ => (None, false),
+            };
+            if committing {
+                self.drop_lease(&lease.key, old);
+            } else if end.is_some() {
+                self.evict(old);
+                if let Some(until) = end.filter(|end| *end > now) {
+                    self.slots.insert(old, Slot::Declined { until });
+                }
             }
         }
         true
