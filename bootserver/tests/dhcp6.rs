@@ -267,12 +267,20 @@ fn dhcpcd_starts_on_our_router_advertisement_and_gets_a_pool_address() {
     let conf = dir.path().join("dhcpcd.conf");
     // No hooks (the host's resolv.conf is not ours to write), IPv6 only, one IA_NA.
     std::fs::write(&conf, "ipv6only\nduid ll\nia_na 1\noption rapid_commit\n").unwrap();
+    // dhcpcd keeps its DUID and leases in /var/lib/dhcpcd and its sockets in /run/dhcpcd,
+    // whoever runs it: empty ones of its own (a private mount namespace), or a lease of an
+    // earlier run makes it CONFIRM instead of asking.
     let out = link
         .client
-        .command("timeout")
-        .args(["60", "dhcpcd", "-f"])
+        .command("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-ec"])
+        .arg(
+            "mkdir -p /var/lib/dhcpcd /run/dhcpcd; \
+             mount -t tmpfs dhcpcd-db /var/lib/dhcpcd; mount -t tmpfs dhcpcd-run /run/dhcpcd; \
+             exec timeout 60 dhcpcd -f \"$1\" -c /bin/true -6 -1 -B -t 40 eth0",
+        )
+        .arg("sh")
         .arg(&conf)
-        .args(["-c", "/bin/true", "-6", "-1", "-B", "-t", "40", "eth0"])
         .output()
         .unwrap();
     let text = format!(
@@ -301,7 +309,6 @@ fn dhcpcd_starts_on_our_router_advertisement_and_gets_a_pool_address() {
         1.0,
         "{metrics}"
     );
-    let _ = link.client.command("dhcpcd").args(["-x", "eth0"]).output();
 }
 
 /// ISC `dhcrelay -6` between the client's link (fd00:98::/64) and the server's: the
