@@ -439,11 +439,11 @@ impl Responder {
         if !pool.acceptable(&client, asked) {
             return Ok(not_available());
         }
-        // The address is the client's until the commit thread answers: no other client may
-        // be offered it while the lease is being made durable.
         if self.partners_lease_unextendable(pool, &client, asked) {
             return Err(DropReason::PartnersLease);
         }
+        // The address is the client's until the commit thread answers: no other client may
+        // be offered it while the lease is being made durable.
         match pool.begin_commit(&client, asked) {
             Ok(ticket) => Ok(Assignment::Acknowledged(asked, ticket)),
             Err(Refused::Taken | Refused::OtherFamily) => Ok(not_available()),

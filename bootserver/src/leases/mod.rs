@@ -289,15 +289,7 @@ impl Leases {
     /// Each commit carries the ticket its REQUEST got from [`AddressBook::begin_commit`].
     pub fn persist(&self, writes: &[(Record, Option<Ticket>)]) -> Result<Vec<bool>, LeaseError> {
         let records: Vec<Record> = writes.iter().map(|(r, _)| r.clone()).collect();
-        let written =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.log.append(&records)))
-                .unwrap_or(Err(LeaseError::Panicked));
-        self.health
-            .failing
-            .store(written.is_err(), Ordering::Relaxed);
-        if written.is_err() {
-            self.health.failed_writes.fetch_add(1, Ordering::Relaxed);
-        }
+        let written = self.append(&records);
         let mut book = self.book()?;
         let taken = writes
             .iter()
@@ -370,14 +362,23 @@ impl Leases {
             }
             (taken, news)
         };
+        self.append(&news)?;
+        Ok(taken)
+    }
+
+    /// Appends `records` to the log durably (a panicking log is a failed write) and keeps
+    /// the log's health: whether the last write failed, and how many did.
+    fn append(&self, records: &[Record]) -> Result<(), LeaseError> {
         let written =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.log.append(&news)))
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.log.append(records)))
                 .unwrap_or(Err(LeaseError::Panicked));
         self.health
             .failing
             .store(written.is_err(), Ordering::Relaxed);
-        written?;
-        Ok(taken)
+        if written.is_err() {
+            self.health.failed_writes.fetch_add(1, Ordering::Relaxed);
+        }
+        written
     }
 
     /// A REQUEST accepted in the book will not be written after all (the commit queue was
