@@ -396,7 +396,7 @@ machines:
     fn a_pair_takes_half_of_every_pool_and_refuses_what_it_cannot_share() {
         let pair = |name: &str, partner: &str, extra: &str| {
             Settings::parse(&format!(
-                "{GOOD}ha: {{name: {name}, partner: {{name: {partner}, address: \"10.99.0.3:8647\"}}}}\n{extra}"
+                "{GOOD}ha: {{name: {name}, partner: {{name: {partner}, address: \"10.99.0.3:8647\"}}, keyFile: /k}}\n{extra}"
             ))
         };
         let a = pair("bootserver-a", "bootserver-b", "").unwrap();
@@ -423,12 +423,12 @@ machines:
         let error =
             |s: Result<Settings, ConfigError>| s.err().map(|e| e.to_string()).unwrap_or_default();
         let proxy = Settings::parse(&format!(
-            "{}ha: {{name: a, partner: {{name: b, address: \"10.99.0.3:8647\"}}}}\n",
+            "{}ha: {{name: a, partner: {{name: b, address: \"10.99.0.3:8647\"}}, keyFile: /k}}\n",
             GOOD.replace("dhcp:\n", "dhcp:\n  mode: proxy\n")
         ));
         assert!(error(proxy).contains("dhcp.mode must be full"));
         let one = Settings::parse(&format!(
-            "{}ha: {{name: a, partner: {{name: b, address: \"10.99.0.3:8647\"}}}}\n",
+            "{}ha: {{name: a, partner: {{name: b, address: \"10.99.0.3:8647\"}}, keyFile: /k}}\n",
             GOOD.replace(
                 "pool: [10.99.0.100, 10.99.0.199]",
                 "pool: [10.99.0.100, 10.99.0.100]"

@@ -42,6 +42,9 @@ pub enum ServerError {
     /// TFTP failed.
     #[error(transparent)]
     Tftp(#[from] TftpError),
+    /// The pair's link could not start.
+    #[error(transparent)]
+    Pair(#[from] crate::ha::link::LinkError),
     /// A service task panicked or was cancelled.
     #[error("a bootserver service stopped: {0}")]
     Task(String),
@@ -139,6 +142,9 @@ pub async fn run(
     if let Some(discovery) = &discovery {
         discovery.register_metrics(&mut registry);
     }
+    // A log that did not exist before this start: in a pair, the partner's catch-up makes
+    // the book whole before this server answers anyone.
+    let new_log = !settings.dhcp.lease_file.exists();
     // One log for both families: v6 leases live in the same book (one owner per address).
     let lease_log = match (settings.dhcp.mode, settings.dhcp6.mode) {
         (DhcpMode::Full, _) | (_, Dhcp6Mode::Full) => {
@@ -150,11 +156,40 @@ pub async fn run(
         Some(log) => Leases::open(log.clone())?,
         None => Leases::in_memory(),
     });
-    let responder = Arc::new(Responder::new(
-        settings.clone(),
-        backend.clone(),
-        leases.clone(),
-    ));
+    let mut responder = Responder::new(settings.clone(), backend.clone(), leases.clone());
+    let mut pair_link = None;
+    if let Some(ha) = &settings.ha {
+        let pair = Arc::new(std::sync::Mutex::new(crate::ha::pair::Pair::starting(
+            if new_log {
+                crate::ha::pair::StartBook::Stale
+            } else {
+                crate::ha::pair::StartBook::Trusted
+            },
+            dhcp::now_unix(),
+            ha.interrupted_after.as_secs(),
+            settings
+                .dhcp
+                .subnets
+                .iter()
+                .map(|subnet| u64::from(subnet.lease_seconds))
+                .max()
+                .unwrap_or(0),
+        )));
+        let link_metrics = Arc::new(crate::ha::link::LinkMetrics::register(&mut registry));
+        let link = crate::ha::link::start(
+            ha,
+            ha.listen_on(settings.server_address),
+            pair.clone(),
+            leases.clone(),
+            Box::new(settings.clone()),
+            link_metrics,
+        )
+        .await?;
+        tracing::info!(name = %ha.name, partner = %ha.partner, half = ?ha.half, new_log, "one of a pair: allocating in this server's half of each pool");
+        responder = responder.with_pair(pair);
+        pair_link = Some(link);
+    }
+    let responder = Arc::new(responder);
 
     if let Some(interface) = settings
         .interface
@@ -183,8 +218,12 @@ pub async fn run(
         DhcpMode::Off => {}
     }
     // One commit thread for every socket: records reach the log in the order decided.
-    let committer = dhcp::commit::Committer::start(leases.clone(), dhcp::serve::MAX_IN_FLIGHT)
-        .map_err(dhcp::DhcpError::CommitThread)?;
+    let committer = dhcp::commit::Committer::start_paired(
+        leases.clone(),
+        dhcp::serve::MAX_IN_FLIGHT,
+        pair_link,
+    )
+    .map_err(dhcp::DhcpError::CommitThread)?;
     for port in ports {
         let socket = dhcp::open_socket(&settings, port)?;
         tracing::info!(port, interface = ?settings.interface, mode = ?settings.dhcp.mode, "DHCP listening");

@@ -3,6 +3,11 @@
 //! on port 67 of `--relay`, and prints DORA/s. With `--leases-out` it writes every
 //! acknowledged lease as `<mac> <ip>` lines, which the crash tests compare across restarts.
 //!
+//! `--server` may be given twice, as a relay's two helper addresses: every message goes to
+//! each server (a pair of bootservers). As real clients do, each message says in `secs` how
+//! long its client has been trying, and a client whose REQUEST goes unanswered twice starts
+//! over with a DISCOVER.
+//!
 //! ```sh
 //! ip netns exec <client-ns> dhcp-load --relay 10.99.0.2 --server 10.99.0.1 --clients 5000
 //! ```
@@ -25,9 +30,9 @@ struct Args {
     /// The relay address (ours, in the client namespace); replies come to it on port 67.
     #[arg(long)]
     relay: Ipv4Addr,
-    /// The DHCP server.
-    #[arg(long)]
-    server: Ipv4Addr,
+    /// The DHCP server; given again, another one that gets every message too.
+    #[arg(long, required = true)]
+    server: Vec<Ipv4Addr>,
     /// Number of clients.
     #[arg(long, default_value_t = 1000)]
     clients: u32,
@@ -57,11 +62,12 @@ fn mac_of(index: u32) -> [u8; 6] {
     [0x02, 0x00, b[0], b[1], b[2], b[3]]
 }
 
-fn request(index: u32, relay: Ipv4Addr, phase: Phase) -> Message {
+fn request(index: u32, relay: Ipv4Addr, phase: Phase, secs: u16) -> Message {
     let mut m = Message::default();
     m.set_opcode(Opcode::BootRequest)
         .set_htype(HType::Eth)
         .set_xid(index)
+        .set_secs(secs)
         .set_flags(Flags::default())
         .set_giaddr(relay)
         .set_chaddr(&mac_of(index));
@@ -101,14 +107,30 @@ async fn main() -> ExitCode {
 
 async fn run(args: Args) -> std::io::Result<bool> {
     let socket = UdpSocket::bind(SocketAddrV4::new(args.relay, 67)).await?;
-    let server = SocketAddrV4::new(args.server, 67);
+    let servers: Vec<SocketAddrV4> = args
+        .server
+        .iter()
+        .map(|server| SocketAddrV4::new(*server, 67))
+        .collect();
+    let send = |bytes: Vec<u8>| {
+        let (socket, servers) = (&socket, &servers);
+        async move {
+            for server in servers {
+                socket.send_to(&bytes, server).await?;
+            }
+            std::io::Result::Ok(())
+        }
+    };
     let mut out = match &args.leases_out {
         Some(path) => Some(std::io::BufWriter::new(std::fs::File::create(path)?)),
         None => None,
     };
     let last = args.first + args.clients;
     let mut next = args.first;
-    let mut in_flight: HashMap<u32, (Phase, Instant, u8)> = HashMap::new();
+    // Per client: its phase, when the phase began, its retransmissions, and when the client
+    // began (for `secs`).
+    let mut in_flight: HashMap<u32, (Phase, Instant, u8, Instant)> = HashMap::new();
+    let secs = |began: Instant| u16::try_from(began.elapsed().as_secs()).unwrap_or(u16::MAX);
     let (mut acked, mut naks, mut lost) = (0u32, 0u32, 0u32);
     let started = Instant::now();
     let mut buf = vec![0u8; 1500];
@@ -116,11 +138,12 @@ async fn run(args: Args) -> std::io::Result<bool> {
     let give_up = Duration::from_secs(args.timeout_seconds);
     loop {
         while in_flight.len() < args.window && next < last {
-            let bytes = request(next, args.relay, Phase::Discovering)
+            let bytes = request(next, args.relay, Phase::Discovering, 0)
                 .to_vec()
                 .map_err(std::io::Error::other)?;
-            socket.send_to(&bytes, server).await?;
-            in_flight.insert(next, (Phase::Discovering, Instant::now(), 0));
+            send(bytes).await?;
+            let now = Instant::now();
+            in_flight.insert(next, (Phase::Discovering, now, 0, now));
             next += 1;
         }
         if in_flight.is_empty() {
@@ -135,21 +158,25 @@ async fn run(args: Args) -> std::io::Result<bool> {
                     continue;
                 };
                 let xid = reply.xid();
-                let Some((phase, _, _)) = in_flight.get(&xid).copied() else {
+                let Some((phase, _, _, began)) = in_flight.get(&xid).copied() else {
                     continue;
                 };
                 match (phase, reply.opts().msg_type()) {
                     (Phase::Discovering, Some(MessageType::Offer)) => {
                         let server_id = match reply.opts().get(OptionCode::ServerIdentifier) {
                             Some(DhcpOption::ServerIdentifier(s)) => *s,
-                            _ => args.server,
+                            _ => args
+                                .server
+                                .first()
+                                .copied()
+                                .unwrap_or(Ipv4Addr::UNSPECIFIED),
                         };
                         let phase = Phase::Requesting(reply.yiaddr(), server_id);
-                        let bytes = request(xid, args.relay, phase)
+                        let bytes = request(xid, args.relay, phase, secs(began))
                             .to_vec()
                             .map_err(std::io::Error::other)?;
-                        socket.send_to(&bytes, server).await?;
-                        in_flight.insert(xid, (phase, Instant::now(), 0));
+                        send(bytes).await?;
+                        in_flight.insert(xid, (phase, Instant::now(), 0, began));
                     }
                     (Phase::Requesting(..), Some(MessageType::Ack)) => {
                         in_flight.remove(&xid);
@@ -171,7 +198,7 @@ async fn run(args: Args) -> std::io::Result<bool> {
         // Retransmit what waited too long; give up on what waited far too long.
         let now = Instant::now();
         let mut resend = Vec::new();
-        in_flight.retain(|xid, (phase, sent, tries)| {
+        in_flight.retain(|xid, (phase, sent, tries, began)| {
             let waited = now - *sent;
             if waited > give_up {
                 lost += 1;
@@ -179,15 +206,19 @@ async fn run(args: Args) -> std::io::Result<bool> {
             }
             if waited > retry * u32::from(*tries + 1) {
                 *tries += 1;
-                resend.push((*xid, *phase));
+                if matches!(phase, Phase::Requesting(..)) && *tries > 2 {
+                    // Its server does not answer: start over, as RFC 2131's clients do.
+                    (*phase, *sent, *tries) = (Phase::Discovering, now, 0);
+                }
+                resend.push((*xid, *phase, secs(*began)));
             }
             true
         });
-        for (xid, phase) in resend {
-            let bytes = request(xid, args.relay, phase)
+        for (xid, phase, secs) in resend {
+            let bytes = request(xid, args.relay, phase, secs)
                 .to_vec()
                 .map_err(std::io::Error::other)?;
-            socket.send_to(&bytes, server).await?;
+            send(bytes).await?;
         }
     }
     if let Some(out) = out.as_mut() {

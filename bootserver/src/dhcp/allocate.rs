@@ -68,6 +68,8 @@ pub struct Pool<'a> {
     backend: &'a dyn MachineBackend,
     cursors: &'a mut Cursors,
     now: u64,
+    /// Whether a lease of the pair partner's part may be offered again here.
+    partners_leases_open: bool,
 }
 
 impl std::fmt::Debug for Pool<'_> {
@@ -96,7 +98,19 @@ impl<'a> Pool<'a> {
             backend,
             cursors,
             now,
+            partners_leases_open: true,
         }
+    }
+
+    /// In a pair: whether this server may offer a client its lease of the partner's part
+    /// (only while it may extend it, [`crate::ha::pair::Pair::extends_partners_leases`]).
+    /// Otherwise the client is offered an address of this server's own part: a client
+    /// whose ACK from the partner never came (the partner died after writing it) would
+    /// else ask here for an address nobody may give it until the lease ends (found by the
+    /// `kill -9` test of a pair: ten minutes of retries).
+    pub fn partners_leases_open(mut self, open: bool) -> Self {
+        self.partners_leases_open = open;
+        self
     }
 
     /// The subnet.
@@ -249,10 +263,24 @@ impl<'a> Pool<'a> {
         if !self.subnet.contains(asked) {
             return false;
         }
-        match self.current(client) {
-            Some(ip) => ip == asked,
+        if self.current(client) == Some(asked) {
+            return true;
+        }
+        match self.offerable_current(client) {
+            Some(_) => false,
             None => self.subnet.in_pool(asked) && self.open_to(asked, client),
         }
+    }
+
+    /// The client's current address ([`Pool::current`]) unless it is a lease of the pair
+    /// partner's part that may not be offered again here ([`Pool::partners_leases_open`]):
+    /// then the client may move to an address of this server's part.
+    fn offerable_current(&self, client: &Client<'_>) -> Option<Ipv4Addr> {
+        self.current(client).filter(|ip| {
+            self.partners_leases_open
+                || !self.subnet.in_partners_part(*ip)
+                || self.reservation(client) == Some(*ip)
+        })
     }
 
     /// The address to offer: the client's own, the one it asks for, the next free one of
@@ -262,7 +290,7 @@ impl<'a> Pool<'a> {
         client: &Client<'_>,
         requested: Option<Ipv4Addr>,
     ) -> Option<Offer> {
-        if let Some(ip) = self.current(client) {
+        if let Some(ip) = self.offerable_current(client) {
             return Some(Offer::Free(ip));
         }
         if let Some(ip) = client.machine.and_then(|m| m.ipv4)

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
+use crate::ha::link::PairLink;
 use crate::leases::{Lease, Leases, Record, Ticket};
 
 /// Records taken into one durable write at most.
@@ -28,6 +29,9 @@ pub enum NoAck {
     Failed(String),
     /// Written, but the client released or declined the address meanwhile.
     Withdrawn,
+    /// Written, but a lease of the pair partner's part that the partner did not take:
+    /// only its owner may acknowledge it then ([`crate::ha::pair::may_acknowledge`]).
+    NotTakenByPartner,
 }
 
 type Queued = ((Record, Option<Ticket>), Option<oneshot::Sender<Durable>>);
@@ -46,6 +50,16 @@ impl Committer {
     /// Starts the commit thread over `leases`, with room for `capacity` waiting records.
     /// The thread ends once every committer is dropped and the queue is empty.
     pub fn start(leases: Arc<Leases>, capacity: usize) -> std::io::Result<Self> {
+        Self::start_paired(leases, capacity, None)
+    }
+
+    /// [`Committer::start`] for one server of a pair: each batch made durable here goes to
+    /// the partner over `link` before its ACKs ([`PairLink::replicate`]).
+    pub fn start_paired(
+        leases: Arc<Leases>,
+        capacity: usize,
+        link: Option<Arc<PairLink>>,
+    ) -> std::io::Result<Self> {
         let (queue, mut waiting) = mpsc::channel::<Queued>(capacity);
         std::thread::Builder::new()
             .name("dhcp-commit".into())
@@ -68,10 +82,21 @@ impl Committer {
                     if let Err(error) = &result {
                         tracing::error!(%error, records = records.len(), "making leases durable failed; no ACK for them");
                     }
+                    let partner_took = match (&result, &link) {
+                        (Ok(taken), Some(link)) => replicate(link, &records, taken),
+                        _ => Vec::new(),
+                    };
                     for (i, answer) in answers.into_iter().enumerate() {
                         let Some(answer) = answer else { continue };
                         let outcome = match &result {
-                            Ok(taken) if taken.get(i) == Some(&true) => Ok(()),
+                            Ok(taken) if taken.get(i) == Some(&true) => match (&link, records.get(i)) {
+                                (Some(link), Some((Record::Commit(lease), _)))
+                                    if !link.acknowledges(lease, partner_took.get(i) == Some(&true)) =>
+                                {
+                                    Err(NoAck::NotTakenByPartner)
+                                }
+                                _ => Ok(()),
+                            },
                             Ok(_) => Err(NoAck::Withdrawn),
                             Err(error) => Err(NoAck::Failed(error.to_string())),
                         };
@@ -103,6 +128,31 @@ impl Committer {
             .try_send(((record, None), None))
             .map_err(|_| QueueFull)
     }
+}
+
+/// Sends what a batch made durable to the partner; says, per record of the batch, whether
+/// the partner's book took it.
+fn replicate(link: &PairLink, records: &[(Record, Option<Ticket>)], taken: &[bool]) -> Vec<bool> {
+    let durable: Vec<usize> = records
+        .iter()
+        .enumerate()
+        .filter(|(i, (record, _))| {
+            !matches!(record, Record::Commit(_)) || taken.get(*i) == Some(&true)
+        })
+        .map(|(i, _)| i)
+        .collect();
+    let sent: Vec<Record> = durable
+        .iter()
+        .filter_map(|i| records.get(*i).map(|(record, _)| record.clone()))
+        .collect();
+    let took = link.replicate(&sent);
+    let mut partner_took = vec![false; records.len()];
+    for (i, took) in durable.into_iter().zip(took) {
+        if let Some(slot) = partner_took.get_mut(i) {
+            *slot = took;
+        }
+    }
+    partner_took
 }
 
 #[cfg(test)]

@@ -481,6 +481,11 @@ impl Responder {
             self.backend.as_ref(),
             &mut cursors,
             context.now,
+        )
+        .partners_leases_open(
+            self.pair
+                .as_ref()
+                .is_none_or(|(pair, _)| lock(pair).extends_partners_leases()),
         );
         let limited = self.limited_sources(context, &pool)?;
         let assignment = self.assign(context, &mut pool)?;

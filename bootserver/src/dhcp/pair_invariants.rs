@@ -18,7 +18,7 @@ use super::invariants::{Ledger, ServerId};
 use super::{Decision, Responder, wire};
 use crate::backend::{MacAddr, StaticBackend};
 use crate::config::Settings;
-use crate::ha::pair::{Event, Pair, StartBook};
+use crate::ha::pair::{Event, Pair, StartBook, may_acknowledge};
 use crate::leases::{LeaseLog, Leases, MemoryLog, Record, Ticket};
 
 const START: u64 = 1_700_000_000;
@@ -42,6 +42,7 @@ machines:
 ha:
   name: {name}
   partner: {{name: {partner}, address: "10.99.0.9:8647"}}
+  keyFile: /k
   interruptedAfterSeconds: {INTERRUPTED_AFTER}
 "#
     )
@@ -244,8 +245,14 @@ struct Session {
 
 impl Session {
     fn new() -> Self {
+        let servers = [Server::start(0, START), Server::start(1, START)];
+        // Started together on empty logs: each one's catch-up reaches the other.
+        for server in &servers {
+            server.on(Event::Synced, START);
+            server.on(Event::Heard, START);
+        }
         Self {
-            servers: [Server::start(0, START), Server::start(1, START)],
+            servers,
             ledger: Ledger::new([(IpAddr::from([10, 99, 0, 102]), vec![MacAddr(mac(1))])]),
             now: START,
             cut: false,
@@ -353,7 +360,8 @@ impl Session {
                 // owner, took it: it may have given the address to someone else, or may
                 // give it once the lease it knows ends.
                 Record::Commit(lease)
-                    if durable && !partner_took && self.in_partners_part(s, lease) =>
+                    if durable
+                        && !may_acknowledge(self.in_partners_part(s, lease), partner_took) =>
                 {
                     self.ledger.not_acknowledged_by(id, lease);
                 }
@@ -364,9 +372,17 @@ impl Session {
                             .book()
                             .map_err(|e| e.to_string())?;
                         let held = partner.lease_at(lease.ip);
-                        if held.as_ref().is_none_or(|h| {
-                            h.key != lease.key || h.expires_unix < lease.expires_unix
-                        }) {
+                        // Or held from everyone until it ends: the partner has a newer
+                        // lease of the client's elsewhere.
+                        let kept = matches!(
+                            partner.slot(lease.ip),
+                            Some(crate::leases::book::Slot::Declined { until }) if *until >= lease.expires_unix
+                        );
+                        if !kept
+                            && held.as_ref().is_none_or(|h| {
+                                h.key != lease.key || h.expires_unix < lease.expires_unix
+                            })
+                        {
                             return Err(format!(
                                 "ACK of {lease:?} while the pair is up, and the partner's book has {held:?}"
                             ));

@@ -310,6 +310,12 @@ pub async fn serve(
                             task_metrics.dhcp_dropped(DropReason::Withdrawn);
                             return;
                         }
+                        Ok(Ok(Err(NoAck::NotTakenByPartner))) => {
+                            // The partner's part, and the partner did not take it: the
+                            // client keeps the lease it has until then.
+                            task_metrics.dhcp_dropped(DropReason::PartnersLease);
+                            return;
+                        }
                         Ok(Ok(Err(NoAck::Failed(error)))) => {
                             Some((DropReason::CommitFailed, error))
                         }

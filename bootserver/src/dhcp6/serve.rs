@@ -344,6 +344,12 @@ pub async fn serve(
                         metrics.dhcp6_dropped("withdrawn");
                         return;
                     }
+                    // A pair serves no DHCPv6 (refused in the settings); were it to, this
+                    // is the partner's part it did not take.
+                    Ok(Ok(Err(NoAck::NotTakenByPartner))) => {
+                        metrics.dhcp6_dropped("partners_lease");
+                        return;
+                    }
                     Ok(Ok(Err(NoAck::Failed(error)))) => {
                         tracing::error!(%error, "storing a DHCPv6 lease failed; no Reply sent");
                         metrics.dhcp6_dropped("commit_failed");

@@ -7,11 +7,15 @@
 //! - [`pair`]: the pair's state as this server sees it (up, interrupted, partner down,
 //!   recovering), moved by events, and what each state allows.
 //!
-//! The shells that do the I/O (the replication link, the heartbeats, the part fences in the
-//! Kubernetes API) come next; the two-server property test in `dhcp/pair_invariants.rs`
-//! drives these decisions and the real DHCP decision code through loss, delay, partition
-//! and restarts.
+//! - [`wire`]: the link's handshake and frames, authenticated with the pair's key;
+//! - [`link`]: the shells: the link to the partner, its heartbeats, the pair's clock.
+//!
+//! The part fences in the Kubernetes API come next; the two-server property test in
+//! `dhcp/pair_invariants.rs` drives these decisions and the real DHCP decision code through
+//! loss, delay, partition and restarts.
 
+pub mod link;
 pub mod pair;
 pub mod parts;
 pub mod settings;
+pub mod wire;

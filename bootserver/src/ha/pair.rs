@@ -45,10 +45,51 @@ pub enum PairState {
     },
 }
 
+impl PairState {
+    /// The state's name in logs, metrics and status.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Up => "up",
+            Self::Interrupted { .. } => "interrupted",
+            Self::PartnerDown { .. } => "partner-down",
+            Self::Recovering { .. } => "recovering",
+        }
+    }
+
+    /// The state as one byte on the link (the partner shows it in its status).
+    pub fn code(self) -> u8 {
+        match self {
+            Self::Up => 1,
+            Self::Interrupted { .. } => 2,
+            Self::PartnerDown { .. } => 3,
+            Self::Recovering { .. } => 4,
+        }
+    }
+
+    /// Every state's name, for metrics that show each.
+    pub const NAMES: [&'static str; 4] = ["up", "interrupted", "partner-down", "recovering"];
+
+    /// The name of the state `code` stands for, as a partner sent it.
+    pub fn name_of_code(code: u8) -> &'static str {
+        match code {
+            1..=4 => Self::NAMES[usize::from(code - 1)],
+            _ => "unknown",
+        }
+    }
+}
+
+/// Whether a lease made durable here may be acknowledged to its client: one of the
+/// partner's part only once the partner, its owner, took it (it may have given the address
+/// to someone else, or may once the lease it knows ends; found by the pair's property test).
+pub fn may_acknowledge(in_partners_part: bool, partner_took: bool) -> bool {
+    !in_partners_part || partner_took
+}
+
 /// The book a server starts with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StartBook {
-    /// Its own log, and nobody took its part meanwhile: it serves at once.
+    /// Its own log, and nobody took its part meanwhile: it serves once the partner's
+    /// catch-up came, or once `interrupted_after` passed without one (then alone).
     Trusted,
     /// Its own log, but the partner held its part's fence meanwhile: the partner's records
     /// make it whole.
@@ -91,11 +132,16 @@ pub struct Pair {
 }
 
 impl Pair {
-    /// At start: with a book it can trust it serves at once, as interrupted until the
-    /// partner answers; otherwise it recovers first.
+    /// At start: with a book it can trust it waits a little for the partner's catch-up;
+    /// otherwise it recovers first.
     pub fn starting(book: StartBook, now: u64, interrupted_after: u64, longest_lease: u64) -> Self {
         let state = match book {
-            StartBook::Trusted => PairState::Interrupted { since: now },
+            // What the partner did while this server was away is in the partner's
+            // catch-up: a short wait for it keeps clients from moving to new addresses.
+            StartBook::Trusted => PairState::Recovering {
+                until: now.saturating_add(interrupted_after),
+                synced_suffices: true,
+            },
             StartBook::Stale => PairState::Recovering {
                 until: now.saturating_add(longest_lease),
                 synced_suffices: true,
@@ -121,7 +167,8 @@ impl Pair {
     /// The state after `event` at `now`.
     pub fn on(&mut self, event: Event, now: u64) {
         use PairState::{Interrupted, PartnerDown, Recovering, Up};
-        if event == Event::Heard {
+        // A catch-up came from the partner: it is there as much as when it answers.
+        if matches!(event, Event::Heard | Event::Synced) {
             self.last_heard = Some(now);
         }
         self.state = match (self.state, event) {
@@ -220,17 +267,25 @@ mod tests {
     #[test]
     fn the_states_follow_the_design() {
         let mut pair = Pair::starting(StartBook::Trusted, T0, 10, LONGEST);
-        assert_eq!(pair.state(), PairState::Interrupted { since: T0 });
-        assert!(pair.serves() && !pair.replicates_before_ack());
-        pair.on(Event::Heard, T0 + 1);
+        assert!(!pair.serves(), "first the partner's catch-up");
+        pair.on(Event::Tick, T0 + 10);
+        assert_eq!(pair.state(), PairState::Interrupted { since: T0 + 10 });
+        assert!(
+            pair.serves() && !pair.replicates_before_ack(),
+            "alone, once it waited"
+        );
+        let mut caught_up = Pair::starting(StartBook::Trusted, T0, 10, LONGEST);
+        caught_up.on(Event::Synced, T0 + 1);
+        assert_eq!(caught_up.state(), PairState::Up);
+        pair.on(Event::Heard, T0 + 11);
         assert_eq!(pair.state(), PairState::Up);
         assert!(pair.replicates_before_ack() && pair.extends_partners_leases());
-        pair.on(Event::Tick, T0 + 10);
+        pair.on(Event::Tick, T0 + 20);
         assert_eq!(pair.state(), PairState::Up, "9 s of silence is not 10");
-        pair.on(Event::Tick, T0 + 11);
-        assert_eq!(pair.state(), PairState::Interrupted { since: T0 + 1 });
+        pair.on(Event::Tick, T0 + 21);
+        assert_eq!(pair.state(), PairState::Interrupted { since: T0 + 11 });
         assert!(!pair.extends_partners_leases());
-        assert!(!pair.allocates_in(Part::Partners, T0 + 11));
+        assert!(!pair.allocates_in(Part::Partners, T0 + 21));
         pair.on(Event::FenceTaken, T0 + 60);
         assert_eq!(pair.state(), PairState::PartnerDown { fenced_at: T0 + 60 });
         assert!(!pair.allocates_in(Part::Partners, T0 + 60 + LONGEST - 1));
@@ -278,7 +333,7 @@ mod tests {
     #[test]
     fn while_up_each_client_has_one_answerer_unless_it_waited() {
         let mut pair = Pair::starting(StartBook::Trusted, T0, 10, LONGEST);
-        pair.on(Event::Heard, T0);
+        pair.on(Event::Synced, T0);
         let client = b"\x01\x52\x54\x00\x00\x00\x01";
         let theirs = match answerer(client) {
             Half::Lower => Half::Upper,

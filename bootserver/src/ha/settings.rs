@@ -7,6 +7,9 @@
 //!     name: bootserver-b
 //!     address: 10.99.0.3:8647            # where the partner takes replication and heartbeats
 //!   interruptedAfterSeconds: 10          # no answer for this long: communication interrupted
+//!   keyFile: /etc/unbounded/ha/key       # the pair's shared key (both servers hold it)
+//!   # listen: 10.99.0.2:8647             # where this server takes its partner's link
+//!                                        # (default: serverAddress, port 8647)
 //! ```
 
 use std::net::SocketAddr;
@@ -24,6 +27,8 @@ pub struct HaFile {
     name: String,
     partner: PartnerFile,
     interrupted_after_seconds: Option<u64>,
+    key_file: std::path::PathBuf,
+    listen: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -46,6 +51,22 @@ pub struct HaSettings {
     pub half: Half,
     /// How long without an answer before the partner counts as out of reach.
     pub interrupted_after: Duration,
+    /// The file that holds the pair's shared key (read when the server starts).
+    pub key_file: std::path::PathBuf,
+    /// Where this server takes its partner's link; `None`: the server address, port
+    /// [`DEFAULT_PORT`].
+    pub listen: Option<SocketAddr>,
+}
+
+/// The link's port when `ha.listen` does not name one.
+pub const DEFAULT_PORT: u16 = 8647;
+
+impl HaSettings {
+    /// Where this server listens for its partner's link.
+    pub fn listen_on(&self, server_address: std::net::Ipv4Addr) -> SocketAddr {
+        self.listen
+            .unwrap_or(SocketAddr::from((server_address, DEFAULT_PORT)))
+    }
 }
 
 /// A DNS label (RFC 1123): what names a server in metrics, logs and the fences' Leases.
@@ -90,7 +111,20 @@ impl TryFrom<&HaFile> for HaSettings {
                 "ha.interruptedAfterSeconds must be between 1 and 300, not {interrupted_after}"
             )));
         }
+        let listen = file
+            .listen
+            .as_deref()
+            .map(|listen| {
+                listen.parse().map_err(|_| {
+                    InvalidSetting(format!(
+                        "ha.listen {listen:?} must be an address and port such as 10.99.0.2:8647"
+                    ))
+                })
+            })
+            .transpose()?;
         Ok(Self {
+            key_file: file.key_file.clone(),
+            listen,
             half: Half::of(&file.name, &file.partner.name),
             name: file.name.clone(),
             partner: file.partner.name.clone(),
@@ -112,44 +146,60 @@ mod tests {
     #[test]
     fn a_pair_is_named_and_each_name_picks_its_half() {
         let a = parse(
-            "name: bootserver-a\npartner: {name: bootserver-b, address: \"10.99.0.3:8647\"}\n",
+            "name: bootserver-a\npartner: {name: bootserver-b, address: \"10.99.0.3:8647\"}\nkeyFile: /k\n",
         )
         .unwrap();
         assert_eq!(a.half, Half::Lower);
         assert_eq!(a.partner_address, "10.99.0.3:8647".parse().unwrap());
         assert_eq!(a.interrupted_after, Duration::from_secs(10));
-        let b = parse("name: bootserver-b\npartner: {name: bootserver-a, address: \"[fd00:99::2]:8647\"}\ninterruptedAfterSeconds: 5\n")
+        let b = parse("name: bootserver-b\npartner: {name: bootserver-a, address: \"[fd00:99::2]:8647\"}\ninterruptedAfterSeconds: 5\nkeyFile: /k\nlisten: \"[fd00:99::3]:9000\"\n")
             .unwrap();
         assert_eq!(b.half, Half::Upper);
         assert_eq!(b.interrupted_after, Duration::from_secs(5));
+        assert_eq!(
+            b.listen_on([10, 0, 0, 1].into()),
+            "[fd00:99::3]:9000".parse().unwrap()
+        );
+        assert_eq!(
+            a.listen_on([10, 99, 0, 2].into()),
+            "10.99.0.2:8647".parse().unwrap()
+        );
     }
 
     #[test]
     fn each_mistake_names_its_field() {
         let table = [
             (
-                "name: a\npartner: {name: a, address: \"10.0.0.1:1\"}\n",
+                "name: a\npartner: {name: a, address: \"10.0.0.1:1\"}\nkeyFile: /k\n",
                 "both \"a\"",
             ),
             (
-                "name: A\npartner: {name: b, address: \"10.0.0.1:1\"}\n",
+                "name: A\npartner: {name: b, address: \"10.0.0.1:1\"}\nkeyFile: /k\n",
                 "ha.name \"A\"",
             ),
             (
-                "name: a\npartner: {name: \"-b\", address: \"10.0.0.1:1\"}\n",
+                "name: a\npartner: {name: \"-b\", address: \"10.0.0.1:1\"}\nkeyFile: /k\n",
                 "ha.partner.name",
             ),
             (
-                "name: a\npartner: {name: b, address: \"10.0.0.1\"}\n",
+                "name: a\npartner: {name: b, address: \"10.0.0.1\"}\nkeyFile: /k\n",
                 "ha.partner.address",
             ),
             (
-                "name: a\npartner: {name: b, address: \"10.0.0.1:1\"}\ninterruptedAfterSeconds: 0\n",
+                "name: a\npartner: {name: b, address: \"10.0.0.1:1\"}\nkeyFile: /k\ninterruptedAfterSeconds: 0\n",
                 "ha.interruptedAfterSeconds",
             ),
             (
-                "name: a\npartner: {name: b, address: \"10.0.0.1:1\"}\nextra: 1\n",
+                "name: a\npartner: {name: b, address: \"10.0.0.1:1\"}\nkeyFile: /k\nextra: 1\n",
                 "extra",
+            ),
+            (
+                "name: a\npartner: {name: b, address: \"10.0.0.1:1\"}\n",
+                "keyFile",
+            ),
+            (
+                "name: a\npartner: {name: b, address: \"10.0.0.1:1\"}\nkeyFile: /k\nlisten: here\n",
+                "ha.listen",
             ),
         ];
         for (yaml, want) in table {

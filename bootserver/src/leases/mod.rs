@@ -324,37 +324,36 @@ impl Leases {
             let mut taken = Vec::with_capacity(records.len());
             let mut news = Vec::new();
             for record in records {
-                let (before, elsewhere) = match record {
-                    Record::Commit(lease) => (
-                        book.lease_at(lease.ip),
-                        book.lease_of(&lease.key)
-                            .map(|l| l.ip)
-                            .filter(|ip| *ip != lease.ip),
-                    ),
-                    Record::Release { .. } | Record::Decline { .. } => (None, None),
+                // The addresses the record may change here: its own, and (for a commit)
+                // the client's other one. What each then holds goes to the log.
+                let touched: Vec<IpAddr> = match record {
+                    Record::Commit(lease) => std::iter::once(lease.ip)
+                        .chain(
+                            book.lease_of(&lease.key)
+                                .map(|l| l.ip)
+                                .filter(|ip| *ip != lease.ip),
+                        )
+                        .collect(),
+                    Record::Release { .. } | Record::Decline { .. } => Vec::new(),
                 };
+                let before: Vec<Option<Record>> = touched
+                    .iter()
+                    .map(|ip| book.durable_record_at(*ip))
+                    .collect();
                 let took = book.replicated(record, now);
                 taken.push(took);
                 if !took {
                     continue;
                 }
                 match record {
-                    Record::Commit(lease) => {
-                        let after = book.lease_at(lease.ip);
-                        if after != before
-                            && let Some(held) = after
-                        {
-                            news.push(Record::Commit(held));
-                        }
-                        // The client's other address, held from everyone until its lease
-                        // would have ended: on disk too, or a restart would free it.
-                        if let Some(old) = elsewhere
-                            && let Some(book::Slot::Declined { until }) = book.slot(old)
-                        {
-                            news.push(Record::Decline {
-                                ip: old,
-                                until_unix: *until,
-                            });
+                    Record::Commit(_) => {
+                        for (ip, before) in touched.iter().zip(before) {
+                            let after = book.durable_record_at(*ip);
+                            if after != before
+                                && let Some(after) = after
+                            {
+                                news.push(after);
+                            }
                         }
                     }
                     Record::Release { .. } | Record::Decline { .. } => news.push(record.clone()),

@@ -21,6 +21,8 @@ pub struct Bootserver {
     ns_name: String,
     env: Vec<(String, String)>,
     capture: Option<Child>,
+    /// Where its HTTP answers (health, metrics).
+    address: String,
 }
 
 impl Bootserver {
@@ -32,6 +34,11 @@ impl Bootserver {
 
     /// [`Bootserver::start`] with extra environment variables (such as `KUBECONFIG`).
     pub fn start_with_env(ns: &Netns, config: &str, env: &[(&str, &str)]) -> Self {
+        Self::start_at(ns, config, env, SERVER)
+    }
+
+    /// [`Bootserver::start_with_env`] for a server whose address is not [`SERVER`].
+    pub fn start_at(ns: &Netns, config: &str, env: &[(&str, &str)], address: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config_path = dir.path().join("bootserver.yaml");
         std::fs::write(
@@ -50,6 +57,7 @@ impl Bootserver {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
             capture: capture(ns),
+            address: address.to_owned(),
         };
         server.spawn(ns);
         server
@@ -83,7 +91,7 @@ impl Bootserver {
                     "-sf",
                     "-o",
                     "/dev/null",
-                    &format!("http://{SERVER}:8080/healthz"),
+                    &format!("http://{}:8080/healthz", self.address),
                 ])
                 .is_ok();
             if ok {
@@ -122,7 +130,11 @@ impl Bootserver {
     /// The server's Prometheus metrics, fetched from inside its namespace.
     pub fn metrics(&self, ns: &Netns) -> String {
         let out = ns
-            .exec(&["curl", "-sf", &format!("http://{SERVER}:8080/metrics")])
+            .exec(&[
+                "curl",
+                "-sf",
+                &format!("http://{}:8080/metrics", self.address),
+            ])
             .unwrap();
         String::from_utf8(out.stdout).unwrap()
     }

@@ -543,9 +543,22 @@ impl AddressBook {
                 return true;
             }
         };
-        if lease.key.is_v6() != lease.ip.is_ipv6()
-            || self.make_room(lease.ip, &lease.key, now).is_err()
+        if lease.key.is_v6() != lease.ip.is_ipv6() {
+            return false;
+        }
+        // A lease older than the one this book holds for the client elsewhere (a catch-up
+        // carried a record the book has moved past) does not move the client back: its
+        // address is held from everyone until it ends (found by the pair's `kill -9` test:
+        // a restarted server's own commit, never acknowledged, moved its client away from
+        // the address the partner had given it since, and its renewal would have been
+        // refused).
+        if let Some(newer) = self.lease_of(&lease.key)
+            && newer.ip != lease.ip
+            && newer.expires_unix > lease.expires_unix
         {
+            return self.hold_older(lease, now);
+        }
+        if self.make_room(lease.ip, &lease.key, now).is_err() {
             return false;
         }
         match self.slots.get_mut(&lease.ip) {
@@ -605,6 +618,31 @@ impl AddressBook {
                 }
             }
         }
+        true
+    }
+
+    /// Holds the address of a client's older lease from everyone until it ends (see
+    /// [`AddressBook::replicated`]); says whether the book took it: not when it has ended,
+    /// or another client holds the address here.
+    fn hold_older(&mut self, lease: &Lease, now: u64) -> bool {
+        if lease.expires_unix <= now {
+            return false;
+        }
+        match self.slots.get(&lease.ip) {
+            None => {}
+            Some(Slot::Declined { until }) if *until >= lease.expires_unix => return true,
+            Some(Slot::Declined { .. }) => {}
+            // Its own holding there (a REQUEST being written): that outcome decides.
+            Some(Slot::Held(h)) if h.key == lease.key => return true,
+            Some(slot) if slot.blocks(&lease.key, now) => return false,
+            Some(Slot::Held(_)) => self.evict(lease.ip),
+        }
+        self.slots.insert(
+            lease.ip,
+            Slot::Declined {
+                until: lease.expires_unix,
+            },
+        );
         true
     }
 

@@ -51,6 +51,18 @@ impl AddressBook {
         }
     }
 
+    /// What the log must hold for `ip` to restore this book's view of it: its lease, or
+    /// its decline.
+    pub fn durable_record_at(&self, ip: IpAddr) -> Option<crate::leases::Record> {
+        match self.slots.get(&ip)? {
+            Slot::Held(_) => self.lease_at(ip).map(crate::leases::Record::Commit),
+            Slot::Declined { until } => Some(crate::leases::Record::Decline {
+                ip,
+                until_unix: *until,
+            }),
+        }
+    }
+
     /// How many durable leases have not expired at `now`.
     pub fn active_leases(&self, now: u64) -> usize {
         self.clients
