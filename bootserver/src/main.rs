@@ -186,10 +186,18 @@ fn main() -> ExitCode {
     ));
     let mut issuer = None;
     let mut discovery = None;
+    let mut fences = None;
     let backend: Arc<dyn MachineBackend> = match settings.backend {
         BackendKind::File => Arc::new(StaticBackend::new(settings.machines.clone())),
         BackendKind::Kubernetes => match runtime.block_on(api_clients(&args.election)) {
             Ok((client, lease_client)) => {
+                if settings.ha.is_some() {
+                    fences = Some(unbounded_bootserver::ha::fence::FenceApi {
+                        client: lease_client.clone(),
+                        namespace: args.election.leader_election_namespace.clone(),
+                        timing: election.as_ref().map(|e| e.timing).unwrap_or_default(),
+                    });
+                }
                 if settings.power_enabled {
                     let power = settings.power;
                     let provider_client = client.clone();
@@ -250,8 +258,11 @@ fn main() -> ExitCode {
     match runtime.block_on(unbounded_bootserver::server::run(
         settings,
         backend,
-        issuer,
-        discovery,
+        unbounded_bootserver::server::FromCluster {
+            issuer,
+            discovery,
+            fences,
+        },
         background,
         shutdown,
         Some(probe),

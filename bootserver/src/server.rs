@@ -121,18 +121,33 @@ pub async fn preflight(settings: &Settings, probe: &Arc<Probe>, fallback_probe: 
     }
 }
 
+/// What the server does with the cluster, when it has one (the Kubernetes backend).
+#[derive(Debug, Default)]
+pub struct FromCluster {
+    /// Agent credentials.
+    pub issuer: Option<Arc<crate::credentials::Issuer>>,
+    /// Discovery's writes of unknown machines.
+    pub discovery: Option<Arc<crate::discovery_writes::DiscoveryWriter>>,
+    /// The pair's part fences (with `ha:`).
+    pub fences: Option<crate::ha::fence::FenceApi>,
+}
+
 /// Runs DHCP (full or proxy), TFTP and HTTP until one of them (or of `background`) ends, or
 /// `shutdown` resolves. With a `probe`, its `/readyz` and `/metrics` then answer for this
 /// server.
 pub async fn run(
     settings: Settings,
     backend: Arc<dyn MachineBackend>,
-    issuer: Option<Arc<crate::credentials::Issuer>>,
-    discovery: Option<Arc<crate::discovery_writes::DiscoveryWriter>>,
+    cluster: FromCluster,
     mut background: Background,
     shutdown: impl std::future::Future<Output = ()> + Send,
     probe: Option<Arc<Probe>>,
 ) -> Result<(), ServerError> {
+    let FromCluster {
+        issuer,
+        discovery,
+        fences,
+    } = cluster;
     let settings = Arc::new(settings);
     let mut registry = Registry::default();
     let metrics = Arc::new(Metrics::register(&mut registry));
@@ -159,7 +174,7 @@ pub async fn run(
     let mut responder = Responder::new(settings.clone(), backend.clone(), leases.clone());
     let mut pair_link = None;
     if let Some(ha) = &settings.ha {
-        let pair = Arc::new(std::sync::Mutex::new(crate::ha::pair::Pair::starting(
+        let starting = crate::ha::pair::Pair::starting(
             if new_log {
                 crate::ha::pair::StartBook::Stale
             } else {
@@ -174,7 +189,12 @@ pub async fn run(
                 .map(|subnet| u64::from(subnet.lease_seconds))
                 .max()
                 .unwrap_or(0),
-        )));
+        );
+        // With an API server each part is fenced; without one nobody takes a part over.
+        let pair = Arc::new(std::sync::Mutex::new(match &fences {
+            Some(_) => starting.with_fences(),
+            None => starting,
+        }));
         let link_metrics = Arc::new(crate::ha::link::LinkMetrics::register(&mut registry));
         let link = crate::ha::link::start(
             ha,
@@ -185,7 +205,10 @@ pub async fn run(
             link_metrics,
         )
         .await?;
-        tracing::info!(name = %ha.name, partner = %ha.partner, half = ?ha.half, new_log, "one of a pair: allocating in this server's half of each pool");
+        tracing::info!(name = %ha.name, partner = %ha.partner, half = ?ha.half, new_log, fenced = fences.is_some(), "one of a pair: allocating in this server's half of each pool");
+        if let Some(fences) = fences {
+            crate::ha::fence::start(fences, ha, pair.clone(), link.clone());
+        }
         responder = responder.with_pair(pair);
         pair_link = Some(link);
     }
@@ -429,8 +452,7 @@ mod tests {
         let result = run(
             settings,
             Arc::new(StaticBackend::default()),
-            None,
-            None,
+            FromCluster::default(),
             background,
             std::future::pending(),
             None,

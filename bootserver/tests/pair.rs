@@ -41,6 +41,11 @@ struct PairLab {
     lan: Netns,
     key: tempfile::TempDir,
     images: tempfile::TempDir,
+    /// The pool (the whole, as both servers' settings write it).
+    pool: (&'static str, &'static str),
+    /// Extra top-level settings (the Kubernetes backend) and the servers' environment.
+    extra: String,
+    env: Vec<(String, String)>,
 }
 
 impl PairLab {
@@ -74,6 +79,9 @@ impl PairLab {
             lan,
             key,
             images: fake_images(),
+            pool: POOL,
+            extra: String::new(),
+            env: Vec::new(),
         }
     }
 
@@ -93,9 +101,10 @@ dhcp:
     - subnet: 10.99.0.0/16
       pool: [{}, {}]
       gateway: {A}
-      leaseSeconds: 600
+      leaseSeconds: {}
 tftp: {{root: /usr/lib/ipxe}}
 http: {{port: 8080, imagesDir: "{}"}}
+{}
 ha:
   name: {name}
   partner: {{name: {partner}, address: "{partner_link}:8647"}}
@@ -103,9 +112,11 @@ ha:
   keyFile: "{}"
   interruptedAfterSeconds: {INTERRUPTED_AFTER}
 "#,
-            POOL.0,
-            POOL.1,
+            self.pool.0,
+            self.pool.1,
+            if self.extra.is_empty() { 600 } else { 60 },
             self.images.path().display(),
+            self.extra,
             self.key.path().join("pair.key").display()
         )
     }
@@ -116,7 +127,12 @@ ha:
         } else {
             (&self.b, B)
         };
-        Bootserver::start_at(ns, &self.config(name), &[], address)
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        Bootserver::start_at(ns, &self.config(name), &env, address)
     }
 
     fn ns(&self, name: &str) -> &Netns {
@@ -150,7 +166,7 @@ ha:
             .args(["--relay", RELAY, "--server", A, "--server", B])
             .args(["--first", &first.to_string()])
             .args(["--clients", &clients.to_string()])
-            .args(["--timeout-seconds", "40", "--window", "32"])
+            .args(["--timeout-seconds", "120", "--window", "32", "--retry-naks"])
             .arg("--leases-out")
             .arg(out)
             .stdout(Stdio::piped())
@@ -409,8 +425,17 @@ fn a_cut_link_gives_no_address_twice_and_the_pair_agrees_after_it_heals() {
         during.values().any(|ip| in_lower_half(ip)) && during.values().any(|ip| !in_lower_half(ip)),
         "cut off from each other, both served"
     );
-    assert_eq!(state(&a, &lab.a), "interrupted");
-    assert_eq!(state(&b, &lab.b), "interrupted");
+    // Each sees the other silent within interruptedAfterSeconds (or sooner, at its first
+    // replication that is not answered).
+    let deadline = Instant::now() + Duration::from_secs(2 * INTERRUPTED_AFTER + 5);
+    while [state(&a, &lab.a), state(&b, &lab.b)] != ["interrupted", "interrupted"] {
+        assert!(
+            Instant::now() < deadline,
+            "the cut is not seen:\n--- a:\n{}",
+            tail(&plain(&a.log()))
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     all.extend(during);
 
     lab.a.ip(&["link", "set", "ha0", "up"]).unwrap();
@@ -491,4 +516,141 @@ fn a_server_on_an_empty_disk_catches_up_before_it_serves() {
         assert_eq!(again.get(mac), Some(ip), "{mac} kept its address");
     }
     assert_one_holder_across(&book(&a), &book(&b));
+}
+
+/// With an API server each part is fenced by a Lease. `kill -9` of one server: its partner
+/// takes the dead one's part once the part's Lease went unrenewed, binds there once the
+/// longest lease has passed (every client gets an address though its own half is too
+/// small), and hands the part back when the other returns.
+#[test]
+fn a_fenced_pair_takes_over_a_dead_servers_part_and_hands_it_back() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use unbounded_testbed::cluster::LocalControlPlane;
+    use unbounded_testbed::netns::LoopbackForward;
+
+    let _one = ONE_PAIR.lock().unwrap_or_else(|e| e.into_inner());
+    let cp = LocalControlPlane::shared().unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let client = runtime.block_on(cp.client()).unwrap();
+    let namespace = unbounded_testbed::netns::unique("pair").to_lowercase();
+    runtime
+        .block_on(async {
+            let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+                kube::Api::all(client.clone());
+            let object = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": namespace}
+            }))
+            .unwrap();
+            namespaces
+                .create(&kube::api::PostParams::default(), &object)
+                .await
+        })
+        .unwrap();
+    let holder = |owner: &str| {
+        let leases: kube::Api<Lease> = kube::Api::namespaced(client.clone(), &namespace);
+        runtime
+            .block_on(leases.get_opt(&format!("unbounded-bootserver-part-{owner}")))
+            .unwrap()
+            .and_then(|lease| lease.spec?.holder_identity)
+    };
+
+    let mut lab = PairLab::new();
+    // Twenty addresses: ten for each half.
+    lab.pool = ("10.99.1.0", "10.99.1.19");
+    lab.extra = "backend: kubernetes\npower: {enabled: false}".into();
+    let (_kubeconfig_dir, kubeconfig) = namespace_kubeconfig(cp);
+    lab.env = [
+        ("KUBECONFIG", kubeconfig.display().to_string()),
+        ("UNBOUNDED_LEADER_ELECTION_NAMESPACE", namespace.clone()),
+        ("UNBOUNDED_LEADER_ELECTION_LEASE_DURATION", "6s".into()),
+        ("UNBOUNDED_LEADER_ELECTION_RENEW_DEADLINE", "4s".into()),
+        ("UNBOUNDED_LEADER_ELECTION_RETRY_PERIOD", "1s".into()),
+    ]
+    .map(|(k, v)| (k.to_owned(), v))
+    .to_vec();
+    let _forwards =
+        [&lab.a, &lab.b].map(|ns| LoopbackForward::new(ns, 6443, &api_server_target(cp)).unwrap());
+    let mut a = lab.start("a");
+    let b = lab.start("b");
+    lab.wait_up(&a, &b);
+    assert_eq!(holder("a").as_deref(), Some("a"));
+    assert_eq!(holder("b").as_deref(), Some("b"));
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("up.txt");
+    finish(lab.storm(0, 6, &out), &out);
+
+    a.kill();
+    let killed = Instant::now();
+    let deadline = killed + Duration::from_secs(60);
+    while state(&b, &lab.b) != "partner-down" {
+        assert!(
+            Instant::now() < deadline,
+            "b did not take a's part:\n{}",
+            tail(&plain(&b.log()))
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let taken = Instant::now();
+    eprintln!("b took a's part {:?} after the kill", taken - killed);
+    assert_eq!(holder("a").as_deref(), Some("b"), "b holds a's part");
+    // At once b serves alone, from its own half.
+    let out = dir.path().join("alone.txt");
+    let alone = finish(lab.storm(100, 5, &out), &out);
+    assert!(
+        alone.values().all(|ip| !in_lower_half_of(ip, "10.99.1.9")),
+        "nothing in a's part before the longest lease has passed: {alone:?}"
+    );
+    // Once the longest lease (60 s) has passed since, whatever a gave there has ended: b
+    // binds in a's part too (its scans start at the pool's first address, a's).
+    std::thread::sleep((taken + Duration::from_secs(61)).saturating_duration_since(Instant::now()));
+    let out = dir.path().join("taken.txt");
+    let taken_over = finish(lab.storm(200, 6, &out), &out);
+    assert!(
+        taken_over
+            .values()
+            .any(|ip| in_lower_half_of(ip, "10.99.1.9")),
+        "b binds in a's part once it may: {taken_over:?}"
+    );
+    assert_one_holder_across(&book(&a), &book(&b));
+
+    // a returns: b hands its part back (once its offers there lapsed), and both are up.
+    a.crash_and_restart(&lab.a);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while holder("a").as_deref() != Some("a") {
+        assert!(
+            Instant::now() < deadline,
+            "a's part not handed back:\n--- b:\n{}",
+            tail(&plain(&b.log()))
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    lab.wait_up(&a, &b);
+    // a's log holds what b bound in a's part meanwhile, and new clients get addresses
+    // that nobody holds.
+    let a_book = book(&a);
+    for (mac, ip) in taken_over
+        .iter()
+        .filter(|(_, ip)| in_lower_half_of(ip, "10.99.1.9"))
+    {
+        assert_eq!(
+            a_book.get(&key_of(mac)).map(IpAddr::to_string).as_deref(),
+            Some(ip.as_str()),
+            "{mac}: b bound {ip} in a's part; a's log does not have it"
+        );
+    }
+    let out = dir.path().join("back.txt");
+    finish(lab.storm(300, 4, &out), &out);
+    assert_one_holder_across(&book(&a), &book(&b));
+    let log = plain(&b.log());
+    assert!(log.contains("took its part"), "{}", tail(&log));
+    assert!(
+        log.contains("handed the partner's part back"),
+        "{}",
+        tail(&log)
+    );
+}
+
+/// Whether `ip` lies at or below `last` (the lower half's last address).
+fn in_lower_half_of(ip: &str, last: &str) -> bool {
+    ip.parse::<Ipv4Addr>().unwrap() <= last.parse::<Ipv4Addr>().unwrap()
 }

@@ -8,6 +8,11 @@
 //! long its client has been trying, and a client whose REQUEST goes unanswered twice starts
 //! over with a DISCOVER.
 //!
+//! With `--rate`, new clients start at that many per second (a steady offered load, still
+//! capped by `--window`) instead of as fast as the window allows; `--latencies-out` writes
+//! when each acknowledged client began and when its ACK came (the benchmarks' takeover
+//! time after a server is killed).
+//!
 //! ```sh
 //! ip netns exec <client-ns> dhcp-load --relay 10.99.0.2 --server 10.99.0.1 --clients 5000
 //! ```
@@ -49,6 +54,18 @@ struct Args {
     /// Write each acknowledged lease as `<mac> <ip>` to this file.
     #[arg(long)]
     leases_out: Option<PathBuf>,
+    /// A client that gets a NAK starts over with a DISCOVER (RFC 2131's clients do)
+    /// rather than giving up.
+    #[arg(long)]
+    retry_naks: bool,
+    /// New clients per second (a steady offered load; `--window` still caps the clients in
+    /// flight). Without it, a new client starts whenever the window has room.
+    #[arg(long)]
+    rate: Option<u32>,
+    /// Write each acknowledged client as `<mac> <began> <acked>`, both in microseconds since
+    /// the Unix epoch (its first DISCOVER and its ACK), to this file.
+    #[arg(long)]
+    latencies_out: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -125,6 +142,10 @@ async fn run(args: Args) -> std::io::Result<bool> {
         Some(path) => Some(std::io::BufWriter::new(std::fs::File::create(path)?)),
         None => None,
     };
+    let mut latencies = match &args.latencies_out {
+        Some(path) => Some(std::io::BufWriter::new(std::fs::File::create(path)?)),
+        None => None,
+    };
     let last = args.first + args.clients;
     let mut next = args.first;
     // Per client: its phase, when the phase began, its retransmissions, and when the client
@@ -133,11 +154,23 @@ async fn run(args: Args) -> std::io::Result<bool> {
     let secs = |began: Instant| u16::try_from(began.elapsed().as_secs()).unwrap_or(u16::MAX);
     let (mut acked, mut naks, mut lost) = (0u32, 0u32, 0u32);
     let started = Instant::now();
+    // The wall clock at `started`, for `--latencies-out`.
+    let epoch_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros());
+    let wall_us = |at: Instant| epoch_us + (at - started).as_micros();
+    // With `--rate`: whether client `index` is due to start by now.
+    let due = |index: u32| match args.rate {
+        Some(rate) => {
+            f64::from(index - args.first) < f64::from(rate) * started.elapsed().as_secs_f64() + 1.0
+        }
+        None => true,
+    };
     let mut buf = vec![0u8; 1500];
     let retry = Duration::from_millis(1000);
     let give_up = Duration::from_secs(args.timeout_seconds);
     loop {
-        while in_flight.len() < args.window && next < last {
+        while in_flight.len() < args.window && next < last && due(next) {
             let bytes = request(next, args.relay, Phase::Discovering, 0)
                 .to_vec()
                 .map_err(std::io::Error::other)?;
@@ -146,10 +179,17 @@ async fn run(args: Args) -> std::io::Result<bool> {
             in_flight.insert(next, (Phase::Discovering, now, 0, now));
             next += 1;
         }
-        if in_flight.is_empty() {
+        // (Paced, the window may be empty while the next client is not due yet.)
+        if in_flight.is_empty() && next >= last {
             break;
         }
-        match tokio::time::timeout(Duration::from_millis(200), socket.recv_from(&mut buf)).await {
+        // Paced: wake up for the next client's start.
+        let wait = if args.rate.is_some() && next < last {
+            Duration::from_millis(1)
+        } else {
+            Duration::from_millis(200)
+        };
+        match tokio::time::timeout(wait, socket.recv_from(&mut buf)).await {
             Ok(Ok((len, _))) => {
                 let Some(reply) = buf
                     .get(..len)
@@ -184,10 +224,27 @@ async fn run(args: Args) -> std::io::Result<bool> {
                         if let Some(out) = out.as_mut() {
                             writeln!(out, "{} {}", format_mac(reply.chaddr()), reply.yiaddr())?;
                         }
+                        if let Some(latencies) = latencies.as_mut() {
+                            writeln!(
+                                latencies,
+                                "{} {} {}",
+                                format_mac(reply.chaddr()),
+                                wall_us(began),
+                                wall_us(Instant::now())
+                            )?;
+                        }
                     }
                     (_, Some(MessageType::Nak)) => {
-                        in_flight.remove(&xid);
                         naks += 1;
+                        if args.retry_naks {
+                            let bytes = request(xid, args.relay, Phase::Discovering, secs(began))
+                                .to_vec()
+                                .map_err(std::io::Error::other)?;
+                            send(bytes).await?;
+                            in_flight.insert(xid, (Phase::Discovering, Instant::now(), 0, began));
+                        } else {
+                            in_flight.remove(&xid);
+                        }
                     }
                     _ => {}
                 }
@@ -223,6 +280,9 @@ async fn run(args: Args) -> std::io::Result<bool> {
     }
     if let Some(out) = out.as_mut() {
         out.flush()?;
+    }
+    if let Some(latencies) = latencies.as_mut() {
+        latencies.flush()?;
     }
     let seconds = started.elapsed().as_secs_f64();
     println!(

@@ -68,8 +68,30 @@ pub struct Pool<'a> {
     backend: &'a dyn MachineBackend,
     cursors: &'a mut Cursors,
     now: u64,
-    /// Whether a lease of the pair partner's part may be offered again here.
-    partners_leases_open: bool,
+    /// What a server of a pair may bind where, now.
+    bindings: Bindings,
+}
+
+/// In a pair: where a server may make new bindings and extend leases now
+/// ([`crate::ha::pair::Pair`] decides). Alone: its whole pool, and nobody's partner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bindings {
+    /// New bindings and extensions in its own part of the pool.
+    pub own: bool,
+    /// Offers and extensions of leases of the partner's part (never new bindings there).
+    pub partners_leases: bool,
+    /// New bindings in the partner's part (it took the part, long enough ago).
+    pub partners_new: bool,
+}
+
+impl Default for Bindings {
+    fn default() -> Self {
+        Self {
+            own: true,
+            partners_leases: true,
+            partners_new: false,
+        }
+    }
 }
 
 impl std::fmt::Debug for Pool<'_> {
@@ -98,19 +120,52 @@ impl<'a> Pool<'a> {
             backend,
             cursors,
             now,
-            partners_leases_open: true,
+            bindings: Bindings::default(),
         }
     }
 
-    /// In a pair: whether this server may offer a client its lease of the partner's part
-    /// (only while it may extend it, [`crate::ha::pair::Pair::extends_partners_leases`]).
-    /// Otherwise the client is offered an address of this server's own part: a client
-    /// whose ACK from the partner never came (the partner died after writing it) would
-    /// else ask here for an address nobody may give it until the lease ends (found by the
-    /// `kill -9` test of a pair: ten minutes of retries).
-    pub fn partners_leases_open(mut self, open: bool) -> Self {
-        self.partners_leases_open = open;
+    /// In a pair: what this server may bind where now. A client whose lease may not be
+    /// extended here is not offered it again but an address this server may give: a
+    /// client whose ACK from the partner never came (the partner died after writing it)
+    /// would else ask here for an address nobody may give it until the lease ends (found
+    /// by the `kill -9` test of a pair: ten minutes of retries).
+    pub fn bindings(mut self, bindings: Bindings) -> Self {
+        self.bindings = bindings;
         self
+    }
+
+    /// Whether a new binding of `ip` may be made here: in the pool's part this server may
+    /// bind in now.
+    fn may_bind(&self, ip: Ipv4Addr) -> bool {
+        bindable(self.subnet, self.bindings, ip)
+    }
+
+    /// The addresses a scan for a new binding runs over: this server's part, or the
+    /// pair's whole pool once it may bind in the partner's part too.
+    fn bindable_range(&self) -> (Ipv4Addr, Ipv4Addr) {
+        match self.subnet.pair_pool {
+            Some(whole) if self.bindings.partners_new => whole,
+            _ => self.subnet.pool,
+        }
+    }
+
+    /// Why the client's lease on `ip` may not be extended here now, if it may not: a lease
+    /// of the partner's part the partner cannot hear of first, or of this server's part
+    /// while it holds neither the part's fence nor an answering partner (the partner may
+    /// take the part). The request goes unanswered: the client keeps its address until its
+    /// lease ends (its own timers), then starts over. A Machine's reservation is nobody's
+    /// part: one Machine is one client.
+    pub fn unextendable(&self, client: &Client<'_>, ip: Ipv4Addr) -> Option<super::DropReason> {
+        if client.machine.is_some_and(|m| m.ipv4 == Some(ip)) {
+            return None;
+        }
+        if self.subnet.in_partners_part(ip) && !self.bindings.partners_leases {
+            Some(super::DropReason::PartnersLease)
+        } else if self.subnet.in_pool(ip) && !self.bindings.own {
+            Some(super::DropReason::NoFence)
+        } else {
+            None
+        }
     }
 
     /// The subnet.
@@ -268,19 +323,16 @@ impl<'a> Pool<'a> {
         }
         match self.offerable_current(client) {
             Some(_) => false,
-            None => self.subnet.in_pool(asked) && self.open_to(asked, client),
+            None => self.may_bind(asked) && self.open_to(asked, client),
         }
     }
 
-    /// The client's current address ([`Pool::current`]) unless it is a lease of the pair
-    /// partner's part that may not be offered again here ([`Pool::partners_leases_open`]):
-    /// then the client may move to an address of this server's part.
+    /// The client's current address ([`Pool::current`]) unless it is a lease that may not
+    /// be extended here now ([`Pool::unextendable`]): then the client may move to an
+    /// address this server may bind.
     fn offerable_current(&self, client: &Client<'_>) -> Option<Ipv4Addr> {
-        self.current(client).filter(|ip| {
-            self.partners_leases_open
-                || !self.subnet.in_partners_part(*ip)
-                || self.reservation(client) == Some(*ip)
-        })
+        self.current(client)
+            .filter(|ip| self.unextendable(client, *ip).is_none())
     }
 
     /// The address to offer: the client's own, the one it asks for, the next free one of
@@ -299,7 +351,7 @@ impl<'a> Pool<'a> {
             tracing::warn!(%ip, client = %client.key, "a Machine's reservation is held by another client; offering a pool address until that ends");
         }
         if let Some(ip) = requested
-            && self.subnet.in_pool(ip)
+            && self.may_bind(ip)
             && self.open_to(ip, client)
         {
             return Some(Offer::Free(ip));
@@ -319,9 +371,11 @@ impl<'a> Pool<'a> {
                 .reserved_by(ip)
                 .is_some_and(|m| !m.macs.contains(&mac))
         };
+        let (subnet, bindings) = (self.subnet, self.bindings);
+        let (first, last) = self.bindable_range();
         self.book
-            .reclaim_oldest_offer(self.subnet.pool.0.into(), self.subnet.pool.1.into(), |ip| {
-                v4(ip).is_some() && !others_reservation(ip)
+            .reclaim_oldest_offer(first.into(), last.into(), |ip| {
+                v4(ip).is_some_and(|ip| bindable(subnet, bindings, ip)) && !others_reservation(ip)
             })
             .and_then(v4)
             .map(Offer::Reclaimed)
@@ -329,7 +383,8 @@ impl<'a> Pool<'a> {
 
     /// The next address of the pool open to the client, from where the last scan ended.
     fn scan(&mut self, client: &Client<'_>) -> Option<Ipv4Addr> {
-        let (first, last) = (u32::from(self.subnet.pool.0), u32::from(self.subnet.pool.1));
+        let (first, last) = self.bindable_range();
+        let (first, last) = (u32::from(first), u32::from(last));
         let size = last - first + 1;
         let start = self
             .cursors
@@ -340,7 +395,7 @@ impl<'a> Pool<'a> {
         for step in 0..size {
             let candidate = first + (start.saturating_sub(first) + step) % size;
             let ip = Ipv4Addr::from(candidate);
-            if self.open_to(ip, client) {
+            if self.may_bind(ip) && self.open_to(ip, client) {
                 self.cursors
                     .next
                     .insert(self.subnet.network, candidate.wrapping_add(1));
@@ -349,6 +404,11 @@ impl<'a> Pool<'a> {
         }
         None
     }
+}
+
+/// Whether a new binding of `ip` may be made on `subnet` with `bindings`.
+fn bindable(subnet: &Subnet, bindings: Bindings, ip: Ipv4Addr) -> bool {
+    subnet.in_pool(ip) && bindings.own || subnet.in_partners_part(ip) && bindings.partners_new
 }
 
 /// The address if it is an IPv4 one (a v4 client's key holds nothing else).

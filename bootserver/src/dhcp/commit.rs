@@ -29,8 +29,8 @@ pub enum NoAck {
     Failed(String),
     /// Written, but the client released or declined the address meanwhile.
     Withdrawn,
-    /// Written, but a lease of the pair partner's part that the partner did not take:
-    /// only its owner may acknowledge it then ([`crate::ha::pair::may_acknowledge`]).
+    /// Written, but a lease the pair's rules say only the partner's taking it makes
+    /// acknowledgeable, and the partner did not ([`crate::ha::pair::Pair::may_acknowledge`]).
     NotTakenByPartner,
 }
 

@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use dhcproto::v4::{DhcpOption, MessageType};
 
-use super::allocate::{Client, Cursors, Offer, Pool};
+use super::allocate::{Bindings, Client, Cursors, Offer, Pool};
 use super::limits::{Source, Sources};
 use super::reply::{self, BootOptions, Reply};
 use super::settings::{DhcpMode, Subnet, UnknownMachines};
@@ -44,7 +44,7 @@ use crate::backend::{MachineBackend, MachineRecord};
 use crate::boot::{self, ClientKind};
 use crate::config::Settings;
 use crate::ha::pair::{Pair, answerer};
-use crate::ha::parts::Half;
+use crate::ha::parts::{Half, Part};
 use crate::identity::PxeExchanges;
 use crate::leases::book::Refused;
 use crate::leases::{ClientKey, Lease, LeaseError, Leases, Ticket};
@@ -439,8 +439,8 @@ impl Responder {
         if !pool.acceptable(&client, asked) {
             return Ok(not_available());
         }
-        if self.partners_lease_unextendable(pool, &client, asked) {
-            return Err(DropReason::PartnersLease);
+        if let Some(held_back) = pool.unextendable(&client, asked) {
+            return Err(held_back);
         }
         // The address is the client's until the commit thread answers: no other client may
         // be offered it while the lease is being made durable.
@@ -451,22 +451,18 @@ impl Responder {
         }
     }
 
-    /// Whether `ip` is a lease of the pair partner's part that this server may not extend
-    /// now: the partner could not hear of the extension first, and could give the address
-    /// to another client once the lease it knows ends. The request goes unanswered: the
-    /// client keeps its address until then (its own timers), and then starts over. A
-    /// Machine's reservation is nobody's part: one Machine is one client.
-    fn partners_lease_unextendable(
-        &self,
-        pool: &Pool<'_>,
-        client: &Client<'_>,
-        ip: Ipv4Addr,
-    ) -> bool {
+    /// What this server may bind where at `now`: as one of a pair, what the pair's state
+    /// allows ([`Pair::allocates_in`], [`Pair::extends_partners_leases`]); alone, its pool.
+    fn bindings(&self, now: u64) -> Bindings {
         let Some((pair, _)) = self.pair.as_ref() else {
-            return false;
+            return Bindings::default();
         };
-        let reserved = client.machine.is_some_and(|m| m.ipv4 == Some(ip));
-        !reserved && pool.subnet().in_partners_part(ip) && !lock(pair).extends_partners_leases()
+        let pair = lock(pair);
+        Bindings {
+            own: pair.allocates_in(Part::Own, now),
+            partners_leases: pair.extends_partners_leases(),
+            partners_new: pair.allocates_in(Part::Partners, now),
+        }
     }
 
     /// The full server: the steps, in order.
@@ -482,11 +478,7 @@ impl Responder {
             &mut cursors,
             context.now,
         )
-        .partners_leases_open(
-            self.pair
-                .as_ref()
-                .is_none_or(|(pair, _)| lock(pair).extends_partners_leases()),
-        );
+        .bindings(self.bindings(context.now));
         let limited = self.limited_sources(context, &pool)?;
         let assignment = self.assign(context, &mut pool)?;
         if !limited.is_empty()

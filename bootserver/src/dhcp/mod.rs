@@ -181,6 +181,12 @@ pub enum DropReason {
     /// A REQUEST to extend a lease of the pair partner's part while the partner cannot
     /// hear of it first.
     PartnersLease,
+    /// A REQUEST to extend a lease of this server's part of the pool while it holds
+    /// neither the part's fence nor an answering partner (the partner may take the part).
+    NoFence,
+    /// Written, but neither the partner took it nor does this server hold the fence that
+    /// would let it acknowledge alone ([`crate::ha::pair::Pair::may_acknowledge`]).
+    Unreplicated,
 }
 
 impl DropReason {
@@ -211,6 +217,8 @@ impl DropReason {
             Self::PartnersClient => "partners_client",
             Self::ReleaseKeptInPair => "release_kept_in_pair",
             Self::PartnersLease => "partners_lease",
+            Self::NoFence => "no_fence",
+            Self::Unreplicated => "unreplicated",
         }
     }
 }

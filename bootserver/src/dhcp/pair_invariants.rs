@@ -18,13 +18,17 @@ use super::invariants::{Ledger, ServerId};
 use super::{Decision, Responder, wire};
 use crate::backend::{MacAddr, StaticBackend};
 use crate::config::Settings;
-use crate::ha::pair::{Event, Pair, StartBook, may_acknowledge};
+use crate::ha::pair::{Event, Pair, StartBook};
+use crate::ha::parts::Part;
 use crate::leases::{LeaseLog, Leases, MemoryLog, Record, Ticket};
 
 const START: u64 = 1_700_000_000;
+
 const CLIENTS: u8 = 7;
 const LEASE_SECONDS: u64 = 120;
 const INTERRUPTED_AFTER: u64 = 10;
+/// A part fence's Lease: taken by another only once unrenewed for this long.
+const FENCE_SECONDS: u64 = 15;
 /// The pool 10.99.0.100–107: a owns .100–.103 (with the reservation .102), b .104–.107.
 fn config(name: &str, partner: &str, address: &str) -> String {
     format!(
@@ -122,9 +126,31 @@ enum Step {
         server: u8,
         full: bool,
     },
+    /// A server reaches the API server, or no longer does (then it renews no fence: it
+    /// steps down at once, which a real one does before the Lease can expire for others).
+    Api {
+        server: u8,
+        up: bool,
+    },
+    /// A server takes its partner's part fence, if it may: the partner does not answer
+    /// and the part's Lease went unrenewed for [`FENCE_SECONDS`].
+    TakeFence {
+        server: u8,
+    },
+    /// A server holding its partner's fence hands it back, if the partner answers: it stops
+    /// binding there, the partner takes every record it holds (the barrier), then the
+    /// fence goes back.
+    HandBack {
+        server: u8,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
+    steps(1)
+}
+
+/// The steps, with the fence steps weighted `fences` (more where fences are the subject).
+fn steps(fences: u32) -> impl Strategy<Value = Step> {
     let server = 0u8..2;
     let client = 1..=CLIENTS;
     let ip = 0u8..=9; // 10.99.0.99 ..= 10.99.0.108: the pool and its edges
@@ -147,7 +173,10 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|seconds| Step::Wait { seconds }),
         1 => (server.clone(), any::<bool>())
             .prop_map(|(server, lose_disk)| Step::Restart { server, lose_disk }),
-        1 => (server, any::<bool>()).prop_map(|(server, full)| Step::Disk { server, full }),
+        1 => (server.clone(), any::<bool>()).prop_map(|(server, full)| Step::Disk { server, full }),
+        fences => (server.clone(), any::<bool>()).prop_map(|(server, up)| Step::Api { server, up }),
+        fences => server.clone().prop_map(|server| Step::TakeFence { server }),
+        fences => server.prop_map(|server| Step::HandBack { server }),
     ]
 }
 
@@ -167,10 +196,12 @@ struct Server {
     outbox: VecDeque<Record>,
     /// When the disk was found empty (kept durably beside the log by a real server).
     lost_at: Option<u64>,
+    /// Whether the pair's parts are fenced (an API server holds a Lease per part).
+    fenced: bool,
 }
 
 impl Server {
-    fn start(id: ServerId, now: u64) -> Self {
+    fn start(id: ServerId, now: u64, fenced: bool) -> Self {
         let (name, partner, address) = if id == 0 {
             ("a", "b", Ipv4Addr::new(10, 99, 0, 1))
         } else {
@@ -201,6 +232,7 @@ impl Server {
             queue: VecDeque::new(),
             outbox: VecDeque::new(),
             lost_at: None,
+            fenced,
         };
         server.restart(StartBook::Trusted, now);
         server
@@ -211,12 +243,12 @@ impl Server {
         self.queue.clear();
         self.outbox.clear();
         self.leases = Arc::new(Leases::open(self.log.clone()).unwrap());
-        self.pair = Arc::new(Mutex::new(Pair::starting(
-            book,
-            now,
-            INTERRUPTED_AFTER,
-            LEASE_SECONDS,
-        )));
+        let pair = Pair::starting(book, now, INTERRUPTED_AFTER, LEASE_SECONDS);
+        self.pair = Arc::new(Mutex::new(if self.fenced {
+            pair.with_fences()
+        } else {
+            pair
+        }));
         self.responder = Responder::new(
             self.settings.clone(),
             self.backend.clone(),
@@ -241,22 +273,99 @@ struct Session {
     cut: bool,
     /// The address each client was last offered or given.
     remembered: HashMap<u8, Ipv4Addr>,
+    /// Whether each server reaches the API server (fenced sessions).
+    api: [bool; 2],
+    /// Each part's fence (the part of server `i` is `fences[i]`).
+    fences: [Fence; 2],
+}
+
+/// A part's Lease in the API server.
+#[derive(Debug, Clone, Copy)]
+struct Fence {
+    holder: Option<usize>,
+    renewed_at: u64,
+}
+
+impl Fence {
+    fn expired(&self, now: u64) -> bool {
+        self.holder.is_none() || now >= self.renewed_at + FENCE_SECONDS
+    }
 }
 
 impl Session {
-    fn new() -> Self {
-        let servers = [Server::start(0, START), Server::start(1, START)];
+    fn new(fenced: bool) -> Self {
+        let servers = [
+            Server::start(0, START, fenced),
+            Server::start(1, START, fenced),
+        ];
         // Started together on empty logs: each one's catch-up reaches the other.
         for server in &servers {
             server.on(Event::Synced, START);
             server.on(Event::Heard, START);
         }
-        Self {
+        let mut session = Self {
             servers,
             ledger: Ledger::new([(IpAddr::from([10, 99, 0, 102]), vec![MacAddr(mac(1))])]),
             now: START,
             cut: false,
             remembered: HashMap::new(),
+            api: [fenced; 2],
+            fences: [Fence {
+                holder: None,
+                renewed_at: START,
+            }; 2],
+        };
+        session.keep_fences();
+        session
+    }
+
+    /// What the servers' electors do as time passes: renew what they hold, take their own
+    /// part's fence when it is free, and take it back when the partner let it expire.
+    fn keep_fences(&mut self) {
+        if !self.servers[0].fenced {
+            return;
+        }
+        let now = self.now;
+        for part in 0..2 {
+            let fence = &mut self.fences[part];
+            if let Some(holder) = fence.holder
+                && self.api[holder]
+            {
+                fence.renewed_at = now;
+            }
+            if !self.api[part] || fence.holder == Some(part) {
+                continue;
+            }
+            let returned = fence.holder == Some(1 - part);
+            if fence.expired(now) {
+                *fence = Fence {
+                    holder: Some(part),
+                    renewed_at: now,
+                };
+                if returned {
+                    self.servers[part].on(Event::OwnFenceReturned, now);
+                }
+            }
+        }
+        for (part, server) in self.servers.iter().enumerate() {
+            let mut pair = server.pair.lock().unwrap();
+            pair.set_own_fence(self.api[part] && self.fences[part].holder == Some(part));
+            // The partner's fence it held is lost once it cannot renew it.
+            if self.fences[1 - part].holder == Some(part) && !self.api[part] {
+                pair.on(Event::FenceLost, now);
+            }
+        }
+    }
+
+    /// Each server hears the other's state (a heartbeat's answer), or nothing (`None`).
+    fn report_states(&self, heard: bool) {
+        let codes = [0, 1].map(|s| self.servers[s].pair.lock().unwrap().reported_code(self.now));
+        for (s, server) in self.servers.iter().enumerate() {
+            server
+                .pair
+                .lock()
+                .unwrap()
+                .partner_reported(heard.then_some(codes[1 - s]));
         }
     }
 
@@ -361,7 +470,11 @@ impl Session {
                 // give it once the lease it knows ends.
                 Record::Commit(lease)
                     if durable
-                        && !may_acknowledge(self.in_partners_part(s, lease), partner_took) =>
+                        && !self.servers[s]
+                            .pair
+                            .lock()
+                            .unwrap()
+                            .may_acknowledge(self.part_of(s, lease), partner_took) =>
                 {
                     self.ledger.not_acknowledged_by(id, lease);
                 }
@@ -398,17 +511,19 @@ impl Session {
         Ok(())
     }
 
-    /// Whether `lease` lies in the partner's part for server `s`.
-    fn in_partners_part(&self, s: usize, lease: &crate::leases::Lease) -> bool {
+    /// The part `lease` lies in for server `s`.
+    fn part_of(&self, s: usize, lease: &crate::leases::Lease) -> Part {
         let IpAddr::V4(ip) = lease.ip else {
-            return false;
+            return Part::Outside;
         };
-        self.servers[s]
-            .settings
-            .dhcp
-            .subnets
-            .iter()
-            .any(|subnet| subnet.in_partners_part(ip))
+        let subnets = &self.servers[s].settings.dhcp.subnets;
+        if subnets.iter().any(|subnet| subnet.in_partners_part(ip)) {
+            Part::Partners
+        } else if subnets.iter().any(|subnet| subnet.in_pool(ip)) {
+            Part::Own
+        } else {
+            Part::Outside
+        }
     }
 
     fn run(&mut self, step: &Step) -> Result<(), String> {
@@ -497,9 +612,67 @@ impl Session {
                     for server in &self.servers {
                         server.on(Event::Heard, self.now);
                     }
+                    self.report_states(true);
                 }
             }
-            Step::Partition { cut } => self.cut = cut,
+            Step::Partition { cut } => {
+                self.cut = cut;
+                if cut {
+                    self.report_states(false);
+                }
+            }
+            Step::Api { server, up } => {
+                self.api[usize::from(server % 2)] = up;
+                self.keep_fences();
+            }
+            Step::TakeFence { server } => {
+                let s = usize::from(server % 2);
+                let partners = self.fences[1 - s];
+                let may = self.servers[s].fenced
+                    && self.api[s]
+                    && self.servers[s].pair.lock().unwrap().may_take_fence()
+                    && partners.holder != Some(s)
+                    && partners.expired(self.now);
+                if may {
+                    self.fences[1 - s] = Fence {
+                        holder: Some(s),
+                        renewed_at: self.now,
+                    };
+                    self.servers[s].on(Event::FenceTaken, self.now);
+                    self.keep_fences();
+                }
+            }
+            Step::HandBack { server } => {
+                let s = usize::from(server % 2);
+                let holding = self.fences[1 - s].holder == Some(s)
+                    && matches!(
+                        self.servers[s].pair.lock().unwrap().state(),
+                        crate::ha::pair::PairState::PartnerDown { .. }
+                    );
+                if holding && !self.cut {
+                    // First it stops binding there; the fence goes back once its offers
+                    // there lapsed (a later HandBack step).
+                    self.servers[s].on(Event::HandingBack, self.now);
+                    let may = self.servers[s].pair.lock().unwrap().may_hand_back(self.now);
+                    // The barrier: the partner takes every record this server holds.
+                    let durable = self.servers[s].log.durable().map_err(|e| e.to_string())?;
+                    let records: Vec<Record> = durable.records().collect();
+                    if may
+                        && self.servers[1 - s]
+                            .leases
+                            .replicate(&records, self.now)
+                            .is_ok()
+                    {
+                        self.servers[1 - s].on(Event::Synced, self.now);
+                        self.fences[1 - s] = Fence {
+                            holder: None,
+                            renewed_at: self.now,
+                        };
+                        self.servers[s].on(Event::PartnerRecovered, self.now);
+                        self.keep_fences();
+                    }
+                }
+            }
             Step::Sync { server } => {
                 let s = usize::from(server % 2);
                 if !self.cut {
@@ -519,7 +692,14 @@ impl Session {
                 self.now += u64::from(seconds);
                 for server in &self.servers {
                     server.on(Event::Tick, self.now);
+                    // A connection silent this long is closed: what the partner said on
+                    // it is gone with it.
+                    let mut pair = server.pair.lock().unwrap();
+                    if !pair.partner_answers(self.now) {
+                        pair.partner_reported(None);
+                    }
                 }
+                self.keep_fences();
             }
             Step::Restart { server, lose_disk } => {
                 let s = usize::from(server % 2);
@@ -540,6 +720,8 @@ impl Session {
                     _ => StartBook::Trusted,
                 };
                 self.servers[s].restart(book, now);
+                self.report_states(false);
+                self.keep_fences();
             }
             Step::Disk { server, full } => {
                 self.servers[usize::from(server % 2)].log.set_failing(full)
@@ -556,7 +738,21 @@ impl Session {
 #[test]
 fn a_pair_never_promises_one_address_to_two_clients() {
     super::invariants::sessions::run(1_000, 43, step(), 150, |steps| {
-        let mut session = Session::new();
+        let mut session = Session::new(false);
+        for (i, step) in steps.iter().enumerate() {
+            session.run(step).map_err(|broken| (i, broken))?;
+        }
+        Ok(())
+    });
+}
+
+/// The same with each part fenced by a Lease in an API server that either server may lose:
+/// a server takes its partner's part only once the partner's fence expired while it could
+/// not hear it, binds there only the longest lease later, and hands the part back.
+#[test]
+fn a_fenced_pair_never_promises_one_address_to_two_clients() {
+    super::invariants::sessions::run(1_000, 4343, steps(4), 150, |steps| {
+        let mut session = Session::new(true);
         for (i, step) in steps.iter().enumerate() {
             session.run(step).map_err(|broken| (i, broken))?;
         }
@@ -568,7 +764,7 @@ fn a_pair_never_promises_one_address_to_two_clients() {
 /// the pair is up (by the client's hash), by both once a client says it waited.
 #[test]
 fn each_server_offers_its_own_half_and_one_answers_while_up() {
-    let session = Session::new();
+    let session = Session::new(false);
     for server in &session.servers {
         server.on(Event::Heard, START);
     }

@@ -311,9 +311,9 @@ pub async fn serve(
                             return;
                         }
                         Ok(Ok(Err(NoAck::NotTakenByPartner))) => {
-                            // The partner's part, and the partner did not take it: the
-                            // client keeps the lease it has until then.
-                            task_metrics.dhcp_dropped(DropReason::PartnersLease);
+                            // Only the partner's taking it could make it acknowledgeable:
+                            // the client keeps the lease it has until then.
+                            task_metrics.dhcp_dropped(DropReason::Unreplicated);
                             return;
                         }
                         Ok(Ok(Err(NoAck::Failed(error)))) => {

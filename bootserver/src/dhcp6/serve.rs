@@ -345,9 +345,9 @@ pub async fn serve(
                         return;
                     }
                     // A pair serves no DHCPv6 (refused in the settings); were it to, this
-                    // is the partner's part it did not take.
+                    // is a lease only the partner's taking it could make acknowledgeable.
                     Ok(Ok(Err(NoAck::NotTakenByPartner))) => {
-                        metrics.dhcp6_dropped("partners_lease");
+                        metrics.dhcp6_dropped("unreplicated");
                         return;
                     }
                     Ok(Ok(Err(NoAck::Failed(error)))) => {

@@ -31,7 +31,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-use super::pair::{Event, Pair, PairState, may_acknowledge};
+use super::pair::{Event, Pair, PairState};
+use super::parts::Part;
 use super::settings::HaSettings;
 use super::wire::{self, Message, PairKey, Refused, Session, TAG_LEN};
 use crate::dhcp::now_unix;
@@ -203,23 +204,34 @@ struct Outgoing {
 pub struct PairLink {
     pair: Arc<Mutex<Pair>>,
     outgoing: mpsc::UnboundedSender<Outgoing>,
-    partners_part: Box<dyn PartnersPart>,
+    parts: Box<dyn Parts>,
     metrics: Arc<LinkMetrics>,
 }
 
-/// Whether an address lies in the partner's part of a pool.
-pub trait PartnersPart: Send + Sync + std::fmt::Debug {
-    /// Whether `ip` is in the partner's part.
-    fn contains(&self, ip: IpAddr) -> bool;
+/// Which server's part of a pool an address lies in.
+pub trait Parts: Send + Sync + std::fmt::Debug {
+    /// The part `ip` lies in.
+    fn part_of(&self, ip: IpAddr) -> Part;
 }
 
-impl PartnersPart for Arc<crate::config::Settings> {
-    fn contains(&self, ip: IpAddr) -> bool {
-        let IpAddr::V4(ip) = ip else { return false };
+impl Parts for Arc<crate::config::Settings> {
+    fn part_of(&self, ip: IpAddr) -> Part {
+        let IpAddr::V4(ip) = ip else {
+            return Part::Outside;
+        };
         self.dhcp
             .subnets
             .iter()
-            .any(|subnet| subnet.in_partners_part(ip))
+            .find_map(|subnet| {
+                if subnet.in_partners_part(ip) {
+                    Some(Part::Partners)
+                } else if subnet.in_pool(ip) {
+                    Some(Part::Own)
+                } else {
+                    None
+                }
+            })
+            .unwrap_or(Part::Outside)
     }
 }
 
@@ -267,10 +279,22 @@ impl PairLink {
         }
     }
 
+    /// Waits until the partner has taken everything sent to it before (an empty batch
+    /// acknowledged on the same connection, whose batches it takes in order); `false` when
+    /// no connection stands or no answer came within [`REPLICATION_WAIT`]. Blocks.
+    pub fn barrier(&self) -> bool {
+        let (answer, acknowledged) = std::sync::mpsc::sync_channel(1);
+        let sent = self.outgoing.send(Outgoing {
+            records: Vec::new(),
+            answer: Some(answer),
+        });
+        sent.is_ok() && matches!(acknowledged.recv_timeout(REPLICATION_WAIT), Ok(Some(_)))
+    }
+
     /// Whether the ACK of `lease`, durable here, may go out, given whether the partner
-    /// took it ([`may_acknowledge`]).
+    /// took it ([`Pair::may_acknowledge`]).
     pub fn acknowledges(&self, lease: &Lease, partner_took: bool) -> bool {
-        let allowed = may_acknowledge(self.partners_part.contains(lease.ip), partner_took);
+        let allowed = lock(&self.pair).may_acknowledge(self.parts.part_of(lease.ip), partner_took);
         if !allowed {
             self.metrics.withheld.inc();
         }
@@ -286,7 +310,7 @@ pub async fn start(
     listen: SocketAddr,
     pair: Arc<Mutex<Pair>>,
     leases: Arc<Leases>,
-    partners_part: Box<dyn PartnersPart>,
+    parts: Box<dyn Parts>,
     metrics: Arc<LinkMetrics>,
 ) -> Result<Arc<PairLink>, LinkError> {
     let key = read_key(&ha.key_file)?;
@@ -314,7 +338,7 @@ pub async fn start(
     Ok(Arc::new(PairLink {
         pair,
         outgoing,
-        partners_part,
+        parts,
         metrics,
     }))
 }
@@ -343,8 +367,15 @@ impl Ends {
         LinkMetrics::show(&self.metrics.partner_state, PairState::name_of_code(state));
     }
 
+    /// What the partner said of its state on this server's own connection (`None`: the
+    /// connection ended): whether it holds this server's part decides, without a fence,
+    /// whether this server may bind in its part.
+    fn partner_says(&self, state: Option<u8>) {
+        lock(&self.pair).partner_reported(state);
+    }
+
     fn state_code(&self) -> u8 {
-        lock(&self.pair).state().code()
+        lock(&self.pair).reported_code(now_unix())
     }
 }
 
@@ -547,6 +578,7 @@ async fn carry(
                     Some(Ok(Message::Heartbeat { state })) => {
                         ends.answered();
                         ends.partner_reports(state);
+                        ends.partner_says(Some(state));
                     }
                     Some(Ok(Message::Records { .. })) => {
                         break Err(LinkError::Connection("records from the listening end".into()));
@@ -565,6 +597,7 @@ async fn carry(
         }
     };
     read.abort();
+    ends.partner_says(None);
     // Dropping `pending` answers every waiter: not acknowledged.
     ended
 }

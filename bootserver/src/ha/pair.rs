@@ -8,6 +8,11 @@
 //! | partner down | its part; the partner's once the longest lease has passed | every client |
 //! | recovering | nothing | nobody |
 //!
+//! With fences (a Kubernetes Lease per part, [`Pair::with_fences`]), "its part" also needs
+//! its own part's fence, or a partner that answers and says it does not hold that fence:
+//! a server cut off from both the API server and its partner makes no new binding in its
+//! part, because the partner may take the part once its fence expires.
+//!
 //! Leases of the partner's part are extended only while the owner hears of it first (up) or
 //! cannot serve (partner down: it recovers from this server before serving again); otherwise
 //! not at all: the client keeps its address until the lease the owner knows ends.
@@ -32,6 +37,10 @@ pub enum PairState {
     PartnerDown {
         /// When it took the fence.
         fenced_at: u64,
+        /// Since when the partner is back: this server makes no new binding in the
+        /// partner's part, and hands the fence back once the offers it made there have
+        /// lapsed ([`Pair::may_hand_back`]) and the partner has every record it wrote.
+        handing_back: Option<u64>,
     },
     /// Started without a book it can trust: nothing served until `until` (the longest
     /// lease after the start, when everything it may have lost has ended), or, when the
@@ -61,7 +70,7 @@ impl PairState {
         match self {
             Self::Up => 1,
             Self::Interrupted { .. } => 2,
-            Self::PartnerDown { .. } => 3,
+            Self::PartnerDown { .. } => PARTNER_DOWN,
             Self::Recovering { .. } => 4,
         }
     }
@@ -78,12 +87,12 @@ impl PairState {
     }
 }
 
-/// Whether a lease made durable here may be acknowledged to its client: one of the
-/// partner's part only once the partner, its owner, took it (it may have given the address
-/// to someone else, or may once the lease it knows ends; found by the pair's property test).
-pub fn may_acknowledge(in_partners_part: bool, partner_took: bool) -> bool {
-    !in_partners_part || partner_took
-}
+/// [`PairState::PartnerDown`]'s code: a partner that reports it holds this server's fence.
+const PARTNER_DOWN: u8 = 3;
+
+/// How long after it stopped binding in the partner's part a server may hand that part's
+/// fence back: an offer's hold, so that none it made there is still open.
+pub const HAND_BACK_AFTER_SECS: u64 = crate::dhcp::allocate::OFFER_HOLD.as_secs();
 
 /// The book a server starts with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,6 +125,14 @@ pub enum Event {
     ReplicationTimedOut,
     /// This server took the partner's part fence.
     FenceTaken,
+    /// The partner's part fence it held is lost (its renewals failed).
+    FenceLost,
+    /// The partner answers again: stop binding in its part, to hand the fence back.
+    HandingBack,
+    /// This server took its own part's fence back from a partner that held it and let it
+    /// expire without handing it back: what the partner did in this part is known only
+    /// from its records.
+    OwnFenceReturned,
     /// Every record the partner holds is in this server's book.
     Synced,
     /// The partner recovered from this server and holds its fence again.
@@ -129,6 +146,17 @@ pub struct Pair {
     last_heard: Option<u64>,
     interrupted_after: u64,
     longest_lease: u64,
+    /// Whether this server holds its own part's fence (always, without fences).
+    own_fence: bool,
+    /// The state the partner last reported ([`Pair::reported_code`]), on this server's own
+    /// connection; `None` when there is none.
+    partner_reports: Option<u8>,
+    /// When it stopped holding the partner's part without handing it back (its fence
+    /// lost): its offers there may be open for an offer's hold more.
+    left_partners_part_at: Option<u64>,
+    /// No binding in its own part before this: it took its part back from a partner whose
+    /// offers there may still be open.
+    quiet_until: u64,
 }
 
 impl Pair {
@@ -156,7 +184,49 @@ impl Pair {
             last_heard: None,
             interrupted_after,
             longest_lease,
+            own_fence: true,
+            partner_reports: None,
+            left_partners_part_at: None,
+            quiet_until: 0,
         }
+    }
+
+    /// The state as this server reports it to its partner: "partner down" while it holds
+    /// the partner's part, and for an offer's hold after it lost that part's fence (its
+    /// offers there may still be open, so the partner must not bind there on its word).
+    pub fn reported_code(&self, now: u64) -> u8 {
+        let left_lately = self
+            .left_partners_part_at
+            .is_some_and(|at| now < at.saturating_add(HAND_BACK_AFTER_SECS));
+        if left_lately {
+            PARTNER_DOWN
+        } else {
+            self.state.code()
+        }
+    }
+
+    /// A pair whose parts are fenced: this server's own part needs its fence (or an
+    /// answering partner that does not hold it) before new bindings; none is held yet.
+    pub fn with_fences(mut self) -> Self {
+        self.own_fence = false;
+        self
+    }
+
+    /// Whether this server holds its own part's fence now.
+    pub fn set_own_fence(&mut self, held: bool) {
+        self.own_fence = held;
+    }
+
+    /// What the partner reported of its state ([`PairState::code`]); `None` when its
+    /// connection ended.
+    pub fn partner_reported(&mut self, code: Option<u8>) {
+        self.partner_reports = code;
+    }
+
+    /// Whether the partner answered within `interruptedAfterSeconds` of `now`.
+    pub fn partner_answers(&self, now: u64) -> bool {
+        self.last_heard
+            .is_some_and(|heard| now.saturating_sub(heard) < self.interrupted_after)
     }
 
     /// The state.
@@ -167,6 +237,12 @@ impl Pair {
     /// The state after `event` at `now`.
     pub fn on(&mut self, event: Event, now: u64) {
         use PairState::{Interrupted, PartnerDown, Recovering, Up};
+        if event == Event::FenceLost && matches!(self.state, PartnerDown { .. }) {
+            self.left_partners_part_at = Some(now);
+        }
+        if event == Event::OwnFenceReturned {
+            self.quiet_until = now.saturating_add(HAND_BACK_AFTER_SECS);
+        }
         // A catch-up came from the partner: it is there as much as when it answers.
         if matches!(event, Event::Heard | Event::Synced) {
             self.last_heard = Some(now);
@@ -191,8 +267,43 @@ impl Pair {
                 },
                 Event::Synced,
             ) => Up,
-            (Interrupted { .. }, Event::FenceTaken) => PartnerDown { fenced_at: now },
-            (PartnerDown { .. }, Event::PartnerRecovered) => Up,
+            (Interrupted { .. }, Event::FenceTaken) => PartnerDown {
+                fenced_at: now,
+                handing_back: None,
+            },
+            (PartnerDown { .. }, Event::FenceLost) => Interrupted { since: now },
+            (
+                PartnerDown {
+                    fenced_at,
+                    handing_back: None,
+                },
+                Event::HandingBack,
+            ) => PartnerDown {
+                fenced_at,
+                handing_back: Some(now),
+            },
+            (
+                PartnerDown {
+                    handing_back: Some(since),
+                    ..
+                },
+                Event::PartnerRecovered,
+            ) if now >= since.saturating_add(HAND_BACK_AFTER_SECS) => Up,
+            // Already recovering: the stricter of the two waits.
+            (
+                Recovering {
+                    until,
+                    synced_suffices,
+                },
+                Event::OwnFenceReturned,
+            ) => Recovering {
+                until: until.max(now.saturating_add(self.longest_lease)),
+                synced_suffices,
+            },
+            (_, Event::OwnFenceReturned) => Recovering {
+                until: now.saturating_add(self.longest_lease),
+                synced_suffices: true,
+            },
             (state, _) => state,
         };
     }
@@ -212,12 +323,60 @@ impl Pair {
     pub fn allocates_in(&self, part: Part, now: u64) -> bool {
         match (part, self.state) {
             (_, PairState::Recovering { .. }) => false,
-            (Part::Own | Part::Outside, _) => true,
-            (Part::Partners, PairState::PartnerDown { fenced_at }) => {
-                now >= fenced_at.saturating_add(self.longest_lease)
+            // A Machine's reservation is nobody's part: one Machine is one client.
+            (Part::Outside, _) => true,
+            (Part::Own, state) => {
+                now >= self.quiet_until
+                    && (self.own_fence
+                        || state == PairState::Up
+                            && self
+                                .partner_reports
+                                .is_some_and(|code| code != PARTNER_DOWN))
             }
+            (
+                Part::Partners,
+                PairState::PartnerDown {
+                    fenced_at,
+                    handing_back: None,
+                },
+            ) => now >= fenced_at.saturating_add(self.longest_lease),
             (Part::Partners, _) => false,
         }
+    }
+
+    /// Whether a lease made durable here at an address in `part` may be acknowledged to
+    /// its client, given whether the partner took it:
+    /// - of the partner's part, only once the partner, its owner, took it (it may have
+    ///   given the address to someone else, or may once the lease it knows ends; found by
+    ///   the pair's property test), or while this server holds that part's fence;
+    /// - of its own part, once the partner took it, or while it holds its own part's fence
+    ///   (else the partner may take the part and, the longest lease later, give the address
+    ///   again without knowing of this lease);
+    /// - a reservation, always: one Machine is one client.
+    pub fn may_acknowledge(&self, part: Part, partner_took: bool) -> bool {
+        partner_took
+            || match part {
+                Part::Outside => true,
+                Part::Own => self.own_fence,
+                Part::Partners => matches!(
+                    self.state,
+                    PairState::PartnerDown {
+                        handing_back: None,
+                        ..
+                    }
+                ),
+            }
+    }
+
+    /// Whether the partner's part fence may go back now: it stopped binding there long
+    /// enough ago that every offer it made there has lapsed (the owner could otherwise
+    /// offer an address this server still promises; found by the pair's property test).
+    pub fn may_hand_back(&self, now: u64) -> bool {
+        matches!(
+            self.state,
+            PairState::PartnerDown { handing_back: Some(since), .. }
+                if now >= since.saturating_add(HAND_BACK_AFTER_SECS)
+        )
     }
 
     /// Whether every record waits for the partner's acknowledgement before the ACK.
@@ -228,7 +387,14 @@ impl Pair {
     /// Whether a lease of the partner's part may be extended: the partner hears of it
     /// first, or recovers from this server before serving.
     pub fn extends_partners_leases(&self) -> bool {
-        matches!(self.state, PairState::Up | PairState::PartnerDown { .. })
+        matches!(
+            self.state,
+            PairState::Up
+                | PairState::PartnerDown {
+                    handing_back: None,
+                    ..
+                }
+        )
     }
 
     /// Whether to answer a client that `answerer` hashes to, which says it has waited
@@ -287,7 +453,13 @@ mod tests {
         assert!(!pair.extends_partners_leases());
         assert!(!pair.allocates_in(Part::Partners, T0 + 21));
         pair.on(Event::FenceTaken, T0 + 60);
-        assert_eq!(pair.state(), PairState::PartnerDown { fenced_at: T0 + 60 });
+        assert_eq!(
+            pair.state(),
+            PairState::PartnerDown {
+                fenced_at: T0 + 60,
+                handing_back: None
+            }
+        );
         assert!(!pair.allocates_in(Part::Partners, T0 + 60 + LONGEST - 1));
         assert!(pair.allocates_in(Part::Partners, T0 + 60 + LONGEST));
         pair.on(Event::Heard, T0 + 100);
@@ -295,7 +467,22 @@ mod tests {
             matches!(pair.state(), PairState::PartnerDown { .. }),
             "until it recovered"
         );
+        pair.on(Event::PartnerRecovered, T0 + 110);
+        assert!(
+            matches!(pair.state(), PairState::PartnerDown { .. }),
+            "not before it stopped binding in the partner's part"
+        );
+        pair.on(Event::HandingBack, T0 + 115);
+        assert!(!pair.allocates_in(Part::Partners, T0 + 60 + LONGEST + 1));
+        assert!(!pair.extends_partners_leases());
+        assert!(!pair.may_hand_back(T0 + 115 + HAND_BACK_AFTER_SECS - 1));
         pair.on(Event::PartnerRecovered, T0 + 120);
+        assert!(
+            matches!(pair.state(), PairState::PartnerDown { .. }),
+            "its offers there are still open"
+        );
+        assert!(pair.may_hand_back(T0 + 115 + HAND_BACK_AFTER_SECS));
+        pair.on(Event::PartnerRecovered, T0 + 115 + HAND_BACK_AFTER_SECS);
         assert_eq!(pair.state(), PairState::Up);
         pair.on(Event::ReplicationTimedOut, T0 + 121);
         assert_eq!(pair.state(), PairState::Interrupted { since: T0 + 121 });
@@ -331,6 +518,44 @@ mod tests {
     }
 
     #[test]
+    fn with_fences_its_own_part_needs_its_fence_or_a_partner_that_says_it_does_not_hold_it() {
+        let mut pair = Pair::starting(StartBook::Trusted, T0, 10, LONGEST).with_fences();
+        pair.on(Event::Synced, T0);
+        assert!(!pair.allocates_in(Part::Own, T0), "nothing reported yet");
+        assert!(
+            pair.allocates_in(Part::Outside, T0),
+            "reservations are nobody's part"
+        );
+        pair.partner_reported(Some(PairState::Up.code()));
+        assert!(pair.allocates_in(Part::Own, T0));
+        pair.partner_reported(Some(PARTNER_DOWN));
+        assert!(
+            !pair.allocates_in(Part::Own, T0),
+            "the partner holds this part"
+        );
+        pair.set_own_fence(true);
+        assert!(pair.allocates_in(Part::Own, T0), "its own fence");
+        pair.partner_reported(None);
+        pair.on(Event::Tick, T0 + 20);
+        assert!(matches!(pair.state(), PairState::Interrupted { .. }));
+        assert!(pair.allocates_in(Part::Own, T0 + 20), "its fence suffices");
+        pair.set_own_fence(false);
+        assert!(
+            !pair.allocates_in(Part::Own, T0 + 20),
+            "cut off from both: no new binding"
+        );
+        // Taken back from a partner that let it expire: its records make the book whole.
+        pair.on(Event::OwnFenceReturned, T0 + 30);
+        assert_eq!(
+            pair.state(),
+            PairState::Recovering {
+                until: T0 + 30 + LONGEST,
+                synced_suffices: true
+            }
+        );
+    }
+
+    #[test]
     fn while_up_each_client_has_one_answerer_unless_it_waited() {
         let mut pair = Pair::starting(StartBook::Trusted, T0, 10, LONGEST);
         pair.on(Event::Synced, T0);
@@ -362,6 +587,9 @@ mod tests {
             Just(Event::FenceTaken),
             Just(Event::Synced),
             Just(Event::PartnerRecovered),
+            Just(Event::FenceLost),
+            Just(Event::HandingBack),
+            Just(Event::OwnFenceReturned),
         ]
     }
 

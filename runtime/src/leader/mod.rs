@@ -185,6 +185,8 @@ pub struct Elector {
     clock: Clock,
     /// The current term as the work sees it; ended whenever this replica does not lead.
     term: Term,
+    /// Who held the Lease it last took from someone else.
+    taken_from: Option<String>,
 }
 
 impl Elector {
@@ -199,7 +201,16 @@ impl Elector {
                 origin: tokio::time::Instant::now(),
             },
             term: Term::ended(),
+            taken_from: None,
         }
+    }
+
+    /// Who held the Lease this replica last took, when it took it from someone else (an
+    /// expired holding; never a released or absent Lease, and never its own). A component
+    /// that keeps a Lease per part (the bootserver's pair) learns from it that its partner
+    /// held its part and let it lapse.
+    pub fn taken_from(&self) -> Option<&str> {
+        self.taken_from.as_deref()
     }
 
     /// The term the current (or next) [`Elector::lead`] runs in: hand it to whatever sends
@@ -406,6 +417,7 @@ impl Elector {
             }
             (Decision::Lost { holder }, _) => return Ok(Attempt::Lost { holder }),
             (Decision::Create, _) | (Decision::Claim(_), None) => {
+                self.taken_from = None;
                 let lease = Lease {
                     metadata: ObjectMeta {
                         name: Some(self.lease_name.clone()),
@@ -427,6 +439,8 @@ impl Elector {
             }
             (Decision::Claim(claim), Some(mut lease)) => {
                 let spec = lease.spec.take().unwrap_or_default();
+                let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
+                self.taken_from = holder.filter(|h| claim == Claim::Take && h != self.identity());
                 lease.spec = Some(claimed_spec(spec, claim, self.identity(), timing));
                 // replace carries the resourceVersion read: a concurrent write makes it a 409.
                 bounded(
