@@ -615,7 +615,8 @@ fn a_fenced_pair_takes_over_a_dead_servers_part_and_hands_it_back() {
 
     // a returns: b hands its part back (once its offers there lapsed), and both are up.
     a.crash_and_restart(&lab.a);
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let returned = Instant::now();
+    let deadline = returned + Duration::from_secs(120);
     while holder("a").as_deref() != Some("a") {
         assert!(
             Instant::now() < deadline,
@@ -624,6 +625,7 @@ fn a_fenced_pair_takes_over_a_dead_servers_part_and_hands_it_back() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+    eprintln!("a's part was back {:?} after it returned", returned.elapsed());
     lab.wait_up(&a, &b);
     // a's log holds what b bound in a's part meanwhile, and new clients get addresses
     // that nobody holds.
