@@ -139,6 +139,13 @@ ha:
         if name == "a" { &self.a } else { &self.b }
     }
 
+    /// Starts both servers and waits until the pair is up.
+    fn start_both(&self) -> (Bootserver, Bootserver) {
+        let (a, b) = (self.start("a"), self.start("b"));
+        self.wait_up(&a, &b);
+        (a, b)
+    }
+
     /// Waits until both servers say the pair is up.
     fn wait_up(&self, a: &Bootserver, b: &Bootserver) {
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -304,9 +311,7 @@ fn in_lower_half(ip: &str) -> bool {
 fn a_server_killed_mid_storm_loses_no_client_and_gives_no_address_twice() {
     let _one = ONE_PAIR.lock().unwrap_or_else(|e| e.into_inner());
     let lab = PairLab::new();
-    let mut a = lab.start("a");
-    let b = lab.start("b");
-    lab.wait_up(&a, &b);
+    let (mut a, b) = lab.start_both();
     let dir = tempfile::tempdir().unwrap();
     let first = dir.path().join("first.txt");
     let mut storm = lab.storm(0, 6_000, &first);
@@ -410,9 +415,7 @@ fn a_server_killed_mid_storm_loses_no_client_and_gives_no_address_twice() {
 fn a_cut_link_gives_no_address_twice_and_the_pair_agrees_after_it_heals() {
     let _one = ONE_PAIR.lock().unwrap_or_else(|e| e.into_inner());
     let lab = PairLab::new();
-    let a = lab.start("a");
-    let b = lab.start("b");
-    lab.wait_up(&a, &b);
+    let (a, b) = lab.start_both();
     let dir = tempfile::tempdir().unwrap();
     let mut all = BTreeMap::new();
     let out = dir.path().join("up.txt");
@@ -478,9 +481,7 @@ fn a_cut_link_gives_no_address_twice_and_the_pair_agrees_after_it_heals() {
 fn a_server_on_an_empty_disk_catches_up_before_it_serves() {
     let _one = ONE_PAIR.lock().unwrap_or_else(|e| e.into_inner());
     let lab = PairLab::new();
-    let mut a = lab.start("a");
-    let b = lab.start("b");
-    lab.wait_up(&a, &b);
+    let (mut a, b) = lab.start_both();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("first.txt");
     let leases = finish(lab.storm(0, 1000, &out), &out);
@@ -570,9 +571,7 @@ fn a_fenced_pair_takes_over_a_dead_servers_part_and_hands_it_back() {
     .to_vec();
     let _forwards =
         [&lab.a, &lab.b].map(|ns| LoopbackForward::new(ns, 6443, &api_server_target(cp)).unwrap());
-    let mut a = lab.start("a");
-    let b = lab.start("b");
-    lab.wait_up(&a, &b);
+    let (mut a, b) = lab.start_both();
     assert_eq!(holder("a").as_deref(), Some("a"));
     assert_eq!(holder("b").as_deref(), Some("b"));
     let dir = tempfile::tempdir().unwrap();
@@ -625,7 +624,10 @@ fn a_fenced_pair_takes_over_a_dead_servers_part_and_hands_it_back() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
-    eprintln!("a's part was back {:?} after it returned", returned.elapsed());
+    eprintln!(
+        "a's part was back {:?} after it returned",
+        returned.elapsed()
+    );
     lab.wait_up(&a, &b);
     // a's log holds what b bound in a's part meanwhile, and new clients get addresses
     // that nobody holds.
