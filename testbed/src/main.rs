@@ -177,6 +177,9 @@ pub(crate) enum BenchMode {
     Http,
     /// 1,000 simulated PXE clients against ours.
     Storm,
+    /// Our pair of bootservers against Kea's HA hot-standby pair (CPU per DORA of both
+    /// servers), and ours through a kill -9 of one mid-storm.
+    Pair,
     /// The controller with 10,000 Machines; the PXE provider with 1,000.
     Controller,
     /// Everything.

@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use super::bed::{Bed, BedError, Sizes};
 use super::report::Report;
-use super::{dhcp, http, peers, storm, tftp};
+use super::{dhcp, http, pair, peers, storm, tftp};
 use crate::bench::controller::probe;
 
 /// A bootserver binary to measure instead of building this checkout's (a before/after
-/// comparison: `UNBOUNDED_BENCH_BOOTSERVER=/path/to/unbounded-bootserver bench dhcp`).
+/// comparison: `UNBOUNDED_BENCH_BOOTSERVER=/path/to/unbounded-bootserver bench dhcp`). `bench
+/// pair` uses the `dhcp-load` beside it when there is one.
 pub const OTHER_BOOTSERVER: &str = "UNBOUNDED_BENCH_BOOTSERVER";
 
 /// One benchmark.
@@ -25,17 +26,21 @@ pub enum Mode {
     Http,
     /// The boot storm.
     Storm,
+    /// Two servers as a pair: ours against Kea's HA hot-standby pair, and ours through a
+    /// kill.
+    Pair,
     /// The controller at scale and the PXE provider.
     Controller,
 }
 
 impl Mode {
     /// Every benchmark, in the order `all` runs them.
-    pub const ALL: [Mode; 5] = [
+    pub const ALL: [Mode; 6] = [
         Mode::Tftp,
         Mode::Http,
         Mode::Dhcp,
         Mode::Storm,
+        Mode::Pair,
         Mode::Controller,
     ];
 
@@ -46,6 +51,7 @@ impl Mode {
             Mode::Tftp => "tftp",
             Mode::Http => "http",
             Mode::Storm => "storm",
+            Mode::Pair => "pair",
             Mode::Controller => "controller",
         }
     }
@@ -70,6 +76,8 @@ pub struct NetworkOptions {
     pub http: http::Load,
     /// The storm.
     pub storm: storm::Plan,
+    /// The pair benchmark.
+    pub pair: pair::Plan,
 }
 
 impl NetworkOptions {
@@ -113,6 +121,14 @@ impl NetworkOptions {
                 wave: 100,
                 interval_ms: 1000,
             },
+            pair: pair::Plan {
+                rates: &[1000, 2000],
+                seconds: 10,
+                unpaced_clients: 20_000,
+                window: 64,
+                storm_clients: 4000,
+                storm_rate: 500,
+            },
         }
     }
 
@@ -151,6 +167,14 @@ impl NetworkOptions {
                 clients: 20,
                 wave: 10,
                 interval_ms: 200,
+            },
+            pair: pair::Plan {
+                rates: &[100],
+                seconds: 1,
+                unpaced_clients: 200,
+                window: 16,
+                storm_clients: 200,
+                storm_rate: 100,
             },
         }
     }
@@ -224,27 +248,42 @@ pub fn run_network(
     say("installing the peers and clients that are missing (Debian packages)".into());
     peers::install().map_err(BedError::from)?;
     // Another build of the bootserver, for a before/after comparison on one machine (the
-    // harness and the peers stay this checkout's).
+    // harness and the peers stay this checkout's; `bench pair`'s load generator, dhcp-load,
+    // is the one built beside it when there is one).
     let built = match std::env::var_os(OTHER_BOOTSERVER) {
         Some(path) => {
             say(format!(
                 "measuring the bootserver at {} ({OTHER_BOOTSERVER})",
                 Path::new(&path).display()
             ));
-            vec![PathBuf::from(path)]
+            let ours = PathBuf::from(path);
+            // The pair's load generator: the one built beside that binary (a build of the
+            // whole other tree has it), else this checkout's.
+            let beside = ours.with_file_name("dhcp-load");
+            let mut built = vec![ours];
+            if beside.exists() {
+                built.push(beside);
+            } else if network.contains(&Mode::Pair) {
+                built.extend(
+                    crate::images::host_build(&["dhcp-load"], options.release)
+                        .map_err(SuiteError::NotBuilt)?,
+                );
+            }
+            built
         }
         None => {
             say(format!(
                 "building our bootserver ({})",
                 if options.release { "release" } else { "debug" }
             ));
-            crate::images::host_build(&["unbounded-bootserver"], options.release)
+            crate::images::host_build(&["unbounded-bootserver", "dhcp-load"], options.release)
                 .map_err(SuiteError::NotBuilt)?
         }
     };
     let ours = built
         .first()
         .ok_or_else(|| SuiteError::Build("no binary".into()))?;
+    let dhcp_load = built.get(1);
     say("creating the namespaces and the files served".into());
     let bed = Bed::new(work, ours, options.sizes)?;
     for mode in network {
@@ -264,6 +303,11 @@ pub fn run_network(
                 Mode::Tftp => tftp::run(&bed, report, charts, say)?,
                 Mode::Http => http::run(&bed, &options.http, report, say)?,
                 Mode::Storm => storm::run(&bed, &options.storm, report, say)?,
+                Mode::Pair => {
+                    let dhcp_load = dhcp_load
+                        .ok_or_else(|| SuiteError::Build("dhcp-load was not built".into()))?;
+                    pair::run(&bed, dhcp_load, &options.pair, report, say)?;
+                }
                 Mode::Controller => {}
             }
             Ok(())

@@ -32,6 +32,7 @@ pub(crate) fn run_bench(
         BenchMode::Tftp => vec![Mode::Tftp],
         BenchMode::Http => vec![Mode::Http],
         BenchMode::Storm => vec![Mode::Storm],
+        BenchMode::Pair => vec![Mode::Pair],
         BenchMode::Controller => vec![Mode::Controller],
         BenchMode::All => Mode::ALL.to_vec(),
     };
