@@ -354,6 +354,11 @@ pub(crate) mod sessions {
         [0x52, 0x54, 0, 0, 0, n]
     }
 
+    /// Address `n` of the sessions' pool, 10.99.0.100 being 1 (0 and 9 are its edges).
+    pub fn pool_ip(n: u8) -> std::net::Ipv4Addr {
+        std::net::Ipv4Addr::new(10, 99, 0, 99 + n)
+    }
+
     /// A request of message type `kind` from client `n` (its MAC and transaction id),
     /// having waited `secs`, with `options` and `ciaddr`.
     pub fn request(kind: u8, n: u8, secs: u16, options: &[u8], ciaddr: Ipv4Addr) -> wire::Request {
@@ -441,11 +446,7 @@ machines:
     const START: u64 = 1_700_000_000;
     const CLIENTS: u8 = 7;
 
-    use super::sessions::mac;
-
-    fn pool_ip(n: u8) -> Ipv4Addr {
-        Ipv4Addr::new(10, 99, 0, 99 + n)
-    }
+    use super::sessions::{mac, pool_ip};
 
     /// One step of a session.
     #[derive(Debug, Clone)]

@@ -52,11 +52,7 @@ ha:
     )
 }
 
-use super::invariants::sessions::mac;
-
-fn pool_ip(n: u8) -> Ipv4Addr {
-    Ipv4Addr::new(10, 99, 0, 99 + n)
-}
+use super::invariants::sessions::{mac, pool_ip};
 
 /// One step of a session.
 #[derive(Debug, Clone)]

@@ -445,7 +445,9 @@ async fn dial(ends: Arc<Ends>, partner: SocketAddr, mut queue: mpsc::UnboundedRe
             Ok((stream, session)) => {
                 last_error.clear();
                 tracing::info!(%partner, "pair: connected to the partner");
-                carry(&ends, stream, session, &mut queue).await
+                let ended = carry(&ends, stream, session, &mut queue).await;
+                ends.metrics.ended("dialer");
+                ended
             }
             Err(error) => Err(error),
         };
@@ -456,7 +458,6 @@ async fn dial(ends: Arc<Ends>, partner: SocketAddr, mut queue: mpsc::UnboundedRe
                 last_error = error;
             }
         }
-        ends.metrics.ended("dialer");
         // Nothing can be replicated until the next connection: the ACKs waiting now would
         // only wait out their time.
         lock(&ends.pair).on(Event::ReplicationTimedOut, now_unix());
@@ -522,15 +523,11 @@ async fn carry(
         .map(|index| index.records().collect())
         .map_err(|e| LinkError::Connection(format!("reading the log for the catch-up: {e}")))?;
     let mut out = Vec::new();
-    sealer.seal(
-        &Message::Records {
-            batch: 0,
-            catch_up: true,
-            records: catch_up,
-        },
-        &mut out,
-    );
-    writer.write_all(&out).await?;
+    for message in wire::catch_up(catch_up) {
+        out.clear();
+        sealer.seal(&message, &mut out);
+        writer.write_all(&out).await?;
+    }
     // The partner's answers, read by a task of their own (a read cancelled half-way would
     // lose the frame's bytes).
     let (answers_in, mut answers) = mpsc::channel::<Result<Message, LinkError>>(64);

@@ -76,6 +76,33 @@ pub enum Message {
     },
 }
 
+/// Records per frame of a catch-up: the longest record (a DHCPv6 lease with a 255-byte
+/// key, 294 bytes) times this stays below [`MAX_FRAME`].
+pub const CATCH_UP_RECORDS_PER_FRAME: usize = 50_000;
+
+/// A log's records as the frames of a catch-up, in order, each below [`MAX_FRAME`]: only
+/// the last says `catch_up` (the receiver counts itself synced once that one is taken), and
+/// an empty log is one empty frame.
+pub fn catch_up(records: Vec<Record>) -> Vec<Message> {
+    let mut chunks: Vec<Vec<Record>> = records
+        .chunks(CATCH_UP_RECORDS_PER_FRAME)
+        .map(<[Record]>::to_vec)
+        .collect();
+    if chunks.is_empty() {
+        chunks.push(Vec::new());
+    }
+    let last = chunks.len() - 1;
+    chunks
+        .into_iter()
+        .enumerate()
+        .map(|(i, records)| Message::Records {
+            batch: 0,
+            catch_up: i == last,
+            records,
+        })
+        .collect()
+}
+
 const RECORDS: u8 = 1;
 const ACK: u8 = 2;
 const HEARTBEAT: u8 = 3;
@@ -566,6 +593,47 @@ mod tests {
             .accept(&cl, &hello_d, "bootserver-a", "bootserver-b")
             .unwrap();
         assert_eq!(fresh.open(frame_body(&out)), Err(Refused::BadTag));
+    }
+
+    /// A log too large for one frame goes as several, each within the limit, and only the
+    /// last ends the catch-up (found reading the change: one frame of a large log would be
+    /// refused by the partner on every connection, and it would never catch up).
+    #[test]
+    fn a_large_catch_up_is_cut_into_frames_the_partner_takes() {
+        let longest = Record::Commit(Lease {
+            key: ClientKey::Ia {
+                iaid: 7,
+                duid: vec![0xab; 251].into_boxed_slice(),
+            },
+            mac: MacAddr([2, 0, 0, 0, 0, 1]),
+            ip: "fd00:99::1".parse().unwrap(),
+            expires_unix: 1,
+        });
+        let records = vec![longest; 2 * CATCH_UP_RECORDS_PER_FRAME + 1];
+        let frames = catch_up(records);
+        assert_eq!(frames.len(), 3);
+        let key = PairKey::new(b"0123456789abcdef0123456789abcdef");
+        let (mut dialer, mut listener) = handshake(&key, &key).unwrap();
+        let mut taken = 0;
+        for (i, frame) in frames.iter().enumerate() {
+            let Message::Records {
+                catch_up, records, ..
+            } = frame
+            else {
+                panic!("{frame:?}")
+            };
+            assert_eq!(*catch_up, i == 2);
+            taken += records.len();
+            let mut out = Vec::new();
+            dialer.seal(frame, &mut out);
+            assert!(out.len() - 4 <= MAX_FRAME, "frame {i}: {} bytes", out.len());
+            assert_eq!(&listener.open(frame_body(&out)).unwrap(), frame);
+        }
+        assert_eq!(taken, 2 * CATCH_UP_RECORDS_PER_FRAME + 1);
+        assert!(matches!(
+            catch_up(Vec::new()).as_slice(),
+            [Message::Records { catch_up: true, records, .. }] if records.is_empty()
+        ));
     }
 
     #[test]
